@@ -1,0 +1,3 @@
+"""pgcrond: a distributed cron daemon guarded by PostgreSQL."""
+
+__version__ = "0.1.0"

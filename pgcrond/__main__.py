@@ -1,0 +1,5 @@
+import sys
+
+from pgcrond.cli import main
+
+sys.exit(main())

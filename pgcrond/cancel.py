@@ -1,0 +1,71 @@
+"""The one cancellation signal a run sees, whoever stops it.
+
+A run can be stopped because its lease was lost, its timeout hit, or the
+daemon is shutting down. Entry points may be sync (in a worker thread) or async
+(on the loop), so the signal must be observable from both worlds: a
+``threading.Event`` is the source of truth and asyncio waiters are woken with
+``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from pgcrond.errors import Cancelled
+
+
+class Cancellation:
+    """Set once, with the reason of whoever set it first."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    @property
+    def reason(self) -> str | None:
+        return self._reason
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self, reason: str) -> bool:
+        """Set the signal; returns False when it was already set (first reason wins)."""
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._reason = reason
+            self._event.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_resolve, future)
+        return True
+
+    def check(self) -> None:
+        """Raise :class:`Cancelled` if the run was cancelled (for cooperative jobs)."""
+        if self._event.is_set():
+            raise Cancelled(self._reason or "cancelled")
+
+    def wait_sync(self, timeout: float | None = None) -> bool:
+        """Block a worker thread until cancelled or ``timeout``; True when cancelled."""
+        return self._event.wait(timeout)
+
+    async def wait(self) -> str:
+        """Wait on the running loop until cancelled; returns the reason."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if not self._event.is_set():
+                self._waiters.append((loop, future))
+            else:
+                future.set_result(None)
+        await future
+        return self._reason or "cancelled"
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

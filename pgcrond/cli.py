@@ -1,0 +1,172 @@
+"""Command-line parsing only: each command calls one function elsewhere.
+
+Handlers are imported lazily so that ``pgcrond --help`` and ``pgcrond check``
+stay fast and never import the database driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+DESCRIPTION = """\
+pgcrond runs cron jobs on N replicas and lets PostgreSQL decide which replica
+runs each tick: every replica fires every tick, one claim wins, the others skip.
+"""
+
+EPILOG = """\
+examples:
+  pgcrond check -c config/example.yaml          validate a config and list its jobs
+  pgcrond next -c config/ -n 5 --job nightly    the next 5 fire times of one job
+  pgcrond run -c config/example.yaml            run the daemon
+  pgcrond status -c config/                     what runs, what ran, what failed
+  pgcrond history --job nightly --status FAIL   past failures of one job
+
+environment:
+  PGCROND_DATABASE_URL   database URL; overrides database.url in the config
+"""
+
+# command name -> "module:function"; each function takes the parsed namespace
+# and returns the process exit code.
+HANDLERS: dict[str, str] = {
+    "check": "pgcrond.inspect:check_command",
+    "next": "pgcrond.inspect:next_command",
+    "run": "pgcrond.daemon:run_command",
+    "migrate": "pgcrond.ops:migrate_command",
+    "status": "pgcrond.ops:status_command",
+    "history": "pgcrond.ops:history_command",
+    "trigger": "pgcrond.ops:trigger_command",
+    "unlock": "pgcrond.ops:unlock_command",
+    "prune": "pgcrond.ops:prune_command",
+}
+
+
+def _add_config(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    parser.add_argument(
+        "-c",
+        "--config",
+        dest="config",
+        action="append",
+        required=required,
+        metavar="PATH",
+        help="a YAML file or a directory of *.yaml files (repeatable)",
+    )
+
+
+def _add_database(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="PostgreSQL URL; overrides PGCROND_DATABASE_URL and database.url",
+    )
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _add_logging(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-format",
+        choices=["auto", "json", "console"],
+        default="auto",
+        help="log line format (default: console on a terminal, JSON otherwise)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="lowest level logged (default: info)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pgcrond",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from pgcrond import __version__
+
+    parser.add_argument("--version", action="version", version=f"pgcrond {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    check = sub.add_parser("check", help="validate config files and list their jobs")
+    _add_config(check)
+    _add_json(check)
+
+    nxt = sub.add_parser("next", help="print the next fire times of each job")
+    _add_config(nxt)
+    nxt.add_argument("--job", metavar="CODE", help="only this job")
+    nxt.add_argument("-n", type=int, default=5, metavar="N", help="how many (default: 5)")
+    nxt.add_argument("--from", dest="start", metavar="ISO", help="start after this instant")
+    _add_json(nxt)
+
+    run = sub.add_parser("run", help="run the daemon (one replica)")
+    _add_config(run)
+    _add_database(run)
+    run.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="address of /healthz, /readyz and /metrics; empty to turn off "
+        "(default: http.listen in the config, else 127.0.0.1:9464)",
+    )
+    _add_logging(run)
+
+    migrate = sub.add_parser("migrate", help="create or upgrade the lease table")
+    _add_config(migrate, required=False)
+    _add_database(migrate)
+
+    status = sub.add_parser("status", help="one row per job: next fire, last run, running now")
+    _add_config(status)
+    _add_database(status)
+    _add_json(status)
+
+    history = sub.add_parser("history", help="past runs, newest first")
+    _add_config(history, required=False)
+    _add_database(history)
+    history.add_argument("--job", metavar="CODE", help="only this job")
+    history.add_argument("--since", metavar="ISO|DURATION", help="e.g. 2026-11-30T00:00Z or 24h")
+    history.add_argument(
+        "--status", choices=["RUNNING", "SUCCESS", "FAIL", "SKIPPED"], help="only this status"
+    )
+    history.add_argument("--limit", type=int, default=50, metavar="N", help="default: 50")
+    _add_json(history)
+
+    trigger = sub.add_parser("trigger", help="run a job now, once across the cluster")
+    _add_config(trigger)
+    _add_database(trigger)
+    trigger.add_argument("code", metavar="CODE")
+    trigger.add_argument("--run-key", metavar="KEY", help="default: manual:<now, ISO-8601>")
+    _add_logging(trigger)
+
+    unlock = sub.add_parser("unlock", help="release a stuck run, or allow a run-once job again")
+    _add_config(unlock, required=False)
+    _add_database(unlock)
+    unlock.add_argument("code", metavar="CODE")
+    which = unlock.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run-key", metavar="KEY", help="the tick to release")
+    which.add_argument("--initial", action="store_true", help="the run-once (INITIAL) row")
+    unlock.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    prune = sub.add_parser("prune", help="delete finished runs older than history_retention")
+    _add_config(prune, required=False)
+    _add_database(prune)
+    prune.add_argument("--older-than", metavar="DURATION", help="default: history_retention")
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module_name, function_name = HANDLERS[args.command].split(":")
+    handler = getattr(importlib.import_module(module_name), function_name)
+    code: int = handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

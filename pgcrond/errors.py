@@ -1,0 +1,76 @@
+"""Every error pgcrond raises on purpose derives from :class:`PgcrondError`.
+
+The docstring of each class is its default message, so ``raise LeaseLost()``
+still says something useful. Driver errors (psycopg) are translated once, at
+the storage boundary, and chained with ``from``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class PgcrondError(Exception):
+    """pgcrond failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ValidationError(PgcrondError, ValueError):
+    """A value is not allowed."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem in a configuration file, located as precisely as we can."""
+
+    file: str
+    line: int | None
+    job: str | None
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        parts = [where]
+        if self.job is not None:
+            parts.append(f"job {self.job!r}")
+        if self.field is not None:
+            parts.append(f"field {self.field!r}")
+        return ": ".join(parts) + f": {self.message}"
+
+
+class ConfigError(PgcrondError):
+    """The configuration is not valid."""
+
+    def __init__(self, issues: Sequence[ConfigIssue]) -> None:
+        self.issues = tuple(issues)
+        count = len(self.issues)
+        lines = "\n".join(f"  {issue}" for issue in self.issues)
+        super().__init__(f"{count} configuration error{'s' if count != 1 else ''}:\n{lines}")
+
+
+class DatabaseUnavailable(PgcrondError):
+    """The database could not be reached; the operation may be retried."""
+
+
+class LeaseLost(PgcrondError):
+    """The lease was taken over by another owner (its owner token rotated away)."""
+
+
+class Cancelled(PgcrondError):
+    """The run was cancelled."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"run cancelled: {reason}")
+
+
+class EmbeddedServerError(PgcrondError):
+    """The embedded PostgreSQL server could not be started."""
