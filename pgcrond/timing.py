@@ -1,0 +1,58 @@
+"""Lease timing rules, shared by the config loader and the lease store.
+
+The rules come from the reference design this project is compatible with: a
+lease must be longer than 2 ms and fit a JavaScript safe integer of
+milliseconds; a heartbeat is off (0) or renews at least twice per lease, so
+that one lost heartbeat never lets a live run's lease expire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from pgcrond.errors import ValidationError
+
+MAX_SAFE_INTEGER = 2**53 - 1
+DEFAULT_LEASE = timedelta(minutes=15)
+MAX_DEFAULT_HEARTBEAT = timedelta(seconds=60)
+MIN_LEASE = timedelta(milliseconds=2)
+
+
+def to_ms(value: timedelta) -> int:
+    return round(value.total_seconds() * 1000)
+
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    """A validated (lease, heartbeat) pair; heartbeat zero means off."""
+
+    lease: timedelta = DEFAULT_LEASE
+    heartbeat: timedelta = timedelta(seconds=60)
+
+    @classmethod
+    def build(
+        cls, lease: timedelta | None = None, heartbeat: timedelta | None = None
+    ) -> LeaseTiming:
+        """Validate, filling the defaults: lease 15 min, heartbeat min(60 s, lease/3)."""
+        lease = DEFAULT_LEASE if lease is None else lease
+        lease_ms = to_ms(lease)
+        if lease <= MIN_LEASE:
+            raise ValidationError("lease", f"must be longer than 2ms, got {lease_ms}ms")
+        if lease_ms > MAX_SAFE_INTEGER:
+            raise ValidationError("lease", f"must be at most {MAX_SAFE_INTEGER}ms")
+        if heartbeat is None:
+            heartbeat = min(MAX_DEFAULT_HEARTBEAT, lease / 3)
+        heartbeat_ms = to_ms(heartbeat)
+        if heartbeat_ms < 0:
+            raise ValidationError("heartbeat", "must not be negative (0 turns heartbeats off)")
+        if heartbeat_ms != 0 and heartbeat_ms * 2 >= lease_ms:
+            raise ValidationError(
+                "heartbeat",
+                f"must be 0 (off) or below lease/2 ({lease_ms / 2:g}ms), got {heartbeat_ms}ms",
+            )
+        return cls(lease=lease, heartbeat=heartbeat)
+
+    @property
+    def lease_ms(self) -> int:
+        return to_ms(self.lease)
