@@ -1,0 +1,245 @@
+"""A PostgreSQL server that pgcrond starts in a directory of its own.
+
+Used for ``database: {embedded: true}`` (trying pgcrond out, single-node use)
+and by the test suite for throwaway servers. It uses the system's PostgreSQL
+binaries, or those of the ``pgserver`` wheel when installed. PostgreSQL
+refuses to run as root, so under root the server runs as ``nobody`` and owns
+only its data directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+from pgcrond.errors import EmbeddedServerError
+
+READY_TIMEOUT_S = 60.0
+
+
+def find_bindir() -> Path:
+    """Where ``initdb`` and ``postgres`` live; PGCROND_PG_BINDIR wins."""
+    candidates: list[str] = []
+    if override := os.environ.get("PGCROND_PG_BINDIR"):
+        candidates.append(override)
+    if pg_config := shutil.which("pg_config"):
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            candidates.append(
+                subprocess.run(
+                    [pg_config, "--bindir"], capture_output=True, text=True, check=True
+                ).stdout.strip()
+            )
+    candidates += sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"),
+        key=lambda path: int(path.split("/")[-2]) if path.split("/")[-2].isdigit() else 0,
+        reverse=True,
+    )
+    with contextlib.suppress(ImportError):
+        import pgserver
+
+        candidates.append(str(Path(pgserver.__file__).parent / "pginstall" / "bin"))
+    for candidate in candidates:
+        if (Path(candidate) / "initdb").is_file() and (Path(candidate) / "postgres").is_file():
+            return Path(candidate)
+    raise EmbeddedServerError(
+        "no PostgreSQL server binaries found: install PostgreSQL "
+        "(e.g. apt-get install postgresql) or `pip install pgserver`, "
+        "or set PGCROND_PG_BINDIR to the directory holding initdb and postgres"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class LocalServer:
+    """One PostgreSQL server: ``start()``, ``stop()``, ``kill()``, ``dsn``.
+
+    ``durable=False`` turns fsync off: right for tests, wrong for real data.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        durable: bool = True,
+        max_connections: int = 100,
+    ) -> None:
+        self.data_dir = data_dir.resolve()
+        self.port = port or free_port()
+        self.durable = durable
+        self.max_connections = max_connections
+        self._bindir = find_bindir()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._run_as = pwd.getpwnam("nobody") if os.geteuid() == 0 else None
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}.log"
+
+    def _user_kwargs(self) -> dict[str, int | list[int]]:
+        if self._run_as is None:
+            return {}
+        return {"user": self._run_as.pw_uid, "group": self._run_as.pw_gid, "extra_groups": []}
+
+    def _prepare(self) -> None:
+        if (self.data_dir / "PG_VERSION").is_file():
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.chmod(0o700)
+        if self._run_as is not None:
+            os.chown(self.data_dir, self._run_as.pw_uid, self._run_as.pw_gid)
+            for parent in self.data_dir.parents:
+                if not parent.stat().st_mode & 0o001:
+                    raise EmbeddedServerError(
+                        f"running as root, PostgreSQL runs as 'nobody', which cannot enter "
+                        f"{parent}: choose a state directory under a world-searchable path "
+                        f"(or chmod o+x {parent})"
+                    )
+        result = subprocess.run(
+            [
+                str(self._bindir / "initdb"),
+                "-D", str(self.data_dir),
+                "-U", "postgres",
+                "-A", "trust",
+                "-E", "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            **self._user_kwargs(),  # type: ignore[arg-type]
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise EmbeddedServerError(f"initdb failed in {self.data_dir}:\n{result.stderr}")
+
+    def start(self) -> None:
+        """Start and wait until it accepts connections; raises with the server log."""
+        self._prepare()
+        settings = [
+            "listen_addresses=127.0.0.1",
+            f"unix_socket_directories={self.data_dir}",
+            f"max_connections={self.max_connections}",
+        ]
+        if not self.durable:
+            settings += ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
+        args = [str(self._bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port)]
+        for setting in settings:
+            args += ["-c", setting]
+        log = self.log_file.open("ab")
+        if self._run_as is not None:
+            os.chown(self.log_file, self._run_as.pw_uid, self._run_as.pw_gid)
+        # Its own session, so kill() can take the postmaster and every backend at once.
+        self._process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **self._user_kwargs(),  # type: ignore[arg-type]
+        )
+        log.close()
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise EmbeddedServerError(
+                    f"PostgreSQL exited with status {self._process.returncode}:\n"
+                    + self._log_tail()
+                )
+            probe = subprocess.run(
+                [str(self._bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port)],
+                check=False,
+            )
+            if probe.returncode == 0:
+                return
+            time.sleep(0.05)
+        raise EmbeddedServerError(f"PostgreSQL not ready after {READY_TIMEOUT_S:g}s:\n"
+                                  + self._log_tail())
+
+    def _log_tail(self) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-20:])
+        except OSError:
+            return "(no server log)"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Fast shutdown: running transactions are rolled back, clients cut."""
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.send_signal(signal.SIGINT)
+            try:
+                self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._process = None
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and all its backends, like a host crash."""
+        if self._process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        self._process.wait()
+        self._process = None
+        # Backends are in the same process group; wait until none is left so a
+        # restart does not find the old shared memory still attached.
+        deadline = time.monotonic() + 10
+        while _group_alive(self.data_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.log_file.unlink()
+
+    def __enter__(self) -> LocalServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _group_alive(data_dir: Path) -> bool:
+    """Whether any process still has ``data_dir`` on its command line."""
+    marker = str(data_dir).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if marker in (proc / "cmdline").read_bytes():
+                return True
+    return False

@@ -1,0 +1,66 @@
+"""Test fixtures: a real PostgreSQL for every database test.
+
+``PGCROND_TEST_DSN`` points the suite at an existing server; otherwise one
+throwaway server is started for the session and removed at the end. Each test
+gets its own schema, so tests never see each other's rows. Tests that stop,
+kill or restart a server use ``own_server``: a server of their own, never the
+shared one and never one the suite did not start.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgcrond.embedded import LocalServer
+
+
+def _scratch_dir() -> Path:
+    # World-searchable, because under root the server runs as 'nobody'.
+    path = Path(tempfile.mkdtemp(prefix="pgcrond-test-"))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    if dsn := os.environ.get("PGCROND_TEST_DSN"):
+        yield dsn
+        return
+    scratch = _scratch_dir()
+    server = LocalServer(scratch / "data", durable=False, max_connections=300)
+    server.start()
+    try:
+        yield server.dsn
+    finally:
+        server.remove()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.fixture
+def schema(pg_dsn: str) -> Iterator[str]:
+    """A fresh schema name for this test; dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def own_server() -> Iterator[LocalServer]:
+    """A server only this test uses, free to be stopped, killed and restarted."""
+    scratch = _scratch_dir()
+    server = LocalServer(scratch / "data", durable=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+        shutil.rmtree(scratch, ignore_errors=True)
