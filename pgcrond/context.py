@@ -1,0 +1,97 @@
+"""The run context: what a job knows about the run it is part of.
+
+Commands and shell scripts see it as ``PGCRON_*`` environment variables,
+entrypoints as a :class:`RunContext` argument. Both forms are produced and read
+here, so the isolated child (``pgcrond.isolated``) rebuilds exactly the context
+an in-process entrypoint would have received.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import MappingProxyType
+
+import structlog
+from structlog.typing import FilteringBoundLogger
+
+from pgcrond.cancel import Cancellation
+
+ENV_PREFIX = "PGCRON_"
+
+
+def iso_utc(moment: datetime) -> str:
+    """``2026-03-29T01:30:00Z``: UTC, with a ``Z`` that every ISO parser accepts."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Passed as the single argument to an entrypoint.
+
+    ``env`` is the whole environment the run would get as a command (secrets
+    stripped, job env and ``PGCRON_*`` applied); an in-process entrypoint shares
+    the daemon's ``os.environ`` and must read its settings from here instead.
+    ``cwd`` is the job's working directory; only an isolated entrypoint actually
+    runs in it, because changing directory would affect the whole daemon.
+    """
+
+    job: str
+    run_key: str
+    fire_time: datetime
+    attempt: int
+    idempotency_key: str
+    idempotency_key_hex: str
+    fencing_token: int | None
+    deadline: datetime | None
+    env: Mapping[str, str]
+    cwd: Path | None
+    cancelled: Cancellation
+    log: FilteringBoundLogger = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        logger: FilteringBoundLogger = structlog.get_logger("pgcrond.job")
+        object.__setattr__(self, "log", logger.bind(job=self.job, run_key=self.run_key))
+
+    def check(self) -> None:
+        """Raise :class:`pgcrond.errors.Cancelled` once the run is being stopped."""
+        self.cancelled.check()
+
+    def environ(self) -> dict[str, str]:
+        """The ``PGCRON_*`` variables describing this run."""
+        variables = {
+            "PGCRON_IDEMPOTENCY_KEY": self.idempotency_key,
+            "PGCRON_IDEMPOTENCY_KEY_HEX": self.idempotency_key_hex,
+            "PGCRON_JOB": self.job,
+            "PGCRON_RUN_KEY": self.run_key,
+            "PGCRON_FIRE_TIME": iso_utc(self.fire_time),
+            "PGCRON_ATTEMPT": str(self.attempt),
+        }
+        if self.fencing_token is not None:
+            variables["PGCRON_FENCING_TOKEN"] = str(self.fencing_token)
+        if self.deadline is not None:
+            variables["PGCRON_DEADLINE"] = iso_utc(self.deadline)
+        return variables
+
+    @classmethod
+    def from_environ(
+        cls, environ: Mapping[str, str], cancelled: Cancellation, cwd: Path | None = None
+    ) -> RunContext:
+        """The inverse of :meth:`environ`, for a child process started by the runner."""
+        token = environ.get("PGCRON_FENCING_TOKEN")
+        deadline = environ.get("PGCRON_DEADLINE")
+        return cls(
+            job=environ["PGCRON_JOB"],
+            run_key=environ["PGCRON_RUN_KEY"],
+            fire_time=datetime.fromisoformat(environ["PGCRON_FIRE_TIME"]),
+            attempt=int(environ["PGCRON_ATTEMPT"]),
+            idempotency_key=environ["PGCRON_IDEMPOTENCY_KEY"],
+            idempotency_key_hex=environ["PGCRON_IDEMPOTENCY_KEY_HEX"],
+            fencing_token=None if token is None else int(token),
+            deadline=None if deadline is None else datetime.fromisoformat(deadline),
+            env=MappingProxyType(dict(environ)),
+            cwd=cwd,
+            cancelled=cancelled,
+        )

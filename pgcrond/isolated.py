@@ -1,0 +1,77 @@
+"""Child-process host for ``isolate: true`` entrypoints.
+
+``python -m pgcrond.isolated --result-fd N --sys-path JSON TARGET``
+
+The runner starts this in a process group of its own, exactly like a command,
+so a stuck entrypoint can be killed. The run context arrives as the ``PGCRON_*``
+environment variables; SIGTERM (the first step of the stop sequence) sets the
+run's Cancellation so cooperative code can stop before SIGKILL. When the
+entrypoint raises, ``ExcType: message`` is written to the result pipe so the
+runner can report it like an in-process failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+from pgcrond import logs
+from pgcrond.cancel import Cancellation
+from pgcrond.context import RunContext
+from pgcrond.entrypoints import resolve
+
+FAILURE_EXIT = 1
+ERROR_CAP = 2000
+TERMINATED = "terminated"
+
+
+def describe(exc: BaseException) -> str:
+    """``ExcType: message``, capped so one huge message cannot flood the record."""
+    message = str(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text[:ERROR_CAP]
+
+
+async def _await(awaitable: Awaitable[Any], cancellation: Cancellation) -> None:
+    # On the loop, SIGTERM must wake asyncio waiters through the loop itself.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, cancellation.cancel, TERMINATED)
+    await awaitable
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pgcrond.isolated")
+    parser.add_argument("--result-fd", type=int, required=True)
+    parser.add_argument("--sys-path", required=True)
+    parser.add_argument("target")
+    args = parser.parse_args(argv)
+    # The daemon validated the target against its own import path; resolve it
+    # against the same one, not the one `-m` derives from the working directory.
+    sys.path[:] = json.loads(args.sys_path)
+    cancellation = Cancellation()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: cancellation.cancel(TERMINATED))
+    logs.configure("json")
+    try:
+        function = resolve(args.target)
+        context = RunContext.from_environ(os.environ, cancellation, cwd=Path.cwd())
+        result = function(context)
+        if inspect.isawaitable(result):
+            asyncio.run(_await(result, cancellation))
+    except BaseException as exc:
+        traceback.print_exc()
+        with os.fdopen(args.result_fd, "w", encoding="utf-8") as result_pipe:
+            result_pipe.write(describe(exc))
+        return FAILURE_EXIT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

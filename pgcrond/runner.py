@@ -1,0 +1,501 @@
+"""Executing a run: command, shell script or Python entrypoint.
+
+The runner knows nothing of leases or SQL. It starts the action with the run's
+environment, streams its output into the log, and stops it when the run's
+:class:`~pgcrond.cancel.Cancellation` is set (lease lost, shutdown) or its
+timeout hits. A job's own failure is a :class:`RunResult`, never an exception.
+
+Stop sequence for a child process: SIGTERM to its process group, SIGKILL to the
+group after ``stop_grace``, and once the leader has exited a final SIGKILL to
+the group so that background grandchildren never outlive the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import inspect
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal, assert_never
+
+import structlog
+from structlog.typing import FilteringBoundLogger
+
+from pgcrond.actions import Action, CommandAction, EntrypointAction, ShellAction
+from pgcrond.cancel import Cancellation
+from pgcrond.context import ENV_PREFIX, RunContext
+from pgcrond.entrypoints import resolve
+from pgcrond.isolated import describe
+
+Outcome = Literal["success", "fail", "timeout", "cancelled"]
+
+# Never handed to a job unless its own `env` sets them: pgcrond's settings
+# (PGCROND_*) and the libpq secrets the daemon itself connects with.
+SECRET_PREFIX = "PGCROND_"  # noqa: S105 - a name prefix, not a password
+SECRET_NAMES = frozenset({"PGPASSWORD", "PGPASSFILE", "DATABASE_URL"})
+
+# Output caps keep one chatty job from flooding the log pipeline; the pipes are
+# drained past them regardless, so the child never blocks on a full pipe.
+OUTPUT_LINE_CAP = 4096
+OUTPUT_RUN_CAP = 1024 * 1024
+_READ_CHUNK = 64 * 1024
+# After the group was killed the pipes close at once, unless a process that
+# left the group (setsid) still holds them; do not wait for that one forever.
+_DRAIN_TIMEOUT = 5.0
+
+_log: FilteringBoundLogger = structlog.get_logger("pgcrond.runner")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    job: str
+    action: Action
+    run_key: str
+    fire_time: datetime
+    attempt: int
+    idempotency_key: str
+    idempotency_key_hex: str
+    fencing_token: int | None
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    timeout: timedelta | None = None
+    stop_grace: timedelta = timedelta(seconds=10)
+
+    def __post_init__(self) -> None:
+        # A naive time would silently be read as the host's local time.
+        if self.fire_time.utcoffset() is None:
+            raise ValueError("fire_time must be timezone-aware")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outcome: Outcome
+    error: str | None
+    exit_code: int | None
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class _Ending:
+    outcome: Outcome
+    error: str | None = None
+    exit_code: int | None = None
+
+
+def job_environ(
+    job_env: Mapping[str, str], run_env: Mapping[str, str], base: Mapping[str, str]
+) -> dict[str, str]:
+    """The child environment: ``base`` minus secrets, then the job env, then ``PGCRON_*``.
+
+    Every inherited or configured ``PGCRON_*`` is dropped first: an optional one
+    (fencing token, deadline) left over from elsewhere would describe another run.
+    """
+    environ = {
+        name: value
+        for name, value in base.items()
+        if not name.startswith(SECRET_PREFIX) and name not in SECRET_NAMES
+    }
+    environ.update(job_env)
+    environ = {name: value for name, value in environ.items() if not name.startswith(ENV_PREFIX)}
+    environ.update(run_env)
+    return environ
+
+
+async def execute(request: RunRequest, cancellation: Cancellation) -> RunResult:
+    """Run ``request.action`` to its end, or until the cancellation or the timeout stops it."""
+    started = time.monotonic()
+    log = _log.bind(job=request.job, run_key=request.run_key, attempt=request.attempt)
+    if cancellation.is_set():
+        ending = _Ending("cancelled", f"cancelled: {cancellation.reason}")
+    else:
+        ending = await _execute(request, cancellation, log, started)
+    return RunResult(
+        outcome=ending.outcome,
+        error=ending.error,
+        exit_code=ending.exit_code,
+        duration_s=time.monotonic() - started,
+    )
+
+
+async def _execute(
+    request: RunRequest, cancellation: Cancellation, log: FilteringBoundLogger, started: float
+) -> _Ending:
+    deadline = None if request.timeout is None else datetime.now(UTC) + request.timeout
+    context = RunContext(
+        job=request.job,
+        run_key=request.run_key,
+        fire_time=request.fire_time,
+        attempt=request.attempt,
+        idempotency_key=request.idempotency_key,
+        idempotency_key_hex=request.idempotency_key_hex,
+        fencing_token=request.fencing_token,
+        deadline=deadline,
+        env={},
+        cwd=request.cwd,
+        cancelled=cancellation,
+    )
+    environ = job_environ(request.env, context.environ(), os.environ)
+    watch = _Watch(request, cancellation, started)
+    action = request.action
+    match action:
+        case CommandAction(argv=argv):
+            return await _run_process(list(argv), environ, request, watch, log)
+        case ShellAction(script=script):
+            return await _run_process(["/bin/sh", "-c", script], environ, request, watch, log)
+        case EntrypointAction(target=target, isolate=True):
+            return await _run_isolated(target, environ, request, watch, log)
+        case EntrypointAction(target=target):
+            context = dataclasses.replace(context, env=MappingProxyType(environ))
+            return await _run_entrypoint(target, context, request, watch, log)
+        case _:
+            assert_never(action)
+
+
+class _Watch:
+    """Waits for the work, the cancellation or the timeout, whichever comes first."""
+
+    def __init__(self, request: RunRequest, cancellation: Cancellation, started: float) -> None:
+        self.cancellation = cancellation
+        self.grace = request.stop_grace.total_seconds()
+        self._timeout = request.timeout
+        self._deadline = (
+            None if request.timeout is None else started + request.timeout.total_seconds()
+        )
+
+    async def until_stop(self, work: asyncio.Future[Any]) -> _Ending | None:
+        """None when ``work`` ended on its own; else how the run ends (timeout / cancelled).
+
+        A run whose cancellation is set before its end was observed is never a
+        success, even if the job returned normally: whoever cancelled it (a lost
+        lease) no longer trusts its result.
+        """
+        waiter = asyncio.ensure_future(self.cancellation.wait())
+        try:
+            remaining = None if self._deadline is None else self._deadline - time.monotonic()
+            await asyncio.wait(
+                {work, waiter},
+                timeout=None if remaining is None else max(remaining, 0.0),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            waiter.cancel()
+        if self.cancellation.is_set():
+            return self._cancelled_ending()
+        if work.done():
+            return None
+        # Set the shared signal so cooperative jobs see the timeout too; if the
+        # daemon set it in the meantime, its reason wins.
+        self.cancellation.cancel("timeout")
+        return self._cancelled_ending()
+
+    def _cancelled_ending(self) -> _Ending:
+        reason = self.cancellation.reason
+        if reason == "timeout" and self._timeout is not None:
+            return _Ending("timeout", f"timeout after {self._timeout.total_seconds():g}s")
+        return _Ending("cancelled", f"cancelled: {reason}")
+
+
+# -- child processes ----------------------------------------------------------
+
+
+async def _run_isolated(
+    target: str,
+    environ: dict[str, str],
+    request: RunRequest,
+    watch: _Watch,
+    log: FilteringBoundLogger,
+) -> _Ending:
+    read_end, write_end = os.pipe()
+    argv = [
+        sys.executable,
+        "-m",
+        "pgcrond.isolated",
+        "--result-fd",
+        str(write_end),
+        "--sys-path",
+        json.dumps(sys.path),
+        target,
+    ]
+    try:
+        ending = await _run_process(
+            argv, environ, request, watch, log, pass_fds=(write_end,), after_spawn=write_end
+        )
+        error = _read_available(read_end)
+    finally:
+        os.close(read_end)
+    if ending.outcome == "fail" and error:
+        return _Ending("fail", error, ending.exit_code)
+    return ending
+
+
+def _read_available(fd: int) -> str:
+    # Non-blocking: a grandchild that inherited the write end must not stall us.
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+async def _run_process(
+    argv: list[str],
+    environ: dict[str, str],
+    request: RunRequest,
+    watch: _Watch,
+    log: FilteringBoundLogger,
+    *,
+    pass_fds: tuple[int, ...] = (),
+    after_spawn: int | None = None,
+) -> _Ending:
+    """``after_spawn``: an fd of ours to close once the child holds its own copy."""
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=environ,
+            cwd=request.cwd,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
+    except OSError as exc:
+        return _Ending("fail", f"cannot start: {describe(exc)}")
+    finally:
+        if after_spawn is not None:
+            os.close(after_spawn)
+    # start_new_session makes the child the leader of a new session and group.
+    group = process.pid
+    assert process.stdout is not None and process.stderr is not None
+    budget = _OutputBudget(log)
+    pumps = asyncio.gather(
+        _pump(process.stdout, "stdout", budget), _pump(process.stderr, "stderr", budget)
+    )
+    exited = asyncio.ensure_future(process.wait())
+    try:
+        stop = await watch.until_stop(exited)
+        if stop is not None and not exited.done():
+            await _stop_group(group, exited, watch, log)
+        returncode = await exited
+    finally:
+        # Normal end, stop, or the runner itself being cancelled: nothing of
+        # the group may outlive the run.
+        _signal_group(group, signal.SIGKILL)
+    try:
+        await asyncio.wait_for(pumps, _DRAIN_TIMEOUT)
+    except TimeoutError:
+        log.warning("job_output_abandoned", reason="pipe held open outside the process group")
+    if stop is not None:
+        return _Ending(stop.outcome, stop.error, _exit_status(returncode))
+    if returncode == 0:
+        return _Ending("success", None, 0)
+    if returncode < 0:
+        return _Ending("fail", f"killed by signal {_signal_name(-returncode)}", None)
+    return _Ending("fail", f"exit status {returncode}", returncode)
+
+
+async def _stop_group(
+    group: int, exited: asyncio.Future[int], watch: _Watch, log: FilteringBoundLogger
+) -> None:
+    log.info("job_stopping", signal="SIGTERM", reason=watch.cancellation.reason)
+    _signal_group(group, signal.SIGTERM)
+    await asyncio.wait({exited}, timeout=watch.grace)
+    if not exited.done():
+        log.warning("job_killed", signal="SIGKILL", grace_s=watch.grace)
+        _signal_group(group, signal.SIGKILL)
+
+
+def _signal_group(group: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group is already empty
+        os.killpg(group, signum)
+
+
+def _exit_status(returncode: int) -> int | None:
+    return returncode if returncode >= 0 else None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+class _OutputBudget:
+    """Bytes of output one run may still log, shared by stdout and stderr."""
+
+    def __init__(self, log: FilteringBoundLogger) -> None:
+        self.log = log
+        self.remaining = OUTPUT_RUN_CAP
+        self.exhausted = False
+
+    def emit(self, stream: str, line: bytes) -> None:
+        if self.exhausted:
+            return
+        truncated = len(line) > OUTPUT_LINE_CAP
+        line = line[:OUTPUT_LINE_CAP]
+        if len(line) > self.remaining:
+            self.exhausted = True
+            self.log.warning(
+                "job_output_truncated", stream=stream, logged_bytes=OUTPUT_RUN_CAP - self.remaining
+            )
+            return
+        self.remaining -= len(line)
+        text = line.decode("utf-8", "replace")
+        if truncated:
+            self.log.info("job_output", stream=stream, line=text, truncated=True)
+        else:
+            self.log.info("job_output", stream=stream, line=text)
+
+
+async def _pump(reader: asyncio.StreamReader, stream: str, budget: _OutputBudget) -> None:
+    # Hand-rolled line splitting: StreamReader.readline() raises on lines
+    # longer than its limit, and buffering a whole long line would let a
+    # single line of gigabytes live in memory.
+    pending = b""
+    skipping = False  # inside a long line whose head was already logged
+    while chunk := await reader.read(_READ_CHUNK):
+        if budget.exhausted:
+            continue
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if skipping:
+                skipping = False
+            else:
+                budget.emit(stream, line.removesuffix(b"\r"))
+        if len(pending) > OUTPUT_LINE_CAP:
+            if not skipping:
+                budget.emit(stream, pending)
+                skipping = True
+            pending = b""
+    if pending and not skipping:
+        budget.emit(stream, pending)
+
+
+# -- in-process entrypoints ---------------------------------------------------
+
+
+@functools.cache
+def _resolve(target: str) -> Callable[..., Any]:
+    return resolve(target)
+
+
+_CallOutcome = tuple[Any, str | None]  # (return value, failure)
+
+
+class _EntrypointCall:
+    """One call of an entrypoint on the loop, via a thread when it is synchronous."""
+
+    def __init__(self, function: Callable[..., Any], context: RunContext) -> None:
+        self.function = function
+        self.context = context
+        self.thread: threading.Thread | None = None
+
+    async def run(self) -> str | None:
+        """None on success, else the job's failure as ``ExcType: message``."""
+        try:
+            if inspect.iscoroutinefunction(self.function):
+                await self.function(self.context)
+                return None
+            result, error = await self._in_thread()
+            if error is None and inspect.isawaitable(result):
+                await result
+            return error
+        # SystemExit raised by a job must not end the task the asyncio way,
+        # which re-raises it into the loop and takes the daemon down.
+        except (Exception, SystemExit) as exc:
+            return describe(exc)
+
+    def _in_thread(self) -> asyncio.Future[_CallOutcome]:
+        # A dedicated daemon thread, not asyncio.to_thread: a job that ignores
+        # its cancellation is abandoned, and it must neither occupy a slot of
+        # the loop's shared executor forever nor hold up interpreter exit.
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_CallOutcome] = loop.create_future()
+        context = contextvars.copy_context()
+
+        def body() -> None:
+            outcome: _CallOutcome
+            try:
+                outcome = (context.run(self.function, self.context), None)
+            except BaseException as exc:
+                outcome = (None, describe(exc))
+            with contextlib.suppress(RuntimeError):  # loop closed: nobody waits any more
+                loop.call_soon_threadsafe(_settle, future, outcome)
+
+        self.thread = threading.Thread(target=body, name=f"pgcrond-job-{self.context.job}")
+        self.thread.daemon = True
+        self.thread.start()
+        return future
+
+
+def _settle(future: asyncio.Future[_CallOutcome], outcome: _CallOutcome) -> None:
+    if not future.done():  # an abandoned call's future was cancelled with its task
+        future.set_result(outcome)
+
+
+async def _run_entrypoint(
+    target: str,
+    context: RunContext,
+    request: RunRequest,
+    watch: _Watch,
+    log: FilteringBoundLogger,
+) -> _Ending:
+    try:
+        function = _resolve(target)
+    except Exception as exc:
+        return _Ending("fail", describe(exc))
+    call = _EntrypointCall(function, context)
+    task: asyncio.Future[str | None] = asyncio.ensure_future(call.run())
+    try:
+        stop = await watch.until_stop(task)
+        if stop is not None:
+            await _stop_entrypoint(task, call, watch, log)
+            return stop
+    finally:
+        task.cancel()
+    if task.cancelled():
+        # The job cancelled itself (raised CancelledError); nobody stopped it.
+        return _Ending("fail", "CancelledError")
+    if (error := task.result()) is not None:
+        return _Ending("fail", error)
+    return _Ending("success")
+
+
+async def _stop_entrypoint(
+    task: asyncio.Future[str | None],
+    call: _EntrypointCall,
+    watch: _Watch,
+    log: FilteringBoundLogger,
+) -> None:
+    """The cancellation is already set; give the job ``stop_grace`` to notice it."""
+    await asyncio.wait({task}, timeout=watch.grace)
+    if task.done():
+        return
+    task.cancel()
+    await asyncio.wait({task}, timeout=watch.grace)
+    if call.thread is not None and call.thread.is_alive():
+        # Python cannot kill a thread; `isolate: true` is the answer for jobs
+        # that must be killable.
+        log.warning("entrypoint_thread_abandoned", thread=call.thread.name)
+    elif not task.done():
+        log.warning("entrypoint_task_abandoned")
