@@ -67,7 +67,8 @@ def free_port() -> int:
 class LocalServer:
     """One PostgreSQL server: ``start()``, ``stop()``, ``kill()``, ``dsn``.
 
-    ``durable=False`` turns fsync off: right for tests, wrong for real data.
+    ``durable=False`` turns fsync off: a killed server loses nothing, a crashed
+    host could; right for tests, wrong for real data.
     """
 
     def __init__(
@@ -94,10 +95,17 @@ class LocalServer:
     def log_file(self) -> Path:
         return self.data_dir.parent / f"{self.data_dir.name}.log"
 
-    def _user_kwargs(self) -> dict[str, int | list[int]]:
-        if self._run_as is None:
-            return {}
-        return {"user": self._run_as.pw_uid, "group": self._run_as.pw_gid, "extra_groups": []}
+    @property
+    def _uid(self) -> int | None:
+        return None if self._run_as is None else self._run_as.pw_uid
+
+    @property
+    def _gid(self) -> int | None:
+        return None if self._run_as is None else self._run_as.pw_gid
+
+    @property
+    def _extra_groups(self) -> list[int] | None:
+        return None if self._run_as is None else []
 
     def _prepare(self) -> None:
         if (self.data_dir / "PG_VERSION").is_file():
@@ -126,7 +134,9 @@ class LocalServer:
             capture_output=True,
             text=True,
             check=False,
-            **self._user_kwargs(),  # type: ignore[arg-type]
+            user=self._uid,
+            group=self._gid,
+            extra_groups=self._extra_groups,
         )  # fmt: skip
         if result.returncode != 0:
             raise EmbeddedServerError(f"initdb failed in {self.data_dir}:\n{result.stderr}")
@@ -140,7 +150,9 @@ class LocalServer:
             f"max_connections={self.max_connections}",
         ]
         if not self.durable:
-            settings += ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
+            # Still crash-safe for a killed server (WAL reaches the OS cache on
+            # commit); only a host crash could lose data.
+            settings += ["fsync=off", "full_page_writes=off"]
         args = [str(self._bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port)]
         for setting in settings:
             args += ["-c", setting]
@@ -154,7 +166,9 @@ class LocalServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            **self._user_kwargs(),  # type: ignore[arg-type]
+            user=self._uid,
+            group=self._gid,
+            extra_groups=self._extra_groups,
         )
         log.close()
         self._wait_ready()

@@ -1,0 +1,113 @@
+"""How pgcrond talks to PostgreSQL: the pool, connection settings, errors.
+
+Nothing above this module and the stores sees psycopg. Connections are in
+autocommit, so each statement is one round trip and holds no transaction open.
+TCP keepalives make a dead server or a cut network show up within seconds
+instead of at the kernel's two-hour default.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from pgcrond.errors import DatabaseUnavailable, PgcrondError
+
+Query = str | sql.Composed | sql.SQL
+Params = Mapping[str, Any] | None
+
+CONNECTION_SETTINGS: dict[str, Any] = {
+    "autocommit": True,
+    "row_factory": dict_row,
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "application_name": "pgcrond",
+}
+
+_URL_PASSWORD = re.compile(r"(://[^:/?#@]*:)[^@/]*@")
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
+
+
+def redact(dsn: str) -> str:
+    """The DSN with any password replaced by ``***``: the only form that may be logged."""
+    dsn = _URL_PASSWORD.sub(r"\1***@", dsn)
+    dsn = _QUERY_PASSWORD.sub(r"\1***", dsn)
+    return _KV_PASSWORD.sub(r"\1***", dsn)
+
+
+class DatabaseError(PgcrondError):
+    """The database rejected a statement."""
+
+
+def translate(exc: Exception) -> PgcrondError:
+    """Map a driver error to ours: outages are retryable, the rest is not."""
+    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+        return DatabaseUnavailable(f"database unavailable: {exc}".strip())
+    return DatabaseError(f"{type(exc).__name__}: {exc}".strip())
+
+
+class Database:
+    """A small connection pool; ``open()`` does not wait for the server."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        timeout: float = 5.0,
+        application_name: str = "pgcrond",
+    ) -> None:
+        self.conninfo = conninfo
+        self.timeout = timeout
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[DictRow]] = AsyncConnectionPool(
+            conninfo,
+            connection_class=psycopg.AsyncConnection[DictRow],
+            kwargs={**CONNECTION_SETTINGS, "application_name": application_name},
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout,
+            open=False,
+            name=application_name,
+        )
+
+    async def open(self) -> None:
+        await self._pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[DictRow]]:
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc) from exc
+
+    async def fetchone(self, query: Query, params: Params = None) -> DictRow | None:
+        async with self.connection() as conn:
+            cursor = await conn.execute(query, params)
+            return await cursor.fetchone()
+
+    async def fetchall(self, query: Query, params: Params = None) -> list[DictRow]:
+        async with self.connection() as conn:
+            cursor = await conn.execute(query, params)
+            return await cursor.fetchall()
+
+    async def execute(self, query: Query, params: Params = None) -> int:
+        """Run a statement; returns the number of rows it touched."""
+        async with self.connection() as conn:
+            cursor = await conn.execute(query, params)
+            return cursor.rowcount

@@ -1,0 +1,380 @@
+"""The lease table: claim, heartbeat, finalize, and ``run_exclusive``.
+
+Every replica races the same identity; exactly one ``INSERT … ON CONFLICT``
+claim wins. Each claim rotates the owner token (which fences the row: a stale
+owner can no longer heartbeat or finalize) and draws a new fencing token
+(which a downstream system can use to reject writes from an older holder).
+All expiry decisions use the database clock, never a worker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal, TypeVar
+
+import structlog
+
+from pgcrond.cancel import Cancellation
+from pgcrond.db import Database
+from pgcrond.errors import DatabaseUnavailable, LeaseLost
+from pgcrond.keys import Identity
+from pgcrond.sql import Queries, migrations
+from pgcrond.timing import LeaseTiming, to_ms
+
+T = TypeVar("T")
+log = structlog.get_logger("pgcrond.store")
+
+NotAcquiredReason = Literal["held", "done", "failed", "retry_pending", "overlap"]
+MAX_ERROR_LENGTH = 4000
+
+
+def default_owner() -> str:
+    """``host:pid``: for humans reading the table, never used for fencing."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """A won claim: this replica runs the identity until it finalizes or is fenced."""
+
+    identity: Identity
+    id: int
+    owner_token: uuid.UUID
+    fencing_token: int
+    attempt: int
+    expires_at: datetime
+    timing: LeaseTiming
+    # "takeover" (reclaimed an expired RUNNING row), "retry" (a FAIL row) or None.
+    claimed_from: str | None = None
+    # Set when the lease is lost or expires: whoever runs the job must stop.
+    cancellation: Cancellation = field(default_factory=Cancellation, compare=False, repr=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.identity.idempotency_key
+
+
+@dataclass(frozen=True)
+class NotAcquired:
+    """A lost claim, and why: held by a live lease, done, failed for good, or a skip."""
+
+    identity: Identity
+    reason: NotAcquiredReason
+    status: str | None
+    owner: str | None
+    # held: until the holder's lease could expire; retry_pending: until the retry
+    # time. Both by the database clock, so replicas with skewed clocks agree.
+    wait: timedelta | None = None
+
+
+class LeaseStore:
+    """Lease operations on one table; async. See :class:`SyncLeaseStore` for sync code."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        schema: str = "pgcrond",
+        table: str = "leases",
+        owner: str | None = None,
+    ) -> None:
+        self.db = db
+        self.queries = Queries(schema, table)
+        self.owner = owner or default_owner()
+
+    async def migrate(self) -> list[int]:
+        """Create or upgrade the table; safe when many replicas migrate at once."""
+        from pgcrond.keys import lock_id
+
+        applied_now: list[int] = []
+        async with self.db.connection() as conn, conn.transaction():
+            await conn.execute(
+                self.queries.get("migration_lock"),
+                {"lock_id": lock_id(f"migrate:{self.queries.schema}")},
+            )
+            await conn.execute(self.queries.create_schema())
+            await conn.execute(self.queries.get("migrations_table"))
+            cursor = await conn.execute(self.queries.get("applied_migrations"))
+            done = {row["version"] for row in await cursor.fetchall()}
+            for version, template in migrations():
+                if version in done:
+                    continue
+                await conn.execute(self.queries.migration(template))
+                await conn.execute(self.queries.get("record_migration"), {"version": version})
+                applied_now.append(version)
+        return applied_now
+
+    async def acquire(
+        self,
+        identity: Identity,
+        timing: LeaseTiming | None = None,
+        *,
+        forbid_overlap: bool = False,
+    ) -> Acquired | NotAcquired:
+        """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row."""
+        timing = timing or LeaseTiming.build()
+        token = uuid.uuid4()
+        row = await self.db.fetchone(
+            self.queries.get("claim"),
+            {
+                "lock_key": identity.idempotency_key,
+                "type": identity.type,
+                "code": identity.code,
+                "run_key": identity.run_key,
+                "owner_token": token,
+                "owner": self.owner,
+                "lease_ms": timing.lease_ms,
+                "forbid_overlap": forbid_overlap and identity.type == "SCHEDULE",
+            },
+        )
+        if row is None:
+            # The conflicting row was inserted by a claim that committed after
+            # this statement's snapshot: a live lease, just granted.
+            return NotAcquired(identity, "held", "RUNNING", None, timing.lease)
+        if row["claimed"] and row["status"] == "RUNNING":
+            return Acquired(
+                identity=identity,
+                id=row["id"],
+                owner_token=token,
+                fencing_token=row["fencing_token"],
+                attempt=row["attempt"],
+                expires_at=row["expires_at"],
+                timing=timing,
+                claimed_from=row["reason"],
+            )
+        return _refusal(identity, row)
+
+    async def heartbeat(self, lease: Acquired) -> bool:
+        """Extend the lease; False when this owner was fenced (token rotated away)."""
+        row = await self.db.fetchone(
+            self.queries.get("heartbeat"), {"id": lease.id, "owner_token": lease.owner_token}
+        )
+        return row is not None
+
+    async def complete(self, lease: Acquired) -> bool:
+        """Record SUCCESS; False when fenced. A SUCCESS row is never claimed again."""
+        return await self._finalize(lease, "SUCCESS", None, None, None)
+
+    async def fail(
+        self,
+        lease: Acquired,
+        error: str,
+        *,
+        reason: str = "error",
+        retry_after: timedelta | None = timedelta(0),
+    ) -> bool:
+        """Record FAIL; False when fenced. ``retry_after=None`` makes the failure final."""
+        return await self._finalize(lease, "FAIL", reason, error, retry_after)
+
+    async def release(self, lease: Acquired) -> bool:
+        """Give a running claim back (e.g. at shutdown) so that a survivor may take it."""
+        return await self._finalize(lease, "FAIL", "released", "released by its owner",
+                                    timedelta(0))
+
+    async def _finalize(
+        self,
+        lease: Acquired,
+        status: str,
+        reason: str | None,
+        error: str | None,
+        retry_after: timedelta | None,
+    ) -> bool:
+        row = await self.db.fetchone(
+            self.queries.get("finalize"),
+            {
+                "id": lease.id,
+                "owner_token": lease.owner_token,
+                "status": status,
+                "reason": reason,
+                "error": None if error is None else error[:MAX_ERROR_LENGTH],
+                "retry_ms": None if retry_after is None else to_ms(retry_after),
+            },
+        )
+        return row is not None
+
+    async def keep_alive(self, lease: Acquired) -> None:
+        """Heartbeat until cancelled; set ``lease.cancellation`` when the lease is gone.
+
+        A fenced heartbeat means another owner took over: "lease_lost". When
+        the database cannot be reached, the run goes on until the lease could
+        really have expired, measured from when the last successful heartbeat
+        was *sent* (the server computed the expiry after that): "lease_expired".
+        With heartbeats off, the run must end within its lease.
+        """
+        lease_s = lease.timing.lease.total_seconds()
+        interval = lease.timing.heartbeat.total_seconds()
+        valid_until = time.monotonic() + lease_s
+        while True:
+            remaining = valid_until - time.monotonic()
+            if remaining <= 0:
+                lease.cancellation.cancel("lease_expired")
+                log.warning("lease_expired", job=lease.identity.code,
+                            run_key=lease.identity.run_key)
+                return
+            await asyncio.sleep(min(interval, remaining) if interval else remaining)
+            if not interval or time.monotonic() >= valid_until:
+                continue
+            sent = time.monotonic()
+            try:
+                # Bounded by the lease left: a hung connection must not hold the
+                # run past the moment another replica may take it over.
+                renewed = await asyncio.wait_for(self.heartbeat(lease), valid_until - sent)
+            except (DatabaseUnavailable, TimeoutError) as exc:
+                log.warning("heartbeat_failed", job=lease.identity.code,
+                            run_key=lease.identity.run_key, error=str(exc) or type(exc).__name__,
+                            lease_valid_for_s=round(valid_until - time.monotonic(), 3))
+                continue
+            if not renewed:
+                lease.cancellation.cancel("lease_lost")
+                log.warning("lease_lost", job=lease.identity.code,
+                            run_key=lease.identity.run_key)
+                return
+            valid_until = sent + lease_s
+
+    @contextlib.asynccontextmanager
+    async def holding(self, lease: Acquired) -> AsyncIterator[Acquired]:
+        """Keep ``lease`` alive in the background for the duration of the block."""
+        task = asyncio.create_task(self.keep_alive(lease), name=f"heartbeat:{lease.identity}")
+        try:
+            yield lease
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def run_exclusive(
+        self,
+        identity: Identity,
+        fn: Callable[[Acquired], Awaitable[T]],
+        *,
+        timing: LeaseTiming | None = None,
+        forbid_overlap: bool = False,
+    ) -> T | NotAcquired:
+        """Acquire, heartbeat while ``fn(lease)`` runs, record its outcome.
+
+        The job's exception is recorded as FAIL and re-raised. When the lease
+        was lost meanwhile (``lease.cancellation`` tells ``fn``), nothing is
+        recorded as success: :class:`LeaseLost` is raised instead.
+        """
+        lease = await self.acquire(identity, timing, forbid_overlap=forbid_overlap)
+        if isinstance(lease, NotAcquired):
+            return lease
+        async with self.holding(lease):
+            try:
+                value = await fn(lease)
+            except Exception as exc:
+                await self.fail(lease, f"{type(exc).__name__}: {exc}")
+                raise
+        if lease.cancellation.is_set():
+            raise LeaseLost(f"lease of {identity} lost ({lease.cancellation.reason})")
+        if not await self.complete(lease):
+            raise LeaseLost(f"lease of {identity} was taken over before it completed")
+        return value
+
+
+def _refusal(identity: Identity, row: dict[str, object]) -> NotAcquired:
+    status = str(row["status"])
+    owner = row["owner"] if isinstance(row["owner"], str) else None
+    db_now = row["db_now"]
+    assert isinstance(db_now, datetime)
+    if status == "SKIPPED" and row["claimed"]:
+        return NotAcquired(identity, "overlap", status, owner)
+    if status == "RUNNING":
+        expires_at = row["expires_at"]
+        assert isinstance(expires_at, datetime)
+        return NotAcquired(identity, "held", status, owner, max(expires_at - db_now, timedelta()))
+    if status == "FAIL":
+        retry_at = row["retry_at"]
+        if isinstance(retry_at, datetime):
+            return NotAcquired(
+                identity, "retry_pending", status, owner, max(retry_at - db_now, timedelta())
+            )
+        return NotAcquired(identity, "failed", status, owner)
+    return NotAcquired(identity, "done", status, owner)
+
+
+class SyncLeaseStore:
+    """The same lease store for synchronous code, run on a private event loop."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = "pgcrond",
+        table: str = "leases",
+        owner: str | None = None,
+    ) -> None:
+        from pgcrond.portal import Portal
+
+        self._portal = Portal()
+        self._db = Database(conninfo)
+        self._portal.call(self._db.open())
+        self.store = LeaseStore(self._db, schema=schema, table=table, owner=owner)
+
+    def close(self) -> None:
+        self._portal.call(self._db.close())
+        self._portal.close()
+
+    def __enter__(self) -> SyncLeaseStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def migrate(self) -> list[int]:
+        return self._portal.call(self.store.migrate())
+
+    def acquire(
+        self, identity: Identity, timing: LeaseTiming | None = None, *, forbid_overlap: bool = False
+    ) -> Acquired | NotAcquired:
+        return self._portal.call(
+            self.store.acquire(identity, timing, forbid_overlap=forbid_overlap)
+        )
+
+    def heartbeat(self, lease: Acquired) -> bool:
+        return self._portal.call(self.store.heartbeat(lease))
+
+    def complete(self, lease: Acquired) -> bool:
+        return self._portal.call(self.store.complete(lease))
+
+    def fail(
+        self,
+        lease: Acquired,
+        error: str,
+        *,
+        reason: str = "error",
+        retry_after: timedelta | None = timedelta(0),
+    ) -> bool:
+        return self._portal.call(
+            self.store.fail(lease, error, reason=reason, retry_after=retry_after)
+        )
+
+    def release(self, lease: Acquired) -> bool:
+        return self._portal.call(self.store.release(lease))
+
+    def run_exclusive(
+        self,
+        identity: Identity,
+        fn: Callable[[Acquired], T],
+        *,
+        timing: LeaseTiming | None = None,
+        forbid_overlap: bool = False,
+    ) -> T | NotAcquired:
+        """As :meth:`LeaseStore.run_exclusive`; ``fn`` runs in a worker thread."""
+
+        async def in_thread(lease: Acquired) -> T:
+            return await asyncio.to_thread(fn, lease)
+
+        return self._portal.call(
+            self.store.run_exclusive(
+                identity, in_thread, timing=timing, forbid_overlap=forbid_overlap
+            )
+        )
