@@ -230,9 +230,7 @@ async def _run_isolated(
         target,
     ]
     try:
-        ending = await _run_process(
-            argv, environ, request, watch, log, pass_fds=(write_end,), after_spawn=write_end
-        )
+        ending = await _run_process(argv, environ, request, watch, log, hand_over=write_end)
         error = _read_available(read_end)
     finally:
         os.close(read_end)
@@ -263,47 +261,56 @@ async def _run_process(
     watch: _Watch,
     log: FilteringBoundLogger,
     *,
-    pass_fds: tuple[int, ...] = (),
-    after_spawn: int | None = None,
+    hand_over: int | None = None,
 ) -> _Ending:
-    """``after_spawn``: an fd of ours to close once the child holds its own copy."""
-    try:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=environ,
-            cwd=request.cwd,
-            start_new_session=True,
-            pass_fds=pass_fds,
-        )
-    except OSError as exc:
-        return _Ending("fail", f"cannot start: {describe(exc)}")
-    finally:
-        if after_spawn is not None:
-            os.close(after_spawn)
-    # start_new_session makes the child the leader of a new session and group.
-    group = process.pid
-    assert process.stdout is not None and process.stderr is not None
+    """``hand_over``: an fd passed to the child, closed here once the child has its copy."""
+    # Our own pipes rather than asyncio's PIPE: Process.wait() also waits for
+    # the pipes it manages to close, so a background grandchild holding stdout
+    # would hide the leader's exit until the grandchild ended.
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    to_close = [out_write, err_write] if hand_over is None else [out_write, err_write, hand_over]
+    stdout, stdout_transport = await _pipe_reader(out_read)
+    stderr, stderr_transport = await _pipe_reader(err_read)
     budget = _OutputBudget(log)
-    pumps = asyncio.gather(
-        _pump(process.stdout, "stdout", budget), _pump(process.stderr, "stderr", budget)
-    )
-    exited = asyncio.ensure_future(process.wait())
+    pumps = asyncio.gather(_pump(stdout, "stdout", budget), _pump(stderr, "stderr", budget))
     try:
-        stop = await watch.until_stop(exited)
-        if stop is not None and not exited.done():
-            await _stop_group(group, exited, watch, log)
-        returncode = await exited
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out_write,
+                stderr=err_write,
+                env=environ,
+                cwd=request.cwd,
+                start_new_session=True,
+                pass_fds=() if hand_over is None else (hand_over,),
+            )
+        except OSError as exc:
+            return _Ending("fail", f"cannot start: {describe(exc)}")
+        finally:
+            for fd in to_close:
+                os.close(fd)
+        # start_new_session makes the child the leader of a new session and group.
+        group = process.pid
+        exited = asyncio.ensure_future(process.wait())
+        try:
+            stop = await watch.until_stop(exited)
+            if stop is not None and not exited.done():
+                await _stop_group(group, exited, watch, log)
+            returncode = await exited
+        finally:
+            # Normal end, stop, or the runner itself being cancelled: nothing
+            # of the group may outlive the run.
+            _signal_group(group, signal.SIGKILL)
+        try:
+            await asyncio.wait_for(pumps, _DRAIN_TIMEOUT)
+        except TimeoutError:
+            log.warning("job_output_abandoned", reason="pipe held open outside the process group")
     finally:
-        # Normal end, stop, or the runner itself being cancelled: nothing of
-        # the group may outlive the run.
-        _signal_group(group, signal.SIGKILL)
-    try:
-        await asyncio.wait_for(pumps, _DRAIN_TIMEOUT)
-    except TimeoutError:
-        log.warning("job_output_abandoned", reason="pipe held open outside the process group")
+        stdout_transport.close()
+        stderr_transport.close()
+        pumps.cancel()
     if stop is not None:
         return _Ending(stop.outcome, stop.error, _exit_status(returncode))
     if returncode == 0:
@@ -311,6 +318,15 @@ async def _run_process(
     if returncode < 0:
         return _Ending("fail", f"killed by signal {_signal_name(-returncode)}", None)
     return _Ending("fail", f"exit status {returncode}", returncode)
+
+
+async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
+    return reader, transport
 
 
 async def _stop_group(
