@@ -1,0 +1,169 @@
+"""Lease store: round trips per operation and claims per second.
+
+    .venv/bin/python bench/lease_store.py [--seconds 5]
+
+Round trips are counted on the wire: libpq's protocol trace of the store's own
+connection records every message; each Sync (extended protocol) or Query
+(simple protocol) the client sends is one round trip. Throughput runs claim +
+complete cycles on distinct identities, on one connection and on 8 processes
+with a connection each, side by side against one throwaway server
+(PGCROND_BENCH_DSN to use another).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+from psycopg import pq
+
+from pgcrond.db import Database
+from pgcrond.embedded import LocalServer
+from pgcrond.keys import Identity
+from pgcrond.store import Acquired, LeaseStore
+from pgcrond.timing import LeaseTiming
+
+TIMING = LeaseTiming.build(timedelta(minutes=5))
+
+
+@contextmanager
+def server() -> Iterator[str]:
+    if dsn := os.environ.get("PGCROND_BENCH_DSN"):
+        yield dsn
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="pgcrond-bench-"))
+    scratch.chmod(0o755)
+    local = LocalServer(scratch / "data", durable=False, max_connections=50)
+    local.start()
+    try:
+        yield local.dsn
+    finally:
+        local.remove()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class WireCounter:
+    """Counts client round trips on the single connection of a Database."""
+
+    def __init__(self, trace_file: Path) -> None:
+        self.trace_file = trace_file
+
+    def round_trips(self) -> int:
+        count = 0
+        for line in self.trace_file.read_text().splitlines():
+            fields = line.split("\t")
+            if len(fields) > 2 and fields[0] == "F" and fields[2] in ("Sync", "Query"):
+                count += 1
+        return count
+
+
+async def count(db: Database, trace: Path, op: Callable[[], Awaitable[object]]) -> int:
+    before = WireCounter(trace).round_trips()
+    await op()
+    return WireCounter(trace).round_trips() - before
+
+
+async def round_trips(dsn: str, schema: str) -> dict[str, int]:
+    db = Database(dsn, min_size=1, max_size=1)
+    await db.open()
+    store = LeaseStore(db, schema=schema)
+    await store.migrate()
+    trace = Path(tempfile.mkstemp(prefix="pgcrond-trace-")[1])
+    handle = trace.open("w")
+    async with db.connection() as conn:
+        conn.pgconn.trace(handle.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        # Disable server-side preparing so every call is counted the same way:
+        # the first count would otherwise include a one-off Parse round trip.
+        conn.prepare_threshold = None
+    results: dict[str, int] = {}
+    identity = Identity.schedule("rt", "2026-01-01T00:00:00Z")
+    holder: list[Acquired] = []
+
+    async def fresh() -> None:
+        lease = await store.acquire(identity, TIMING)
+        assert isinstance(lease, Acquired)
+        holder.append(lease)
+
+    results["acquire (fresh insert)"] = await count(db, trace, fresh)
+    results["acquire (lost: held)"] = await count(db, trace, lambda: store.acquire(identity))
+    results["heartbeat"] = await count(db, trace, lambda: store.heartbeat(holder[-1]))
+    results["fail"] = await count(db, trace, lambda: store.fail(holder[-1], "x"))
+    results["acquire (reclaim of FAIL)"] = await count(db, trace, fresh)
+    results["complete"] = await count(db, trace, lambda: store.complete(holder[-1]))
+    results["acquire (lost: done)"] = await count(db, trace, lambda: store.acquire(identity))
+    handle.close()
+    trace.unlink()
+    await db.close()
+    return results
+
+
+async def claim_loop(dsn: str, schema: str, seconds: float, tag: str) -> int:
+    db = Database(dsn, min_size=1, max_size=1)
+    await db.open()
+    store = LeaseStore(db, schema=schema)
+    done = 0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        lease = await store.acquire(Identity.schedule("tp", f"{tag}-{done}"), TIMING)
+        assert isinstance(lease, Acquired)
+        assert await store.complete(lease)
+        done += 1
+    await db.close()
+    return done
+
+
+def _worker(
+    dsn: str, schema: str, seconds: float, tag: str, out: multiprocessing.Queue[int]
+) -> None:
+    out.put(asyncio.run(claim_loop(dsn, schema, seconds, tag)))
+
+
+def throughput(dsn: str, schema: str, processes: int, seconds: float) -> float:
+    ctx = multiprocessing.get_context("spawn")
+    out: multiprocessing.Queue[int] = ctx.Queue()
+    workers = [
+        ctx.Process(
+            target=_worker, args=(dsn, schema, seconds, f"{processes}-{n}-{uuid.uuid4()}", out)
+        )
+        for n in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    total = sum(out.get(timeout=seconds + 60) for _ in workers)
+    for worker in workers:
+        worker.join()
+    return total / seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with server() as dsn:
+        trips = asyncio.run(round_trips(dsn, schema))
+        print("round trips per operation (counted on the wire)")
+        for name, value in trips.items():
+            print(f"  {name:28s} {value}")
+        one = throughput(dsn, schema, 1, args.seconds)
+        eight = throughput(dsn, schema, 8, args.seconds)
+        print(f"claim + complete cycles/s, 1 connection:   {one:8.0f}")
+        print(f"claim + complete cycles/s, 8 processes:    {eight:8.0f}  ({eight / one:.2f}x)")
+        print(f"(machine: {os.cpu_count()} cores, server on the same machine)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
