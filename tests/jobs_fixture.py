@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ def write_context(ctx: RunContext) -> None:
 
 async def write_context_async(ctx: RunContext) -> None:
     ctx.log.info("context_seen")
-    Path(ctx.env["OUT"]).write_text(json.dumps(_snapshot(ctx)))
+    await asyncio.to_thread(Path(ctx.env["OUT"]).write_text, json.dumps(_snapshot(ctx)))
 
 
 def raise_value_error(ctx: RunContext) -> None:
@@ -146,18 +147,23 @@ def make_request(action: Action, **overrides: Any) -> RunRequest:
     return RunRequest(**fields)
 
 
-async def wait_for_path(path: Path, timeout: float = 10.0) -> None:
-    """Wait until a child process has created ``path`` (bounded)."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+def _poll(condition: Callable[[], bool], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{path} did not appear within {timeout}s")
-        await asyncio.sleep(0.01)
+            return False
+        time.sleep(0.01)
+    return True
 
 
-def live_processes_in_session(session: int) -> list[int]:
-    """Pids whose session id is ``session``, zombies excepted (reaping them is init's job)."""
-    found = []
+async def wait_for_path(path: Path, within: float = 10.0) -> None:
+    """Wait until a child process has created ``path`` (bounded; polled off the loop)."""
+    if not await asyncio.to_thread(_poll, path.exists, within):
+        raise AssertionError(f"{path} did not appear within {within}s")
+
+
+def _session_members(session: int) -> list[tuple[int, str]]:
+    members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
@@ -165,17 +171,29 @@ def live_processes_in_session(session: int) -> list[int]:
             continue  # exited while we looked
         # comm (field 2) may hold spaces and parentheses; the rest follows the last ')'.
         state, _ppid, _pgrp, sid = text.rpartition(")")[2].split()[:4]
-        if int(sid) == session and state != "Z":
-            found.append(int(stat.parent.name))
-    return found
+        if int(sid) == session:
+            members.append((int(stat.parent.name), state))
+    return members
 
 
-async def wait_until_session_gone(session: int, timeout: float = 5.0) -> list[int]:
-    """Killed processes take a moment to die; returns what is still alive after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while (alive := live_processes_in_session(session)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    return alive
+def live_processes_in_session(session: int) -> list[int]:
+    """Pids whose session id is ``session``, zombies excepted (reaping them is init's job)."""
+    return [pid for pid, state in _session_members(session) if state != "Z"]
+
+
+async def wait_until_session_gone(session: int, within: float = 5.0) -> list[int]:
+    """Killed processes take a moment to die; returns what is still alive after ``within``."""
+    await asyncio.to_thread(_poll, lambda: not live_processes_in_session(session), within)
+    return live_processes_in_session(session)
+
+
+def is_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def docs_example(kind: str) -> str:

@@ -10,6 +10,7 @@ import json
 import random
 import sys
 import tracemalloc
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from pgcrond.runner import RunResult, execute
 from tests.jobs_fixture import (
     RUN_KEY,
     docs_example,
+    is_alive,
     make_request,
     wait_for_path,
     wait_until_session_gone,
@@ -35,7 +37,7 @@ pytestmark = pytest.mark.timeout(30)
 DUMP_ENV = "import json, os, sys; open(sys.argv[1], 'w').write(json.dumps(dict(os.environ)))"
 
 
-def output_lines(logs: list[dict[str, Any]], stream: str = "stdout") -> list[str]:
+def output_lines(logs: Iterable[Mapping[str, Any]], stream: str = "stdout") -> list[str]:
     return [e["line"] for e in logs if e["event"] == "job_output" and e["stream"] == stream]
 
 
@@ -111,7 +113,7 @@ async def test_argv_elements_arrive_verbatim_and_nothing_is_interpreted(tmp_path
     marker = tmp_path / "x"
     hostile = [
         "two words",
-        "it's \"quoted\"",
+        'it\'s "quoted"',
         f"$(touch {marker})",
         f"; touch {marker}",
         f"`touch {marker}`; rm -rf",
@@ -246,7 +248,7 @@ async def test_timeout_kills_the_whole_process_group_including_grandchildren(
     run = asyncio.create_task(execute(request, cancellation))
     await wait_for_path(tmp_path / "ready")
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
-    assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert all(is_alive(pid) for pid in pids)
     result = await run
     assert ("timeout", "timeout after 2s") == (result.outcome, result.error)
     assert "timeout" == cancellation.reason
@@ -304,7 +306,9 @@ async def test_a_child_ignoring_sigterm_is_killed_after_the_stop_grace(tmp_path:
         result = await run
     assert ("cancelled", "cancelled: shutdown") == (result.outcome, result.error)
     assert result.duration_s >= 0.5
-    stops = [(e["event"], e["signal"]) for e in logs if e["event"] in ("job_stopping", "job_killed")]
+    stops = [
+        (e["event"], e["signal"]) for e in logs if e["event"] in ("job_stopping", "job_killed")
+    ]
     assert [("job_stopping", "SIGTERM"), ("job_killed", "SIGKILL")] == stops
 
 
@@ -408,5 +412,4 @@ def test_retry_delay_rejects_nonsense(attempt: int, base: timedelta) -> None:
 
 def test_a_naive_fire_time_is_refused() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
-        make_request(ShellAction("true"), fire_time=datetime(2026, 3, 29, 1, 30))  # noqa: DTZ001
-
+        make_request(ShellAction("true"), fire_time=datetime(2026, 3, 29, 1, 30))
