@@ -1,0 +1,179 @@
+"""``/healthz``, ``/readyz`` and ``/metrics`` on a tiny asyncio HTTP/1.1 server.
+
+Three fixed endpoints for probes and Prometheus do not need a framework: one
+request per connection, no body, ``Connection: close``. The server lives on the
+daemon's event loop, so a wedged loop fails the probes too, which is the point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from pgcrond.errors import ValidationError
+
+log = structlog.get_logger("pgcrond.http")
+
+# A probe that takes longer than this is a failed probe: better a 503 now than
+# a kubelet timeout that says nothing.
+READY_TIMEOUT_S = 2.0
+# Slow or silent clients must not pin connections open.
+REQUEST_TIMEOUT_S = 5.0
+MAX_HEADER_LINES = 100
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
+TEXT = "text/plain; charset=utf-8"
+# What a slow, truncated, oversized or non-HTTP request raises while it is read.
+_UNREADABLE = (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError)
+
+
+def parse_listen(listen: str) -> tuple[str | None, int]:
+    """``host:port``, ``[::1]:port`` or ``:port`` -> (host, port); host None = all interfaces."""
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValidationError(
+            "http.listen", f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464, :9464)"
+        )
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValidationError("http.listen", f"{listen!r}: write an IPv6 address in brackets")
+    return host or None, int(port_text)
+
+
+class HealthServer:
+    """Serves liveness from ``health()``, readiness from ``await ready()``, and ``registry``."""
+
+    def __init__(
+        self,
+        listen: str,
+        *,
+        health: Callable[[], bool],
+        ready: Callable[[], Awaitable[bool]],
+        registry: CollectorRegistry,
+        ready_timeout: float = READY_TIMEOUT_S,
+    ) -> None:
+        self.host, self._port = parse_listen(listen)
+        self._health = health
+        self._ready = ready
+        self._registry = registry
+        self._ready_timeout = ready_timeout
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port: the real one when ``listen`` asked for port 0."""
+        if self._server is None:
+            return self._port
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, self.host, self._port)
+        log.info("http_listening", host=self.host or "*", port=self.port)
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                method, path = await asyncio.wait_for(_read_request(reader), REQUEST_TIMEOUT_S)
+            except _UNREADABLE:
+                await _respond(writer, 400, TEXT, b"bad request\n")
+                return
+            status, content_type, body = await self._route(method, path)
+            extra = {"Allow": "GET, HEAD"} if status == 405 else {}
+            await _respond(
+                writer,
+                status,
+                content_type,
+                b"" if method == "HEAD" else body,
+                length=len(body),
+                extra=extra,
+            )
+        except ConnectionError:
+            pass  # the client went away; nothing to tell it
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
+        if path not in ("/healthz", "/readyz", "/metrics"):
+            return 404, TEXT, b"not found\n"
+        if method not in ("GET", "HEAD"):
+            return 405, TEXT, b"method not allowed\n"
+        if path == "/healthz":
+            healthy = _safely(self._health)
+            return (200, TEXT, b"ok\n") if healthy else (503, TEXT, b"unhealthy\n")
+        if path == "/readyz":
+            ready = await self._is_ready()
+            return (200, TEXT, b"ok\n") if ready else (503, TEXT, b"not ready\n")
+        return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
+
+    async def _is_ready(self) -> bool:
+        try:
+            return bool(await asyncio.wait_for(self._ready(), self._ready_timeout))
+        except TimeoutError:
+            log.warning("ready_check_timed_out", timeout_s=self._ready_timeout)
+            return False
+        except Exception as exc:
+            # An exception is an answer too: not ready. The probe must not 500.
+            log.warning("ready_check_failed", error=str(exc) or type(exc).__name__)
+            return False
+
+
+def _safely(check: Callable[[], bool]) -> bool:
+    try:
+        return bool(check())
+    except Exception as exc:
+        log.warning("health_check_failed", error=str(exc) or type(exc).__name__)
+        return False
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
+    """The method and path of one request; headers are read and ignored."""
+    request_line = (await reader.readuntil(b"\r\n")).decode("latin-1").split()
+    if len(request_line) != 3 or not request_line[2].startswith("HTTP/"):
+        raise ValueError("malformed request line")
+    for _ in range(MAX_HEADER_LINES):
+        if await reader.readuntil(b"\r\n") == b"\r\n":
+            method, target, _version = request_line
+            return method, target.split("?", 1)[0]
+    raise ValueError("too many header lines")
+
+
+async def _respond(
+    writer: asyncio.StreamWriter,
+    status: int,
+    content_type: str,
+    body: bytes,
+    *,
+    length: int | None = None,
+    extra: dict[str, str] | None = None,
+) -> None:
+    headers = {
+        "Content-Type": content_type,
+        "Content-Length": str(len(body) if length is None else length),
+        "Connection": "close",
+        **(extra or {}),
+    }
+    head = f"HTTP/1.1 {status} {REASONS[status]}\r\n" + "".join(
+        f"{name}: {value}\r\n" for name, value in headers.items()
+    )
+    writer.write(head.encode("latin-1") + b"\r\n" + body)
+    await writer.drain()

@@ -1,0 +1,174 @@
+"""The health server: probe status codes follow the callbacks; /metrics is Prometheus text."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pgcrond.db import Database
+from pgcrond.embedded import LocalServer
+from pgcrond.errors import DatabaseUnavailable, ValidationError
+from pgcrond.http import HealthServer, parse_listen
+from pgcrond.metrics import Metrics
+
+
+async def fetch(port: int, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: test\r\nAccept: */*\r\n\r\n".encode())
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    head, _, body = response.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in header_lines)
+    return int(status_line.split()[1]), headers, body
+
+
+async def always(value: bool) -> bool:
+    return value
+
+
+@asynccontextmanager
+async def serving(
+    *,
+    health: Callable[[], bool] = lambda: True,
+    ready: Callable[[], Awaitable[bool]] = lambda: always(True),
+    metrics: Metrics | None = None,
+    ready_timeout: float = 2.0,
+) -> AsyncIterator[HealthServer]:
+    server = HealthServer(
+        "127.0.0.1:0",
+        health=health,
+        ready=ready,
+        registry=(metrics or Metrics()).registry,
+        ready_timeout=ready_timeout,
+    )
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize(
+    ("listen", "expected"),
+    [
+        ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+        ("[::1]:9464", ("::1", 9464)),
+        (":9464", (None, 9464)),
+        ("localhost:0", ("localhost", 0)),
+    ],
+)
+def test_listen_addresses_are_parsed(listen: str, expected: tuple[str | None, int]) -> None:
+    assert expected == parse_listen(listen)
+
+
+@pytest.mark.parametrize("listen", ["9464", "host:", "host:http", "::1:9464", "h:70000"])
+def test_bad_listen_addresses_are_rejected_naming_the_field(listen: str) -> None:
+    with pytest.raises(ValidationError, match=r"http\.listen"):
+        parse_listen(listen)
+
+
+async def test_healthz_follows_the_health_callback() -> None:
+    healthy = True
+    async with serving(health=lambda: healthy) as server:
+        assert (200, b"ok\n") == (await fetch(server.port, "/healthz"))[::2]
+        healthy = False
+        assert 503 == (await fetch(server.port, "/healthz"))[0]
+
+
+async def test_readyz_follows_the_ready_callback_and_a_raising_check_is_not_ready() -> None:
+    answer: bool | Exception = True
+
+    async def ready() -> bool:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async with serving(ready=ready) as server:
+        assert 200 == (await fetch(server.port, "/readyz"))[0]
+        answer = False
+        assert 503 == (await fetch(server.port, "/readyz"))[0]
+        answer = DatabaseUnavailable("down")
+        assert 503 == (await fetch(server.port, "/readyz"))[0]
+
+
+async def test_a_ready_check_slower_than_its_timeout_answers_503_in_time() -> None:
+    async def hang() -> bool:
+        await asyncio.sleep(30)
+        return True
+
+    async with serving(ready=hang, ready_timeout=0.2) as server:
+        status, _, body = await asyncio.wait_for(fetch(server.port, "/readyz"), 2)
+        assert (503, b"not ready\n") == (status, body)
+
+
+async def test_metrics_show_a_counter_after_it_is_incremented() -> None:
+    metrics = Metrics()
+    async with serving(metrics=metrics) as server:
+        metrics.runs.labels(job="nightly", outcome="success").inc()
+        metrics.runs.labels(job="nightly", outcome="success").inc()
+        status, headers, body = await fetch(server.port, "/metrics")
+    assert 200 == status
+    assert headers["Content-Type"].startswith("text/plain; version=")
+    families = {family.name: family for family in text_string_to_metric_families(body.decode())}
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for sample in families["pgcrond_runs"].samples
+    }
+    assert 2.0 == samples[("pgcrond_runs_total", (("job", "nightly"), ("outcome", "success")))]
+
+
+async def test_unknown_paths_are_404_and_other_methods_405() -> None:
+    async with serving() as server:
+        assert 404 == (await fetch(server.port, "/"))[0]
+        assert 404 == (await fetch(server.port, "/health"))[0]
+        status, headers, _ = await fetch(server.port, "/metrics", method="POST")
+        assert (405, "GET, HEAD") == (status, headers["Allow"])
+        assert 405 == (await fetch(server.port, "/healthz", method="DELETE"))[0]
+        status, headers, body = await fetch(server.port, "/healthz", method="HEAD")
+        assert (200, "3", b"") == (status, headers["Content-Length"], body)
+        assert 200 == (await fetch(server.port, "/readyz?verbose=1"))[0]
+
+
+async def test_garbage_is_answered_400_and_the_server_keeps_serving() -> None:
+    async with serving() as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"hello\r\n\r\n")
+        assert (await reader.read()).startswith(b"HTTP/1.1 400 ")
+        writer.close()
+        assert 200 == (await fetch(server.port, "/healthz"))[0]
+
+
+async def _until(port: int, expected: int, within: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while (status := (await fetch(port, "/readyz"))[0]) != expected:
+        assert loop.time() < deadline, f"/readyz still {status}, expected {expected}"
+        await asyncio.sleep(0.1)
+
+
+async def test_readyz_turns_unready_while_the_database_is_down_and_recovers(
+    own_server: LocalServer,
+) -> None:
+    db = Database(own_server.dsn, timeout=1.0)
+    await db.open()
+
+    async def ready() -> bool:
+        return await db.fetchone("SELECT 1 AS ok") == {"ok": 1}
+
+    try:
+        async with serving(ready=ready, ready_timeout=1.5) as server:
+            await _until(server.port, 200, within=10)
+            # stop() blocks until the server is down; off the loop, so probes keep being served.
+            await asyncio.to_thread(own_server.stop)
+            await _until(server.port, 503, within=10)
+            await asyncio.to_thread(own_server.start)
+            await _until(server.port, 200, within=20)
+    finally:
+        await db.close()
