@@ -1,0 +1,111 @@
+"""Per-run overhead of the runner.
+
+``python bench/runner_overhead.py [--runs 200]``
+
+Spawn-to-exit of ``/bin/true`` through ``execute()`` against a bare
+``asyncio.create_subprocess_exec`` in the same process, alternated run by run so
+that machine load hits both sides alike; then no-op sync and async entrypoints
+in process, and a no-op isolated entrypoint (one Python start per run, so fewer
+runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from pgcrond.actions import Action, CommandAction, EntrypointAction
+from pgcrond.cancel import Cancellation
+from pgcrond.context import RunContext
+from pgcrond.runner import RunRequest, execute
+
+# The script's directory is on sys.path, and the isolated child is given the
+# same path, so the no-ops resolve in both.
+MODULE = "runner_overhead"
+
+
+def noop(ctx: RunContext) -> None:
+    pass
+
+
+async def noop_async(ctx: RunContext) -> None:
+    pass
+
+
+def request(action: Action) -> RunRequest:
+    return RunRequest(
+        job="bench",
+        action=action,
+        run_key="2026-03-29T01:30:00Z",
+        fire_time=datetime(2026, 3, 29, 1, 30, tzinfo=UTC),
+        attempt=1,
+        idempotency_key="v2:bench",
+        idempotency_key_hex="0" * 64,
+        fencing_token=None,
+    )
+
+
+def runner_call(action: Action) -> Callable[[], Awaitable[None]]:
+    run_request = request(action)
+
+    async def call() -> None:
+        result = await execute(run_request, Cancellation())
+        assert result.outcome == "success", result
+
+    return call
+
+
+async def bare_true() -> None:
+    process = await asyncio.create_subprocess_exec("/bin/true")
+    assert await process.wait() == 0
+
+
+async def timed(call: Callable[[], Awaitable[None]]) -> float:
+    started = time.perf_counter()
+    await call()
+    return (time.perf_counter() - started) * 1000
+
+
+def summary(name: str, samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p90 = ordered[int(len(ordered) * 0.9) - 1]
+    return (
+        f"{name:<34} median {statistics.median(ordered):8.3f} ms"
+        f"   p90 {p90:8.3f} ms   (n={len(ordered)})"
+    )
+
+
+async def main(runs: int, isolated_runs: int) -> None:
+    via_runner = runner_call(CommandAction(("/bin/true",)))
+    baseline: list[float] = []
+    runner: list[float] = []
+    for _ in range(runs):
+        baseline.append(await timed(bare_true))
+        runner.append(await timed(via_runner))
+    sync_noop = runner_call(EntrypointAction(f"{MODULE}:noop"))
+    async_noop = runner_call(EntrypointAction(f"{MODULE}:noop_async"))
+    isolated_noop = runner_call(EntrypointAction(f"{MODULE}:noop", isolate=True))
+    sync_samples = [await timed(sync_noop) for _ in range(runs)]
+    async_samples = [await timed(async_noop) for _ in range(runs)]
+    isolated_samples = [await timed(isolated_noop) for _ in range(isolated_runs)]
+
+    print(summary("/bin/true, bare create_subprocess", baseline))
+    print(summary("/bin/true via execute()", runner))
+    ratio = statistics.median(runner) / statistics.median(baseline)
+    extra = statistics.median(runner) - statistics.median(baseline)
+    print(f"{'':<34} runner / bare: {ratio:.2f}x the median (+{extra:.3f} ms)")
+    print(summary("sync entrypoint no-op (thread)", sync_samples))
+    print(summary("async entrypoint no-op (loop)", async_samples))
+    print(summary("isolated entrypoint no-op (child)", isolated_samples))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--isolated-runs", type=int, default=30)
+    args = parser.parse_args()
+    asyncio.run(main(args.runs, args.isolated_runs))
