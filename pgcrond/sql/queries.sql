@@ -91,3 +91,30 @@ INSERT INTO {migrations} (version) VALUES (%(version)s)
 -- name: migration_lock
 -- Serialise migrations of one table across replicas starting at once.
 SELECT pg_advisory_xact_lock(%(lock_id)s)
+
+-- name: advisory_try_lock
+-- Open the advisory guard's transaction and try its lock in one round trip
+-- (one simple-protocol message, the id bound client-side, nothing prepared, so
+-- PgBouncer in transaction pooling pins one server connection for the run).
+-- The lock and the timeout overrides last exactly as long as the transaction:
+-- a server- or role-wide idle_in_transaction_session_timeout (and, from
+-- PostgreSQL 17, transaction_timeout) would otherwise end a long run's lock.
+BEGIN;
+SELECT set_config('idle_in_transaction_session_timeout', '0', true) AS idle_timeout,
+       CASE WHEN current_setting('server_version_num')::int >= 170000
+            THEN set_config('transaction_timeout', '0', true) END AS transaction_timeout,
+       pg_try_advisory_xact_lock(%(lock_id)s) AS acquired
+
+-- name: advisory_probe
+-- The only periodic statement of the advisory guard, and only while a job
+-- runs: an answer on the lock's own connection proves the lock still holds.
+SELECT 1
+
+-- name: advisory_release
+-- End the guard's transaction, which releases its lock; nothing is written.
+ROLLBACK
+
+-- name: advisory_lock_id
+-- The advisory lock id of a string key (pgcrond hash) computed inside
+-- PostgreSQL; equals pgcrond.keys.lock_id(key). Documented in docs/guards.md.
+SELECT ('x' || substr(encode(sha256(convert_to('pgcrond:' || %(key)s, 'UTF8')), 'hex'), 1, 16))::bit(64)::bigint AS lock_id
