@@ -186,6 +186,9 @@ class CronSchedule:
         default_factory=dict, repr=False, compare=False
     )
 
+    def __repr__(self) -> str:
+        return f"CronSchedule({self.expression!r}, zone={self.zone.key!r})"
+
     @classmethod
     def parse(cls, expression: str, zone: ZoneInfo) -> CronSchedule:
         """Read an expression; raise ``ValueError`` naming the faulty field."""

@@ -1,0 +1,194 @@
+"""`pgcrond check` and `pgcrond next`: look at a config without a database.
+
+`next` walks ``schedule.next_after`` exactly as the daemon does, so the times
+it prints are the ticks the daemon will fire, DST included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from pgcrond.actions import Action, CommandAction, ShellAction
+from pgcrond.config import Config, JobConfig, load_config
+from pgcrond.durations import format_duration
+from pgcrond.errors import ConfigError
+from pgcrond.schedule import run_key_for
+
+EXIT_OK = 0
+EXIT_INVALID = 2
+
+
+def check_command(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return EXIT_INVALID
+    if args.json:
+        document = {
+            "files": list(config.files),
+            "database": {
+                "url": config.database.redacted_url,
+                "embedded": config.database.embedded,
+                "schema": config.database.schema,
+                "table": config.database.table,
+            },
+            "jobs": [_job_json(job) for job in config.jobs.values()],
+        }
+        print(json.dumps(document, indent=2))
+        return EXIT_OK
+    count = len(config.jobs)
+    print(f"config OK: {count} job{'s' if count != 1 else ''} in {', '.join(config.files)}")
+    rows = [
+        (job.code, job.schedule.describe(), job.guard, _action_summary(job.action))
+        for job in config.jobs.values()
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+            + "  "
+            + row[3]
+        )
+    return EXIT_OK
+
+
+def next_command(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return EXIT_INVALID
+    if args.n < 1:
+        print("pgcrond next: -n must be 1 or more", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        start = _parse_start(args.start)
+    except ValueError as exc:
+        print(f"pgcrond next: --from: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    jobs = list(config.jobs.values())
+    if args.job is not None:
+        if args.job not in config.jobs:
+            known = ", ".join(config.jobs)
+            print(f"pgcrond next: no job {args.job!r}; known jobs: {known}", file=sys.stderr)
+            return EXIT_INVALID
+        jobs = [config.jobs[args.job]]
+    listing = [(job, _ticks(job, start, args.n)) for job in jobs]
+    if args.json:
+        document = {
+            "from": start.isoformat().replace("+00:00", "Z"),
+            "jobs": [
+                {
+                    "code": job.code,
+                    "schedule": job.schedule.describe(),
+                    "timezone": job.timezone.key,
+                    "once": job.is_once,
+                    "ticks": [
+                        {"utc": run_key_for(t), "local": t.astimezone(job.timezone).isoformat()}
+                        for t in ticks
+                    ],
+                }
+                for job, ticks in listing
+            ],
+        }
+        print(json.dumps(document, indent=2))
+        return EXIT_OK
+    for job, ticks in listing:
+        print(f"{job.code}: {job.schedule.describe()}")
+        if job.is_once:
+            print("  at start (run-once)")
+        elif not ticks:
+            print(f"  no tick after {run_key_for(start)}")
+        for tick in ticks:
+            local = tick.astimezone(job.timezone)
+            print(f"  {run_key_for(tick)}  {local:%Y-%m-%d %H:%M:%S %Z (%z)}")
+    return EXIT_OK
+
+
+def _load(args: argparse.Namespace) -> Config | None:
+    try:
+        return load_config(args.config)
+    except ConfigError as exc:
+        if getattr(args, "json", False):
+            errors = [
+                {
+                    "file": i.file,
+                    "line": i.line,
+                    "job": i.job,
+                    "field": i.field,
+                    "message": i.message,
+                }
+                for i in exc.issues
+            ]
+            print(json.dumps({"errors": errors}, indent=2))
+        else:
+            for issue in exc.issues:
+                print(issue, file=sys.stderr)
+            count = len(exc.issues)
+            print(
+                f"{count} problem{'s' if count != 1 else ''}: "
+                "fix these and run pgcrond check again",
+                file=sys.stderr,
+            )
+        return None
+
+
+def _parse_start(text: str | None) -> datetime:
+    """Default now; a time without offset is read as UTC, the zone ticks are named in."""
+    if text is None:
+        return datetime.now(UTC)
+    try:
+        start = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an ISO datetime like 2026-03-29T00:00:00Z") from None
+    return start.replace(tzinfo=UTC) if start.tzinfo is None else start
+
+
+def _ticks(job: JobConfig, start: datetime, count: int) -> list[datetime]:
+    ticks: list[datetime] = []
+    tick = job.schedule.next_after(start)
+    while tick is not None and len(ticks) < count:
+        ticks.append(tick)
+        tick = job.schedule.next_after(tick)
+    return ticks
+
+
+def _action_summary(action: Action) -> str:
+    if isinstance(action, CommandAction):
+        return "command: " + " ".join(action.argv)
+    if isinstance(action, ShellAction):
+        return f"shell: {action.script}"
+    return f"entrypoint: {action.target}" + (" (isolated)" if action.isolate else "")
+
+
+def _job_json(job: JobConfig) -> dict[str, Any]:
+    action: dict[str, Any]
+    if isinstance(job.action, CommandAction):
+        action = {"type": "command", "argv": list(job.action.argv)}
+    elif isinstance(job.action, ShellAction):
+        action = {"type": "shell", "script": job.action.script}
+    else:
+        action = {"type": "entrypoint", "target": job.action.target, "isolate": job.action.isolate}
+    return {
+        "code": job.code,
+        "schedule": job.schedule.describe(),
+        "once": job.is_once,
+        "timezone": job.timezone.key,
+        "guard": job.guard,
+        "action": action,
+        "lease": format_duration(job.timing.lease),
+        "heartbeat": format_duration(job.timing.heartbeat),
+        "timeout": None if job.timeout is None else format_duration(job.timeout),
+        "retries": job.retries,
+        "retry_delay": format_duration(job.retry_delay),
+        "min_hold": format_duration(job.min_hold),
+        "misfire_grace": format_duration(job.misfire_grace),
+        "concurrency": job.concurrency,
+        "env": dict(job.env),
+        "cwd": None if job.cwd is None else str(job.cwd),
+        "key_hash": job.key_hash,
+        "lock_key": job.lock_key,
+        "description": job.description,
+        "source": job.source,
+    }
