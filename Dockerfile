@@ -1,0 +1,43 @@
+# pgcrond container image: one replica per container. Run several against the
+# same PostgreSQL (deploy/kubernetes/, deploy/compose.yaml). No PostgreSQL in
+# here: embedded mode is for laptops; a replica coordinates only through a
+# shared server, given as PGCROND_DATABASE_URL at run time.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+WORKDIR /src
+# Only what the wheel is built from, so editing tests or docs keeps the cache.
+COPY pyproject.toml README.md ./
+COPY pgcrond ./pgcrond
+# The venv path is the same in both stages: a venv cannot be moved.
+RUN python -m venv /opt/pgcrond \
+    && /opt/pgcrond/bin/pip wheel --no-deps --wheel-dir /wheels . \
+    && /opt/pgcrond/bin/pip install /wheels/*.whl \
+    && /opt/pgcrond/bin/pip uninstall --yes pip
+
+FROM ${PYTHON_IMAGE}
+# A fixed numeric uid, so Kubernetes' runAsNonRoot can check it without a
+# passwd lookup and volume permissions can be set ahead of time.
+RUN groupadd --system --gid 10001 pgcrond \
+    && useradd --system --uid 10001 --gid pgcrond --no-create-home \
+       --home-dir /nonexistent --shell /usr/sbin/nologin pgcrond \
+    && install -d -m 0755 /etc/pgcrond
+COPY --from=builder /opt/pgcrond /opt/pgcrond
+# Unbuffered so log lines reach `docker logs` as they happen; no .pyc writes
+# because the root filesystem is read-only in Kubernetes.
+ENV PATH=/opt/pgcrond/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+USER 10001:10001
+WORKDIR /tmp
+EXPOSE 9464
+# The daemon drains running jobs for shutdown_grace (30 s) on SIGTERM: give it
+# more than that (docker stop -t 45, terminationGracePeriodSeconds: 45).
+STOPSIGNAL SIGTERM
+# No curl in a slim image: the interpreter is already here.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=4).status != 200)"]
+ENTRYPOINT ["pgcrond"]
+CMD ["run", "-c", "/etc/pgcrond/", "--http", "0.0.0.0:9464"]

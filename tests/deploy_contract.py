@@ -1,0 +1,52 @@
+"""What the deployment files must agree on with the daemon, stated once.
+
+Every deploy test compares the Dockerfile, the systemd unit, the Kubernetes
+manifests and the Compose file to these values, never to literals of its own.
+The daemon's own constants (``pgcrond/defaults.py``) will replace the values
+below as they land, so a change in the daemon fails the deploy tests instead
+of silently drifting from them.
+"""
+
+from __future__ import annotations
+
+# Entry point: [project.scripts] in pyproject.toml.
+CONSOLE_SCRIPT = "pgcrond"
+RUN_COMMAND = "run"
+
+# `pgcrond run --http` default is 127.0.0.1:9464 (pgcrond/cli.py help text);
+# containers listen on all interfaces so probes and scrapes can reach them.
+HTTP_PORT = 9464
+HTTP_DEFAULT_LISTEN = f"127.0.0.1:{HTTP_PORT}"
+HTTP_CONTAINER_LISTEN = f"0.0.0.0:{HTTP_PORT}"
+HEALTHZ_PATH = "/healthz"
+READYZ_PATH = "/readyz"
+METRICS_PATH = "/metrics"
+
+# The DSN comes from this variable and overrides database.url.
+DATABASE_URL_ENV = "PGCROND_DATABASE_URL"
+DATABASE_SCHEMA = "pgcrond"
+DATABASE_TABLE = "leases"
+
+STOP_SIGNAL = "SIGTERM"
+RELOAD_SIGNAL = "SIGHUP"
+# Running jobs drain this long after SIGTERM; every supervisor must wait longer.
+SHUTDOWN_GRACE_S = 30
+SUPERVISOR_STOP_TIMEOUT_S = 45
+
+# Containers: config directory (a ConfigMap or bind mount) and the non-root user.
+CONTAINER_CONFIG_DIR = "/etc/pgcrond/"
+CONTAINER_UID = 10001
+
+# systemd: config directory and secrets file (deploy/systemd/README.md says why).
+SYSTEMD_EXECUTABLE = "/usr/local/bin/pgcrond"
+SYSTEMD_CONFIG_DIR = "/etc/pgcrond/conf.d/"
+SYSTEMD_ENV_FILE = "/etc/pgcrond/pgcrond.env"
+SYSTEMD_WATCHDOG_S = 30
+
+# Coordination needs several replicas; disruptions and rollouts take one at a time.
+REPLICAS = 3
+MAX_UNAVAILABLE = 1
+
+# Manifests are validated offline against this Kubernetes version and the
+# newest one kubernetes-validate ships.
+KUBERNETES_VERSION = "1.30.0"
