@@ -257,3 +257,33 @@ def _group_alive(data_dir: Path) -> bool:
             if marker in (proc / "cmdline").read_bytes():
                 return True
     return False
+
+
+def running_dsn(data_dir: Path) -> str | None:
+    """The DSN of a server already running on ``data_dir``, from its postmaster.pid."""
+    try:
+        lines = (data_dir / "postmaster.pid").read_text().splitlines()
+        pid, port = int(lines[0]), int(lines[3])
+    except (OSError, IndexError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, owned by 'nobody'
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+
+def attach(state_dir: Path) -> tuple[str, LocalServer | None]:
+    """Use the embedded server of ``state_dir``, starting it if it is not running.
+
+    Returns the DSN and the server when this process started it (and so
+    stops it); replicas on the same host share one server.
+    """
+    data_dir = state_dir / "data"
+    if dsn := running_dsn(data_dir):
+        return dsn, None
+    server = LocalServer(data_dir)
+    server.start()
+    return server.dsn, server

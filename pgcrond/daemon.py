@@ -1,0 +1,423 @@
+"""``pgcrond run``: one replica. APScheduler fires, :mod:`pgcrond.fire` decides.
+
+Every replica loads the same jobs and fires every tick at its intended fire
+time; the tick's run key comes from the fire time APScheduler hands its
+executor, never from the clock at run time, so every replica derives the same
+identity. Between fires the replica sends no query: APScheduler keeps its jobs
+in memory, and the only periodic work is a local liveness beat.
+
+Signals: SIGTERM/SIGINT drain (no new fires; running jobs get
+``shutdown_grace``, then the runner's stop sequence, then their leases are
+released for a survivor); a second SIGINT skips the grace. SIGHUP reloads the
+config; a bad one is rejected and the old jobs keep running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from apscheduler.executors.base import BaseExecutor
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.base import BaseTrigger
+
+from pgcrond import notify
+from pgcrond.config import Config, JobConfig, load_config
+from pgcrond.db import Database, redact
+from pgcrond.embedded import LocalServer, attach
+from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError
+from pgcrond.fire import FireOutcome, Firing
+from pgcrond.http import HealthServer
+from pgcrond.keys import Identity
+from pgcrond.logs import configure
+from pgcrond.metrics import Metrics
+from pgcrond.retention import prune
+from pgcrond.schedule import OnceSchedule, Schedule, run_key_for
+from pgcrond.store import LeaseStore, NotAcquired, default_owner
+
+log = structlog.get_logger("pgcrond.daemon")
+
+DEFAULT_HTTP_LISTEN = "127.0.0.1:9464"
+# The liveness beat: /healthz fails when the loop has not beaten for this long.
+BEAT_INTERVAL_S = 1.0
+STUCK_AFTER_S = 15.0
+# Waiting for a run stopped at shutdown: the runner's stop sequence (SIGTERM,
+# stop_grace, SIGKILL) plus recording the release.
+STOP_WAIT_S = 20.0
+PRUNE_EVERY = timedelta(hours=1)
+PRUNE_CODE = "pgcrond:prune"
+
+
+class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
+    """An APScheduler trigger over our own schedule (cron(8) semantics, DST rule).
+
+    APScheduler 3's crontab parser reads day-of-week 0 as Monday and ANDs the
+    day fields, so it is never used.
+    """
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+
+    def get_next_fire_time(
+        self, previous_fire_time: datetime | None, now: datetime
+    ) -> datetime | None:
+        return self.schedule.next_after(previous_fire_time or now)
+
+    def __str__(self) -> str:
+        return self.schedule.describe()
+
+
+class FireExecutor(BaseExecutor):  # type: ignore[misc]
+    """Hands each intended fire time straight to the daemon, on the loop."""
+
+    def __init__(self, submit: Callable[[str, datetime], None]) -> None:
+        super().__init__()
+        self._submit = submit
+
+    def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        for run_time in run_times:
+            self._submit(job.id, run_time)
+        # The run itself is tracked by the daemon, not by APScheduler's
+        # instance count (which would otherwise refuse the next tick).
+        self._run_job_success(job.id, [])
+
+
+def _no_op() -> None:
+    """APScheduler needs a callable per job; the executor never calls it."""
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        paths: Sequence[str],
+        *,
+        database_url: str | None = None,
+        http_listen: str | None = None,
+    ) -> None:
+        self.config = config
+        self.paths = list(paths)
+        self.database_url = database_url
+        self.http_listen = config.http_listen if http_listen is None else http_listen
+        self.replica = default_owner()
+        self.metrics = Metrics()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.fire_tasks: set[asyncio.Task[Any]] = set()
+        self.stop_requested = asyncio.Event()
+        self.stop_now = asyncio.Event()
+        self._beat = time.monotonic()
+        self._last_prune = -float("inf")
+        self._server: LocalServer | None = None
+        self._http: HealthServer | None = None
+        self._scheduler: AsyncIOScheduler | None = None
+        self._db: Database | None = None
+        self._advisory_db: Database | None = None
+        self._firing: Firing | None = None
+        self._started = False
+
+    # -- life cycle -----------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, "SIGTERM")
+        loop.add_signal_handler(signal.SIGINT, self._on_stop_signal, "SIGINT")
+        loop.add_signal_handler(signal.SIGHUP, self._spawn_reload)
+        try:
+            if not await self._start():
+                return 0
+            notify.ready()
+            notify.status(f"running {len(self.config.jobs)} jobs")
+            log.info("daemon_ready", replica=self.replica, jobs=len(self.config.jobs),
+                     http=self._http_address())
+            await self.stop_requested.wait()
+            await self._shutdown()
+            return 0
+        finally:
+            await self._close()
+
+    async def _start(self) -> bool:
+        dsn = self._dsn()
+        self._db = Database(dsn, min_size=1, max_size=4)
+        advisory_jobs = sum(1 for job in self.config.jobs.values() if job.guard == "advisory")
+        # One connection per running advisory-guarded job, held for the run.
+        self._advisory_db = Database(dsn, min_size=0, max_size=max(2, advisory_jobs + 1),
+                                     application_name="pgcrond-advisory")
+        await self._db.open()
+        await self._advisory_db.open()
+        store = LeaseStore(self._db, schema=self.config.database.schema,
+                           table=self.config.database.table, owner=self.replica)
+        self._firing = Firing(store=store, advisory_db=self._advisory_db,
+                              metrics=self.metrics, replica=self.replica)
+        self._start_beat()
+        await self._start_http()
+        if not await self._migrate(store):
+            return False
+        self._start_scheduler()
+        self._started = True
+        return True
+
+    def _dsn(self) -> str:
+        database = self.config.database
+        if database.url:
+            log.info("database", url=redact(database.url))
+            return database.url
+        dsn, self._server = attach(database.state_dir)
+        log.warning(
+            "embedded_database",
+            state_dir=str(database.state_dir),
+            detail="single-node: this PostgreSQL lives on this machine only; replicas "
+            "elsewhere cannot share it. Set database.url for a real cluster.",
+        )
+        return dsn
+
+    async def _migrate(self, store: LeaseStore) -> bool:
+        """Migrate, waiting out a database that is not up yet; False if stopped first."""
+        delay = 0.5
+        while not self.stop_requested.is_set():
+            try:
+                applied = await store.migrate()
+            except DatabaseUnavailable as exc:
+                log.warning("database_unavailable", operation="migrate", error=str(exc),
+                            retry_in_s=delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop_requested.wait(), delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            if applied:
+                log.info("migrated", versions=applied)
+            return True
+        return False
+
+    def _start_scheduler(self) -> None:
+        scheduler = AsyncIOScheduler(
+            timezone=UTC,
+            executors={"default": FireExecutor(self._on_fire)},
+            job_defaults={"coalesce": False, "max_instances": 1, "misfire_grace_time": None},
+        )
+        for job in self.config.jobs.values():
+            self._schedule(scheduler, job)
+        scheduler.start()
+        self._scheduler = scheduler
+
+    def _schedule(self, scheduler: AsyncIOScheduler, job: JobConfig) -> None:
+        if isinstance(job.schedule, OnceSchedule):
+            # Run-once: attempted at start by every replica; the lease decides.
+            self._spawn_fire(job, datetime.now(UTC), Identity.initial(job.code))
+            return
+        scheduler.add_job(_no_op, trigger=ScheduleTrigger(job.schedule), id=job.code,
+                          name=job.code, replace_existing=True)
+
+    def _on_fire(self, code: str, tick: datetime) -> None:
+        job = self.config.jobs.get(code)
+        if job is None or self.stop_requested.is_set():
+            return
+        self._spawn_fire(job, tick.astimezone(UTC), Identity.schedule(code, run_key_for(tick)))
+
+    def _spawn_fire(self, job: JobConfig, tick: datetime, identity: Identity) -> None:
+        assert self._firing is not None
+        task = asyncio.create_task(self._fire(job, tick, identity),
+                                   name=f"fire:{identity}")
+        self.fire_tasks.add(task)
+        task.add_done_callback(self.fire_tasks.discard)
+
+    async def _fire(self, job: JobConfig, tick: datetime, identity: Identity) -> None:
+        assert self._firing is not None
+        try:
+            with structlog.contextvars.bound_contextvars(job=job.code,
+                                                         run_key=identity.run_key):
+                outcome: FireOutcome = await self._firing.fire(job, tick, identity)
+        except Exception:
+            log.exception("fire_crashed", job=job.code, run_key=identity.run_key)
+            return
+        if outcome in ("success", "fail", "timeout"):
+            self._maybe_prune()
+
+    # -- retention --------------------------------------------------------------
+
+    def _maybe_prune(self) -> None:
+        """Prune history at most hourly, after a run: an idle replica sends no query."""
+        now = time.monotonic()
+        if now - self._last_prune < PRUNE_EVERY.total_seconds():
+            return
+        self._last_prune = now
+        self._spawn(self._prune())
+
+    async def _prune(self) -> None:
+        assert self._firing is not None
+        store = self._firing.store
+        hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+        identity = Identity.schedule(PRUNE_CODE, run_key_for(hour))
+
+        async def prune_history(_: object) -> int:
+            return await prune(store, self.config.history_retention)
+
+        try:
+            deleted = await store.run_exclusive(identity, prune_history)
+        except PgcrondError as exc:
+            log.warning("prune_failed", error=str(exc))
+            return
+        if not isinstance(deleted, NotAcquired):
+            log.info("history_pruned", deleted=deleted,
+                     older_than_s=self.config.history_retention.total_seconds())
+
+    # -- signals, reload, shutdown -----------------------------------------------
+
+    def _on_stop_signal(self, name: str) -> None:
+        if self.stop_requested.is_set():
+            if name == "SIGINT":
+                log.warning("shutdown_forced", signal=name)
+                self.stop_now.set()
+            return
+        log.info("shutdown_requested", signal=name,
+                 grace_s=self.config.shutdown_grace.total_seconds(),
+                 running=len(self._running()))
+        self.stop_requested.set()
+
+    def _spawn_reload(self) -> None:
+        self._spawn(self._reload())
+
+    async def _reload(self) -> None:
+        try:
+            new = await asyncio.to_thread(load_config, self.paths,
+                                          database_url=self.database_url)
+        except ConfigError as exc:
+            log.error("config_reload_rejected", errors=[str(issue) for issue in exc.issues],
+                      detail="the previous configuration stays in force")
+            return
+        if self.stop_requested.is_set() or self._scheduler is None:
+            return
+        if new.database != self.config.database:
+            log.warning("config_reload_partial",
+                        detail="database settings change only on restart")
+        old_jobs, self.config = self.config.jobs, new
+        added = [code for code in new.jobs if code not in old_jobs]
+        removed = [code for code in old_jobs if code not in new.jobs]
+        changed = [code for code in new.jobs
+                   if code in old_jobs and new.jobs[code] != old_jobs[code]]
+        for code in removed + changed:
+            with contextlib.suppress(Exception):
+                self._scheduler.remove_job(code)
+        for code in added + changed:
+            self._schedule(self._scheduler, new.jobs[code])
+        log.info("config_reloaded", added=added, removed=removed, changed=changed)
+
+    def _running(self) -> list[str]:
+        return [] if self._firing is None else list(self._firing.running)
+
+    async def _shutdown(self) -> None:
+        notify.stopping()
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+        if self._firing is not None:
+            self._firing.stopping.set()
+        await self._drain(self.config.shutdown_grace.total_seconds())
+        pending = {task for task in self.fire_tasks if not task.done()}
+        if pending:
+            log.warning("stopping_runs", runs=self._running())
+            for cancellation in list(self._firing.running.values() if self._firing else []):
+                cancellation.cancel("shutdown")
+            _, pending = await asyncio.wait(pending, timeout=STOP_WAIT_S)
+        for task in pending:
+            task.cancel()
+        log.info("daemon_stopped", replica=self.replica)
+
+    async def _drain(self, grace: float) -> None:
+        """Wait for running fires for up to ``grace`` seconds, or until a second SIGINT."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        forced = asyncio.create_task(self.stop_now.wait())
+        try:
+            while not self.stop_now.is_set():
+                pending = {task for task in self.fire_tasks if not task.done()}
+                remaining = deadline - loop.time()
+                if not pending or remaining <= 0:
+                    return
+                await asyncio.wait(pending | {forced}, timeout=remaining,
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            forced.cancel()
+
+    async def _close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        if self._http is not None:
+            await self._http.stop()
+        for db in (self._db, self._advisory_db):
+            if db is not None:
+                await db.close()
+        if self._server is not None:
+            await asyncio.to_thread(self._server.stop)
+
+    # -- health -------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _start_beat(self) -> None:
+        self._spawn(self._beat_loop())
+
+    async def _beat_loop(self) -> None:
+        watchdog = notify.watchdog_interval()
+        last_ping = 0.0
+        while True:
+            self._beat = time.monotonic()
+            if watchdog is not None and self._beat - last_ping >= watchdog:
+                notify.watchdog()
+                last_ping = self._beat
+            await asyncio.sleep(min(BEAT_INTERVAL_S, watchdog or BEAT_INTERVAL_S))
+
+    def healthy(self) -> bool:
+        return time.monotonic() - self._beat < STUCK_AFTER_S
+
+    async def ready(self) -> bool:
+        if not self._started or self._db is None or self.stop_requested.is_set():
+            return False
+        try:
+            await self._db.fetchone("SELECT 1")
+        except PgcrondError:
+            return False
+        return True
+
+    async def _start_http(self) -> None:
+        if not self.http_listen:
+            return
+        self._http = HealthServer(self.http_listen, health=self.healthy, ready=self.ready,
+                                  registry=self.metrics.registry)
+        await self._http.start()
+
+    def _http_address(self) -> str | None:
+        if self._http is None:
+            return None
+        host = self.http_listen.rsplit(":", 1)[0] or "0.0.0.0"  # noqa: S104
+        return f"{host}:{self._http.port}"
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``pgcrond run``: exit 2 on a bad config (all errors printed), 0 after a clean stop."""
+    configure(args.log_format, args.log_level)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    try:
+        config = load_config(args.config, database_url=args.database_url)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        print("pgcrond did not start: fix these and run `pgcrond check` to verify.",
+              file=sys.stderr)
+        return 2
+    daemon = Daemon(config, args.config, database_url=args.database_url,
+                    http_listen=args.http)
+    try:
+        return asyncio.run(daemon.run())
+    except PgcrondError as exc:
+        log.error("daemon_failed", error=str(exc))
+        return 1

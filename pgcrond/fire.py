@@ -1,0 +1,339 @@
+"""One fire, start to end: misfire check -> guard -> runner -> record.
+
+Every replica fires every tick; this module decides, through the job's guard,
+whether this replica runs it, runs it, and records the outcome. The daemon
+calls :meth:`Firing.fire` for each tick APScheduler hands it; ``pgcrond
+trigger`` calls it once for a manual run.
+
+Lease mode, in short:
+
+* claim (one round trip); a loss because the tick is **held** by a live lease
+  is followed: the replica checks again once that lease could have expired,
+  and a survivor reclaims the tick of a dead winner (**takeover**) as long as
+  that happens within ``misfire_grace`` of the tick;
+* the winner heartbeats while the runner runs, then records SUCCESS or FAIL as
+  the current owner only; a failure with retries left is recorded with a retry
+  time, and claimed again through the lease, so exactly one replica retries;
+* a database outage is retried with backoff: a claim until ``misfire_grace``
+  runs out, an outcome until it lands (or the lease is known lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Literal, TypeVar
+
+import structlog
+
+from pgcrond.advisory import advisory_lock
+from pgcrond.cancel import Cancellation
+from pgcrond.config import JobConfig
+from pgcrond.db import Database
+from pgcrond.errors import DatabaseUnavailable
+from pgcrond.keys import Identity
+from pgcrond.metrics import Metrics
+from pgcrond.retry import retry_delay
+from pgcrond.runner import RunRequest, RunResult, execute
+from pgcrond.store import Acquired, LeaseStore, NotAcquired
+
+T = TypeVar("T")
+log = structlog.get_logger("pgcrond.fire")
+
+FireOutcome = Literal[
+    "success", "fail", "timeout", "cancelled", "lost", "lose", "skip", "misfire"
+]
+
+# Outage retries: fast enough to catch a database restart, slow enough not to
+# hammer a struggling server.
+_BACKOFF_FIRST = 0.2
+_BACKOFF_MAX = 5.0
+# Re-check a held lease a little after it could have expired, so the holder's
+# last heartbeat and clock jitter do not make the check land just before it.
+_FOLLOW_MARGIN = timedelta(milliseconds=100)
+_LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
+
+
+@dataclass
+class Firing:
+    """Shared state of one replica: where to claim, what to count, how to stop."""
+
+    store: LeaseStore
+    advisory_db: Database
+    metrics: Metrics
+    replica: str
+    # Set at shutdown: no new claims, followers give up, runs get stop_grace.
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    running: dict[str, Cancellation] = field(default_factory=dict)
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+
+    async def fire(
+        self, job: JobConfig, tick: datetime, identity: Identity
+    ) -> FireOutcome:
+        """Handle one fire of ``job`` for ``tick``; returns what this replica did."""
+        self.metrics.fires.labels(job.code).inc()
+        bound = log.bind(job=job.code, run_key=identity.run_key)
+        if identity.type == "SCHEDULE" and self._too_late(job, tick):
+            return self._misfire(job, bound, tick, "late")
+        if job.guard == "advisory":
+            return await self._fire_advisory(job, tick, identity)
+        return await self._fire_lease(job, tick, identity)
+
+    def _too_late(self, job: JobConfig, tick: datetime) -> bool:
+        return self.clock() - tick > job.misfire_grace
+
+    def _misfire(
+        self, job: JobConfig, bound: structlog.typing.FilteringBoundLogger, tick: datetime,
+        cause: str,
+    ) -> FireOutcome:
+        self.metrics.misfires.labels(job.code).inc()
+        bound.warning("tick_missed", cause=cause, tick=tick.isoformat(),
+                      lateness_s=round((self.clock() - tick).total_seconds(), 3),
+                      misfire_grace_s=job.misfire_grace.total_seconds())
+        return "misfire"
+
+    # -- lease mode ---------------------------------------------------------
+
+    async def _fire_lease(self, job: JobConfig, tick: datetime, identity: Identity) -> FireOutcome:
+        bound = log.bind(job=job.code, run_key=identity.run_key)
+        # A run-once job must eventually run while one replica lives: it is
+        # followed without the misfire bound of a tick.
+        deadline = None if identity.type == "INITIAL" else tick + job.misfire_grace
+        forbid = job.concurrency == "forbid"
+        outcome: FireOutcome = "lose"
+        while not self.stopping.is_set():
+            claim = await self._with_outage_retry(
+                job, "claim", lambda: self.store.acquire(identity, job.timing,
+                                                         forbid_overlap=forbid),
+                deadline,
+            )
+            if claim is None:
+                return outcome if outcome != "lose" else self._misfire(
+                    job, bound, tick, "database_unavailable")
+            if isinstance(claim, Acquired):
+                outcome = await self._run_lease(job, tick, claim)
+                if outcome not in ("fail", "timeout") or claim.attempt > job.retries:
+                    return outcome
+                # The failure was recorded with a retry time: claim it again
+                # then, like every other replica following this tick may.
+                await self._sleep(self._retry_wait(job, claim))
+                deadline = None  # a started tick's retries are not misfires
+                continue
+            wait = self._follow(job, bound, claim, deadline, outcome)
+            if wait is None:
+                return outcome
+            await self._sleep(wait)
+        return outcome
+
+    def _follow(
+        self,
+        job: JobConfig,
+        bound: structlog.typing.FilteringBoundLogger,
+        refusal: NotAcquired,
+        deadline: datetime | None,
+        outcome: FireOutcome,
+    ) -> float | None:
+        """Seconds to wait before claiming again, or None to stop following."""
+        if refusal.reason == "overlap":
+            self.metrics.skips.labels(job.code, "overlap").inc()
+            bound.info("tick_skipped", reason="overlap",
+                       detail="the previous tick of this job is still running")
+            return None
+        if refusal.reason not in ("held", "retry_pending") or refusal.wait is None:
+            if outcome == "lose":
+                self.metrics.losses.labels(job.code, refusal.reason).inc()
+                bound.debug("claim_lost", reason=refusal.reason, status=refusal.status,
+                            owner=refusal.owner)
+            return None
+        if outcome == "lose":
+            self.metrics.losses.labels(job.code, refusal.reason).inc()
+            bound.debug("claim_lost", reason=refusal.reason, owner=refusal.owner,
+                        recheck_in_s=round(refusal.wait.total_seconds(), 3))
+        recheck_at = self.clock() + refusal.wait + _FOLLOW_MARGIN
+        if deadline is not None and recheck_at > deadline:
+            if refusal.reason == "held":
+                bound.debug("takeover_out_of_reach", owner=refusal.owner,
+                            lease_free_at=recheck_at.isoformat(),
+                            misfire_deadline=deadline.isoformat())
+            return None
+        return (refusal.wait + _FOLLOW_MARGIN).total_seconds()
+
+    def _retry_wait(self, job: JobConfig, lease: Acquired) -> float:
+        return retry_delay(lease.attempt, job.retry_delay).total_seconds()
+
+    async def _run_lease(self, job: JobConfig, tick: datetime, lease: Acquired) -> FireOutcome:
+        self.metrics.wins.labels(job.code).inc()
+        if lease.claimed_from == "takeover":
+            self.metrics.takeovers.labels(job.code).inc()
+        async with self.store.holding(lease):
+            result = await self._execute(
+                job, tick, lease.identity, attempt=lease.attempt,
+                fencing_token=lease.fencing_token, cancellation=lease.cancellation,
+                claimed_from=lease.claimed_from)
+            return await self._record(job, lease, result)
+
+    async def _record(self, job: JobConfig, lease: Acquired, result: RunResult) -> FireOutcome:
+        """Record the outcome as the current owner; retried through an outage."""
+        bound = log.bind(job=job.code, run_key=lease.identity.run_key, attempt=lease.attempt)
+        reason = lease.cancellation.reason
+        if result.outcome == "cancelled" and reason in _LOST_REASONS:
+            # Another replica may own the tick now: nothing is recorded, and
+            # nothing must be, by a fenced owner.
+            return "lost"
+        if result.outcome == "success":
+            write = lambda: self.store.complete(lease)  # noqa: E731
+        elif result.outcome == "cancelled":
+            # Shutdown: give the tick back so that a survivor can take it over.
+            write = lambda: self.store.release(lease)  # noqa: E731
+        else:
+            retry_after: timedelta | None = None
+            if lease.attempt <= job.retries:
+                retry_after = retry_delay(lease.attempt, job.retry_delay)
+            elif lease.identity.type == "INITIAL":
+                # A run-once job is never given up on for good: the next start
+                # of any replica tries it again.
+                retry_after = job.retry_delay
+            write = lambda: self.store.fail(  # noqa: E731
+                lease, result.error or result.outcome, reason=result.outcome,
+                retry_after=retry_after)
+        try:
+            recorded = await self._with_outage_retry(job, "finalize", write, None)
+        except asyncio.CancelledError:
+            bound.error("outcome_not_recorded", outcome=result.outcome,
+                        detail="the replica stopped before the database came back")
+            raise
+        if not recorded:
+            bound.warning("outcome_fenced", outcome=result.outcome,
+                          detail="another replica took this tick over meanwhile")
+            return "lost"
+        if result.outcome == "success":
+            self.metrics.last_success.labels(job.code).set(time.time())
+        return result.outcome
+
+    async def _with_outage_retry(
+        self,
+        job: JobConfig,
+        operation: str,
+        call: Callable[[], Awaitable[T]],
+        deadline: datetime | None,
+    ) -> T | None:
+        """``call()``, retried with backoff while the database is unreachable.
+
+        Gives up (None) at ``deadline``, or for a claim at shutdown; an outcome
+        is retried until it lands even while stopping, bounded by the caller.
+        """
+        delay = _BACKOFF_FIRST
+        while True:
+            try:
+                return await call()
+            except DatabaseUnavailable as exc:
+                self.metrics.database_errors.labels(operation).inc()
+                log.warning("database_unavailable", job=job.code, operation=operation,
+                            error=str(exc), retry_in_s=delay)
+            if deadline is not None and self.clock() + timedelta(seconds=delay) > deadline:
+                return None
+            if operation == "claim" and self.stopping.is_set():
+                return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _BACKOFF_MAX)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake at once when the replica starts stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+
+    # -- advisory mode ------------------------------------------------------
+
+    async def _fire_advisory(
+        self, job: JobConfig, tick: datetime, identity: Identity
+    ) -> FireOutcome:
+        bound = log.bind(job=job.code, run_key=identity.run_key)
+        key = job.lock_key if job.lock_key is not None else job.code
+        try:
+            async with advisory_lock(self.advisory_db, key, key_hash=job.key_hash,
+                                     min_hold=job.min_hold, tick=tick) as lock:
+                if not lock.acquired:
+                    self.metrics.losses.labels(job.code, "held").inc()
+                    bound.debug("claim_lost", reason="held", guard="advisory")
+                    return "lose"
+                self.metrics.wins.labels(job.code).inc()
+                attempt = 1
+                while True:
+                    result = await self._execute(
+                        job, tick, identity, attempt=attempt, fencing_token=None,
+                        cancellation=lock.cancellation, claimed_from=None)
+                    if lock.lost or (result.outcome == "cancelled"
+                                     and lock.cancellation.reason in _LOST_REASONS):
+                        return "lost"
+                    if result.outcome not in ("fail", "timeout") or attempt > job.retries:
+                        if result.outcome == "success":
+                            self.metrics.last_success.labels(job.code).set(time.time())
+                        return result.outcome
+                    # Advisory mode remembers nothing: retries happen here,
+                    # under the same lock, or not at all.
+                    await self._sleep(retry_delay(attempt, job.retry_delay).total_seconds())
+                    if self.stopping.is_set():
+                        return result.outcome
+                    attempt += 1
+        except DatabaseUnavailable as exc:
+            self.metrics.database_errors.labels("advisory_lock").inc()
+            bound.warning("database_unavailable", operation="advisory_lock", error=str(exc))
+            return self._misfire(job, bound, tick, "database_unavailable")
+
+    # -- both ---------------------------------------------------------------
+
+    async def _execute(
+        self,
+        job: JobConfig,
+        tick: datetime,
+        identity: Identity,
+        *,
+        attempt: int,
+        fencing_token: int | None,
+        cancellation: Cancellation,
+        claimed_from: str | None,
+    ) -> RunResult:
+        run_key = identity.run_key or ""
+        started = self.clock()
+        lateness = (started - tick).total_seconds()
+        self.metrics.lateness.labels(job.code).observe(max(lateness, 0.0))
+        bound = log.bind(job=job.code, run_key=identity.run_key,
+                         idempotency_key=identity.idempotency_key, attempt=attempt,
+                         replica=self.replica)
+        bound.info("run_started", guard=job.guard, tick=tick.isoformat(),
+                   lateness_ms=round(lateness * 1000, 1), fencing_token=fencing_token,
+                   claimed_from=claimed_from)
+        request = RunRequest(
+            job=job.code,
+            action=job.action,
+            run_key=run_key,
+            fire_time=tick,
+            attempt=attempt,
+            idempotency_key=identity.idempotency_key,
+            idempotency_key_hex=identity.idempotency_key_hex,
+            fencing_token=fencing_token,
+            env=job.env,
+            cwd=job.cwd,
+            timeout=job.timeout,
+        )
+        token = f"{identity}#{attempt}"
+        self.running[token] = cancellation
+        self.metrics.running.labels(job.code).inc()
+        try:
+            result = await execute(request, cancellation)
+        finally:
+            self.metrics.running.labels(job.code).dec()
+            del self.running[token]
+        outcome = result.outcome
+        if outcome == "cancelled" and cancellation.reason in _LOST_REASONS:
+            outcome = "lost"  # type: ignore[assignment]
+        self.metrics.run_duration.labels(job.code).observe(result.duration_s)
+        self.metrics.runs.labels(job.code, outcome).inc()
+        level = bound.info if outcome == "success" else bound.warning
+        level("run_finished", outcome=outcome, duration_ms=round(result.duration_s * 1000, 1),
+              error=result.error, exit_code=result.exit_code)
+        return result
