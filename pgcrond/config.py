@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -62,6 +62,7 @@ DEFAULT_MISFIRE_GRACE = timedelta(seconds=60)
 MAX_CODE_LENGTH = 200
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 _INTERPOLATION = re.compile(r"\$\$|\$\{([^}:]*)(?::-([^}]*))?\}|\$\{")
 _BIGINT = range(-(2**63), 2**63)
 
@@ -249,6 +250,8 @@ class _Loader:
         self.defaults: _Section | None = None
         self.default_values: dict[str, object] = {}
         self.default_timing: LeaseTiming | None = LeaseTiming.build()
+        # A file that cannot be read may hold the database section: do not also claim it is missing.
+        self.unreadable = False
 
     def issue(
         self, file: str, line: int | None, job: str | None, name: str | None, message: str
@@ -280,6 +283,7 @@ class _Loader:
             text = Path(file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             self.issue(file, None, None, None, f"cannot read: {exc}")
+            self.unreadable = True
             return
         try:
             root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -288,6 +292,7 @@ class _Loader:
             line = None if mark is None else int(mark.line) + 1
             problem = getattr(exc, "problem", None) or str(exc)
             self.issue(file, line, None, None, f"YAML syntax error: {problem}")
+            self.unreadable = True
             return
         if root is None:
             return  # an empty file adds nothing, which is fine in a directory of files
@@ -334,22 +339,38 @@ class _Loader:
 
     def pairs(
         self, mapping: _Located, job: str | None, name: str | None
-    ) -> Iterator[tuple[_Located, _Located]]:
-        """Key and value nodes of a mapping node, merge keys (``<<``) applied."""
+    ) -> list[tuple[_Located, _Located]]:
+        """Key and value nodes of a mapping node, YAML merge keys (``<<``) applied.
+
+        Keys written in the mapping win over merged ones, as the merge-key spec
+        says; only they can be duplicates worth reporting.
+        """
+        explicit: list[tuple[_Located, _Located]] = []
+        merged: list[tuple[_Located, _Located]] = []
         node = mapping.node
         if not isinstance(node, yaml.MappingNode):
-            return
-        try:
-            yaml.SafeLoader("").flatten_mapping(node)
-        except yaml.YAMLError as exc:
-            self.issue(mapping.file, mapping.line, job, name, f"bad merge key (<<): {exc}")
-            return
+            return explicit
         for key_node, value_node in node.value:
-            key = _Located(mapping.file, key_node)
-            if isinstance(key_node, yaml.ScalarNode):
-                yield key, _Located(mapping.file, value_node)
+            key, value = _Located(mapping.file, key_node), _Located(mapping.file, value_node)
+            if key_node.tag == _MERGE_TAG:
+                sources = (
+                    value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                )
+                for source in sources:
+                    if isinstance(source, yaml.MappingNode):
+                        merged.extend(self.pairs(_Located(mapping.file, source), job, name))
+                    else:
+                        self.issue(mapping.file, key.line, job, name, "<< must merge a mapping")
+            elif isinstance(key_node, yaml.ScalarNode):
+                explicit.append((key, value))
             else:
                 self.issue(mapping.file, key.line, job, name, "keys must be plain text")
+        seen = {str(key.node.value) for key, _ in explicit}
+        for key, value in merged:
+            if str(key.node.value) not in seen:
+                seen.add(str(key.node.value))
+                explicit.append((key, value))
+        return explicit
 
     def section(
         self,
@@ -469,7 +490,12 @@ class _Loader:
             self.report(section, "url", "set either url or embedded: true, not both")
         elif override is None and file_url is not None:
             url = self.interpolate(section, file_url)
-        elif override is None and not embedded and "url" not in section.values:
+        elif (
+            override is None
+            and not embedded
+            and "url" not in section.values
+            and not self.unreadable
+        ):
             self.issue(
                 section.file,
                 section.line,
