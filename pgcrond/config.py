@@ -236,9 +236,6 @@ class _Invalid:
 _INVALID = _Invalid()
 T = TypeVar("T")
 
-# The fields `defaults:` may set; a job may set them too, and its value wins.
-_DEFAULT_CONVERTERS: dict[str, Callable[[yaml.Node], object]] = {}  # filled below the converters
-
 
 class _Loader:
     def __init__(self, environ: Mapping[str, str]) -> None:
@@ -417,9 +414,14 @@ class _Loader:
         """The default-able fields a section sets; a wrong one becomes ``_INVALID``."""
         values: dict[str, object] = {}
         for key, convert in _DEFAULT_CONVERTERS.items():
-            if key in section.values:
-                value = self.read(section, key, convert)
-                values[key] = _INVALID if value is None and key != "timeout" else value
+            located = section.values.get(key)
+            if located is None:
+                continue
+            try:
+                values[key] = convert(located.node)
+            except ValueError as exc:
+                self.issue(located.file, located.line, section.job, section.prefix + key, str(exc))
+                values[key] = _INVALID
         return values
 
     def report(self, section: _Section, key: str, message: str, job: str | None = None) -> None:
@@ -566,9 +568,8 @@ class _Loader:
                 cast(timedelta | None, lease), cast(timedelta | None, heartbeat)
             )
         except ValidationError as exc:
-            blamed = defaults if exc.field not in values and defaults is not None else section
-            if exc.field not in blamed.values:
-                blamed = section
+            inherited = defaults is not None and exc.field not in section.values
+            blamed = defaults if inherited and exc.field in defaults.values else section
             message = str(exc).removeprefix(f"{exc.field}: ")
             self.report(blamed, exc.field, message, job=section.job)
             return None
@@ -720,10 +721,6 @@ def _kind(node: yaml.Node | object) -> str:
     if isinstance(node, str):
         return "text"
     return f"a {type(node).__name__}"
-
-
-def _is_null(located: _Located) -> bool:
-    return isinstance(located.node, yaml.ScalarNode) and _scalar(located.node) is None
 
 
 def _string(node: yaml.Node) -> str:
@@ -894,19 +891,18 @@ def _mapping_expected(node: yaml.Node, what: str = "key") -> str:
     return f"must be a mapping of {what}: value, got {_kind(node)}"
 
 
-_DEFAULT_CONVERTERS.update(
-    {
-        "guard": _choice(Guard),
-        "timezone": _zone,
-        "lease": _duration,
-        "heartbeat": _duration,
-        "timeout": _timeout,
-        "retries": _count,
-        "retry_delay": _duration,
-        "min_hold": _duration,
-        "misfire_grace": _duration,
-        "concurrency": _choice(Concurrency),
-        "env": _env,
-        "cwd": _path,
-    }
-)
+# The fields `defaults:` may set; a job may set them too, and its value wins.
+_DEFAULT_CONVERTERS: dict[str, Callable[[yaml.Node], object]] = {
+    "guard": _choice(Guard),
+    "timezone": _zone,
+    "lease": _duration,
+    "heartbeat": _duration,
+    "timeout": _timeout,
+    "retries": _count,
+    "retry_delay": _duration,
+    "min_hold": _duration,
+    "misfire_grace": _duration,
+    "concurrency": _choice(Concurrency),
+    "env": _env,
+    "cwd": _path,
+}
