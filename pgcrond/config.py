@@ -568,8 +568,9 @@ class _Loader:
                 cast(timedelta | None, lease), cast(timedelta | None, heartbeat)
             )
         except ValidationError as exc:
-            inherited = defaults is not None and exc.field not in section.values
-            blamed = defaults if inherited and exc.field in defaults.values else section
+            blamed = section
+            if defaults is not None and exc.field not in section.values:
+                blamed = defaults if exc.field in defaults.values else section
             message = str(exc).removeprefix(f"{exc.field}: ")
             self.report(blamed, exc.field, message, job=section.job)
             return None
