@@ -2,35 +2,36 @@
 
 Every deploy test compares the Dockerfile, the systemd unit, the Kubernetes
 manifests and the Compose file to these values, never to literals of its own.
-The daemon's own constants (``pgcrond/defaults.py``) will replace the values
-below as they land, so a change in the daemon fails the deploy tests instead
-of silently drifting from them.
+Values the daemon defines are imported from it, so a change in the daemon
+fails the deploy tests instead of silently drifting from them; the rest are
+choices of the deployment files themselves.
 """
 
 from __future__ import annotations
+
+from pgcrond import config as _daemon
 
 # Entry point: [project.scripts] in pyproject.toml.
 CONSOLE_SCRIPT = "pgcrond"
 RUN_COMMAND = "run"
 
-# `pgcrond run --http` default is 127.0.0.1:9464 (pgcrond/cli.py help text);
-# containers listen on all interfaces so probes and scrapes can reach them.
-HTTP_PORT = 9464
-HTTP_DEFAULT_LISTEN = f"127.0.0.1:{HTTP_PORT}"
+# Containers listen on all interfaces so probes and scrapes can reach them.
+HTTP_DEFAULT_LISTEN = _daemon.DEFAULT_HTTP_LISTEN
+HTTP_PORT = int(HTTP_DEFAULT_LISTEN.rsplit(":", 1)[1])
 HTTP_CONTAINER_LISTEN = f"0.0.0.0:{HTTP_PORT}"
 HEALTHZ_PATH = "/healthz"
 READYZ_PATH = "/readyz"
 METRICS_PATH = "/metrics"
 
-# The DSN comes from this variable and overrides database.url.
-DATABASE_URL_ENV = "PGCROND_DATABASE_URL"
+# Carries the DSN; overrides database.url.
+DATABASE_URL_ENV = _daemon.DATABASE_URL_ENV
 DATABASE_SCHEMA = "pgcrond"
 DATABASE_TABLE = "leases"
 
 STOP_SIGNAL = "SIGTERM"
 RELOAD_SIGNAL = "SIGHUP"
-# Running jobs drain this long after SIGTERM; every supervisor must wait longer.
-SHUTDOWN_GRACE_S = 30
+# Running jobs drain shutdown_grace after SIGTERM; every supervisor must wait longer.
+SHUTDOWN_GRACE_S = int(_daemon.DEFAULT_SHUTDOWN_GRACE.total_seconds())
 SUPERVISOR_STOP_TIMEOUT_S = 45
 
 # Containers: config directory (a ConfigMap or bind mount) and the non-root user.
