@@ -118,3 +118,99 @@ ROLLBACK
 -- The advisory lock id of a string key (pgcrond hash) computed inside
 -- PostgreSQL; equals pgcrond.keys.lock_id(key). Documented in docs/guards.md.
 SELECT ('x' || substr(encode(sha256(convert_to('pgcrond:' || %(key)s, 'UTF8')), 'hex'), 1, 16))::bit(64)::bigint AS lock_id
+
+-- name: table_exists
+-- Whether the lease table was created, so the CLI can say "run pgcrond migrate"
+-- instead of relaying a driver error.
+SELECT to_regclass(%(name)s) IS NOT NULL AS present
+
+-- name: job_status
+-- One row per job code: its last finished run (a skip is not a run), its live or
+-- stale RUNNING row, and its FAIL rows since the last SUCCESS. Laterals use the
+-- (code, acquired_at) index, so the cost grows with jobs, not with history.
+WITH jobs AS (
+    SELECT code FROM unnest(%(codes)s::text[]) AS code
+)
+SELECT jobs.code,
+       last.type AS last_type, last.run_key AS last_run_key, last.status AS last_status,
+       last.reason AS last_reason, last.attempt AS last_attempt, last.owner AS last_owner,
+       last.acquired_at AS last_acquired_at, last.finished_at AS last_finished_at,
+       last.retry_at AS last_retry_at, last.error AS last_error,
+       running.run_key AS running_run_key, running.owner AS running_owner,
+       running.attempt AS running_attempt, running.acquired_at AS running_acquired_at,
+       running.expires_at AS running_expires_at,
+       running.expires_at <= clock_timestamp() AS running_stale,
+       failures.count AS consecutive_failures
+FROM jobs
+LEFT JOIN LATERAL (
+    SELECT l.type, l.run_key, l.status, l.reason, l.attempt, l.owner, l.acquired_at,
+           l.finished_at, l.retry_at, l.error
+    FROM {table} l
+    WHERE l.code = jobs.code AND l.status IN ('SUCCESS', 'FAIL')
+    ORDER BY l.acquired_at DESC, l.id DESC
+    LIMIT 1
+) last ON true
+LEFT JOIN LATERAL (
+    SELECT r.run_key, r.owner, r.attempt, r.acquired_at, r.expires_at
+    FROM {table} r
+    WHERE r.code = jobs.code AND r.status = 'RUNNING'
+    ORDER BY r.acquired_at DESC, r.id DESC
+    LIMIT 1
+) running ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) AS count
+    FROM {table} f
+    WHERE f.code = jobs.code AND f.status = 'FAIL'
+      AND f.acquired_at > coalesce(
+          (SELECT max(s.acquired_at) FROM {table} s
+           WHERE s.code = jobs.code AND s.status = 'SUCCESS'),
+          '-infinity')
+) failures ON true
+ORDER BY array_position(%(codes)s::text[], jobs.code)
+
+-- name: history
+-- Past runs, newest first; every filter is optional (NULL = any).
+SELECT id, type, code, run_key, status, reason, attempt, owner, fencing_token,
+       acquired_at, finished_at, expires_at, retry_at, error
+FROM {table}
+WHERE (%(code)s::text IS NULL OR code = %(code)s)
+  AND (%(since)s::timestamptz IS NULL OR acquired_at >= %(since)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+ORDER BY acquired_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: unlock_show
+-- The row `pgcrond unlock` is about to change, as the operator will see it.
+SELECT id, type, code, run_key, status, reason, attempt, owner, owner_token, fencing_token,
+       acquired_at, finished_at, expires_at, retry_at, error,
+       expires_at <= clock_timestamp() AS stale
+FROM {table}
+WHERE lock_key = %(lock_key)s AND code = %(code)s
+
+-- name: unlock_release
+-- Release one row: FAIL/released, reclaimable now. The new owner token fences the
+-- old owner (its heartbeat and finalize match no row). Guarded by the status and
+-- token that were shown, so a row that moved on meanwhile is left alone.
+UPDATE {table}
+SET status = 'FAIL',
+    reason = 'released',
+    owner_token = gen_random_uuid(),
+    finished_at = clock_timestamp(),
+    retry_at = clock_timestamp(),
+    error = left(%(error)s, 4000)
+WHERE lock_key = %(lock_key)s AND code = %(code)s
+  AND status = %(status)s AND owner_token = %(owner_token)s
+RETURNING id
+
+-- name: prune_batch
+-- Delete one batch of finished SCHEDULE rows older than the cutoff. SKIP LOCKED:
+-- a row a claim is reclaiming right now is left for the next prune. INITIAL rows
+-- are never pruned: they are what makes a run-once job run once.
+DELETE FROM {table}
+WHERE id IN (
+    SELECT id FROM {table}
+    WHERE type = 'SCHEDULE' AND status <> 'RUNNING'
+      AND finished_at < clock_timestamp() - %(older_than_ms)s * interval '1 millisecond'
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)

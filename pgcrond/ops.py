@@ -1,0 +1,494 @@
+"""Operator commands on the lease table: migrate, status, history, unlock, prune.
+
+They read the same table as the daemon. The database is ``--database-url``,
+else ``PGCROND_DATABASE_URL``, else the config's ``database.url``; the table is
+the config's ``database.schema``/``table`` with ``-c``, ``pgcrond.leases``
+without. A failure is one line on stderr that says what to do next, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pgcrond import report
+from pgcrond.config import DATABASE_URL_ENV, DEFAULT_HISTORY_RETENTION, Config, load_config
+from pgcrond.db import Database, redact
+from pgcrond.durations import format_duration, parse_duration
+from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError, ValidationError
+from pgcrond.keys import Identity
+from pgcrond.retention import prune
+from pgcrond.schedule import OnceSchedule
+from pgcrond.store import LeaseStore
+
+EXIT_OK = 0
+# The command ran but did not change anything: the operator said no, or the
+# row moved on between showing and changing it.
+EXIT_NOT_DONE = 1
+EXIT_ERROR = 2
+ERROR_WIDTH = 60
+# How long a command waits for its connection before it gives up.
+CONNECT_TIMEOUT_S = 5.0
+POOL_LOGGER = "psycopg.pool"
+
+
+class CommandError(PgcrondError):
+    """The command cannot go on; the message says what to do instead."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Which database and lease table a command works on."""
+
+    url: str
+    schema: str
+    table: str
+    config: Config | None
+
+    @property
+    def table_name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+Body = Callable[[argparse.Namespace, Target, LeaseStore], Awaitable[int]]
+
+
+def migrate_command(args: argparse.Namespace) -> int:
+    return _run(args, _migrate, needs_table=False)
+
+
+def status_command(args: argparse.Namespace) -> int:
+    return _run(args, _status)
+
+
+def history_command(args: argparse.Namespace) -> int:
+    return _run(args, _history)
+
+
+def unlock_command(args: argparse.Namespace) -> int:
+    return _run(args, _unlock)
+
+
+def prune_command(args: argparse.Namespace) -> int:
+    return _run(args, _prune)
+
+
+def _run(args: argparse.Namespace, body: Body, *, needs_table: bool = True) -> int:
+    url: str | None = None
+    with _PoolErrors() as pool_errors:
+        try:
+            target = _target(args)
+            url = target.url
+            return asyncio.run(_with_store(args, target, body, needs_table=needs_table))
+        except ConfigError as exc:
+            # One issue per line is the config's own format; each names file:line.
+            return _error(f"{exc}\n(run `pgcrond check -c ...` to validate the config alone)")
+        except DatabaseUnavailable as exc:
+            return _error(
+                f"cannot reach the database at {redact(url or '?')}: "
+                f"{pool_errors.last or exc}; check --database-url, {DATABASE_URL_ENV} "
+                "or database.url, and that PostgreSQL is running"
+            )
+        except PgcrondError as exc:
+            return _error(str(exc))
+
+
+class _PoolErrors(logging.Handler):
+    """Keeps the pool's last connection error for the one-line message.
+
+    Otherwise Python's last-resort handler prints every reconnect attempt to
+    stderr, and the final error only says that the pool timed out.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.last: str | None = None
+        self._logger = logging.getLogger(POOL_LOGGER)
+        self._propagate = self._logger.propagate
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage().splitlines()[0]
+        self.last = text.split(": ", 1)[1] if text.startswith("error connecting") else text
+
+    def __enter__(self) -> _PoolErrors:
+        self._logger.addHandler(self)
+        self._logger.propagate = False
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.propagate = self._propagate
+
+
+def _error(message: str) -> int:
+    # A driver message can quote the connection string; never let a password out.
+    print(f"pgcrond: error: {redact(message)}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _target(args: argparse.Namespace) -> Target:
+    if args.config:
+        config = load_config(args.config, database_url=args.database_url)
+        if config.database.url is None:
+            raise CommandError(
+                "the config uses an embedded server, which only `pgcrond run` starts: "
+                f"pass --database-url (or set {DATABASE_URL_ENV}) to reach its database"
+            )
+        return Target(config.database.url, config.database.schema, config.database.table, config)
+    url = args.database_url or os.environ.get(DATABASE_URL_ENV)
+    if not url:
+        raise CommandError(
+            f"no database: pass --database-url URL, set {DATABASE_URL_ENV}, "
+            "or pass -c CONFIG to use its database.url"
+        )
+    return Target(url, "pgcrond", "leases", None)
+
+
+async def _with_store(
+    args: argparse.Namespace, target: Target, body: Body, *, needs_table: bool
+) -> int:
+    db = Database(target.url, min_size=1, max_size=1, timeout=CONNECT_TIMEOUT_S)
+    await db.open()
+    try:
+        store = LeaseStore(db, schema=target.schema, table=target.table)
+        if needs_table:
+            found = await db.fetchone(
+                store.queries.get("table_exists"),
+                {"name": f'"{target.schema}"."{target.table}"'},
+            )
+            if not (found and found["present"]):
+                raise CommandError(
+                    f"the lease table {target.table_name} does not exist in this database: "
+                    "run `pgcrond migrate` first (with the same -c or --database-url)"
+                )
+        return await body(args, target, store)
+    finally:
+        await db.close()
+
+
+# -- migrate ------------------------------------------------------------------------------
+
+
+async def _migrate(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
+    applied = await store.migrate()
+    for version in applied:
+        print(f"applied migration {version} ({target.table_name})")
+    if not applied:
+        print(f"up to date ({target.table_name})")
+    return EXIT_OK
+
+
+# -- status -------------------------------------------------------------------------------
+
+
+async def _status(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
+    config = target.config
+    # argparse makes -c required for status, so the config is always there.
+    assert config is not None
+    rows = await store.db.fetchall(store.queries.get("job_status"), {"codes": list(config.jobs)})
+    now = datetime.now(UTC)
+    entries = [_status_entry(config, row, now) for row in rows]
+    if args.json:
+        print(report.to_json(entries))
+        return EXIT_OK
+    print(
+        report.table(
+            ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING NOW", "FAILS"],
+            [_status_cells(entry, now) for entry in entries],
+        )
+    )
+    return EXIT_OK
+
+
+def _status_entry(config: Config, row: dict[str, Any], now: datetime) -> dict[str, Any]:
+    job = config.jobs[row["code"]]
+    run_once = isinstance(job.schedule, OnceSchedule)
+    last = None
+    if row["last_status"] is not None:
+        last = {
+            "run_key": row["last_run_key"],
+            "status": row["last_status"],
+            "reason": row["last_reason"],
+            "attempt": row["last_attempt"],
+            "owner": row["last_owner"],
+            "acquired_at": row["last_acquired_at"],
+            "finished_at": row["last_finished_at"],
+            "duration_s": report.seconds(row["last_finished_at"] - row["last_acquired_at"]),
+            "retry_at": row["last_retry_at"],
+            "error": row["last_error"],
+        }
+    running = None
+    if row["running_owner"] is not None:
+        running = {
+            "run_key": row["running_run_key"],
+            "owner": row["running_owner"],
+            "attempt": row["running_attempt"],
+            "since": row["running_acquired_at"],
+            "expires_at": row["running_expires_at"],
+            "stale": row["running_stale"],
+        }
+    return {
+        "job": job.code,
+        "schedule": job.schedule.describe(),
+        "guard": job.guard,
+        "next_fire": None if run_once else job.schedule.next_after(now),
+        # A run-once job is tried at every start until its INITIAL row is done.
+        "runs_at_start": run_once and not _once_done(last),
+        "last_run": last,
+        "running": running,
+        "consecutive_failures": row["consecutive_failures"],
+    }
+
+
+def _once_done(last: dict[str, Any] | None) -> bool:
+    if last is None:
+        return False
+    return bool(last["status"] == "SUCCESS" or last["retry_at"] is None)
+
+
+def _status_cells(entry: dict[str, Any], now: datetime) -> list[str]:
+    if entry["runs_at_start"]:
+        next_fire = "at start"
+    elif entry["next_fire"] is None:
+        next_fire = "never"
+    else:
+        fire: datetime = entry["next_fire"]
+        next_fire = f"{report.when(fire)} ({report.relative(fire - now)})"
+    last = entry["last_run"]
+    last_text = report.NONE
+    if last is not None:
+        outcome = last["status"] + (f"/{last['reason']}" if last["reason"] else "")
+        last_text = (
+            f"{outcome} {report.when(last['finished_at'])} on {last['owner']} "
+            f"({report.took(last['duration_s'])})"
+        )
+    running = entry["running"]
+    running_text = report.NONE
+    if running is not None:
+        expiry = "expired" if running["stale"] else "until"
+        running_text = (
+            f"{'STALE ' if running['stale'] else ''}{running['owner']} "
+            f"since {report.when(running['since'])}, lease {expiry} "
+            f"{report.when(running['expires_at'])}"
+        )
+    return [
+        entry["job"],
+        entry["schedule"],
+        entry["guard"],
+        next_fire,
+        last_text,
+        running_text,
+        str(entry["consecutive_failures"]),
+    ]
+
+
+# -- history ------------------------------------------------------------------------------
+
+
+async def _history(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
+    if args.limit < 1:
+        raise CommandError(f"--limit must be at least 1, got {args.limit}")
+    since = None if args.since is None else _since(args.since, datetime.now(UTC))
+    rows = await store.db.fetchall(
+        store.queries.get("history"),
+        {"code": args.job, "since": since, "status": args.status, "limit": args.limit},
+    )
+    entries = [_history_entry(row) for row in rows]
+    if args.json:
+        print(report.to_json(entries))
+        return EXIT_OK
+    if not entries:
+        print(f"no runs in {target.table_name} match")
+        return EXIT_OK
+    print(
+        report.table(
+            ["JOB", "RUN KEY", "STATUS", "REASON", "ATTEMPT", "OWNER", "ACQUIRED", "TOOK", "ERROR"],
+            [
+                [
+                    entry["job"],
+                    entry["run_key"] or "(initial)",
+                    entry["status"],
+                    entry["reason"] or report.NONE,
+                    str(entry["attempt"]),
+                    entry["owner"],
+                    report.when(entry["acquired_at"]),
+                    report.took(entry["duration_s"]),
+                    report.first_line(entry["error"], ERROR_WIDTH),
+                ]
+                for entry in entries
+            ],
+        )
+    )
+    return EXIT_OK
+
+
+def _since(text: str, now: datetime) -> datetime:
+    """An ISO-8601 instant (UTC when it has no offset) or a duration back from now."""
+    try:
+        instant = datetime.fromisoformat(text)
+    except ValueError:
+        pass
+    else:
+        return instant if instant.tzinfo else instant.replace(tzinfo=UTC)
+    try:
+        return now - parse_duration(text)
+    except ValueError as exc:
+        raise CommandError(
+            f"--since {text!r}: not an ISO-8601 instant (2026-11-30T00:00Z) "
+            f"and not a duration: {exc}"
+        ) from exc
+
+
+def _history_entry(row: dict[str, Any]) -> dict[str, Any]:
+    finished = row["finished_at"]
+    return {
+        "id": row["id"],
+        "job": row["code"],
+        "type": row["type"],
+        "run_key": row["run_key"],
+        "status": row["status"],
+        "reason": row["reason"],
+        "attempt": row["attempt"],
+        "owner": row["owner"],
+        "fencing_token": row["fencing_token"],
+        "acquired_at": row["acquired_at"],
+        "finished_at": finished,
+        "expires_at": row["expires_at"],
+        "retry_at": row["retry_at"],
+        "duration_s": None if finished is None else report.seconds(finished - row["acquired_at"]),
+        "error": row["error"],
+    }
+
+
+# -- unlock -------------------------------------------------------------------------------
+
+
+async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
+    try:
+        identity = (
+            Identity.initial(args.code)
+            if args.initial
+            else Identity.schedule(args.code, args.run_key)
+        )
+    except ValidationError as exc:
+        raise CommandError(str(exc)) from exc
+    keys = {"lock_key": identity.idempotency_key, "code": identity.code}
+    row = await store.db.fetchone(store.queries.get("unlock_show"), keys)
+    which = "its run-once (INITIAL) row" if args.initial else f"run key {identity.run_key}"
+    if row is None:
+        raise CommandError(
+            f"job {identity.code!r} has no row for {which} in {target.table_name}: "
+            f"see `pgcrond history --job {identity.code}` for its run keys"
+        )
+    if row["type"] == "SCHEDULE" and row["status"] != "RUNNING":
+        why = (
+            "it finished with SUCCESS, and a finished tick is history"
+            if row["status"] == "SUCCESS"
+            else f"it is not running ({row['status']}), so there is nothing to release"
+        )
+        raise CommandError(
+            f"not releasing job {identity.code!r} {which}: {why}; "
+            f"use `pgcrond trigger {identity.code}` to run the job again"
+        )
+    _show(row)
+    if not args.yes and not _confirmed():
+        return EXIT_NOT_DONE
+    released = await store.db.fetchone(
+        store.queries.get("unlock_release"),
+        {
+            **keys,
+            "status": row["status"],
+            "owner_token": row["owner_token"],
+            "error": _release_note(row, store.owner),
+        },
+    )
+    if released is None:
+        now = await store.db.fetchone(store.queries.get("unlock_show"), keys)
+        state = "it is gone" if now is None else f"it is now {now['status']} by {now['owner']}"
+        print(
+            f"pgcrond: not released: the row changed after it was shown ({state}); "
+            "nothing was changed, run the command again to see it",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_DONE
+    print(
+        f"released: job {identity.code} {which} is FAIL/released; "
+        f"{row['owner']} is fenced and the next claim may run it again"
+    )
+    return EXIT_OK
+
+
+def _show(row: dict[str, Any]) -> None:
+    if row["status"] == "RUNNING":
+        lease = (
+            f"expired {report.when(row['expires_at'])} (stale)"
+            if row["stale"]
+            else f"LIVE until {report.when(row['expires_at'])}: its owner may still be running it"
+        )
+    else:
+        lease = f"finished {report.when(row['finished_at'])}"
+    print(
+        report.table(
+            ["FIELD", "VALUE"],
+            [
+                ["job", row["code"]],
+                ["run key", row["run_key"] or "(initial)"],
+                ["status", row["status"] + (f"/{row['reason']}" if row["reason"] else "")],
+                ["attempt", str(row["attempt"])],
+                ["owner", row["owner"]],
+                ["since", report.when(row["acquired_at"])],
+                ["lease", lease],
+            ],
+        )
+    )
+
+
+def _confirmed() -> bool:
+    if not sys.stdin.isatty():
+        raise CommandError("stdin is not a terminal, so I cannot ask: pass --yes to release")
+    try:
+        answer = input("Release this run? [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    print("not released")
+    return False
+
+
+def _release_note(row: dict[str, Any], by: str) -> str:
+    was = f"was {row['status']} (owner {row['owner']}, attempt {row['attempt']})"
+    note = f"released by `pgcrond unlock` on {by}; {was}"
+    return f"{note}: {row['error']}" if row["error"] else note
+
+
+# -- prune --------------------------------------------------------------------------------
+
+
+async def _prune(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
+    if args.older_than is not None:
+        try:
+            older_than = parse_duration(args.older_than)
+        except ValueError as exc:
+            raise CommandError(f"--older-than {args.older_than!r}: {exc}") from exc
+    elif target.config is not None:
+        older_than = target.config.history_retention
+    else:
+        older_than = DEFAULT_HISTORY_RETENTION
+
+    def progress(deleted: int) -> None:
+        print(f"deleted {deleted} rows…", flush=True)
+
+    total = await prune(store, older_than, on_batch=progress)
+    print(
+        f"deleted {total} finished rows older than {format_duration(older_than)} "
+        f"from {target.table_name}"
+    )
+    return EXIT_OK
