@@ -381,10 +381,10 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
         raise CommandError(str(exc)) from exc
     keys = {"lock_key": identity.idempotency_key, "code": identity.code}
     row = await store.db.fetchone(store.queries.get("unlock_show"), keys)
-    which = "its run-once (INITIAL) row" if args.initial else f"run key {identity.run_key}"
+    which = "run-once (INITIAL) row" if args.initial else f"run key {identity.run_key}"
     if row is None:
         raise CommandError(
-            f"job {identity.code!r} has no row for {which} in {target.table_name}: "
+            f"job {identity.code!r} has no {which} in {target.table_name}: "
             f"see `pgcrond history --job {identity.code}` for its run keys"
         )
     if row["type"] == "SCHEDULE" and row["status"] != "RUNNING":
@@ -394,7 +394,7 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
             else f"it is not running ({row['status']}), so there is nothing to release"
         )
         raise CommandError(
-            f"not releasing job {identity.code!r} {which}: {why}; "
+            f"not releasing job {identity.code!r}, {which}: {why}; "
             f"use `pgcrond trigger {identity.code}` to run the job again"
         )
     _show(row)
@@ -418,9 +418,10 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
             file=sys.stderr,
         )
         return EXIT_NOT_DONE
+    fenced = f"{row['owner']} is fenced and " if row["status"] == "RUNNING" else ""
     print(
-        f"released: job {identity.code} {which} is FAIL/released; "
-        f"{row['owner']} is fenced and the next claim may run it again"
+        f"released job {identity.code}, {which}: now FAIL/released; "
+        f"{fenced}the next claim may run it again"
     )
     return EXIT_OK
 

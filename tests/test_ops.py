@@ -469,7 +469,7 @@ def test_unlock_yes_releases_only_the_target_row_and_fences_its_owner(
         "attempt  1",
     ]
     assert out.endswith(
-        "released: job nightly run key 2026-01-10T03:00:00Z is FAIL/released; "
+        "released job nightly, run key 2026-01-10T03:00:00Z: now FAIL/released; "
         "web-1:100 is fenced and the next claim may run it again\n"
     )
     after = rows(pg_dsn, schema)
@@ -499,7 +499,7 @@ def test_unlock_initial_lets_a_finished_run_once_job_run_again(
                        "--database-url", pg_dsn)  # fmt: skip
     assert 0 == code
     assert "run key  (initial)" in out
-    assert "released: job seed its run-once (INITIAL) row is FAIL/released" in out
+    assert "released job seed, run-once (INITIAL) row: now FAIL/released" in out
     with SyncLeaseStore(pg_dsn, schema=schema) as store:
         assert isinstance(store.acquire(Identity.initial("seed"), SHORT), Acquired)
 
@@ -512,7 +512,7 @@ def test_unlock_refuses_a_finished_tick_and_points_to_trigger(
                          "-c", config, "--database-url", pg_dsn)  # fmt: skip
     assert (2, "") == (code, out)
     assert (
-        "pgcrond: error: not releasing job 'nightly' run key 2026-01-09T03:00:00Z: it finished "
+        "pgcrond: error: not releasing job 'nightly', run key 2026-01-09T03:00:00Z: it finished "
         "with SUCCESS, and a finished tick is history; use `pgcrond trigger nightly` to run "
         "the job again\n"
     ) == err
@@ -525,7 +525,7 @@ def test_unlock_of_an_unknown_run_says_where_to_look(
     code, _, err = run(capsys, "unlock", "nightly", "--run-key", "2030-01-01T00:00:00Z", "--yes",
                        "-c", config, "--database-url", pg_dsn)  # fmt: skip
     assert 2 == code
-    assert "has no row for run key 2030-01-01T00:00:00Z" in err
+    assert "has no run key 2030-01-01T00:00:00Z in " in err
     assert "`pgcrond history --job nightly`" in err
 
 
