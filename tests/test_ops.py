@@ -624,3 +624,34 @@ def test_prune_rejects_a_bad_duration(
                        "--older-than", "a month")  # fmt: skip
     assert 2 == code
     assert err.startswith("pgcrond: error: --older-than 'a month': cannot read")
+
+
+def test_an_embedded_config_without_a_url_says_to_pass_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("PGCROND_DATABASE_URL", raising=False)
+    path = tmp_path / "embedded.yaml"
+    path.write_text('database: {embedded: true}\njobs:\n  a: {cron: "* * * * *", shell: "true"}\n')
+    code, _, err = run(capsys, "status", "-c", str(path))
+    assert 2 == code
+    assert err.startswith("pgcrond: error: the config uses an embedded server")
+    assert "pass --database-url" in err
+
+
+def test_an_invalid_config_lists_its_issues_and_points_to_check(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, pg_dsn: str
+) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text('jobs:\n  a: {cron: "61 * * * *", shell: "true"}\n')
+    code, out, err = run(capsys, "status", "-c", str(path), "--database-url", pg_dsn)
+    assert (2, "") == (code, out)
+    assert err.startswith("pgcrond: error: 1 configuration error:\n")
+    assert str(path) in err
+    assert err.endswith("(run `pgcrond check -c ...` to validate the config alone)\n")
+
+
+def test_history_rejects_a_limit_below_one(
+    capsys: pytest.CaptureFixture[str], pg_dsn: str, config: str, migrated: None
+) -> None:
+    code, _, err = run(capsys, "history", "-c", config, "--database-url", pg_dsn, "--limit", "0")
+    assert (2, "pgcrond: error: --limit must be at least 1, got 0\n") == (code, err)
