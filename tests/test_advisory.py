@@ -392,7 +392,7 @@ def test_the_documented_sql_computes_the_same_id_inside_postgresql(pg_dsn: str) 
             assert lock_id(key) == row[0]
     docs = (ROOT / "docs" / "guards.md").read_text("utf-8")
     assert ONE_LINER in docs
-    assert "((classid::bigint << 32) | objid::bigint)" in docs
+    assert "((l.classid::bigint << 32) | l.objid::bigint)" in docs
 
 
 @pytest.mark.parametrize("key_hash", ["pgcrond", "nestjs-pg-cron-lock"])
