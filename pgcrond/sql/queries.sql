@@ -76,6 +76,9 @@ SET status = %(status)s,
 WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
 RETURNING id
 
+-- name: schema_exists
+SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s) AS present
+
 -- name: migrations_table
 CREATE TABLE IF NOT EXISTS {migrations} (
     version    integer PRIMARY KEY,
@@ -195,9 +198,10 @@ UPDATE {table}
 SET status = 'FAIL',
     reason = 'released',
     owner_token = gen_random_uuid(),
-    finished_at = clock_timestamp(),
-    retry_at = clock_timestamp(),
+    finished_at = clock.now,
+    retry_at = clock.now,
     error = left(%(error)s, 4000)
+FROM (SELECT clock_timestamp() AS now) clock
 WHERE lock_key = %(lock_key)s AND code = %(code)s
   AND status = %(status)s AND owner_token = %(owner_token)s
 RETURNING id
