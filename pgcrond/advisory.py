@@ -104,8 +104,15 @@ async def advisory_lock(
     _check_timing(min_hold, tick, probe_interval)
     async with contextlib.AsyncExitStack() as stack:
         conn = await stack.enter_async_context(_connection(source))
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise ValidationError(
+                "connection",
+                "must not be inside a transaction: the advisory lock would belong to it",
+            )
         if not conn.autocommit:
-            await _enter_autocommit(conn)
+            # In psycopg's non-autocommit mode its own BEGIN would cost a
+            # round trip of its own; ours travels with the try-lock.
+            await conn.set_autocommit(True)
             stack.push_async_callback(_leave_autocommit, conn)
         # Simple protocol, never prepared: behind PgBouncer a prepared
         # statement would be missing on the next server connection.
@@ -185,17 +192,6 @@ async def _connection(source: Source) -> AsyncIterator[psycopg.AsyncConnection[A
             "must be a psycopg AsyncConnection, a pgcrond Database, an AsyncConnectionPool "
             f"or a conninfo string, got {type(source).__name__}",
         )
-
-
-async def _enter_autocommit(conn: psycopg.AsyncConnection[Any]) -> None:
-    # In psycopg's non-autocommit mode its own BEGIN would cost a round trip
-    # of its own; ours travels with the try-lock.
-    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        raise ValidationError(
-            "connection",
-            "must not be inside a transaction: the advisory lock would belong to it",
-        )
-    await conn.set_autocommit(True)
 
 
 async def _leave_autocommit(conn: psycopg.AsyncConnection[Any]) -> None:
