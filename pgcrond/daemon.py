@@ -136,8 +136,12 @@ class Daemon:
                 return 0
             notify.ready()
             notify.status(f"running {len(self.config.jobs)} jobs")
-            log.info("daemon_ready", replica=self.replica, jobs=len(self.config.jobs),
-                     http=self._http_address())
+            log.info(
+                "daemon_ready",
+                replica=self.replica,
+                jobs=len(self.config.jobs),
+                http=self._http_address(),
+            )
             await self.stop_requested.wait()
             await self._shutdown()
             return 0
@@ -149,14 +153,20 @@ class Daemon:
         self._db = Database(dsn, min_size=1, max_size=4)
         advisory_jobs = sum(1 for job in self.config.jobs.values() if job.guard == "advisory")
         # One connection per running advisory-guarded job, held for the run.
-        self._advisory_db = Database(dsn, min_size=0, max_size=max(2, advisory_jobs + 1),
-                                     application_name="pgcrond-advisory")
+        self._advisory_db = Database(
+            dsn, min_size=0, max_size=max(2, advisory_jobs + 1), application_name="pgcrond-advisory"
+        )
         await self._db.open()
         await self._advisory_db.open()
-        store = LeaseStore(self._db, schema=self.config.database.schema,
-                           table=self.config.database.table, owner=self.replica)
-        self._firing = Firing(store=store, advisory_db=self._advisory_db,
-                              metrics=self.metrics, replica=self.replica)
+        store = LeaseStore(
+            self._db,
+            schema=self.config.database.schema,
+            table=self.config.database.table,
+            owner=self.replica,
+        )
+        self._firing = Firing(
+            store=store, advisory_db=self._advisory_db, metrics=self.metrics, replica=self.replica
+        )
         self._start_beat()
         await self._start_http()
         if not await self._migrate(store):
@@ -186,8 +196,9 @@ class Daemon:
             try:
                 applied = await store.migrate()
             except DatabaseUnavailable as exc:
-                log.warning("database_unavailable", operation="migrate", error=str(exc),
-                            retry_in_s=delay)
+                log.warning(
+                    "database_unavailable", operation="migrate", error=str(exc), retry_in_s=delay
+                )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop_requested.wait(), delay)
                 delay = min(delay * 2, 10.0)
@@ -213,8 +224,13 @@ class Daemon:
             # Run-once: attempted at start by every replica; the lease decides.
             self._spawn_fire(job, datetime.now(UTC), Identity.initial(job.code))
             return
-        scheduler.add_job(_no_op, trigger=ScheduleTrigger(job.schedule), id=job.code,
-                          name=job.code, replace_existing=True)
+        scheduler.add_job(
+            _no_op,
+            trigger=ScheduleTrigger(job.schedule),
+            id=job.code,
+            name=job.code,
+            replace_existing=True,
+        )
 
     def _on_fire(self, code: str, tick: datetime) -> None:
         job = self.config.jobs.get(code)
@@ -224,20 +240,22 @@ class Daemon:
 
     def _spawn_fire(self, job: JobConfig, tick: datetime, identity: Identity) -> None:
         assert self._firing is not None
-        task = asyncio.create_task(self._fire(job, tick, identity),
-                                   name=f"fire:{identity}")
+        task = asyncio.create_task(self._fire(job, tick, identity), name=f"fire:{identity}")
         self.fire_tasks.add(task)
         task.add_done_callback(self.fire_tasks.discard)
 
     async def _fire(self, job: JobConfig, tick: datetime, identity: Identity) -> None:
         assert self._firing is not None
         try:
-            with structlog.contextvars.bound_contextvars(job=job.code,
-                                                         run_key=identity.run_key):
+            with structlog.contextvars.bound_contextvars(job=job.code, run_key=identity.run_key):
                 outcome: FireOutcome = await self._firing.fire(job, tick, identity)
         except Exception:
             log.exception("fire_crashed", job=job.code, run_key=identity.run_key)
             return
+        if identity.type == "INITIAL":
+            # Says, on every replica and at every start, what became of the
+            # run-once job here ("lose" once another replica has it done).
+            log.info("initial_attempted", job=job.code, outcome=outcome)
         if outcome in ("success", "fail", "timeout"):
             self._maybe_prune()
 
@@ -266,8 +284,11 @@ class Daemon:
             log.warning("prune_failed", error=str(exc))
             return
         if not isinstance(deleted, NotAcquired):
-            log.info("history_pruned", deleted=deleted,
-                     older_than_s=self.config.history_retention.total_seconds())
+            log.info(
+                "history_pruned",
+                deleted=deleted,
+                older_than_s=self.config.history_retention.total_seconds(),
+            )
 
     # -- signals, reload, shutdown -----------------------------------------------
 
@@ -277,9 +298,12 @@ class Daemon:
                 log.warning("shutdown_forced", signal=name)
                 self.stop_now.set()
             return
-        log.info("shutdown_requested", signal=name,
-                 grace_s=self.config.shutdown_grace.total_seconds(),
-                 running=len(self._running()))
+        log.info(
+            "shutdown_requested",
+            signal=name,
+            grace_s=self.config.shutdown_grace.total_seconds(),
+            running=len(self._running()),
+        )
         self.stop_requested.set()
 
     def _spawn_reload(self) -> None:
@@ -287,22 +311,24 @@ class Daemon:
 
     async def _reload(self) -> None:
         try:
-            new = await asyncio.to_thread(load_config, self.paths,
-                                          database_url=self.database_url)
+            new = await asyncio.to_thread(load_config, self.paths, database_url=self.database_url)
         except ConfigError as exc:
-            log.error("config_reload_rejected", errors=[str(issue) for issue in exc.issues],
-                      detail="the previous configuration stays in force")
+            log.error(
+                "config_reload_rejected",
+                errors=[str(issue) for issue in exc.issues],
+                detail="the previous configuration stays in force",
+            )
             return
         if self.stop_requested.is_set() or self._scheduler is None:
             return
         if new.database != self.config.database:
-            log.warning("config_reload_partial",
-                        detail="database settings change only on restart")
+            log.warning("config_reload_partial", detail="database settings change only on restart")
         old_jobs, self.config = self.config.jobs, new
         added = [code for code in new.jobs if code not in old_jobs]
         removed = [code for code in old_jobs if code not in new.jobs]
-        changed = [code for code in new.jobs
-                   if code in old_jobs and new.jobs[code] != old_jobs[code]]
+        changed = [
+            code for code in new.jobs if code in old_jobs and new.jobs[code] != old_jobs[code]
+        ]
         for code in removed + changed:
             with contextlib.suppress(Exception):
                 self._scheduler.remove_job(code)
@@ -341,8 +367,9 @@ class Daemon:
                 remaining = deadline - loop.time()
                 if not pending or remaining <= 0:
                     return
-                await asyncio.wait(pending | {forced}, timeout=remaining,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    pending | {forced}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
         finally:
             forced.cancel()
 
@@ -392,8 +419,9 @@ class Daemon:
     async def _start_http(self) -> None:
         if not self.http_listen:
             return
-        self._http = HealthServer(self.http_listen, health=self.healthy, ready=self.ready,
-                                  registry=self.metrics.registry)
+        self._http = HealthServer(
+            self.http_listen, health=self.healthy, ready=self.ready, registry=self.metrics.registry
+        )
         await self._http.start()
 
     def _http_address(self) -> str | None:
@@ -411,11 +439,11 @@ def run_command(args: argparse.Namespace) -> int:
         config = load_config(args.config, database_url=args.database_url)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
-        print("pgcrond did not start: fix these and run `pgcrond check` to verify.",
-              file=sys.stderr)
+        print(
+            "pgcrond did not start: fix these and run `pgcrond check` to verify.", file=sys.stderr
+        )
         return 2
-    daemon = Daemon(config, args.config, database_url=args.database_url,
-                    http_listen=args.http)
+    daemon = Daemon(config, args.config, database_url=args.database_url, http_listen=args.http)
     try:
         return asyncio.run(daemon.run())
     except PgcrondError as exc:

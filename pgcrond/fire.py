@@ -44,9 +44,7 @@ from pgcrond.store import Acquired, LeaseStore, NotAcquired
 T = TypeVar("T")
 log = structlog.get_logger("pgcrond.fire")
 
-FireOutcome = Literal[
-    "success", "fail", "timeout", "cancelled", "lost", "lose", "skip", "misfire"
-]
+FireOutcome = Literal["success", "fail", "timeout", "cancelled", "lost", "lose", "skip", "misfire"]
 
 # Outage retries: fast enough to catch a database restart, slow enough not to
 # hammer a struggling server.
@@ -71,9 +69,7 @@ class Firing:
     running: dict[str, Cancellation] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
-    async def fire(
-        self, job: JobConfig, tick: datetime, identity: Identity
-    ) -> FireOutcome:
+    async def fire(self, job: JobConfig, tick: datetime, identity: Identity) -> FireOutcome:
         """Handle one fire of ``job`` for ``tick``; returns what this replica did."""
         self.metrics.fires.labels(job.code).inc()
         bound = log.bind(job=job.code, run_key=identity.run_key)
@@ -87,13 +83,20 @@ class Firing:
         return self.clock() - tick > job.misfire_grace
 
     def _misfire(
-        self, job: JobConfig, bound: structlog.typing.FilteringBoundLogger, tick: datetime,
+        self,
+        job: JobConfig,
+        bound: structlog.typing.FilteringBoundLogger,
+        tick: datetime,
         cause: str,
     ) -> FireOutcome:
         self.metrics.misfires.labels(job.code).inc()
-        bound.warning("tick_missed", cause=cause, tick=tick.isoformat(),
-                      lateness_s=round((self.clock() - tick).total_seconds(), 3),
-                      misfire_grace_s=job.misfire_grace.total_seconds())
+        bound.warning(
+            "tick_missed",
+            cause=cause,
+            tick=tick.isoformat(),
+            lateness_s=round((self.clock() - tick).total_seconds(), 3),
+            misfire_grace_s=job.misfire_grace.total_seconds(),
+        )
         return "misfire"
 
     # -- lease mode ---------------------------------------------------------
@@ -107,13 +110,17 @@ class Firing:
         outcome: FireOutcome = "lose"
         while not self.stopping.is_set():
             claim = await self._with_outage_retry(
-                job, "claim", lambda: self.store.acquire(identity, job.timing,
-                                                         forbid_overlap=forbid),
+                job,
+                "claim",
+                lambda: self.store.acquire(identity, job.timing, forbid_overlap=forbid),
                 deadline,
             )
             if claim is None:
-                return outcome if outcome != "lose" else self._misfire(
-                    job, bound, tick, "database_unavailable")
+                return (
+                    outcome
+                    if outcome != "lose"
+                    else self._misfire(job, bound, tick, "database_unavailable")
+                )
             if isinstance(claim, Acquired):
                 outcome = await self._run_lease(job, tick, claim)
                 if outcome not in ("fail", "timeout") or claim.attempt > job.retries:
@@ -140,25 +147,36 @@ class Firing:
         """Seconds to wait before claiming again, or None to stop following."""
         if refusal.reason == "overlap":
             self.metrics.skips.labels(job.code, "overlap").inc()
-            bound.info("tick_skipped", reason="overlap",
-                       detail="the previous tick of this job is still running")
+            bound.info(
+                "tick_skipped",
+                reason="overlap",
+                detail="the previous tick of this job is still running",
+            )
             return None
         if refusal.reason not in ("held", "retry_pending") or refusal.wait is None:
             if outcome == "lose":
                 self.metrics.losses.labels(job.code, refusal.reason).inc()
-                bound.debug("claim_lost", reason=refusal.reason, status=refusal.status,
-                            owner=refusal.owner)
+                bound.debug(
+                    "claim_lost", reason=refusal.reason, status=refusal.status, owner=refusal.owner
+                )
             return None
         if outcome == "lose":
             self.metrics.losses.labels(job.code, refusal.reason).inc()
-            bound.debug("claim_lost", reason=refusal.reason, owner=refusal.owner,
-                        recheck_in_s=round(refusal.wait.total_seconds(), 3))
+            bound.debug(
+                "claim_lost",
+                reason=refusal.reason,
+                owner=refusal.owner,
+                recheck_in_s=round(refusal.wait.total_seconds(), 3),
+            )
         recheck_at = self.clock() + refusal.wait + _FOLLOW_MARGIN
         if deadline is not None and recheck_at > deadline:
             if refusal.reason == "held":
-                bound.debug("takeover_out_of_reach", owner=refusal.owner,
-                            lease_free_at=recheck_at.isoformat(),
-                            misfire_deadline=deadline.isoformat())
+                bound.debug(
+                    "takeover_out_of_reach",
+                    owner=refusal.owner,
+                    lease_free_at=recheck_at.isoformat(),
+                    misfire_deadline=deadline.isoformat(),
+                )
             return None
         return (refusal.wait + _FOLLOW_MARGIN).total_seconds()
 
@@ -171,9 +189,14 @@ class Firing:
             self.metrics.takeovers.labels(job.code).inc()
         async with self.store.holding(lease):
             result = await self._execute(
-                job, tick, lease.identity, attempt=lease.attempt,
-                fencing_token=lease.fencing_token, cancellation=lease.cancellation,
-                claimed_from=lease.claimed_from)
+                job,
+                tick,
+                lease.identity,
+                attempt=lease.attempt,
+                fencing_token=lease.fencing_token,
+                cancellation=lease.cancellation,
+                claimed_from=lease.claimed_from,
+            )
             return await self._record(job, lease, result)
 
     async def _record(self, job: JobConfig, lease: Acquired, result: RunResult) -> FireOutcome:
@@ -198,17 +221,26 @@ class Firing:
                 # of any replica tries it again.
                 retry_after = job.retry_delay
             write = lambda: self.store.fail(  # noqa: E731
-                lease, result.error or result.outcome, reason=result.outcome,
-                retry_after=retry_after)
+                lease,
+                result.error or result.outcome,
+                reason=result.outcome,
+                retry_after=retry_after,
+            )
         try:
             recorded = await self._with_outage_retry(job, "finalize", write, None)
         except asyncio.CancelledError:
-            bound.error("outcome_not_recorded", outcome=result.outcome,
-                        detail="the replica stopped before the database came back")
+            bound.error(
+                "outcome_not_recorded",
+                outcome=result.outcome,
+                detail="the replica stopped before the database came back",
+            )
             raise
         if not recorded:
-            bound.warning("outcome_fenced", outcome=result.outcome,
-                          detail="another replica took this tick over meanwhile")
+            bound.warning(
+                "outcome_fenced",
+                outcome=result.outcome,
+                detail="another replica took this tick over meanwhile",
+            )
             return "lost"
         if result.outcome == "success":
             self.metrics.last_success.labels(job.code).set(time.time())
@@ -232,8 +264,13 @@ class Firing:
                 return await call()
             except DatabaseUnavailable as exc:
                 self.metrics.database_errors.labels(operation).inc()
-                log.warning("database_unavailable", job=job.code, operation=operation,
-                            error=str(exc), retry_in_s=delay)
+                log.warning(
+                    "database_unavailable",
+                    job=job.code,
+                    operation=operation,
+                    error=str(exc),
+                    retry_in_s=delay,
+                )
             if deadline is not None and self.clock() + timedelta(seconds=delay) > deadline:
                 return None
             if operation == "claim" and self.stopping.is_set():
@@ -254,8 +291,9 @@ class Firing:
         bound = log.bind(job=job.code, run_key=identity.run_key)
         key = job.lock_key if job.lock_key is not None else job.code
         try:
-            async with advisory_lock(self.advisory_db, key, key_hash=job.key_hash,
-                                     min_hold=job.min_hold, tick=tick) as lock:
+            async with advisory_lock(
+                self.advisory_db, key, key_hash=job.key_hash, min_hold=job.min_hold, tick=tick
+            ) as lock:
                 if not lock.acquired:
                     self.metrics.losses.labels(job.code, "held").inc()
                     bound.debug("claim_lost", reason="held", guard="advisory")
@@ -264,10 +302,17 @@ class Firing:
                 attempt = 1
                 while True:
                     result = await self._execute(
-                        job, tick, identity, attempt=attempt, fencing_token=None,
-                        cancellation=lock.cancellation, claimed_from=None)
-                    if lock.lost or (result.outcome == "cancelled"
-                                     and lock.cancellation.reason in _LOST_REASONS):
+                        job,
+                        tick,
+                        identity,
+                        attempt=attempt,
+                        fencing_token=None,
+                        cancellation=lock.cancellation,
+                        claimed_from=None,
+                    )
+                    if lock.lost or (
+                        result.outcome == "cancelled" and lock.cancellation.reason in _LOST_REASONS
+                    ):
                         return "lost"
                     if result.outcome not in ("fail", "timeout") or attempt > job.retries:
                         if result.outcome == "success":
@@ -301,12 +346,21 @@ class Firing:
         started = self.clock()
         lateness = (started - tick).total_seconds()
         self.metrics.lateness.labels(job.code).observe(max(lateness, 0.0))
-        bound = log.bind(job=job.code, run_key=identity.run_key,
-                         idempotency_key=identity.idempotency_key, attempt=attempt,
-                         replica=self.replica)
-        bound.info("run_started", guard=job.guard, tick=tick.isoformat(),
-                   lateness_ms=round(lateness * 1000, 1), fencing_token=fencing_token,
-                   claimed_from=claimed_from)
+        bound = log.bind(
+            job=job.code,
+            run_key=identity.run_key,
+            idempotency_key=identity.idempotency_key,
+            attempt=attempt,
+            replica=self.replica,
+        )
+        bound.info(
+            "run_started",
+            guard=job.guard,
+            tick=tick.isoformat(),
+            lateness_ms=round(lateness * 1000, 1),
+            fencing_token=fencing_token,
+            claimed_from=claimed_from,
+        )
         request = RunRequest(
             job=job.code,
             action=job.action,
@@ -334,6 +388,11 @@ class Firing:
         self.metrics.run_duration.labels(job.code).observe(result.duration_s)
         self.metrics.runs.labels(job.code, outcome).inc()
         level = bound.info if outcome == "success" else bound.warning
-        level("run_finished", outcome=outcome, duration_ms=round(result.duration_s * 1000, 1),
-              error=result.error, exit_code=result.exit_code)
+        level(
+            "run_finished",
+            outcome=outcome,
+            duration_ms=round(result.duration_s * 1000, 1),
+            error=result.error,
+            exit_code=result.exit_code,
+        )
         return result

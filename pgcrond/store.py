@@ -100,7 +100,15 @@ class LeaseStore:
                 self.queries.get("migration_lock"),
                 {"lock_id": lock_id(f"migrate:{self.queries.schema}")},
             )
-            await conn.execute(self.queries.create_schema())
+            # CREATE SCHEMA IF NOT EXISTS needs CREATE on the whole database
+            # even when the schema exists; a least-privilege role owns only its
+            # schema, so ask first.
+            cursor = await conn.execute(
+                self.queries.get("schema_exists"), {"schema": self.queries.schema}
+            )
+            found = await cursor.fetchone()
+            if not (found and found["present"]):
+                await conn.execute(self.queries.create_schema())
             await conn.execute(self.queries.get("migrations_table"))
             cursor = await conn.execute(self.queries.get("applied_migrations"))
             done = {row["version"] for row in await cursor.fetchall()}

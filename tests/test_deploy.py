@@ -620,6 +620,7 @@ def test_least_privilege_role_migrates_and_runs_but_reaches_nothing_else(
         "read other schema": "SELECT * FROM billing.invoices",
         "write other schema": "INSERT INTO billing.invoices VALUES (1)",
         "create in public": "CREATE TABLE public.mine (x int)",
+        "create a schema": "CREATE SCHEMA elsewhere",
     }
     outcomes = {}
     with psycopg.connect(as_role, autocommit=True) as conn:

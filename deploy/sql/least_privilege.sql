@@ -47,11 +47,9 @@ ALTER ROLE :"role" PASSWORD :'password';
 
 GRANT CONNECT ON DATABASE :"DBNAME" TO :"role";
 
--- `pgcrond migrate` (and every replica at start) runs CREATE SCHEMA IF NOT
--- EXISTS, and PostgreSQL checks the database CREATE privilege before it looks
--- whether the schema exists. With this grant the role can also create new
--- schemas (owned by itself, empty); it still cannot reach anyone else's.
-GRANT CREATE ON DATABASE :"DBNAME" TO :"role";
+-- No CREATE on the database: the schema is created here, by the operator, and
+-- pgcrond's migration only creates its schema when it is missing.
+REVOKE CREATE ON DATABASE :"DBNAME" FROM :"role";
 
 -- The role's own schema: owning it is all the migration and the daemon need
 -- (CREATE TABLE, CREATE SEQUENCE, CREATE INDEX in it; every row operation).

@@ -1,0 +1,197 @@
+"""Real ``pgcrond run`` processes for acceptance tests.
+
+Each replica is a subprocess whose JSON log goes to a file; tests wait for
+log events (bounded), read the ledger table the jobs write, and signal the
+processes (SIGKILL, SIGSTOP, SIGTERM, SIGHUP) like an operator or a crash would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from tests.ledger_jobs import LEDGER_DDL
+
+ROOT = Path(__file__).resolve().parent.parent
+PGCROND = Path(sys.executable).parent / "pgcrond"
+Event = dict[str, Any]
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``condition`` until truthy; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@dataclass
+class Replica:
+    name: str
+    config: Path
+    log_path: Path
+    env: dict[str, str]
+    extra_args: list[str] = field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Replica:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                str(PGCROND),
+                "run",
+                "-c",
+                str(self.config),
+                "--http",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+                "--log-level",
+                "debug",
+                *self.extra_args,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=self.env,
+            cwd=ROOT,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def events(self, name: str | None = None) -> list[Event]:
+        found = []
+        with contextlib.suppress(FileNotFoundError):
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if not line.startswith("{"):
+                    continue
+                with contextlib.suppress(json.JSONDecodeError):
+                    event = json.loads(line)
+                    if name is None or event.get("event") == name:
+                        found.append(event)
+        return found
+
+    def wait_event(
+        self, name: str, timeout: float = 20, where: Callable[[Event], bool] = lambda e: True
+    ) -> Event:
+        def match() -> Event | None:
+            self._check_alive(name)
+            return next((e for e in self.events(name) if where(e)), None)
+
+        event: Event = wait_until(match, timeout, f"{self.name}: event {name}")
+        return event
+
+    def _check_alive(self, waiting_for: str) -> None:
+        assert self.process is not None
+        if self.process.poll() is not None and self.process.returncode not in (0, -9):
+            raise AssertionError(
+                f"{self.name} exited with {self.process.returncode} while waiting for "
+                f"{waiting_for}:\n{self.log_path.read_text()[-3000:]}"
+            )
+
+    def http_address(self) -> str:
+        return str(self.wait_event("daemon_ready")["http"])
+
+    def signal(self, signum: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGCONT)
+        self.process.kill()
+        self.process.wait(10)
+
+
+@dataclass
+class Cluster:
+    """N replicas of one config against one database, plus the ledger they write."""
+
+    dsn: str
+    schema: str
+    workdir: Path
+    replicas: list[Replica] = field(default_factory=list)
+
+    @property
+    def ledger(self) -> str:
+        return f'"{self.schema}".ledger'
+
+    def prepare(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            conn.execute(LEDGER_DDL.format(table=self.ledger))
+
+    def write_config(self, text: str, name: str = "jobs.yaml") -> Path:
+        path = self.workdir / name
+        path.write_text(text)
+        return path
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PGCROND_")}
+        env.update(
+            PGCROND_DATABASE_URL=self.dsn,
+            LEDGER_DSN=self.dsn,
+            LEDGER_TABLE=self.ledger,
+            PYTHONPATH=str(ROOT),
+        )
+        return env
+
+    def start(self, config: Path, count: int = 1, *, first: int = 0) -> list[Replica]:
+        started = [
+            Replica(f"replica-{n}", config, self.workdir / f"replica-{n}.log", self.env()).start()
+            for n in range(first, first + count)
+        ]
+        self.replicas.extend(started)
+        for replica in started:
+            replica.wait_event("daemon_ready", timeout=30)
+        return started
+
+    def rows(self, query: str, *params: object) -> list[dict[str, Any]]:
+        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn:
+            # Job rows only: the daemon's own hourly history pruning claims a
+            # row of its own ("pgcrond:prune").
+            leases = (
+                f"(SELECT * FROM \"{self.schema}\".leases WHERE code <> 'pgcrond:prune') AS leases"
+            )
+            return conn.execute(query.format(ledger=self.ledger, leases=leases), params).fetchall()
+
+    def stop_all(self) -> None:
+        for replica in self.replicas:
+            replica.stop()
+
+
+@contextlib.contextmanager
+def cluster(dsn: str, schema: str, workdir: Path) -> Iterator[Cluster]:
+    running = Cluster(dsn, schema, workdir)
+    running.prepare()
+    try:
+        yield running
+    finally:
+        running.stop_all()

@@ -1,0 +1,340 @@
+"""Acceptance: real ``pgcrond run`` replicas sharing one PostgreSQL.
+
+Jobs append to a ledger table (tests/ledger_jobs.py), the ground truth of what
+ran where; the lease table says what the daemon recorded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from pgcrond.embedded import LocalServer
+from tests.daemon_harness import Cluster, cluster, wait_until
+
+pytestmark = pytest.mark.slow
+
+LEDGER = "tests.ledger_jobs:record"
+
+
+def config(schema: str, jobs: str, *, defaults: str = "", extra: str = "") -> str:
+    return (
+        "database:\n"
+        "  url: ${PGCROND_DATABASE_URL}\n"
+        f"  schema: {schema}\n"
+        f"{extra}"
+        "defaults:\n"
+        "  misfire_grace: 30s\n"
+        f"{defaults}"
+        "jobs:\n"
+        f"{jobs}"
+    )
+
+
+def at(seconds: float) -> str:
+    """An ``at:`` instant ``seconds`` from now, whole seconds, UTC."""
+    moment = datetime.now(UTC) + timedelta(seconds=seconds)
+    return moment.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def one_shot(
+    schema: str,
+    *,
+    seconds: float,
+    sleep: float,
+    lease: str,
+    heartbeat: str,
+    defaults: str = "",
+    extra: str = "",
+) -> str:
+    return config(
+        schema,
+        f"  long:\n"
+        f'    at: "{at(seconds)}"\n'
+        f"    entrypoint: {LEDGER}\n"
+        f"    lease: {lease}\n"
+        f"    heartbeat: {heartbeat}\n"
+        f'    env: {{LEDGER_SLEEP: "{sleep}"}}\n',
+        defaults=defaults,
+        extra=extra,
+    )
+
+
+def owner_of(running: Cluster, pid: int) -> str:
+    return next(r for r in running.replicas if r.pid == pid).name
+
+
+def test_three_replicas_run_every_tick_exactly_once(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    jobs = (
+        f'  tick-a: {{cron: "* * * * * *", entrypoint: {LEDGER}}}\n'
+        f'  tick-b: {{cron: "* * * * * *", entrypoint: {LEDGER}}}\n'
+    )
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        replicas = running.start(running.write_config(config(schema, jobs)), 3)
+        window_start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+        window_end = window_start + timedelta(seconds=30)
+        # The window is the test's subject: wait it out, then stop the replicas.
+        time.sleep((window_end - datetime.now(UTC)).total_seconds() + 1.5)
+        for replica in replicas:
+            replica.signal(signal.SIGTERM)
+        assert [0, 0, 0] == [replica.wait_exit(45) for replica in replicas]
+        rows = running.rows("SELECT job, run_key, pid FROM {ledger} WHERE phase = 'start'")
+    expected = set()
+    moment = window_start
+    while moment <= window_end:
+        expected.add(moment.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        moment += timedelta(seconds=1)
+    for job in ("tick-a", "tick-b"):
+        runs = Counter(row["run_key"] for row in rows if row["job"] == job)
+        in_window = {key: n for key, n in runs.items() if key in expected}
+        assert expected == set(in_window), f"{job}: lost ticks"
+        assert {1} == set(runs.values()), f"{job}: duplicate runs"
+    # Work was spread: more than one replica won ticks.
+    assert len({row["pid"] for row in rows}) > 1
+
+
+def test_a_killed_winner_s_tick_is_finished_by_a_survivor(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        cfg = one_shot(schema, seconds=4, sleep=4, lease="2s", heartbeat="500ms")
+        running.start(running.write_config(cfg), 3)
+        first = wait_until(
+            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start'"),
+            20,
+            "the first run to start",
+        )[0]
+        victim = next(r for r in running.replicas if r.pid == first["pid"])
+        victim.signal(signal.SIGKILL)
+        killed_at = datetime.now(UTC)
+        ended = wait_until(
+            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'end'"),
+            30,
+            "a survivor to finish the tick",
+        )
+        starts = running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY id")
+        leases = running.rows("SELECT * FROM {leases}")
+    takeover = starts[1]
+    assert 2 == len(starts)
+    assert first["pid"] != takeover["pid"]
+    assert takeover["pid"] == ended[0]["pid"]
+    assert first["idempotency_key"] == takeover["idempotency_key"] == ended[0]["idempotency_key"]
+    assert first["run_key"] == takeover["run_key"]
+    assert 2 == takeover["attempt"]
+    assert takeover["fencing_token"] > first["fencing_token"]
+    # Within lease + heartbeat of the kill (plus the claim's own latency).
+    assert takeover["at"] - killed_at < timedelta(seconds=2 + 0.5 + 1.0)
+    assert 1 == len(leases)
+    assert "SUCCESS" == leases[0]["status"]
+    assert "takeover" not in (leases[0]["reason"] or "")
+
+
+def test_a_stopped_runner_is_taken_over_and_fenced_when_it_resumes(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        cfg = one_shot(schema, seconds=4, sleep=3, lease="2s", heartbeat="500ms")
+        running.start(running.write_config(cfg), 2)
+        first = wait_until(
+            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start'"),
+            20,
+            "the first run to start",
+        )[0]
+        stopped = next(r for r in running.replicas if r.pid == first["pid"])
+        survivor = next(r for r in running.replicas if r.pid != first["pid"])
+        stopped.signal(signal.SIGSTOP)
+        wait_until(
+            lambda: running.rows(
+                "SELECT * FROM {ledger} WHERE phase = 'end' AND pid = %s", survivor.pid
+            ),
+            30,
+            "the survivor to finish the tick",
+        )
+        stopped.signal(signal.SIGCONT)
+        # On waking it finds its lease gone (expired by its own clock, or its
+        # token rotated away) and records nothing.
+        finished = stopped.wait_event("run_finished", timeout=20)
+        leases = running.rows("SELECT * FROM {leases}")
+    assert "lost" == finished["outcome"]
+    assert 1 == len(leases)
+    assert "SUCCESS" == leases[0]["status"]
+    assert leases[0]["owner"].endswith(f":{survivor.pid}")
+    assert 2 == leases[0]["attempt"]
+
+
+def test_sigterm_lets_the_running_job_finish_and_exits_zero(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        cfg = one_shot(schema, seconds=3, sleep=2, lease="10s", heartbeat="1s")
+        (replica,) = running.start(running.write_config(cfg), 1)
+        wait_until(
+            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start'"),
+            20,
+            "the run to start",
+        )
+        replica.signal(signal.SIGTERM)
+        assert 0 == replica.wait_exit(30)
+        phases = [row["phase"] for row in running.rows("SELECT * FROM {ledger} ORDER BY id")]
+        leases = running.rows("SELECT * FROM {leases}")
+    assert ["start", "end"] == phases
+    assert "SUCCESS" == leases[0]["status"]
+
+
+def test_shutdown_past_its_grace_releases_the_tick_to_a_survivor(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        cfg = one_shot(
+            schema, seconds=4, sleep=6, lease="3s", heartbeat="1s", extra="shutdown_grace: 1s\n"
+        )
+        running.start(running.write_config(cfg), 2)
+        first = wait_until(
+            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start'"),
+            20,
+            "the first run to start",
+        )[0]
+        leaving = next(r for r in running.replicas if r.pid == first["pid"])
+        leaving.signal(signal.SIGTERM)
+        assert 0 == leaving.wait_exit(30)
+        ended = wait_until(
+            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'end'"),
+            30,
+            "the survivor to run the released tick",
+        )
+        phases = running.rows("SELECT pid, phase, attempt FROM {ledger} ORDER BY id")
+    assert ("cancelled", first["pid"]) in {(row["phase"], row["pid"]) for row in phases}
+    assert ended[0]["pid"] != first["pid"]
+    assert 2 == ended[0]["attempt"]
+
+
+def test_sighup_with_a_broken_config_keeps_the_old_jobs(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(
+            config(schema, f'  every: {{cron: "* * * * * *", entrypoint: {LEDGER}}}\n')
+        )
+        (replica,) = running.start(path, 1)
+        path.write_text('jobs:\n  every: {cron: "not a cron", command: []}\n')
+        replica.signal(signal.SIGHUP)
+        rejected = replica.wait_event("config_reload_rejected")
+        rejected_at = datetime.now(UTC)
+        later = wait_until(
+            lambda: running.rows(
+                "SELECT * FROM {ledger} WHERE at > %s", rejected_at + timedelta(seconds=1)
+            ),
+            10,
+            "a run after the rejected reload",
+        )
+    assert any("cron" in error for error in rejected["errors"])
+    assert "every" == later[0]["job"]
+
+
+def test_sighup_with_a_good_config_adds_and_removes_jobs(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(
+            config(schema, f'  old: {{cron: "* * * * * *", entrypoint: {LEDGER}}}\n')
+        )
+        (replica,) = running.start(path, 1)
+        path.write_text(config(schema, f'  new: {{cron: "* * * * * *", entrypoint: {LEDGER}}}\n'))
+        replica.signal(signal.SIGHUP)
+        reloaded = replica.wait_event("config_reloaded")
+        after = datetime.now(UTC) + timedelta(seconds=1)
+        wait_until(
+            lambda: running.rows("SELECT * FROM {ledger} WHERE job = 'new'"),
+            10,
+            "the new job to run",
+        )
+        old_after = running.rows("SELECT * FROM {ledger} WHERE job = 'old' AND at > %s", after)
+    assert ["new"] == reloaded["added"]
+    assert ["old"] == reloaded["removed"]
+    assert [] == old_after
+
+
+def test_a_database_restart_mid_run_loses_no_outcome(
+    own_server: LocalServer, schema: str, tmp_path: Path
+) -> None:
+    with cluster(own_server.dsn, schema, tmp_path) as running:
+        cfg = one_shot(schema, seconds=3, sleep=4, lease="20s", heartbeat="1s")
+        (replica,) = running.start(running.write_config(cfg), 1)
+        wait_until(
+            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start'"),
+            20,
+            "the run to start",
+        )
+        own_server.stop()
+        replica.wait_event("heartbeat_failed", timeout=10)
+        own_server.start()
+        leases = wait_until(
+            lambda: running.rows("SELECT * FROM {leases} WHERE status <> 'RUNNING'"),
+            40,
+            "the outcome to be recorded",
+        )
+        phases = [row["phase"] for row in running.rows("SELECT * FROM {ledger} ORDER BY id")]
+    assert "SUCCESS" == leases[0]["status"]
+    assert 1 == leases[0]["attempt"]
+    assert ["start", "end"] == phases
+
+
+def test_a_run_once_job_runs_once_across_replicas_and_restarts(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(
+            config(schema, f"  seed: {{once: true, entrypoint: {LEDGER}}}\n")
+        )
+        for generation in range(3):
+            replicas = running.start(path, 3, first=3 * generation)
+            # Every replica attempts the INITIAL identity at start; wait until
+            # each has had its answer (won and ran, or lost to a finished row).
+            for replica in replicas:
+                replica.wait_event("initial_attempted")
+            for replica in replicas:
+                replica.signal(signal.SIGTERM)
+            assert [0, 0, 0] == [replica.wait_exit(30) for replica in replicas]
+        starts = running.rows("SELECT * FROM {ledger} WHERE phase = 'start'")
+        leases = running.rows("SELECT * FROM {leases}")
+    assert 1 == len(starts)
+    assert "INITIAL" == leases[0]["type"]
+    assert "SUCCESS" == leases[0]["status"]
+
+
+def test_concurrency_forbid_skips_ticks_while_the_previous_one_runs(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    jobs = (
+        "  slow:\n"
+        '    cron: "* * * * * *"\n'
+        f"    entrypoint: {LEDGER}\n"
+        "    concurrency: forbid\n"
+        '    env: {LEDGER_SLEEP: "2.5"}\n'
+    )
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        running.start(running.write_config(config(schema, jobs)), 2)
+        wait_until(
+            lambda: len(running.rows("SELECT * FROM {ledger} WHERE phase = 'end'")) >= 2,
+            20,
+            "two runs to finish",
+        )
+        running.stop_all()
+        runs = running.rows(
+            "SELECT s.run_key, s.at AS started, e.at AS ended FROM {ledger} s "
+            "JOIN {ledger} e ON e.run_key = s.run_key AND e.phase = 'end' "
+            "WHERE s.phase = 'start' ORDER BY s.at"
+        )
+        skipped = running.rows("SELECT * FROM {leases} WHERE status = 'SKIPPED'")
+    for earlier, later in itertools.pairwise(runs):
+        assert earlier["ended"] <= later["started"], "runs overlapped"
+    assert len(skipped) >= 2
+    assert {"overlap"} == {row["reason"] for row in skipped}
