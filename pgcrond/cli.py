@@ -136,11 +136,20 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--limit", type=int, default=50, metavar="N", help="default: 50")
     _add_json(history)
 
-    trigger = sub.add_parser("trigger", help="run a job now, once across the cluster")
+    trigger = sub.add_parser(
+        "trigger",
+        help="run a job now, once across the cluster",
+        description="Run a job now, here, through its guard. Exit 0: ran and succeeded; "
+        "1: ran and failed; 3: not run here (the run key runs or ran elsewhere).",
+    )
     _add_config(trigger)
     _add_database(trigger)
     trigger.add_argument("code", metavar="CODE")
-    trigger.add_argument("--run-key", metavar="KEY", help="default: manual:<now, ISO-8601>")
+    trigger.add_argument(
+        "--run-key",
+        metavar="KEY",
+        help="default: manual:<current UTC minute>, so shells triggering at once run it once",
+    )
     _add_logging(trigger)
 
     unlock = sub.add_parser("unlock", help="release a stuck run, or allow a run-once job again")

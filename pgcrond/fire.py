@@ -69,15 +69,21 @@ class Firing:
     running: dict[str, Cancellation] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
-    async def fire(self, job: JobConfig, tick: datetime, identity: Identity) -> FireOutcome:
-        """Handle one fire of ``job`` for ``tick``; returns what this replica did."""
+    async def fire(
+        self, job: JobConfig, tick: datetime, identity: Identity, *, follow: bool = True
+    ) -> FireOutcome:
+        """Handle one fire of ``job`` for ``tick``; returns what this replica did.
+
+        ``follow=False`` returns at the first lost claim instead of waiting to
+        take over or retry (``pgcrond trigger`` reports and exits).
+        """
         self.metrics.fires.labels(job.code).inc()
         bound = log.bind(job=job.code, run_key=identity.run_key)
         if identity.type == "SCHEDULE" and self._too_late(job, tick):
             return self._misfire(job, bound, tick, "late")
         if job.guard == "advisory":
             return await self._fire_advisory(job, tick, identity)
-        return await self._fire_lease(job, tick, identity)
+        return await self._fire_lease(job, tick, identity, follow)
 
     def _too_late(self, job: JobConfig, tick: datetime) -> bool:
         return self.clock() - tick > job.misfire_grace
@@ -101,7 +107,9 @@ class Firing:
 
     # -- lease mode ---------------------------------------------------------
 
-    async def _fire_lease(self, job: JobConfig, tick: datetime, identity: Identity) -> FireOutcome:
+    async def _fire_lease(
+        self, job: JobConfig, tick: datetime, identity: Identity, follow: bool
+    ) -> FireOutcome:
         bound = log.bind(job=job.code, run_key=identity.run_key)
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick.
@@ -130,8 +138,16 @@ class Firing:
                 await self._sleep(self._retry_wait(job, claim))
                 deadline = None  # a started tick's retries are not misfires
                 continue
+            if claim.reason == "overlap":
+                self.metrics.skips.labels(job.code, "overlap").inc()
+                bound.info(
+                    "tick_skipped",
+                    reason="overlap",
+                    detail="the previous tick of this job is still running",
+                )
+                return "skip"
             wait = self._follow(job, bound, claim, deadline, outcome)
-            if wait is None:
+            if wait is None or not follow:
                 return outcome
             await self._sleep(wait)
         return outcome
@@ -145,14 +161,6 @@ class Firing:
         outcome: FireOutcome,
     ) -> float | None:
         """Seconds to wait before claiming again, or None to stop following."""
-        if refusal.reason == "overlap":
-            self.metrics.skips.labels(job.code, "overlap").inc()
-            bound.info(
-                "tick_skipped",
-                reason="overlap",
-                detail="the previous tick of this job is still running",
-            )
-            return None
         if refusal.reason not in ("held", "retry_pending") or refusal.wait is None:
             if outcome == "lose":
                 self.metrics.losses.labels(job.code, refusal.reason).inc()

@@ -1,4 +1,4 @@
-"""Operator commands on the lease table: migrate, status, history, unlock, prune.
+"""Operator commands on the lease table: migrate, status, history, trigger, unlock, prune.
 
 They read the same table as the daemon. The database is ``--database-url``,
 else ``PGCROND_DATABASE_URL``, else the config's ``database.url``; the table is
@@ -22,8 +22,12 @@ from pgcrond import report
 from pgcrond.config import DATABASE_URL_ENV, DEFAULT_HISTORY_RETENTION, Config, load_config
 from pgcrond.db import Database, redact
 from pgcrond.durations import format_duration, parse_duration
+from pgcrond.embedded import running_dsn
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError, ValidationError
+from pgcrond.fire import Firing
 from pgcrond.keys import Identity
+from pgcrond.logs import configure
+from pgcrond.metrics import Metrics
 from pgcrond.retention import prune
 from pgcrond.schedule import OnceSchedule
 from pgcrond.store import LeaseStore
@@ -70,6 +74,11 @@ def status_command(args: argparse.Namespace) -> int:
 
 def history_command(args: argparse.Namespace) -> int:
     return _run(args, _history)
+
+
+def trigger_command(args: argparse.Namespace) -> int:
+    configure(args.log_format, args.log_level)
+    return _run(args, _trigger, needs_table=False)
 
 
 def unlock_command(args: argparse.Namespace) -> int:
@@ -136,12 +145,14 @@ def _error(message: str) -> int:
 def _target(args: argparse.Namespace) -> Target:
     if args.config:
         config = load_config(args.config, database_url=args.database_url)
-        if config.database.url is None:
+        url = config.database.url or running_dsn(config.database.state_dir / "data")
+        if url is None:
             raise CommandError(
-                "the config uses an embedded server, which only `pgcrond run` starts: "
-                f"pass --database-url (or set {DATABASE_URL_ENV}) to reach its database"
+                "the config uses an embedded server, and it is not running: start "
+                "`pgcrond run` with this config first, or pass --database-url "
+                f"(or set {DATABASE_URL_ENV})"
             )
-        return Target(config.database.url, config.database.schema, config.database.table, config)
+        return Target(url, config.database.schema, config.database.table, config)
     url = args.database_url or os.environ.get(DATABASE_URL_ENV)
     if not url:
         raise CommandError(
@@ -171,6 +182,43 @@ async def _with_store(
         return await body(args, target, store)
     finally:
         await db.close()
+
+
+# -- trigger ------------------------------------------------------------------------------
+
+# What `pgcrond trigger` exits with when this process did not run the job.
+EXIT_NOT_RUN_HERE = 3
+
+
+def manual_run_key(now: datetime) -> str:
+    """``manual:<UTC minute>``: shells triggering the same job in the same minute agree."""
+    return "manual:" + now.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
+    if target.config is None:
+        raise CommandError("trigger needs -c CONFIG: the job's definition comes from it")
+    job = target.config.jobs.get(args.code)
+    if job is None:
+        known = ", ".join(sorted(target.config.jobs)) or "none"
+        raise CommandError(f"no job {args.code!r} in the config (jobs: {known})")
+    await store.migrate()
+    now = datetime.now(UTC)
+    identity = Identity.schedule(job.code, args.run_key or manual_run_key(now))
+    firing = Firing(store=store, advisory_db=store.db, metrics=Metrics(), replica=store.owner)
+    outcome = await firing.fire(job, now, identity, follow=False)
+    print(f"{job.code} {identity.run_key}: {TRIGGER_OUTCOMES.get(outcome, outcome)}")
+    if outcome == "success":
+        return EXIT_OK
+    return EXIT_NOT_RUN_HERE if outcome in ("lose", "skip", "misfire") else EXIT_NOT_DONE
+
+
+TRIGGER_OUTCOMES = {
+    "success": "ran here: success",
+    "lose": "not run here: this run key is running or done elsewhere (pass --run-key to run again)",
+    "skip": "not run: the previous run of this job is still going (concurrency: forbid)",
+    "misfire": "not run: the database could not be reached",
+}
 
 
 # -- migrate ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import ctypes
 import dataclasses
 import functools
 import inspect
@@ -285,6 +286,7 @@ async def _run_process(
                 cwd=request.cwd,
                 start_new_session=True,
                 pass_fds=() if hand_over is None else (hand_over,),
+                preexec_fn=_die_with_daemon,
             )
         except OSError as exc:
             return _Ending("fail", f"cannot start: {describe(exc)}")
@@ -318,6 +320,21 @@ async def _run_process(
     if returncode < 0:
         return _Ending("fail", f"killed by signal {_signal_name(-returncode)}", None)
     return _Ending("fail", f"exit status {returncode}", returncode)
+
+
+# Loaded before any fork: the child must not load libraries between fork and exec.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_daemon() -> None:
+    """In the child: be SIGKILLed if the daemon dies (kill -9, OOM killer).
+
+    The dead replica's lease then expires and a survivor takes the tick over;
+    an orphaned job left running beside the takeover would be a duplicate run.
+    """
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
