@@ -58,7 +58,11 @@ DEFAULT_SHUTDOWN_GRACE = timedelta(seconds=30)
 DEFAULT_HISTORY_RETENTION = timedelta(days=30)
 DEFAULT_RETRY_DELAY = timedelta(seconds=30)
 DEFAULT_MIN_HOLD = timedelta(seconds=5)
-DEFAULT_MISFIRE_GRACE = timedelta(seconds=60)
+# A job's lease must be able to run out within its misfire grace, or a dead
+# winner's tick could never be taken over: 1 min lease (heartbeat every 20 s),
+# 5 min grace. The library's own default lease stays the reference's 15 min.
+DEFAULT_JOB_LEASE = timedelta(minutes=1)
+DEFAULT_MISFIRE_GRACE = timedelta(minutes=5)
 MAX_CODE_LENGTH = 200
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -128,7 +132,7 @@ class JobConfig:
     action: Action
     guard: Guard = "lease"
     timezone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
-    timing: LeaseTiming = field(default_factory=LeaseTiming.build)
+    timing: LeaseTiming = field(default_factory=lambda: LeaseTiming.build(DEFAULT_JOB_LEASE))
     timeout: timedelta | None = None
     retries: int = 0
     retry_delay: timedelta = DEFAULT_RETRY_DELAY
@@ -246,7 +250,7 @@ class _Loader:
         # Read once, so that a wrong default is reported once, not once per job.
         self.defaults: _Section | None = None
         self.default_values: dict[str, object] = {}
-        self.default_timing: LeaseTiming | None = LeaseTiming.build()
+        self.default_timing: LeaseTiming | None = LeaseTiming.build(DEFAULT_JOB_LEASE)
         # A file that cannot be read may hold the database section: do not also claim it is missing.
         self.unreadable = False
 
@@ -560,7 +564,7 @@ class _Loader:
     ) -> LeaseTiming | None:
         """Validate lease and heartbeat together, blaming whichever level set the culprit."""
         merged = {**default_values, **values}
-        lease, heartbeat = merged.get("lease"), merged.get("heartbeat")
+        lease, heartbeat = merged.get("lease", DEFAULT_JOB_LEASE), merged.get("heartbeat")
         if lease is _INVALID or heartbeat is _INVALID:
             return None
         try:

@@ -400,7 +400,7 @@ def test_a_wrong_default_is_reported_once_at_the_defaults(tmp_path: Path) -> Non
 def test_a_job_lease_that_breaks_the_default_heartbeat_blames_the_default_for_that_job(
     tmp_path: Path,
 ) -> None:
-    path = write(tmp_path, EMBEDDED + "defaults:\n  heartbeat: 30s\n" + HELLO + "    lease: 50s\n")
+    path = write(tmp_path, EMBEDDED + "defaults:\n  heartbeat: 29s\n" + HELLO + "    lease: 50s\n")
     issue = only_issue(path)
     assert (issue.line, issue.job, issue.field) == (3, "hello", "defaults.heartbeat")
 

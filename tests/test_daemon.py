@@ -6,6 +6,7 @@ ran where; the lease table says what the daemon recorded.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import signal
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pgcrond.embedded import LocalServer
-from tests.daemon_harness import Cluster, cluster, wait_until
+from tests.daemon_harness import Cluster, Replica, cluster, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -287,6 +288,10 @@ def test_a_database_restart_mid_run_loses_no_outcome(
     assert ["start", "end"] == phases
 
 
+def attempted_initial(replica: Replica) -> bool:
+    return bool(replica.events("initial_attempted") or replica.events("claim_lost"))
+
+
 def test_a_run_once_job_runs_once_across_replicas_and_restarts(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
@@ -296,10 +301,14 @@ def test_a_run_once_job_runs_once_across_replicas_and_restarts(
         )
         for generation in range(3):
             replicas = running.start(path, 3, first=3 * generation)
-            # Every replica attempts the INITIAL identity at start; wait until
-            # each has had its answer (won and ran, or lost to a finished row).
+            # Every replica attempts the INITIAL identity at start and either
+            # runs it, finds it done, or finds it held (and follows it).
             for replica in replicas:
-                replica.wait_event("initial_attempted")
+                wait_until(
+                    functools.partial(attempted_initial, replica),
+                    20,
+                    f"{replica.name} to attempt the run-once job",
+                )
             for replica in replicas:
                 replica.signal(signal.SIGTERM)
             assert [0, 0, 0] == [replica.wait_exit(30) for replica in replicas]

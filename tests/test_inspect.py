@@ -66,7 +66,7 @@ def test_check_json_lists_jobs_with_their_fields(
     assert nightly["code"] == "nightly"
     assert nightly["timezone"] == "Europe/Berlin"
     assert nightly["action"] == {"type": "command", "argv": ["/bin/echo", "hi"]}
-    assert (nightly["lease"], nightly["heartbeat"]) == ("15m", "1m")
+    assert (nightly["lease"], nightly["heartbeat"]) == ("1m", "20s")
     assert document["jobs"][1]["once"] is True
     assert document["database"]["embedded"] is True
 

@@ -1,0 +1,9 @@
+"""Entrypoints for benchmarks: runs that cost nothing, so pgcrond's own cost shows."""
+
+from __future__ import annotations
+
+from pgcrond.context import RunContext
+
+
+def noop(ctx: RunContext) -> None:
+    """Do nothing."""
