@@ -8,8 +8,9 @@ pgcrond itself. Lateness is each run's start minus its tick's intended fire
 time (the ``lateness_ms`` of ``run_started``). Statements are counted by the
 server (pg_stat_database transactions; every pgcrond statement is one
 autocommit transaction), read after the replicas exited so that every backend
-has flushed its counters. The idle phase runs the same replicas on a job that
-never fires in the window and counts what they send meanwhile.
+has flushed its counters. The idle phase runs the same replicas on jobs that
+never fire in the window and counts every statement the server logs
+(``log_statement = all``) meanwhile.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PGCROND = Path(sys.executable).parent / "pgcrond"
 
 
-def write_config(path: Path, jobs: int, cron: str) -> None:
+def write_config(path: Path, jobs: int, cron: str, lease: str | None) -> None:
     lines = ["database: {url: '${PGCROND_DATABASE_URL}'}", "jobs:"]
+    if lease:
+        lines[1:1] = ["defaults:", f"  lease: {lease}"]
     lines += [
         f"  job-{n:03d}: {{cron: '{cron}', entrypoint: 'bench.jobs:noop'}}" for n in range(jobs)
     ]
@@ -108,6 +111,12 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--idle", type=float, default=60)
+    parser.add_argument(
+        "--lease",
+        help="the jobs' lease (default: the config default, 1m); losers re-check a tick "
+        "once its holder's lease could have expired, so a window longer than the lease "
+        "also counts those re-checks",
+    )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="pgcrond-bench-"))
     scratch.chmod(0o755)
@@ -116,9 +125,10 @@ def main() -> int:
     try:
         dsn = server.dsn
         busy = scratch / "busy.yaml"
-        write_config(busy, args.jobs, "* * * * * *")
+        write_config(busy, args.jobs, "* * * * * *", args.lease)
         print(
-            f"load: {args.replicas} replicas x {args.jobs} per-second jobs, {args.seconds:g} s",
+            f"load: {args.replicas} replicas x {args.jobs} per-second jobs, {args.seconds:g} s, "
+            f"lease {args.lease or '1m (the default)'}",
             flush=True,
         )
         before = transactions(dsn)
@@ -155,20 +165,27 @@ def main() -> int:
             print(f"  replica {n}: RSS {rss:.0f} MiB, CPU {100 * cpu / elapsed:.0f}% of a core")
 
         idle = scratch / "idle.yaml"
-        write_config(idle, args.jobs, "0 0 1 1 *")
+        write_config(idle, args.jobs, "0 0 1 1 *", args.lease)
         replicas = start(idle, args.replicas, scratch, dsn, "idle")
-        # Start-up statements (the migration check) must be counted before the
-        # window: an idle backend flushes its counters within 10 s.
-        time.sleep(11)
-        before = transactions(dsn)
+        # The server logs every statement from here on; the window starts
+        # once the replicas are up, and ends before they are stopped.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET log_statement = 'all'")
+            conn.execute("SELECT pg_reload_conf()")
+        time.sleep(1)
+        mark = server.log_file.stat().st_size
         time.sleep(args.idle)
+        with server.log_file.open(errors="replace") as server_log:
+            server_log.seek(mark)
+            logged = [line for line in server_log if "statement: " in line or "execute " in line]
         stop(replicas)
-        idle_statements = transactions(dsn) - before - 1
         print(
             f"idle: {args.replicas} replicas x {args.jobs} jobs that do not fire, "
-            f"{args.idle:g} s: {idle_statements} statements "
-            f"({60 * idle_statements / args.idle:.1f} per minute)"
+            f"{args.idle:g} s: {len(logged)} statements logged by the server "
+            f"({60 * len(logged) / args.idle:.1f} per minute)"
         )
+        for line in logged[:5]:
+            print("   ", line.strip()[:160])
     finally:
         server.remove()
         shutil.rmtree(scratch, ignore_errors=True)

@@ -26,13 +26,12 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
-from psycopg import pq
-
 from pgcrond.db import Database
 from pgcrond.embedded import LocalServer
 from pgcrond.keys import Identity
 from pgcrond.store import Acquired, LeaseStore
 from pgcrond.timing import LeaseTiming
+from tests.store_helpers import count_round_trips
 
 TIMING = LeaseTiming.build(timedelta(minutes=5))
 
@@ -53,25 +52,10 @@ def server() -> Iterator[str]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-class WireCounter:
-    """Counts client round trips on the single connection of a Database."""
-
-    def __init__(self, trace_file: Path) -> None:
-        self.trace_file = trace_file
-
-    def round_trips(self) -> int:
-        count = 0
-        for line in self.trace_file.read_text().splitlines():
-            fields = line.split("\t")
-            if len(fields) > 2 and fields[0] == "F" and fields[2] in ("Sync", "Query"):
-                count += 1
-        return count
-
-
-async def count(db: Database, trace: Path, op: Callable[[], Awaitable[object]]) -> int:
-    before = WireCounter(trace).round_trips()
+async def count(trace: Path, op: Callable[[], Awaitable[object]]) -> int:
+    before = count_round_trips(trace.read_text())
     await op()
-    return WireCounter(trace).round_trips() - before
+    return count_round_trips(trace.read_text()) - before
 
 
 async def round_trips(dsn: str, schema: str) -> dict[str, int]:
@@ -83,7 +67,6 @@ async def round_trips(dsn: str, schema: str) -> dict[str, int]:
     handle = trace.open("w")
     async with db.connection() as conn:
         conn.pgconn.trace(handle.fileno())
-        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
         # Disable server-side preparing so every call is counted the same way:
         # the first count would otherwise include a one-off Parse round trip.
         conn.prepare_threshold = None
@@ -96,13 +79,13 @@ async def round_trips(dsn: str, schema: str) -> dict[str, int]:
         assert isinstance(lease, Acquired)
         holder.append(lease)
 
-    results["acquire (fresh insert)"] = await count(db, trace, fresh)
-    results["acquire (lost: held)"] = await count(db, trace, lambda: store.acquire(identity))
-    results["heartbeat"] = await count(db, trace, lambda: store.heartbeat(holder[-1]))
-    results["fail"] = await count(db, trace, lambda: store.fail(holder[-1], "x"))
-    results["acquire (reclaim of FAIL)"] = await count(db, trace, fresh)
-    results["complete"] = await count(db, trace, lambda: store.complete(holder[-1]))
-    results["acquire (lost: done)"] = await count(db, trace, lambda: store.acquire(identity))
+    results["acquire (fresh insert)"] = await count(trace, fresh)
+    results["acquire (lost: held)"] = await count(trace, lambda: store.acquire(identity))
+    results["heartbeat"] = await count(trace, lambda: store.heartbeat(holder[-1]))
+    results["fail"] = await count(trace, lambda: store.fail(holder[-1], "x"))
+    results["acquire (reclaim of FAIL)"] = await count(trace, fresh)
+    results["complete"] = await count(trace, lambda: store.complete(holder[-1]))
+    results["acquire (lost: done)"] = await count(trace, lambda: store.acquire(identity))
     handle.close()
     trace.unlink()
     await db.close()

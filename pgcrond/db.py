@@ -32,6 +32,9 @@ CONNECTION_SETTINGS: dict[str, Any] = {
     "keepalives_interval": 5,
     "keepalives_count": 3,
     "application_name": "pgcrond",
+    # Never server-side prepared: behind PgBouncer in transaction pooling the
+    # next statement may land on a server connection that never saw it.
+    "prepare_threshold": None,
 }
 
 _URL_PASSWORD = re.compile(r"(://[^:/?#@]*:)[^@/]*@")

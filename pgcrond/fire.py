@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import structlog
 
@@ -54,6 +55,9 @@ _BACKOFF_MAX = 5.0
 # last heartbeat and clock jitter do not make the check land just before it.
 _FOLLOW_MARGIN = timedelta(milliseconds=100)
 _LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
+# Re-checks wake together on a grid of the loop's clock, so that the re-checks
+# of co-firing ticks (whose leases expire a few ms apart) share one claim.
+_RECHECK_GRID_S = 0.25
 
 
 @dataclass
@@ -68,6 +72,7 @@ class Firing:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     running: dict[str, Cancellation] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    _slots: dict[float, asyncio.Future[None]] = field(default_factory=dict, repr=False)
 
     async def fire(
         self, job: JobConfig, tick: datetime, identity: Identity, *, follow: bool = True
@@ -149,7 +154,7 @@ class Firing:
             wait = self._follow(job, bound, claim, deadline, outcome)
             if wait is None or not follow:
                 return outcome
-            await self._sleep(wait)
+            await self._sleep_on_grid(wait)
         return outcome
 
     def _follow(
@@ -285,6 +290,23 @@ class Firing:
                 return None
             await asyncio.sleep(delay)
             delay = min(delay * 2, _BACKOFF_MAX)
+
+    async def _sleep_on_grid(self, seconds: float) -> None:
+        """Sleep at least ``seconds``, waking with every follower of the same grid slot."""
+        loop = asyncio.get_running_loop()
+        slot = math.ceil((loop.time() + seconds) / _RECHECK_GRID_S) * _RECHECK_GRID_S
+        wake = self._slots.get(slot)
+        if wake is None:
+            wake = self._slots[slot] = loop.create_future()
+            loop.call_at(slot, self._ring, slot)
+        stop: asyncio.Future[Any] = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({wake, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+
+    def _ring(self, slot: float) -> None:
+        self._slots.pop(slot).set_result(None)
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake at once when the replica starts stopping."""

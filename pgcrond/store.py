@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import structlog
 
@@ -89,6 +89,8 @@ class LeaseStore:
         self.db = db
         self.queries = Queries(schema, table)
         self.owner = owner or default_owner()
+        self._pending_claims: list[_ClaimRequest] = []
+        self._claim_tasks: set[asyncio.Task[None]] = set()
 
     async def migrate(self) -> list[int]:
         """Create or upgrade the table; safe when many replicas migrate at once."""
@@ -127,38 +129,70 @@ class LeaseStore:
         *,
         forbid_overlap: bool = False,
     ) -> Acquired | NotAcquired:
-        """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row."""
-        timing = timing or LeaseTiming.build()
-        token = uuid.uuid4()
-        row = await self.db.fetchone(
-            self.queries.get("claim"),
-            {
-                "lock_key": identity.idempotency_key,
-                "type": identity.type,
-                "code": identity.code,
-                "run_key": identity.run_key,
-                "owner_token": token,
-                "owner": self.owner,
-                "lease_ms": timing.lease_ms,
-                "forbid_overlap": forbid_overlap and identity.type == "SCHEDULE",
-            },
+        """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row.
+
+        Claims made in the same turn of the event loop (the co-firing jobs of
+        one tick) are sent together, as one statement.
+        """
+        request = _ClaimRequest(
+            identity,
+            timing or LeaseTiming.build(),
+            uuid.uuid4(),
+            forbid_overlap and identity.type == "SCHEDULE",
+            asyncio.get_running_loop().create_future(),
         )
-        if row is None:
-            # The conflicting row was inserted by a claim that committed after
-            # this statement's snapshot: a live lease, just granted.
-            return NotAcquired(identity, "held", "RUNNING", None, timing.lease)
-        if row["claimed"] and row["status"] == "RUNNING":
-            return Acquired(
-                identity=identity,
-                id=row["id"],
-                owner_token=token,
-                fencing_token=row["fencing_token"],
-                attempt=row["attempt"],
-                expires_at=row["expires_at"],
-                timing=timing,
-                claimed_from=row["reason"],
+        if not self._pending_claims:
+            asyncio.get_running_loop().call_soon(self._send_claims)
+        self._pending_claims.append(request)
+        return await request.result
+
+    def _send_claims(self) -> None:
+        batch, self._pending_claims = self._pending_claims, []
+        # One identity at most once per statement (ON CONFLICT cannot touch a
+        # row twice); a repeat waits for the next batch.
+        seen: set[str] = set()
+        now: list[_ClaimRequest] = []
+        for request in batch:
+            key = request.identity.idempotency_key
+            if key in seen:
+                if not self._pending_claims:
+                    asyncio.get_running_loop().call_soon(self._send_claims)
+                self._pending_claims.append(request)
+            else:
+                seen.add(key)
+                now.append(request)
+        task = asyncio.create_task(self._claim(now))
+        self._claim_tasks.add(task)
+        task.add_done_callback(self._claim_tasks.discard)
+
+    async def _claim(self, batch: list[_ClaimRequest]) -> None:
+        try:
+            rows = await self.db.fetchall(
+                self.queries.get("claim"),
+                {
+                    "lock_keys": [r.identity.idempotency_key for r in batch],
+                    "types": [r.identity.type for r in batch],
+                    "codes": [r.identity.code for r in batch],
+                    "run_keys": [r.identity.run_key for r in batch],
+                    "owner_tokens": [r.token for r in batch],
+                    "lease_ms": [r.timing.lease_ms for r in batch],
+                    "forbid_overlap": [r.forbid_overlap for r in batch],
+                    "owner": self.owner,
+                },
             )
-        return _refusal(identity, row)
+        except BaseException as exc:
+            for request in batch:
+                if not request.result.done():
+                    request.result.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        by_key = {row["lock_key"]: row for row in rows}
+        for request in batch:
+            if not request.result.done():
+                request.result.set_result(
+                    request.outcome(by_key.get(request.identity.idempotency_key))
+                )
 
     async def heartbeat(self, lease: Acquired) -> bool:
         """Extend the lease; False when this owner was fenced (token rotated away)."""
@@ -184,8 +218,9 @@ class LeaseStore:
 
     async def release(self, lease: Acquired) -> bool:
         """Give a running claim back (e.g. at shutdown) so that a survivor may take it."""
-        return await self._finalize(lease, "FAIL", "released", "released by its owner",
-                                    timedelta(0))
+        return await self._finalize(
+            lease, "FAIL", "released", "released by its owner", timedelta(0)
+        )
 
     async def _finalize(
         self,
@@ -224,8 +259,9 @@ class LeaseStore:
             remaining = valid_until - time.monotonic()
             if remaining <= 0:
                 lease.cancellation.cancel("lease_expired")
-                log.warning("lease_expired", job=lease.identity.code,
-                            run_key=lease.identity.run_key)
+                log.warning(
+                    "lease_expired", job=lease.identity.code, run_key=lease.identity.run_key
+                )
                 return
             await asyncio.sleep(min(interval, remaining) if interval else remaining)
             if not interval or time.monotonic() >= valid_until:
@@ -236,14 +272,17 @@ class LeaseStore:
                 # run past the moment another replica may take it over.
                 renewed = await asyncio.wait_for(self.heartbeat(lease), valid_until - sent)
             except (DatabaseUnavailable, TimeoutError) as exc:
-                log.warning("heartbeat_failed", job=lease.identity.code,
-                            run_key=lease.identity.run_key, error=str(exc) or type(exc).__name__,
-                            lease_valid_for_s=round(valid_until - time.monotonic(), 3))
+                log.warning(
+                    "heartbeat_failed",
+                    job=lease.identity.code,
+                    run_key=lease.identity.run_key,
+                    error=str(exc) or type(exc).__name__,
+                    lease_valid_for_s=round(valid_until - time.monotonic(), 3),
+                )
                 continue
             if not renewed:
                 lease.cancellation.cancel("lease_lost")
-                log.warning("lease_lost", job=lease.identity.code,
-                            run_key=lease.identity.run_key)
+                log.warning("lease_lost", job=lease.identity.code, run_key=lease.identity.run_key)
                 return
             valid_until = sent + lease_s
 
@@ -286,6 +325,33 @@ class LeaseStore:
         if not await self.complete(lease):
             raise LeaseLost(f"lease of {identity} was taken over before it completed")
         return value
+
+
+@dataclass(frozen=True)
+class _ClaimRequest:
+    identity: Identity
+    timing: LeaseTiming
+    token: uuid.UUID
+    forbid_overlap: bool
+    result: asyncio.Future[Acquired | NotAcquired] = field(compare=False)
+
+    def outcome(self, row: dict[str, Any] | None) -> Acquired | NotAcquired:
+        if row is None:
+            # The conflicting row was inserted by a claim that committed after
+            # this statement's snapshot: a live lease, just granted.
+            return NotAcquired(self.identity, "held", "RUNNING", None, self.timing.lease)
+        if row["claimed"] and row["status"] == "RUNNING":
+            return Acquired(
+                identity=self.identity,
+                id=row["id"],
+                owner_token=self.token,
+                fencing_token=row["fencing_token"],
+                attempt=row["attempt"],
+                expires_at=row["expires_at"],
+                timing=self.timing,
+                claimed_from=row["reason"],
+            )
+        return _refusal(self.identity, row)
 
 
 def _refusal(identity: Identity, row: dict[str, object]) -> NotAcquired:

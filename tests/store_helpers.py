@@ -22,3 +22,20 @@ async def open_store(
         yield store
     finally:
         await db.close()
+
+
+def count_round_trips(trace: str) -> int:
+    """Round trips in a libpq protocol trace (``PGconn.trace``).
+
+    Each message the client sends that makes the server answer and wait for
+    the next one (Sync in the extended protocol, Query in the simple one)
+    ends one round trip.
+    """
+    count = 0
+    for line in trace.splitlines():
+        fields = line.split("\t")
+        # With timestamps the direction is the second field, without the first.
+        direction = 1 if fields and fields[0] not in ("F", "B") else 0
+        if len(fields) > direction + 2 and fields[direction] == "F":
+            count += fields[direction + 2] in ("Sync", "Query")
+    return count

@@ -536,7 +536,7 @@ def test_unlock_leaves_a_row_alone_that_changed_after_it_was_shown(
     def takeover_while_asking() -> None:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(
-                f"UPDATE \"{schema}\".leases SET owner_token = gen_random_uuid(), "
+                f'UPDATE "{schema}".leases SET owner_token = gen_random_uuid(), '
                 "owner = 'web-7:700', attempt = attempt + 1, reason = 'takeover' WHERE id = %s",
                 (stuck.id,),
             )

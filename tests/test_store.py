@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,7 +17,7 @@ from pgcrond.errors import DatabaseUnavailable, LeaseLost, ValidationError
 from pgcrond.keys import Identity
 from pgcrond.store import Acquired, NotAcquired, SyncLeaseStore
 from pgcrond.timing import LeaseTiming
-from tests.store_helpers import open_store
+from tests.store_helpers import count_round_trips, open_store
 
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))
 
@@ -394,3 +396,67 @@ def test_timing_defaults_follow_the_reference_design() -> None:
 def test_bad_table_names_are_rejected(pg_dsn: str) -> None:
     with pytest.raises(ValidationError, match="table"):
         SyncLeaseStore(pg_dsn, table='x"; DROP TABLE y; --')
+
+
+async def test_co_firing_claims_share_one_statement_and_keep_their_own_outcomes(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    done = Identity.schedule("done", "2026-01-01T00:00:00Z")
+    held = Identity.schedule("held", "2026-01-01T00:00:00Z")
+    async with open_store(pg_dsn, schema, owner="other:1") as other:
+        lease = await other.acquire(done, SHORT)
+        assert isinstance(lease, Acquired)
+        assert await other.complete(lease)
+        assert isinstance(await other.acquire(held, SHORT), Acquired)
+    fresh = [Identity.schedule(f"job-{n}", "2026-01-01T00:00:00Z") for n in range(20)]
+    trace = tmp_path / "wire.trace"
+    async with open_store(pg_dsn, schema, max_size=1) as store:
+        with trace.open("w") as wire:
+            async with store.db.connection() as conn:
+                conn.pgconn.trace(wire.fileno())
+            results = await asyncio.gather(
+                *(store.acquire(identity, SHORT) for identity in [done, held, *fresh])
+            )
+            async with store.db.connection() as conn:
+                conn.pgconn.untrace()
+    calls = count_round_trips(trace.read_text())
+    assert 1 == calls
+    assert isinstance(results[0], NotAcquired)
+    assert "done" == results[0].reason
+    assert isinstance(results[1], NotAcquired)
+    assert "held" == results[1].reason
+    assert "other:1" == results[1].owner
+    assert all(isinstance(result, Acquired) for result in results[2:])
+    assert len({r.fencing_token for r in results[2:] if isinstance(r, Acquired)}) == 20
+
+
+async def test_replicas_batching_overlapping_claims_never_deadlock_and_win_once(
+    pg_dsn: str, schema: str
+) -> None:
+    identities = [Identity.schedule(f"job-{n:02d}", "2026-01-01T00:00:00Z") for n in range(40)]
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(open_store(pg_dsn, schema))
+        replicas = [
+            await stack.enter_async_context(
+                open_store(pg_dsn, schema, owner=f"replica:{n}", migrate=False, max_size=1)
+            )
+            for n in range(3)
+        ]
+        for round_number in range(10):
+            batch = [Identity.schedule(i.code, f"round-{round_number}") for i in identities]
+            # Each replica submits the same identities in a different order.
+            orders = [batch, batch[::-1], batch[1::2] + batch[::2]]
+            results = await asyncio.gather(
+                *(
+                    asyncio.gather(*(replica.acquire(i, SHORT) for i in order))
+                    for replica, order in zip(replicas, orders, strict=True)
+                )
+            )
+            winners = Counter(
+                r.identity
+                for replica_results in results
+                for r in replica_results
+                if isinstance(r, Acquired)
+            )
+            assert set(batch) == set(winners)
+            assert {1} == set(winners.values())

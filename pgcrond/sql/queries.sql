@@ -2,32 +2,42 @@
 -- and {fencing_seq_name} are filled in with psycopg.sql; values are always bound.
 
 -- name: claim
--- Claim an identity in one round trip: insert it, or reclaim a FAIL row whose
--- retry time has come or a RUNNING row whose lease expired (by the database
--- clock, against the expiry stored from the holder's own lease). When the
--- claim is refused, the current row is returned instead, to say why. When
--- forbid_overlap is set and another tick of the job holds a live lease, a
--- SKIPPED row is recorded in place of a RUNNING one.
-WITH overlap AS (
-    SELECT EXISTS (
-        SELECT 1 FROM {table} o
-        WHERE %(forbid_overlap)s AND o.code = %(code)s AND o.type = 'SCHEDULE'
-          AND o.status = 'RUNNING' AND o.expires_at > clock_timestamp()
-          AND o.lock_key <> %(lock_key)s
-    ) AS busy
+-- Claim a batch of identities (co-firing jobs share the round trip) for one
+-- owner: insert each, or reclaim a FAIL row whose retry time has come or a
+-- RUNNING row whose lease expired (by the database clock, against the expiry
+-- stored from the holder's own lease). For each refused claim the current row
+-- is returned instead, to say why. With forbid_overlap, while another tick of
+-- the job holds a live lease, a SKIPPED row is recorded in place of a RUNNING one.
+WITH request AS (
+    SELECT *
+    FROM unnest(
+        %(lock_keys)s::text[], %(types)s::text[], %(codes)s::text[], %(run_keys)s::text[],
+        %(owner_tokens)s::uuid[], %(lease_ms)s::bigint[], %(forbid_overlap)s::boolean[]
+    ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap)
 ), claim AS (
     INSERT INTO {table} AS l (
         lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
         lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, reason
     )
-    SELECT %(lock_key)s, %(type)s, %(code)s, %(run_key)s,
-           CASE WHEN overlap.busy THEN 'SKIPPED' ELSE 'RUNNING' END,
-           %(owner_token)s, %(owner)s, 1, nextval({fencing_seq_name}), %(lease_ms)s,
+    SELECT r.lock_key, r.type, r.code, r.run_key,
+           CASE WHEN busy.found THEN 'SKIPPED' ELSE 'RUNNING' END,
+           r.owner_token, %(owner)s, 1, nextval({fencing_seq_name}), r.lease_ms,
            clock_timestamp(), clock_timestamp(), clock_timestamp(),
-           clock_timestamp() + %(lease_ms)s * interval '1 millisecond',
-           CASE WHEN overlap.busy THEN clock_timestamp() END,
-           CASE WHEN overlap.busy THEN 'overlap' END
-    FROM overlap
+           clock_timestamp() + r.lease_ms * interval '1 millisecond',
+           CASE WHEN busy.found THEN clock_timestamp() END,
+           CASE WHEN busy.found THEN 'overlap' END
+    FROM request r
+    CROSS JOIN LATERAL (
+        SELECT EXISTS (
+            SELECT 1 FROM {table} o
+            WHERE r.forbid_overlap AND o.code = r.code AND o.type = 'SCHEDULE'
+              AND o.status = 'RUNNING' AND o.expires_at > clock_timestamp()
+              AND o.lock_key <> r.lock_key
+        ) AS found
+    ) busy
+    -- One insertion order on every replica, so two batches never wait on each
+    -- other's uncommitted keys in a cycle.
+    ORDER BY r.lock_key
     ON CONFLICT (lock_key) DO UPDATE SET
         status = 'RUNNING',
         owner_token = EXCLUDED.owner_token,
@@ -44,17 +54,18 @@ WITH overlap AS (
         error = NULL
     WHERE (l.status = 'FAIL' AND l.retry_at <= clock_timestamp())
        OR (l.status = 'RUNNING' AND l.expires_at <= clock_timestamp())
-    RETURNING l.id, l.status, l.owner, l.attempt, l.fencing_token, l.expires_at,
+    RETURNING l.lock_key, l.id, l.status, l.owner, l.attempt, l.fencing_token, l.expires_at,
               l.retry_at, l.reason
 )
-SELECT true AS claimed, id, status, owner, attempt, fencing_token, expires_at, retry_at,
-       reason, clock_timestamp() AS db_now
+SELECT true AS claimed, lock_key, id, status, owner, attempt, fencing_token, expires_at,
+       retry_at, reason, clock_timestamp() AS db_now
 FROM claim
 UNION ALL
-SELECT false, e.id, e.status, e.owner, e.attempt, e.fencing_token, e.expires_at, e.retry_at,
-       e.reason, clock_timestamp()
+SELECT false, e.lock_key, e.id, e.status, e.owner, e.attempt, e.fencing_token, e.expires_at,
+       e.retry_at, e.reason, clock_timestamp()
 FROM {table} e
-WHERE e.lock_key = %(lock_key)s AND NOT EXISTS (SELECT 1 FROM claim)
+JOIN request r ON r.lock_key = e.lock_key
+WHERE NOT EXISTS (SELECT 1 FROM claim c WHERE c.lock_key = e.lock_key)
 
 -- name: heartbeat
 -- Extend a held lease by the lease it was granted; only the current owner can.
