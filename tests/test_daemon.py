@@ -347,3 +347,65 @@ def test_concurrency_forbid_skips_ticks_while_the_previous_one_runs(
         assert earlier["ended"] <= later["started"], "runs overlapped"
     assert len(skipped) >= 2
     assert {"overlap"} == {row["reason"] for row in skipped}
+
+
+def test_retries_are_claimed_through_the_lease_by_exactly_one_replica(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    jobs = (
+        "  flaky:\n"
+        f'    at: "{at(3)}"\n'
+        f"    entrypoint: {LEDGER}\n"
+        "    retries: 2\n"
+        "    retry_delay: 500ms\n"
+        '    env: {LEDGER_FAIL: "yes"}\n'
+    )
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        running.start(running.write_config(config(schema, jobs)), 3)
+        leases = wait_until(
+            lambda: running.rows("SELECT * FROM {leases} WHERE status = 'FAIL' AND attempt = 3"),
+            30,
+            "the third and last attempt to fail",
+        )
+        # Give any replica that would wrongly retry a fourth time its chance.
+        time.sleep(2)
+        attempts = running.rows("SELECT attempt FROM {ledger} WHERE phase = 'fail' ORDER BY id")
+        final = running.rows("SELECT * FROM {leases}")
+    assert [1, 2, 3] == [row["attempt"] for row in attempts]
+    assert leases[0]["retry_at"] is None
+    assert "FAIL" == final[0]["status"]
+    assert 3 == final[0]["attempt"]
+
+
+def test_fires_during_an_outage_run_late_within_grace_or_are_reported_missed(
+    own_server: LocalServer, schema: str, tmp_path: Path
+) -> None:
+    jobs = f'  every: {{cron: "* * * * * *", entrypoint: {LEDGER}, misfire_grace: 3s}}\n'
+    with cluster(own_server.dsn, schema, tmp_path) as running:
+        (replica,) = running.start(running.write_config(config(schema, jobs)), 1)
+        wait_until(lambda: running.rows("SELECT * FROM {ledger}"), 10, "a first run")
+        own_server.stop()
+        down_at = datetime.now(UTC)
+        missed = replica.wait_event(
+            "tick_missed", timeout=20, where=lambda e: e["cause"] == "database_unavailable"
+        )
+        own_server.start()
+        up_at = datetime.now(UTC)
+        late = wait_until(
+            lambda: running.rows(
+                "SELECT * FROM {ledger} WHERE run_key < %s AND at > %s",
+                up_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                up_at,
+            ),
+            20,
+            "a tick fired during the outage to run once the database is back",
+        )
+        replica.signal(signal.SIGTERM)
+        assert 0 == replica.wait_exit(30)
+        runs = Counter(
+            row["run_key"] for row in running.rows("SELECT * FROM {ledger} WHERE phase = 'start'")
+        )
+    assert missed["run_key"] >= down_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert missed["run_key"] not in runs
+    assert late[0]["run_key"] >= down_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert {1} == set(runs.values())

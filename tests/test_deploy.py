@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import importlib.util
 import json
 import os
 import re
@@ -658,8 +657,6 @@ def http_status(url: str) -> int | None:
         return None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pgcrond.daemon") is None,
-                    reason="daemon not built yet")  # fmt: skip
 def test_daemon_started_as_the_unit_says_gets_ready_and_stops_cleanly_on_sigterm(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
