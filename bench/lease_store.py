@@ -1,6 +1,6 @@
 """Lease store: round trips per operation and claims per second.
 
-    .venv/bin/python bench/lease_store.py [--seconds 5]
+    .venv/bin/python -m bench.lease_store [--seconds 5]
 
 Round trips are counted on the wire: libpq's protocol trace of the store's own
 connection records every message; each Sync (extended protocol) or Query
