@@ -138,9 +138,9 @@ class Firing:
                 outcome = await self._run_lease(job, tick, claim)
                 if outcome not in ("fail", "timeout") or claim.attempt > job.retries:
                     return outcome
-                # The failure was recorded with a retry time: claim it again
-                # then, like every other replica following this tick may.
-                await self._sleep(self._retry_wait(job, claim))
+                # The failure was recorded with a retry time; the next claim
+                # says how long until then (by the database clock), and this
+                # replica follows it like every other one may.
                 deadline = None  # a started tick's retries are not misfires
                 continue
             if claim.reason == "overlap":
@@ -192,9 +192,6 @@ class Firing:
                 )
             return None
         return (refusal.wait + _FOLLOW_MARGIN).total_seconds()
-
-    def _retry_wait(self, job: JobConfig, lease: Acquired) -> float:
-        return retry_delay(lease.attempt, job.retry_delay).total_seconds()
 
     async def _run_lease(self, job: JobConfig, tick: datetime, lease: Acquired) -> FireOutcome:
         self.metrics.wins.labels(job.code).inc()

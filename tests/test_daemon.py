@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,8 +68,14 @@ def one_shot(
     )
 
 
-def owner_of(running: Cluster, pid: int) -> str:
-    return next(r for r in running.replicas if r.pid == pid).name
+def first_start(running: Cluster) -> dict[str, Any]:
+    """The ledger's first 'start' row, once a run has started."""
+    rows: list[dict[str, Any]] = wait_until(
+        lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY id"),
+        20,
+        "a run to start",
+    )
+    return rows[0]
 
 
 def test_three_replicas_run_every_tick_exactly_once(
@@ -108,11 +115,7 @@ def test_a_killed_winner_s_tick_is_finished_by_a_survivor(
     with cluster(pg_dsn, schema, tmp_path) as running:
         cfg = one_shot(schema, seconds=4, sleep=4, lease="2s", heartbeat="500ms")
         running.start(running.write_config(cfg), 3)
-        first = wait_until(
-            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start'"),
-            20,
-            "the first run to start",
-        )[0]
+        first = first_start(running)
         victim = next(r for r in running.replicas if r.pid == first["pid"])
         victim.signal(signal.SIGKILL)
         killed_at = datetime.now(UTC)
@@ -144,11 +147,7 @@ def test_a_stopped_runner_is_taken_over_and_fenced_when_it_resumes(
     with cluster(pg_dsn, schema, tmp_path) as running:
         cfg = one_shot(schema, seconds=4, sleep=3, lease="2s", heartbeat="500ms")
         running.start(running.write_config(cfg), 2)
-        first = wait_until(
-            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start'"),
-            20,
-            "the first run to start",
-        )[0]
+        first = first_start(running)
         stopped = next(r for r in running.replicas if r.pid == first["pid"])
         survivor = next(r for r in running.replicas if r.pid != first["pid"])
         stopped.signal(signal.SIGSTOP)
@@ -177,11 +176,7 @@ def test_sigterm_lets_the_running_job_finish_and_exits_zero(
     with cluster(pg_dsn, schema, tmp_path) as running:
         cfg = one_shot(schema, seconds=3, sleep=2, lease="10s", heartbeat="1s")
         (replica,) = running.start(running.write_config(cfg), 1)
-        wait_until(
-            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start'"),
-            20,
-            "the run to start",
-        )
+        first_start(running)
         replica.signal(signal.SIGTERM)
         assert 0 == replica.wait_exit(30)
         phases = [row["phase"] for row in running.rows("SELECT * FROM {ledger} ORDER BY id")]
@@ -198,11 +193,7 @@ def test_shutdown_past_its_grace_releases_the_tick_to_a_survivor(
             schema, seconds=4, sleep=6, lease="3s", heartbeat="1s", extra="shutdown_grace: 1s\n"
         )
         running.start(running.write_config(cfg), 2)
-        first = wait_until(
-            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start'"),
-            20,
-            "the first run to start",
-        )[0]
+        first = first_start(running)
         leaving = next(r for r in running.replicas if r.pid == first["pid"])
         leaving.signal(signal.SIGTERM)
         assert 0 == leaving.wait_exit(30)
@@ -269,11 +260,7 @@ def test_a_database_restart_mid_run_loses_no_outcome(
     with cluster(own_server.dsn, schema, tmp_path) as running:
         cfg = one_shot(schema, seconds=3, sleep=4, lease="20s", heartbeat="1s")
         (replica,) = running.start(running.write_config(cfg), 1)
-        wait_until(
-            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start'"),
-            20,
-            "the run to start",
-        )
+        first_start(running)
         own_server.stop()
         replica.wait_event("heartbeat_failed", timeout=10)
         own_server.start()
