@@ -55,6 +55,12 @@ def _add_config(parser: argparse.ArgumentParser, *, required: bool = True) -> No
     )
 
 
+def _add_paths(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths", nargs="*", metavar="PATH", help="config files or directories, like -c"
+    )
+
+
 def _add_database(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url",
@@ -95,11 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     check = sub.add_parser("check", help="validate config files and list their jobs")
-    _add_config(check)
+    _add_config(check, required=False)
+    _add_paths(check)
     _add_json(check)
 
     nxt = sub.add_parser("next", help="print the next fire times of each job")
-    _add_config(nxt)
+    _add_config(nxt, required=False)
+    _add_paths(nxt)
     nxt.add_argument("--job", metavar="CODE", help="only this job")
     nxt.add_argument("-n", type=int, default=5, metavar="N", help="how many (default: 5)")
     nxt.add_argument("--from", dest="start", metavar="ISO", help="start after this instant")
@@ -170,7 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if hasattr(args, "paths"):
+        # `pgcrond check FILE` reads as naturally as `pgcrond check -c FILE`.
+        args.config = [*(args.config or []), *args.paths]
+        if not args.config:
+            parser.error(f"{args.command}: give the config: -c PATH (or just PATH)")
     module_name, function_name = HANDLERS[args.command].split(":")
     handler = getattr(importlib.import_module(module_name), function_name)
     code: int = handler(args)

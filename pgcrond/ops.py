@@ -435,11 +435,13 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
             f"job {identity.code!r} has no {which} in {target.table_name}: "
             f"see `pgcrond history --job {identity.code}` for its run keys"
         )
-    if row["type"] == "SCHEDULE" and row["status"] != "RUNNING":
+    # A FAIL tick may be released too: that makes it reclaimable, so that
+    # `trigger --run-key` re-runs it under its own idempotency key.
+    if row["type"] == "SCHEDULE" and row["status"] in ("SUCCESS", "SKIPPED"):
         why = (
             "it finished with SUCCESS, and a finished tick is history"
             if row["status"] == "SUCCESS"
-            else f"it is not running ({row['status']}), so there is nothing to release"
+            else "it was skipped (concurrency: forbid), and a skipped tick is history"
         )
         raise CommandError(
             f"not releasing job {identity.code!r}, {which}: {why}; "
@@ -471,6 +473,11 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
         f"released job {identity.code}, {which}: now FAIL/released; "
         f"{fenced}the next claim may run it again"
     )
+    if identity.run_key is not None:
+        print(
+            f"to run it again now, under the same idempotency key: "
+            f"pgcrond trigger {identity.code} --run-key {identity.run_key}"
+        )
     return EXIT_OK
 
 

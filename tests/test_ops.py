@@ -19,7 +19,7 @@ from pgcrond import ops
 from pgcrond.cli import main
 from pgcrond.keys import Identity
 from pgcrond.retention import prune
-from pgcrond.store import Acquired, SyncLeaseStore
+from pgcrond.store import Acquired, NotAcquired, SyncLeaseStore
 from pgcrond.timing import LeaseTiming
 from tests.store_helpers import open_store
 
@@ -471,6 +471,8 @@ def test_unlock_yes_releases_only_the_target_row_and_fences_its_owner(
     assert out.endswith(
         "released job nightly, run key 2026-01-10T03:00:00Z: now FAIL/released; "
         "web-1:100 is fenced and the next claim may run it again\n"
+        "to run it again now, under the same idempotency key: "
+        "pgcrond trigger nightly --run-key 2026-01-10T03:00:00Z\n"
     )
     after = rows(pg_dsn, schema)
     assert {k: v for k, v in before.items() if k != stuck.id} == {
@@ -655,3 +657,25 @@ def test_history_rejects_a_limit_below_one(
 ) -> None:
     code, _, err = run(capsys, "history", "-c", config, "--database-url", pg_dsn, "--limit", "0")
     assert (2, "pgcrond: error: --limit must be at least 1, got 0\n") == (code, err)
+
+
+def test_unlock_of_a_finally_failed_tick_lets_trigger_rerun_it_under_its_key(
+    capsys: pytest.CaptureFixture[str], pg_dsn: str, schema: str, config: str, stuck: Acquired
+) -> None:
+    failed = Identity.schedule("nightly", "2026-01-08T03:00:00Z")
+    with SyncLeaseStore(pg_dsn, schema=schema, owner="web-1:100") as store:
+        lease = store.acquire(failed, SHORT)
+        assert isinstance(lease, Acquired)
+        assert store.fail(lease, "exit status 3", retry_after=None)
+        refused = store.acquire(failed, SHORT)
+        assert isinstance(refused, NotAcquired)
+        assert "failed" == refused.reason
+    code, out, _ = run(capsys, "unlock", "nightly", "--run-key", "2026-01-08T03:00:00Z", "--yes",
+                       "-c", config, "--database-url", pg_dsn)  # fmt: skip
+    assert 0 == code
+    assert "pgcrond trigger nightly --run-key 2026-01-08T03:00:00Z" in out
+    with SyncLeaseStore(pg_dsn, schema=schema, owner="web-2:200") as store:
+        again = store.acquire(failed, SHORT)
+    assert isinstance(again, Acquired)
+    assert lease.idempotency_key == again.idempotency_key
+    assert 2 == again.attempt
