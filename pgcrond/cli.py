@@ -113,7 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--from", dest="start", metavar="ISO", help="start after this instant")
     _add_json(nxt)
 
-    run = sub.add_parser("run", help="run the daemon (one replica)")
+    run = sub.add_parser(
+        "run",
+        help="run the daemon (one replica)",
+        description="Run one replica: fire every job's ticks, claim each through its guard, "
+        "run the ones won. SIGTERM/SIGINT drain (running jobs get shutdown_grace), a second "
+        "SIGINT stops at once, SIGHUP reloads the config (a bad one is rejected).",
+    )
     _add_config(run)
     _add_database(run)
     run.add_argument(

@@ -54,10 +54,14 @@ class DatabaseError(PgcrondError):
 
 
 def translate(exc: Exception) -> PgcrondError:
-    """Map a driver error to ours: outages are retryable, the rest is not."""
+    """Map a driver error to ours: outages are retryable, the rest is not.
+
+    The message is redacted: libpq quotes the connection string in some errors
+    (a malformed DSN), and these messages end up in logs.
+    """
     if isinstance(exc, psycopg.OperationalError | PoolTimeout):
-        return DatabaseUnavailable(f"database unavailable: {exc}".strip())
-    return DatabaseError(f"{type(exc).__name__}: {exc}".strip())
+        return DatabaseUnavailable(redact(f"database unavailable: {exc}".strip()))
+    return DatabaseError(redact(f"{type(exc).__name__}: {exc}".strip()))
 
 
 class Database:

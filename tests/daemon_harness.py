@@ -138,6 +138,8 @@ class Cluster:
     schema: str
     workdir: Path
     replicas: list[Replica] = field(default_factory=list)
+    # Where jobs write the ledger; the daemon's own DSN unless a test needs them apart.
+    ledger_dsn: str | None = None
 
     @property
     def ledger(self) -> str:
@@ -157,7 +159,7 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGCROND_")}
         env.update(
             PGCROND_DATABASE_URL=self.dsn,
-            LEDGER_DSN=self.dsn,
+            LEDGER_DSN=self.ledger_dsn or self.dsn,
             LEDGER_TABLE=self.ledger,
             PYTHONPATH=str(ROOT),
         )

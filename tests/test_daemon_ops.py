@@ -135,3 +135,27 @@ def test_a_killed_daemon_takes_its_job_process_with_it(
 
         # Fails the test unless the job dies with its daemon.
         wait_until(gone, 5, "the orphaned job process to die")
+
+
+def test_the_database_password_reaches_neither_logs_nor_jobs(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    # The test server trusts local connections, so any password is accepted.
+    secret = "s3cret-pw-4711"
+    with_password = pg_dsn.replace("postgres@", f"postgres:{secret}@")
+    assert secret in with_password
+    env_dump = tmp_path / "job.env"
+    jobs = f"  dump: {{at: \"{at(2)}\", shell: 'env > {env_dump}'}}\n"
+    with cluster(with_password, schema, tmp_path) as running:
+        running.ledger_dsn = pg_dsn
+        (replica,) = running.start(running.write_config(config(schema, jobs)), 1)
+        replica.wait_event("run_finished", timeout=20)
+        replica.signal(signal.SIGTERM)
+        assert 0 == replica.wait_exit(30)
+        log = replica.log_path.read_text()
+    assert "postgres:***@" in log
+    assert secret not in log
+    dumped = env_dump.read_text()
+    assert "PGCRON_IDEMPOTENCY_KEY=v2:" in dumped
+    assert secret not in dumped
+    assert "PGCROND_DATABASE_URL" not in dumped
