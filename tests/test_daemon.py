@@ -396,3 +396,24 @@ def test_fires_during_an_outage_run_late_within_grace_or_are_reported_missed(
     assert missed["run_key"] not in runs
     assert late[0]["run_key"] >= down_at.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert {1} == set(runs.values())
+
+
+def test_a_second_sigint_stops_at_once_and_gives_the_tick_back(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        cfg = one_shot(schema, seconds=3, sleep=60, lease="10s", heartbeat="2s")
+        (replica,) = running.start(running.write_config(cfg), 1)
+        first_start(running)
+        replica.signal(signal.SIGINT)
+        replica.wait_event("shutdown_requested")
+        # Draining: with a 30 s grace the run would go on; a second SIGINT ends it now.
+        replica.signal(signal.SIGINT)
+        forced_at = time.monotonic()
+        assert 0 == replica.wait_exit(20)
+        stopped_within = time.monotonic() - forced_at
+        phases = [row["phase"] for row in running.rows("SELECT * FROM {ledger} ORDER BY id")]
+        leases = running.rows("SELECT * FROM {leases}")
+    assert stopped_within < 15
+    assert ["start", "cancelled"] == phases
+    assert ("FAIL", "released") == (leases[0]["status"], leases[0]["reason"])
