@@ -33,8 +33,9 @@ ENV PATH=/opt/pgcrond/bin:$PATH \
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 9464
-# The daemon drains running jobs for shutdown_grace (30 s) on SIGTERM: give it
-# more than that (docker stop -t 45, terminationGracePeriodSeconds: 45).
+# On SIGTERM the daemon drains running jobs for shutdown_grace (30 s), then
+# stops them and releases their leases (at most 25 s more): give it more than
+# shutdown_grace + 25 s (docker stop -t 60, terminationGracePeriodSeconds: 60).
 STOPSIGNAL SIGTERM
 # No curl in a slim image: the interpreter is already here.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \

@@ -30,9 +30,17 @@ DATABASE_TABLE = "leases"
 
 STOP_SIGNAL = "SIGTERM"
 RELOAD_SIGNAL = "SIGHUP"
-# Running jobs drain shutdown_grace after SIGTERM; every supervisor must wait longer.
+# After SIGTERM, running jobs drain for shutdown_grace; then the daemon stops
+# what is left with the runner's stop sequence and releases the leases. It waits
+# at most STOP_STEP_S for that: the stop grace twice (at most 10 s each: SIGTERM
+# then SIGKILL; an in-process entrypoint is signalled, then cancelled) plus 5 s
+# to record the release. Every supervisor must wait longer than
+# shutdown_grace + STOP_STEP_S before its SIGKILL.
 SHUTDOWN_GRACE_S = int(_daemon.DEFAULT_SHUTDOWN_GRACE.total_seconds())
-SUPERVISOR_STOP_TIMEOUT_S = 45
+STOP_GRACE_MAX_S = 10
+RELEASE_RECORD_S = 5
+STOP_STEP_S = 2 * STOP_GRACE_MAX_S + RELEASE_RECORD_S
+SUPERVISOR_STOP_TIMEOUT_S = 60
 
 # Containers: config directory (a ConfigMap or bind mount) and the non-root user.
 CONTAINER_CONFIG_DIR = "/etc/pgcrond/"

@@ -210,7 +210,7 @@ def test_unit_runs_the_daemon_as_documented() -> None:
     assert "mixed" == unit_value(unit, "KillMode")
     stop_timeout = systemd_seconds(unit_value(unit, "TimeoutStopSec"))
     assert contract.SUPERVISOR_STOP_TIMEOUT_S == stop_timeout
-    assert stop_timeout > contract.SHUTDOWN_GRACE_S
+    assert stop_timeout > contract.SHUTDOWN_GRACE_S + contract.STOP_STEP_S
     assert "on-failure" == unit_value(unit, "Restart")
 
 
@@ -278,7 +278,7 @@ def test_deployment_matches_the_daemon() -> None:
 
     assert contract.REPLICAS == deployment["spec"]["replicas"]
     assert contract.SUPERVISOR_STOP_TIMEOUT_S == pod["terminationGracePeriodSeconds"]
-    assert pod["terminationGracePeriodSeconds"] > contract.SHUTDOWN_GRACE_S
+    assert pod["terminationGracePeriodSeconds"] > contract.SHUTDOWN_GRACE_S + contract.STOP_STEP_S
 
     assert [{"name": "metrics", "containerPort": contract.HTTP_PORT, "protocol": "TCP"}] == (
         container["ports"]
@@ -377,7 +377,10 @@ def test_shipped_config_loads_and_takes_the_database_from_the_environment(
         config.database.schema,
     )
     assert config.jobs
-    assert config.shutdown_grace < timedelta(seconds=contract.SUPERVISOR_STOP_TIMEOUT_S)
+    # The supervisor's wait covers the drain and the stop step after it.
+    assert config.shutdown_grace + timedelta(seconds=contract.STOP_STEP_S) < timedelta(
+        seconds=contract.SUPERVISOR_STOP_TIMEOUT_S
+    )
 
 
 def test_shipped_config_without_the_variable_is_refused(tmp_path: Path) -> None:
@@ -523,8 +526,43 @@ def test_compose_runs_three_replicas_against_a_healthy_postgres() -> None:
         host, container_port = service["ports"][0].rsplit(":", 1)
         assert str(contract.HTTP_PORT) == container_port
         host_ports.add(host)
-        assert systemd_seconds(service["stop_grace_period"]) > contract.SHUTDOWN_GRACE_S
+        stop_grace_period = systemd_seconds(service["stop_grace_period"])
+        assert contract.SUPERVISOR_STOP_TIMEOUT_S == stop_grace_period, name
+        assert stop_grace_period > contract.SHUTDOWN_GRACE_S + contract.STOP_STEP_S, name
     assert contract.REPLICAS == len(host_ports)
+
+
+# --- what the files and docs say about stopping --------------------------------
+
+STOP_WAIT_MENTIONS = re.compile(
+    r"(?:TimeoutStopSec=|terminationGracePeriodSeconds\W+|stop_grace_period\W+"
+    r"|docker stop -t |--stop-timeout )(\d+)"
+)
+STOP_STEP_MENTIONS = re.compile(r"shutdown_grace`?\s+\+\s+(\d+)\s*s\b")
+
+
+def stop_wait_documents() -> list[Path]:
+    deploy_files = [p for p in sorted(DEPLOY.rglob("*")) if p.is_file() and p.suffix != ".sql"]
+    docs = [REPO / "docs" / "deployment.md", REPO / "docs" / "operations.md"]
+    return [DOCKERFILE, *deploy_files, *docs]
+
+
+def test_every_stated_supervisor_wait_is_the_contracts() -> None:
+    """Comments and docs quote the same wait as the files, and the same stop step."""
+    waits: dict[str, set[int]] = {}
+    steps: dict[str, set[int]] = {}
+    for path in stop_wait_documents():
+        text = path.read_text()
+        name = str(path.relative_to(REPO))
+        waits[name] = {int(n) for n in STOP_WAIT_MENTIONS.findall(text)}
+        steps[name] = {int(n) for n in STOP_STEP_MENTIONS.findall(text)}
+    wrong_waits = {n: v for n, v in waits.items() if v - {contract.SUPERVISOR_STOP_TIMEOUT_S}}
+    wrong_steps = {n: v for n, v in steps.items() if v - {contract.STOP_STEP_S}}
+    assert ({}, {}) == (wrong_waits, wrong_steps)
+    # The formula is stated where operators look for it.
+    assert steps["docs/deployment.md"] == {contract.STOP_STEP_S}
+    for name in ("Dockerfile", "docs/deployment.md", "deploy/systemd/README.md"):
+        assert waits[name] == {contract.SUPERVISOR_STOP_TIMEOUT_S}, name
 
 
 # --- least-privilege role ----------------------------------------------------
