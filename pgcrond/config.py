@@ -25,9 +25,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 import yaml
 
 from pgcrond.actions import Action, CommandAction, EntrypointAction, ShellAction
-from pgcrond.durations import parse_duration
+from pgcrond.durations import format_duration, parse_duration
 from pgcrond.entrypoints import EntrypointError, resolve
 from pgcrond.errors import ConfigError, ConfigIssue, ValidationError
+from pgcrond.keys import BIGINT_MAX, BIGINT_MIN, Identity, KeyHash
 from pgcrond.schedule import (
     AtSchedule,
     CronSchedule,
@@ -46,11 +47,11 @@ __all__ = [
     "JobConfig",
     "ShellAction",
     "load_config",
+    "min_history_retention",
 ]
 
 Guard = Literal["lease", "advisory"]
 Concurrency = Literal["forbid", "allow"]
-KeyHash = Literal["pgcrond", "nestjs-pg-cron-lock"]
 
 DATABASE_URL_ENV = "PGCROND_DATABASE_URL"
 DEFAULT_HTTP_LISTEN = "127.0.0.1:9464"
@@ -63,12 +64,11 @@ DEFAULT_MIN_HOLD = timedelta(seconds=5)
 # 5 min grace. The library's own default lease stays the reference's 15 min.
 DEFAULT_JOB_LEASE = timedelta(minutes=1)
 DEFAULT_MISFIRE_GRACE = timedelta(minutes=5)
-MAX_CODE_LENGTH = 200
+# The floor of history_retention whatever the jobs say; see min_history_retention.
+MIN_HISTORY_RETENTION = timedelta(hours=1)
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _INTERPOLATION = re.compile(r"\$\$|\$\{([^}:]*)(?::-([^}]*))?\}|\$\{")
-_BIGINT = range(-(2**63), 2**63)
 
 TOP_KEYS = ("database", "defaults", "jobs", "http", "shutdown_grace", "history_retention")
 DATABASE_KEYS = ("url", "embedded", "state_dir", "schema", "table")
@@ -165,6 +165,20 @@ class Config:
     http_listen: str = DEFAULT_HTTP_LISTEN
     shutdown_grace: timedelta = DEFAULT_SHUTDOWN_GRACE
     history_retention: timedelta = DEFAULT_HISTORY_RETENTION
+
+
+def min_history_retention(jobs: Mapping[str, JobConfig]) -> timedelta:
+    """The shortest safe ``history_retention``: pruning younger rows can run a tick twice.
+
+    A replica may still claim a tick up to ``misfire_grace`` after it (a late
+    fire, or a takeover once the holder's ``lease`` ran out). If the finished
+    row of that tick is gone by then, the claim finds no row and runs the tick
+    afresh. So a row must outlive the longest ``misfire_grace + lease`` of any
+    job, and never less than :data:`MIN_HISTORY_RETENTION` (1 hour).
+    """
+    return max(
+        [MIN_HISTORY_RETENTION, *(job.misfire_grace + job.timing.lease for job in jobs.values())]
+    )
 
 
 def redact_url(url: str) -> str:
@@ -469,6 +483,9 @@ class _Loader:
             self.issue(
                 first_file, None, None, "jobs", "no jobs defined; add at least one under jobs:"
             )
+        # A wrong value (reported already) is not also "too short" as the default would be.
+        if history_retention is not None or "history_retention" not in top.values:
+            self.check_retention(top, history_retention, jobs)
         if self.issues or database is None:
             return None
         return Config(
@@ -478,6 +495,33 @@ class _Loader:
             http_listen=http_listen,
             shutdown_grace=shutdown_grace or DEFAULT_SHUTDOWN_GRACE,
             history_retention=history_retention or DEFAULT_HISTORY_RETENTION,
+        )
+
+    def check_retention(
+        self, top: _Section, retention: timedelta | None, jobs: Mapping[str, JobConfig]
+    ) -> None:
+        """Refuse a history_retention that would let pruning run a tick twice.
+
+        The default is checked too (then blamed on the first file): a job whose
+        misfire_grace is weeks long needs a longer retention than 30 days.
+        Jobs that failed to load are not counted; their issues come first anyway.
+        """
+        minimum = min_history_retention(jobs)
+        value = DEFAULT_HISTORY_RETENTION if retention is None else retention
+        if value >= minimum:
+            return
+        if minimum == MIN_HISTORY_RETENTION:
+            why = "the floor"
+        else:
+            longest = max(jobs.values(), key=lambda job: job.misfire_grace + job.timing.lease)
+            why = f"misfire_grace + lease of job {longest.code!r}"
+        shown = format_duration(value)
+        default = "" if retention is not None else f"the default {shown} is short; "
+        self.report(
+            top,
+            "history_retention",
+            f"{default}must be at least {format_duration(minimum)} ({why}): a finished run "
+            "deleted sooner can be claimed afresh by a late replica and run twice",
         )
 
     def database(self, section: _Section | None, database_url: str | None) -> DatabaseConfig | None:
@@ -859,7 +903,7 @@ def _lock_key(node: yaml.Node) -> str | int:
     value = _scalar(node)
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise ValueError(f"must be text or a whole number, got {_kind(node)}")
-    if isinstance(value, int) and value not in _BIGINT:
+    if isinstance(value, int) and not BIGINT_MIN <= value <= BIGINT_MAX:
         raise ValueError("must fit a signed 64-bit integer")
     if isinstance(value, str) and not value:
         raise ValueError("must not be empty")
@@ -881,13 +925,16 @@ def _datetime(node: yaml.Node) -> datetime:
 
 
 def _code_problem(code: str) -> str | None:
-    if not code:
-        return "job code must not be empty"
-    if len(code) > MAX_CODE_LENGTH:
-        return f"job code is longer than {MAX_CODE_LENGTH} characters"
-    if _CONTROL.search(code):
-        return "job code must not contain control characters"
-    if code != code.strip():
+    """What is wrong with a job code, by the rule of :class:`Identity` (the one the keys use).
+
+    A code the identity would trim is refused rather than trimmed: ``"bom\\ufeff"``
+    and ``"bom"`` would otherwise be two jobs sharing one idempotency key.
+    """
+    try:
+        trimmed = Identity.initial(code).code
+    except ValidationError as exc:
+        return "job code " + str(exc).removeprefix(f"{exc.field}: ")
+    if trimmed != code:
         return "job code must not start or end with whitespace"
     return None
 
@@ -904,9 +951,9 @@ _DEFAULT_CONVERTERS: dict[str, Callable[[yaml.Node], object]] = {
     "heartbeat": _duration,
     "timeout": _timeout,
     "retries": _count,
-    "retry_delay": _duration,
+    "retry_delay": _positive_duration,
     "min_hold": _duration,
-    "misfire_grace": _duration,
+    "misfire_grace": _positive_duration,
     "concurrency": _choice(Concurrency),
     "env": _env,
     "cwd": _path,

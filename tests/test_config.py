@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from pgcrond.actions import CommandAction, EntrypointAction, ShellAction
-from pgcrond.config import DatabaseConfig, load_config, redact_url
+from pgcrond.config import DatabaseConfig, load_config, min_history_retention, redact_url
 from pgcrond.errors import ConfigError, ConfigIssue
 from pgcrond.schedule import AtSchedule, CronSchedule, OnceSchedule
 
@@ -341,6 +341,10 @@ def job_issue(tmp_path: Path, body: str, *, prelude: str = EMBEDDED) -> ConfigIs
         ("once: true\ncommand: ['true']\nlock_key: x", "lock_key", 6, "only used with guard"),
         ("once: true\ncommand: ['true']\nisolate: true", "isolate", 6, "only used with entrypoint"),
         ("once: true\ncommand: ['true']\nmin_hold: true", "min_hold", 6, "got a boolean"),
+        ("once: true\ncommand: ['true']\nretry_delay: 0", "retry_delay", 6, "longer than 0"),
+        ("once: true\ncommand: ['true']\nretry_delay: 0s", "retry_delay", 6, "longer than 0"),
+        ("once: true\ncommand: ['true']\nmisfire_grace: 0", "misfire_grace", 6, "longer than 0"),
+        ("once: true\ncommand: ['true']\nmisfire_grace: 0ms", "misfire_grace", 6, "longer than 0"),
         (
             "once: true\ncommand: ['true']\nguard: advisory\nkey_hash: md5",
             "key_hash",
@@ -370,16 +374,131 @@ def test_each_mistake_is_one_issue_naming_file_line_job_and_field(
 @pytest.mark.parametrize(
     ("code", "message"),
     [
-        ('""', "must not be empty"),
-        ('" padded"', "whitespace"),
-        ('"tab\\there"', "control characters"),
-        ("x" * 201, "longer than 200"),
+        ('""', "job code must not be blank"),
+        ('" "', "job code must not be blank"),
+        ('" padded"', "job code must not start or end with whitespace"),
+        ('"tab\\there"', "job code must not contain control characters (found U+0009)"),
+        # NEL: not whitespace to str.strip's old regex, a control character to the keys.
+        ('"nel\\x85job"', "job code must not contain control characters (found U+0085)"),
+        # U+FEFF is trimmed by the keys' JavaScript trim: it would share the key of "bom".
+        ('"bom\\ufeff"', "job code must not start or end with whitespace"),
+        ('"\\u00a0nbsp"', "job code must not start or end with whitespace"),
+        ("x" * 201, "job code must be at most 200 characters, got 201"),
     ],
 )
 def test_bad_job_codes(tmp_path: Path, code: str, message: str) -> None:
+    """Codes follow the identity keys' rule: none can pass here and then fail at a tick."""
     path = write(tmp_path, EMBEDDED + f"jobs:\n  {code}:\n    once: true\n    command: ['true']\n")
     issue = only_issue(path)
-    assert (issue.line, message in issue.message) == (3, True)
+    assert (issue.line, issue.field, issue.message) == (3, None, message)
+
+
+def test_a_code_of_200_characters_and_non_ascii_codes_are_accepted(tmp_path: Path) -> None:
+    codes = ["x" * 200, "café-nightly", "日次"]
+    body = "".join(f"  {code}:\n    once: true\n    command: ['true']\n" for code in codes)
+    config = load_config([write(tmp_path, EMBEDDED + "jobs:\n" + body)], environ={})
+    assert list(config.jobs) == codes
+
+
+def test_a_code_with_a_trailing_bom_is_refused_not_merged_with_the_plain_code(
+    tmp_path: Path,
+) -> None:
+    """Trimmed, "bom\\ufeff" is "bom": the two would claim the same lease rows."""
+    body = 'jobs:\n  bom:\n    once: true\n    command: ["true"]\n  "bom\\ufeff":\n    once: true\n'
+    issue = only_issue(write(tmp_path, EMBEDDED + body + '    command: ["true"]\n'))
+    assert (issue.line, issue.job) == (6, "bom\ufeff")
+    assert "whitespace" in issue.message
+
+
+def test_zero_retry_delay_and_misfire_grace_defaults_are_reported_once_at_the_defaults(
+    tmp_path: Path,
+) -> None:
+    path = write(
+        tmp_path,
+        EMBEDDED
+        + "defaults:\n  retry_delay: 0\n  misfire_grace: 0s\n"
+        + HELLO
+        + "  other:\n    once: true\n    command: ['true']\n",
+    )
+    issues = issues_of(path)
+    assert [(i.line, i.job, i.field, i.message) for i in issues] == [
+        (3, None, "defaults.retry_delay", "must be longer than 0"),
+        (4, None, "defaults.misfire_grace", "must be longer than 0"),
+    ]
+
+
+# --- history retention ---------------------------------------------------------------
+
+
+def test_min_history_retention_is_the_longest_misfire_grace_plus_lease_and_at_least_an_hour(
+    tmp_path: Path,
+) -> None:
+    assert min_history_retention({}) == timedelta(hours=1)
+    path = write(
+        tmp_path,
+        EMBEDDED
+        + HELLO  # default misfire_grace 5m + lease 1m: below the 1 hour floor
+        + "  long:\n    once: true\n    command: ['true']\n    misfire_grace: 2h\n    lease: 10m\n"
+        + "  short:\n    once: true\n    command: ['true']\n    misfire_grace: 3h\n",
+    )
+    jobs = load_config([path], environ={}).jobs
+    assert min_history_retention({"hello": jobs["hello"]}) == timedelta(hours=1)
+    assert min_history_retention(jobs) == timedelta(hours=3, minutes=1)
+
+
+@pytest.mark.parametrize(
+    ("retention", "job_lines", "message"),
+    [
+        (
+            "30m",
+            "",
+            "must be at least 1h (the floor): a finished run deleted sooner can be claimed "
+            "afresh by a late replica and run twice",
+        ),
+        (
+            "2h",
+            "    misfire_grace: 2h\n    lease: 10m\n",
+            "must be at least 2h10m (misfire_grace + lease of job 'hello')",
+        ),
+    ],
+)
+def test_a_history_retention_below_the_minimum_is_refused(
+    tmp_path: Path, retention: str, job_lines: str, message: str
+) -> None:
+    path = write(tmp_path, EMBEDDED + f"history_retention: {retention}\n" + HELLO + job_lines)
+    issue = only_issue(path)
+    assert (issue.file, issue.line, issue.job, issue.field) == (
+        str(path),
+        2,
+        None,
+        "history_retention",
+    )
+    assert message in issue.message
+
+
+def test_a_history_retention_equal_to_the_minimum_is_accepted(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        EMBEDDED + "history_retention: 2h10m\n" + HELLO + "    misfire_grace: 2h\n    lease: 10m\n",
+    )
+    config = load_config([path], environ={})
+    assert (
+        config.history_retention
+        == min_history_retention(config.jobs)
+        == timedelta(hours=2, minutes=10)
+    )
+
+
+def test_the_default_history_retention_is_refused_when_a_job_needs_longer(tmp_path: Path) -> None:
+    path = write(tmp_path, EMBEDDED + HELLO + "    misfire_grace: 31d\n")
+    issue = only_issue(path)
+    assert (issue.file, issue.line, issue.field) == (str(path), None, "history_retention")
+    assert "the default 30d is short; must be at least 31d1m" in issue.message
+
+
+def test_a_wrong_history_retention_is_one_issue_not_also_too_short(tmp_path: Path) -> None:
+    issue = only_issue(write(tmp_path, EMBEDDED + "history_retention: 0\n" + HELLO))
+    assert (issue.field, issue.message) == ("history_retention", "must be longer than 0")
 
 
 def test_a_wrong_default_is_reported_once_at_the_defaults(tmp_path: Path) -> None:
