@@ -23,6 +23,7 @@ class Cancellation:
         self._lock = threading.Lock()
         self._reason: str | None = None
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._children: list[Cancellation] = []
 
     @property
     def reason(self) -> str | None:
@@ -39,10 +40,23 @@ class Cancellation:
             self._reason = reason
             self._event.set()
             waiters, self._waiters = self._waiters, []
+            children, self._children = self._children, []
         for loop, future in waiters:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(_resolve, future)
+        for child in children:
+            child.cancel(reason)
         return True
+
+    def child(self) -> Cancellation:
+        """A signal of its own (say, for one attempt) that is also set when this one is."""
+        child = Cancellation()
+        with self._lock:
+            if not self._event.is_set():
+                self._children.append(child)
+                return child
+        child.cancel(self._reason or "cancelled")
+        return child
 
     def check(self) -> None:
         """Raise :class:`Cancelled` if the run was cancelled (for cooperative jobs)."""

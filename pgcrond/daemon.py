@@ -31,8 +31,8 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 
 from pgcrond import notify
-from pgcrond.config import Config, JobConfig, load_config
-from pgcrond.db import Database, redact
+from pgcrond.config import Config, JobConfig, load_config, min_history_retention
+from pgcrond.db import Database
 from pgcrond.embedded import LocalServer, attach
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError
 from pgcrond.fire import FireOutcome, Firing
@@ -40,19 +40,21 @@ from pgcrond.http import HealthServer
 from pgcrond.keys import Identity
 from pgcrond.logs import configure
 from pgcrond.metrics import Metrics
-from pgcrond.retention import prune
+from pgcrond.redaction import redact
+from pgcrond.retention import abandon_stale, prune
 from pgcrond.schedule import OnceSchedule, Schedule, run_key_for
 from pgcrond.store import LeaseStore, NotAcquired, default_owner
+from pgcrond.timing import MAX_STOP_GRACE
 
 log = structlog.get_logger("pgcrond.daemon")
 
-DEFAULT_HTTP_LISTEN = "127.0.0.1:9464"
 # The liveness beat: /healthz fails when the loop has not beaten for this long.
 BEAT_INTERVAL_S = 1.0
 STUCK_AFTER_S = 15.0
-# Waiting for a run stopped at shutdown: the runner's stop sequence (SIGTERM,
-# stop_grace, SIGKILL) plus recording the release.
-STOP_WAIT_S = 20.0
+# Waiting for a run stopped at shutdown: the runner's stop sequence (for an
+# in-process entrypoint: signal, stop grace, cancel, stop grace again) plus
+# recording the release. Supervisors must allow shutdown_grace + this.
+STOP_WAIT_S = 2 * MAX_STOP_GRACE.total_seconds() + 5.0
 PRUNE_EVERY = timedelta(hours=1)
 PRUNE_CODE = "pgcrond:prune"
 
@@ -151,10 +153,12 @@ class Daemon:
     async def _start(self) -> bool:
         dsn = self._dsn()
         self._db = Database(dsn, min_size=1, max_size=4)
-        advisory_jobs = sum(1 for job in self.config.jobs.values() if job.guard == "advisory")
         # One connection per running advisory-guarded job, held for the run.
         self._advisory_db = Database(
-            dsn, min_size=0, max_size=max(2, advisory_jobs + 1), application_name="pgcrond-advisory"
+            dsn,
+            min_size=0,
+            max_size=_advisory_pool_size(self.config),
+            application_name="pgcrond-advisory",
         )
         await self._db.open()
         await self._advisory_db.open()
@@ -275,18 +279,20 @@ class Daemon:
         hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
         identity = Identity.schedule(PRUNE_CODE, run_key_for(hour))
 
-        async def prune_history(_: object) -> int:
-            return await prune(store, self.config.history_retention)
+        async def prune_history(_: object) -> tuple[int, int]:
+            abandoned = await abandon_stale(store, min_history_retention(self.config.jobs))
+            return abandoned, await prune(store, self.config.history_retention)
 
         try:
-            deleted = await store.run_exclusive(identity, prune_history)
+            done = await store.run_exclusive(identity, prune_history, retry_after=None)
         except PgcrondError as exc:
             log.warning("prune_failed", error=str(exc))
             return
-        if not isinstance(deleted, NotAcquired):
+        if not isinstance(done, NotAcquired):
             log.info(
                 "history_pruned",
-                deleted=deleted,
+                abandoned=done[0],
+                deleted=done[1],
                 older_than_s=self.config.history_retention.total_seconds(),
             )
 
@@ -334,6 +340,8 @@ class Daemon:
                 self._scheduler.remove_job(code)
         for code in added + changed:
             self._schedule(self._scheduler, new.jobs[code])
+        if self._advisory_db is not None:
+            await self._advisory_db.resize(_advisory_pool_size(new))
         log.info("config_reloaded", added=added, removed=removed, changed=changed)
 
     def _running(self) -> list[str]:
@@ -408,10 +416,15 @@ class Daemon:
         return time.monotonic() - self._beat < STUCK_AFTER_S
 
     async def ready(self) -> bool:
-        if not self._started or self._db is None or self.stop_requested.is_set():
+        if (
+            not self._started
+            or self._db is None
+            or self._firing is None
+            or self.stop_requested.is_set()
+        ):
             return False
         try:
-            await self._db.fetchone("SELECT 1")
+            await self._db.fetchone(self._firing.store.queries.get("ping"))
         except PgcrondError:
             return False
         return True
@@ -429,6 +442,11 @@ class Daemon:
             return None
         host = self.http_listen.rsplit(":", 1)[0] or "0.0.0.0"  # noqa: S104
         return f"{host}:{self._http.port}"
+
+
+def _advisory_pool_size(config: Config) -> int:
+    """One connection per advisory-guarded job (each holds one while it runs), and a spare."""
+    return max(2, 1 + sum(1 for job in config.jobs.values() if job.guard == "advisory"))
 
 
 def run_command(args: argparse.Namespace) -> int:

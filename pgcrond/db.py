@@ -8,17 +8,18 @@ instead of at the kernel's two-hour default.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.errors import ReadOnlySqlTransaction
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
+from pgcrond.redaction import redact
 
 Query = str | sql.Composed | sql.SQL
 Params = Mapping[str, Any] | None
@@ -37,17 +38,6 @@ CONNECTION_SETTINGS: dict[str, Any] = {
     "prepare_threshold": None,
 }
 
-_URL_PASSWORD = re.compile(r"(://[^:/?#@]*:)[^@/]*@")
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
-
-
-def redact(dsn: str) -> str:
-    """The DSN with any password replaced by ``***``: the only form that may be logged."""
-    dsn = _URL_PASSWORD.sub(r"\1***@", dsn)
-    dsn = _QUERY_PASSWORD.sub(r"\1***", dsn)
-    return _KV_PASSWORD.sub(r"\1***", dsn)
-
 
 class DatabaseError(PgcrondError):
     """The database rejected a statement."""
@@ -59,7 +49,9 @@ def translate(exc: Exception) -> PgcrondError:
     The message is redacted: libpq quotes the connection string in some errors
     (a malformed DSN), and these messages end up in logs.
     """
-    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+    # A read-only server (a demoted primary that DNS still points at, just
+    # after a failover) is an outage to wait out, like a refused connection.
+    if isinstance(exc, psycopg.OperationalError | PoolTimeout | ReadOnlySqlTransaction):
         return DatabaseUnavailable(redact(f"database unavailable: {exc}".strip()))
     return DatabaseError(redact(f"{type(exc).__name__}: {exc}".strip()))
 
@@ -91,6 +83,10 @@ class Database:
 
     async def open(self) -> None:
         await self._pool.open(wait=False)
+
+    async def resize(self, max_size: int) -> None:
+        """Change how many connections the pool may hold (e.g. after a reload)."""
+        await self._pool.resize(min(self._pool.min_size, max_size), max_size)
 
     async def close(self) -> None:
         await self._pool.close()

@@ -189,8 +189,9 @@ class LocalServer:
             if probe.returncode == 0:
                 return
             time.sleep(0.05)
-        raise EmbeddedServerError(f"PostgreSQL not ready after {READY_TIMEOUT_S:g}s:\n"
-                                  + self._log_tail())
+        raise EmbeddedServerError(
+            f"PostgreSQL not ready after {READY_TIMEOUT_S:g}s:\n" + self._log_tail()
+        )
 
     def _log_tail(self) -> str:
         try:

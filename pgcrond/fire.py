@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -41,11 +43,16 @@ from pgcrond.metrics import Metrics
 from pgcrond.retry import retry_delay
 from pgcrond.runner import RunRequest, RunResult, execute
 from pgcrond.store import Acquired, LeaseStore, NotAcquired
+from pgcrond.timing import MAX_STOP_GRACE
 
 T = TypeVar("T")
 log = structlog.get_logger("pgcrond.fire")
 
-FireOutcome = Literal["success", "fail", "timeout", "cancelled", "lost", "lose", "skip", "misfire"]
+# What one fire came to on this replica. "lose": its claim lost (another replica
+# runs or ran the tick); "lease_lost": it won, but lost the lease while running.
+FireOutcome = Literal[
+    "success", "fail", "timeout", "cancelled", "lease_lost", "lose", "skip", "misfire"
+]
 
 # Outage retries: fast enough to catch a database restart, slow enough not to
 # hammer a struggling server.
@@ -120,27 +127,36 @@ class Firing:
         # followed without the misfire bound of a tick.
         deadline = None if identity.type == "INITIAL" else tick + job.misfire_grace
         forbid = job.concurrency == "forbid"
-        outcome: FireOutcome = "lose"
+        outcome: FireOutcome | None = None  # set once this replica ran or lost the tick
         while not self.stopping.is_set():
+            # One token per claim, reused while the claim is retried through an
+            # outage: a try that committed but lost its answer still counts as won.
+            token = uuid.uuid4()
             claim = await self._with_outage_retry(
                 job,
                 "claim",
-                lambda: self.store.acquire(identity, job.timing, forbid_overlap=forbid),
+                functools.partial(
+                    self.store.acquire,
+                    identity,
+                    job.timing,
+                    forbid_overlap=forbid,
+                    owner_token=token,
+                ),
                 deadline,
             )
             if claim is None:
-                return (
-                    outcome
-                    if outcome != "lose"
-                    else self._misfire(job, bound, tick, "database_unavailable")
-                )
+                # Still unreachable at the end of the misfire window. A tick
+                # this replica already ran or lost is not a miss of its own.
+                if outcome is None:
+                    return self._misfire(job, bound, tick, "database_unavailable")
+                return outcome
             if isinstance(claim, Acquired):
                 outcome = await self._run_lease(job, tick, claim)
                 if outcome not in ("fail", "timeout") or claim.attempt > job.retries:
                     return outcome
                 # The failure was recorded with a retry time; the next claim
-                # says how long until then (by the database clock), and this
-                # replica follows it like every other one may.
+                # says how long until then (by the database clock). The winner
+                # follows its own retries, like every other replica may.
                 deadline = None  # a started tick's retries are not misfires
                 continue
             if claim.reason == "overlap":
@@ -151,11 +167,23 @@ class Firing:
                     detail="the previous tick of this job is still running",
                 )
                 return "skip"
-            wait = self._follow(job, bound, claim, deadline, outcome)
-            if wait is None or not follow:
+            if outcome is None:
+                outcome = "lose"
+                self.metrics.losses.labels(job.code, claim.reason).inc()
+                bound.debug(
+                    "claim_lost",
+                    reason=claim.reason,
+                    status=claim.status,
+                    owner=claim.owner,
+                    recheck_in_s=None if claim.wait is None else claim.wait.total_seconds(),
+                )
+            # Without follow (`pgcrond trigger`) only this replica's own retries
+            # are followed: a tick it lost is left to the daemons.
+            wait = self._follow(job, bound, claim, deadline)
+            if wait is None or (outcome == "lose" and not follow):
                 return outcome
             await self._sleep_on_grid(wait)
-        return outcome
+        return outcome or "lose"
 
     def _follow(
         self,
@@ -163,24 +191,18 @@ class Firing:
         bound: structlog.typing.FilteringBoundLogger,
         refusal: NotAcquired,
         deadline: datetime | None,
-        outcome: FireOutcome,
     ) -> float | None:
         """Seconds to wait before claiming again, or None to stop following."""
         if refusal.reason not in ("held", "retry_pending") or refusal.wait is None:
-            if outcome == "lose":
-                self.metrics.losses.labels(job.code, refusal.reason).inc()
-                bound.debug(
-                    "claim_lost", reason=refusal.reason, status=refusal.status, owner=refusal.owner
-                )
             return None
-        if outcome == "lose":
-            self.metrics.losses.labels(job.code, refusal.reason).inc()
-            bound.debug(
-                "claim_lost",
-                reason=refusal.reason,
-                owner=refusal.owner,
-                recheck_in_s=round(refusal.wait.total_seconds(), 3),
-            )
+        if (
+            refusal.reason == "retry_pending"
+            and refusal.identity.type == "INITIAL"
+            and (refusal.attempt or 0) > job.retries
+        ):
+            # Out of retries for this start: the next start of a replica tries
+            # the run-once job again, not every follower now.
+            return None
         recheck_at = self.clock() + refusal.wait + _FOLLOW_MARGIN
         if deadline is not None and recheck_at > deadline:
             if refusal.reason == "held":
@@ -197,7 +219,8 @@ class Firing:
         self.metrics.wins.labels(job.code).inc()
         if lease.claimed_from == "takeover":
             self.metrics.takeovers.labels(job.code).inc()
-        async with self.store.holding(lease):
+        heartbeat_failures = self.metrics.heartbeat_failures.labels(job.code)
+        async with self.store.holding(lease, lambda _: heartbeat_failures.inc()):
             result = await self._execute(
                 job,
                 tick,
@@ -206,8 +229,11 @@ class Firing:
                 fencing_token=lease.fencing_token,
                 cancellation=lease.cancellation,
                 claimed_from=lease.claimed_from,
+                stop_grace=lease.timing.stop_grace,
             )
-            return await self._record(job, lease, result)
+        # Heartbeats end with the run: one racing the finalize would find the
+        # row finished and cry "lease lost".
+        return await self._record(job, lease, result)
 
     async def _record(self, job: JobConfig, lease: Acquired, result: RunResult) -> FireOutcome:
         """Record the outcome as the current owner; retried through an outage."""
@@ -216,7 +242,7 @@ class Firing:
         if result.outcome == "cancelled" and reason in _LOST_REASONS:
             # Another replica may own the tick now: nothing is recorded, and
             # nothing must be, by a fenced owner.
-            return "lost"
+            return "lease_lost"
         if result.outcome == "success":
             write = lambda: self.store.complete(lease)  # noqa: E731
         elif result.outcome == "cancelled":
@@ -233,7 +259,7 @@ class Firing:
             write = lambda: self.store.fail(  # noqa: E731
                 lease,
                 result.error or result.outcome,
-                reason=result.outcome,
+                reason="timeout" if result.outcome == "timeout" else "error",
                 retry_after=retry_after,
             )
         try:
@@ -251,7 +277,7 @@ class Firing:
                 outcome=result.outcome,
                 detail="another replica took this tick over meanwhile",
             )
-            return "lost"
+            return "lease_lost"
         if result.outcome == "success":
             self.metrics.last_success.labels(job.code).set(time.time())
         return result.outcome
@@ -328,19 +354,21 @@ class Firing:
                 self.metrics.wins.labels(job.code).inc()
                 attempt = 1
                 while True:
+                    # Each attempt has its own signal (a timeout ends only that
+                    # attempt), which the lock's loss or shutdown also sets.
                     result = await self._execute(
                         job,
                         tick,
                         identity,
                         attempt=attempt,
                         fencing_token=None,
-                        cancellation=lock.cancellation,
+                        cancellation=lock.cancellation.child(),
                         claimed_from=None,
                     )
                     if lock.lost or (
                         result.outcome == "cancelled" and lock.cancellation.reason in _LOST_REASONS
                     ):
-                        return "lost"
+                        return "lease_lost"
                     if result.outcome not in ("fail", "timeout") or attempt > job.retries:
                         if result.outcome == "success":
                             self.metrics.last_success.labels(job.code).set(time.time())
@@ -368,6 +396,7 @@ class Firing:
         fencing_token: int | None,
         cancellation: Cancellation,
         claimed_from: str | None,
+        stop_grace: timedelta = MAX_STOP_GRACE,
     ) -> RunResult:
         run_key = identity.run_key or ""
         started = self.clock()
@@ -400,18 +429,19 @@ class Firing:
             env=job.env,
             cwd=job.cwd,
             timeout=job.timeout,
+            stop_grace=stop_grace,
         )
-        token = f"{identity}#{attempt}"
-        self.running[token] = cancellation
+        run_id = f"{identity}#{attempt}"
+        self.running[run_id] = cancellation
         self.metrics.running.labels(job.code).inc()
         try:
             result = await execute(request, cancellation)
         finally:
             self.metrics.running.labels(job.code).dec()
-            del self.running[token]
-        outcome = result.outcome
+            del self.running[run_id]
+        outcome: str = result.outcome
         if outcome == "cancelled" and cancellation.reason in _LOST_REASONS:
-            outcome = "lost"  # type: ignore[assignment]
+            outcome = "lease_lost"
         self.metrics.run_duration.labels(job.code).observe(result.duration_s)
         self.metrics.runs.labels(job.code, outcome).inc()
         level = bound.info if outcome == "success" else bound.warning

@@ -19,8 +19,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgcrond import report
-from pgcrond.config import DATABASE_URL_ENV, DEFAULT_HISTORY_RETENTION, Config, load_config
-from pgcrond.db import Database, redact
+from pgcrond.config import (
+    DATABASE_URL_ENV,
+    DEFAULT_HISTORY_RETENTION,
+    MIN_HISTORY_RETENTION,
+    Config,
+    load_config,
+    min_history_retention,
+)
+from pgcrond.db import Database
 from pgcrond.durations import format_duration, parse_duration
 from pgcrond.embedded import running_dsn
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError, ValidationError
@@ -28,7 +35,8 @@ from pgcrond.fire import Firing
 from pgcrond.keys import Identity
 from pgcrond.logs import configure
 from pgcrond.metrics import Metrics
-from pgcrond.retention import prune
+from pgcrond.redaction import redact
+from pgcrond.retention import abandon_stale, prune
 from pgcrond.schedule import OnceSchedule
 from pgcrond.store import LeaseStore
 
@@ -218,6 +226,11 @@ TRIGGER_OUTCOMES = {
     "lose": "not run here: this run key is running or done elsewhere (pass --run-key to run again)",
     "skip": "not run: the previous run of this job is still going (concurrency: forbid)",
     "misfire": "not run: the database could not be reached",
+    "fail": "ran here: failed (see the log above; retried here if the job has retries)",
+    "timeout": "ran here: stopped at its timeout",
+    "cancelled": "ran here: stopped before it finished",
+    "lease_lost": "ran here, but its lease was lost before it finished: "
+    "the outcome is not recorded",
 }
 
 
@@ -539,9 +552,25 @@ async def _prune(args: argparse.Namespace, target: Target, store: LeaseStore) ->
     else:
         older_than = DEFAULT_HISTORY_RETENTION
 
+    # Deleting a finished row a late replica could still claim would run its
+    # tick again: never below the longest misfire window plus lease.
+    floor = (
+        min_history_retention(target.config.jobs)
+        if target.config is not None
+        else MIN_HISTORY_RETENTION
+    )
+    if older_than < floor:
+        raise CommandError(
+            f"--older-than {format_duration(older_than)} is below {format_duration(floor)}: "
+            "a late replica could claim a pruned tick and run it again"
+        )
+
     def progress(deleted: int) -> None:
         print(f"deleted {deleted} rows…", flush=True)
 
+    abandoned = await abandon_stale(store, floor)
+    if abandoned:
+        print(f"closed {abandoned} RUNNING rows whose owner vanished (now FAIL/abandoned)")
     total = await prune(store, older_than, on_batch=progress)
     print(
         f"deleted {total} finished rows older than {format_duration(older_than)} "

@@ -17,6 +17,11 @@ from pgcrond.timing import to_ms
 DEFAULT_BATCH_SIZE = 500
 
 
+async def abandon_stale(store: LeaseStore, after: timedelta) -> int:
+    """Close SCHEDULE rows left RUNNING ``after`` past their lease expiry; returns how many."""
+    return await store.db.execute(store.queries.get("abandon_stale"), {"after_ms": to_ms(after)})
+
+
 async def prune(
     store: LeaseStore,
     older_than: timedelta,

@@ -24,7 +24,7 @@ import structlog
 
 from pgcrond.cancel import Cancellation
 from pgcrond.db import Database
-from pgcrond.errors import DatabaseUnavailable, LeaseLost
+from pgcrond.errors import LeaseLost, PgcrondError
 from pgcrond.keys import Identity
 from pgcrond.sql import Queries, migrations
 from pgcrond.timing import LeaseTiming, to_ms
@@ -54,6 +54,9 @@ class Acquired:
     timing: LeaseTiming
     # "takeover" (reclaimed an expired RUNNING row), "retry" (a FAIL row) or None.
     claimed_from: str | None = None
+    # Local monotonic time the claim was sent: the server computed expires_at
+    # after it, so the lease is surely valid until sent_at + lease, no later.
+    sent_at: float = field(default_factory=time.monotonic, compare=False)
     # Set when the lease is lost or expires: whoever runs the job must stop.
     cancellation: Cancellation = field(default_factory=Cancellation, compare=False, repr=False)
 
@@ -73,6 +76,8 @@ class NotAcquired:
     # held: until the holder's lease could expire; retry_pending: until the retry
     # time. Both by the database clock, so replicas with skewed clocks agree.
     wait: timedelta | None = None
+    # Attempts made so far (None when the refusing row was not visible yet).
+    attempt: int | None = None
 
 
 class LeaseStore:
@@ -93,7 +98,13 @@ class LeaseStore:
         self._claim_tasks: set[asyncio.Task[None]] = set()
 
     async def migrate(self) -> list[int]:
-        """Create or upgrade the table; safe when many replicas migrate at once."""
+        """Create or upgrade the table; safe when many replicas migrate at once.
+
+        An up-to-date table is recognised without any DDL, so a role that may
+        only read and write the table can start replicas once it is migrated.
+        """
+        if await self._up_to_date():
+            return []
         from pgcrond.keys import lock_id
 
         applied_now: list[int] = []
@@ -122,22 +133,37 @@ class LeaseStore:
                 applied_now.append(version)
         return applied_now
 
+    async def _up_to_date(self) -> bool:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(
+                self.queries.get("table_exists"), {"name": self.queries.migrations_name}
+            )
+            found = await cursor.fetchone()
+            if not (found and found["present"]):
+                return False
+            cursor = await conn.execute(self.queries.get("applied_migrations"))
+            done = {row["version"] for row in await cursor.fetchall()}
+        return {version for version, _ in migrations()} <= done
+
     async def acquire(
         self,
         identity: Identity,
         timing: LeaseTiming | None = None,
         *,
         forbid_overlap: bool = False,
+        owner_token: uuid.UUID | None = None,
     ) -> Acquired | NotAcquired:
         """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row.
 
         Claims made in the same turn of the event loop (the co-firing jobs of
-        one tick) are sent together, as one statement.
+        one tick) are sent together, as one statement. Pass the same
+        ``owner_token`` when retrying a claim whose answer was lost: a claim
+        that did commit is then recognised as won, not as held by a stranger.
         """
         request = _ClaimRequest(
             identity,
             timing or LeaseTiming.build(),
-            uuid.uuid4(),
+            owner_token or uuid.uuid4(),
             forbid_overlap and identity.type == "SCHEDULE",
             asyncio.get_running_loop().create_future(),
         )
@@ -166,6 +192,7 @@ class LeaseStore:
         task.add_done_callback(self._claim_tasks.discard)
 
     async def _claim(self, batch: list[_ClaimRequest]) -> None:
+        sent_at = time.monotonic()
         try:
             rows = await self.db.fetchall(
                 self.queries.get("claim"),
@@ -190,9 +217,8 @@ class LeaseStore:
         by_key = {row["lock_key"]: row for row in rows}
         for request in batch:
             if not request.result.done():
-                request.result.set_result(
-                    request.outcome(by_key.get(request.identity.idempotency_key))
-                )
+                row = by_key.get(request.identity.idempotency_key)
+                request.result.set_result(request.outcome(row, sent_at))
 
     async def heartbeat(self, lease: Acquired) -> bool:
         """Extend the lease; False when this owner was fenced (token rotated away)."""
@@ -243,53 +269,69 @@ class LeaseStore:
         )
         return row is not None
 
-    async def keep_alive(self, lease: Acquired) -> None:
-        """Heartbeat until cancelled; set ``lease.cancellation`` when the lease is gone.
+    async def keep_alive(
+        self, lease: Acquired, on_failure: Callable[[Exception], None] | None = None
+    ) -> None:
+        """Heartbeat until cancelled; set ``lease.cancellation`` when the lease is going.
 
-        A fenced heartbeat means another owner took over: "lease_lost". When
-        the database cannot be reached, the run goes on until the lease could
-        really have expired, measured from when the last successful heartbeat
-        was *sent* (the server computed the expiry after that): "lease_expired".
-        With heartbeats off, the run must end within its lease.
+        A fenced heartbeat means another owner took over: "lease_lost". When a
+        heartbeat fails (the database is unreachable, read-only after a
+        failover, ...), the run goes on while the lease is surely still valid,
+        counted from when the last successful heartbeat was *sent* (the server
+        computed the expiry after that), less the stop grace, so that the run
+        is stopped before another replica may take the tick over:
+        "lease_expired". With heartbeats off, the run must end within its lease.
         """
         lease_s = lease.timing.lease.total_seconds()
+        stop_s = lease.timing.stop_grace.total_seconds()
         interval = lease.timing.heartbeat.total_seconds()
-        valid_until = time.monotonic() + lease_s
+        # After a failure, try again sooner: one lost heartbeat must not cost the run.
+        retry = max(0.05, interval / 4)
+        stop_at = lease.sent_at + lease_s - stop_s
+        pause = interval
         while True:
-            remaining = valid_until - time.monotonic()
+            remaining = stop_at - time.monotonic()
             if remaining <= 0:
                 lease.cancellation.cancel("lease_expired")
                 log.warning(
                     "lease_expired", job=lease.identity.code, run_key=lease.identity.run_key
                 )
                 return
-            await asyncio.sleep(min(interval, remaining) if interval else remaining)
-            if not interval or time.monotonic() >= valid_until:
+            await asyncio.sleep(min(pause, remaining) if interval else remaining)
+            if not interval or time.monotonic() >= stop_at:
                 continue
             sent = time.monotonic()
             try:
-                # Bounded by the lease left: a hung connection must not hold the
+                # Bounded by the time left: a hung connection must not hold the
                 # run past the moment another replica may take it over.
-                renewed = await asyncio.wait_for(self.heartbeat(lease), valid_until - sent)
-            except (DatabaseUnavailable, TimeoutError) as exc:
+                renewed = await asyncio.wait_for(self.heartbeat(lease), stop_at - sent)
+            except Exception as exc:  # any failure: keep the lease while it surely holds
+                if on_failure is not None:
+                    on_failure(exc)
                 log.warning(
                     "heartbeat_failed",
                     job=lease.identity.code,
                     run_key=lease.identity.run_key,
                     error=str(exc) or type(exc).__name__,
-                    lease_valid_for_s=round(valid_until - time.monotonic(), 3),
+                    stop_in_s=round(stop_at - time.monotonic(), 3),
                 )
+                pause = retry
                 continue
             if not renewed:
                 lease.cancellation.cancel("lease_lost")
                 log.warning("lease_lost", job=lease.identity.code, run_key=lease.identity.run_key)
                 return
-            valid_until = sent + lease_s
+            stop_at = sent + lease_s - stop_s
+            pause = interval
 
     @contextlib.asynccontextmanager
-    async def holding(self, lease: Acquired) -> AsyncIterator[Acquired]:
+    async def holding(
+        self, lease: Acquired, on_failure: Callable[[Exception], None] | None = None
+    ) -> AsyncIterator[Acquired]:
         """Keep ``lease`` alive in the background for the duration of the block."""
-        task = asyncio.create_task(self.keep_alive(lease), name=f"heartbeat:{lease.identity}")
+        task = asyncio.create_task(
+            self.keep_alive(lease, on_failure), name=f"heartbeat:{lease.identity}"
+        )
         try:
             yield lease
         finally:
@@ -304,11 +346,13 @@ class LeaseStore:
         *,
         timing: LeaseTiming | None = None,
         forbid_overlap: bool = False,
+        retry_after: timedelta | None = timedelta(0),
     ) -> T | NotAcquired:
         """Acquire, heartbeat while ``fn(lease)`` runs, record its outcome.
 
-        The job's exception is recorded as FAIL and re-raised. When the lease
-        was lost meanwhile (``lease.cancellation`` tells ``fn``), nothing is
+        The job's exception is recorded as FAIL (reclaimable after
+        ``retry_after``; None makes it final) and re-raised. When the lease was
+        lost meanwhile (``lease.cancellation`` tells ``fn``), nothing is
         recorded as success: :class:`LeaseLost` is raised instead.
         """
         lease = await self.acquire(identity, timing, forbid_overlap=forbid_overlap)
@@ -318,7 +362,16 @@ class LeaseStore:
             try:
                 value = await fn(lease)
             except Exception as exc:
-                await self.fail(lease, f"{type(exc).__name__}: {exc}")
+                try:
+                    await self.fail(lease, f"{type(exc).__name__}: {exc}", retry_after=retry_after)
+                except PgcrondError as record_exc:
+                    # The job's own exception is the one the caller must see.
+                    log.error(
+                        "outcome_not_recorded",
+                        job=identity.code,
+                        run_key=identity.run_key,
+                        error=str(record_exc),
+                    )
                 raise
         if lease.cancellation.is_set():
             raise LeaseLost(f"lease of {identity} lost ({lease.cancellation.reason})")
@@ -335,12 +388,13 @@ class _ClaimRequest:
     forbid_overlap: bool
     result: asyncio.Future[Acquired | NotAcquired] = field(compare=False)
 
-    def outcome(self, row: dict[str, Any] | None) -> Acquired | NotAcquired:
+    def outcome(self, row: dict[str, Any] | None, sent_at: float) -> Acquired | NotAcquired:
         if row is None:
             # The conflicting row was inserted by a claim that committed after
             # this statement's snapshot: a live lease, just granted.
             return NotAcquired(self.identity, "held", "RUNNING", None, self.timing.lease)
-        if row["claimed"] and row["status"] == "RUNNING":
+        won = row["claimed"] or row["owner_token"] == self.token  # an earlier try committed
+        if won and row["status"] == "RUNNING":
             return Acquired(
                 identity=self.identity,
                 id=row["id"],
@@ -350,29 +404,34 @@ class _ClaimRequest:
                 expires_at=row["expires_at"],
                 timing=self.timing,
                 claimed_from=row["reason"],
+                sent_at=sent_at,
             )
         return _refusal(self.identity, row)
 
 
-def _refusal(identity: Identity, row: dict[str, object]) -> NotAcquired:
-    status = str(row["status"])
-    owner = row["owner"] if isinstance(row["owner"], str) else None
-    db_now = row["db_now"]
-    assert isinstance(db_now, datetime)
+def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
+    status: str = row["status"]
+    owner: str | None = row["owner"]
+    attempt: int = row["attempt"]
+    db_now: datetime = row["db_now"]
     if status == "SKIPPED" and row["claimed"]:
-        return NotAcquired(identity, "overlap", status, owner)
+        return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
     if status == "RUNNING":
-        expires_at = row["expires_at"]
-        assert isinstance(expires_at, datetime)
-        return NotAcquired(identity, "held", status, owner, max(expires_at - db_now, timedelta()))
+        wait = max(row["expires_at"] - db_now, timedelta())
+        if row["busy"] and not wait:
+            # Expired, but another tick of the job runs: no takeover under forbid.
+            return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
+        return NotAcquired(identity, "held", status, owner, wait, attempt)
     if status == "FAIL":
-        retry_at = row["retry_at"]
-        if isinstance(retry_at, datetime):
-            return NotAcquired(
-                identity, "retry_pending", status, owner, max(retry_at - db_now, timedelta())
-            )
-        return NotAcquired(identity, "failed", status, owner)
-    return NotAcquired(identity, "done", status, owner)
+        retry_at: datetime | None = row["retry_at"]
+        if retry_at is None:
+            return NotAcquired(identity, "failed", status, owner, attempt=attempt)
+        wait = max(retry_at - db_now, timedelta())
+        if row["busy"] and not wait:
+            # Due for a retry, but another tick of the job runs: no retry under forbid.
+            return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
+        return NotAcquired(identity, "retry_pending", status, owner, wait, attempt)
+    return NotAcquired(identity, "done", status, owner, attempt=attempt)
 
 
 class SyncLeaseStore:

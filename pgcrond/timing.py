@@ -17,6 +17,7 @@ MAX_SAFE_INTEGER = 2**53 - 1
 DEFAULT_LEASE = timedelta(minutes=15)
 MAX_DEFAULT_HEARTBEAT = timedelta(seconds=60)
 MIN_LEASE = timedelta(milliseconds=2)
+MAX_STOP_GRACE = timedelta(seconds=10)
 
 
 def to_ms(value: timedelta) -> int:
@@ -56,3 +57,12 @@ class LeaseTiming:
     @property
     def lease_ms(self) -> int:
         return to_ms(self.lease)
+
+    @property
+    def stop_grace(self) -> timedelta:
+        """SIGTERM-to-SIGKILL grace of a run under this lease: 10 s, or lease/4 if shorter.
+
+        A run whose lease is going is stopped this long before the lease could
+        expire, so it is over before another replica may take the tick over.
+        """
+        return min(MAX_STOP_GRACE, self.lease / 4)

@@ -150,10 +150,13 @@ class Cluster:
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
             conn.execute(LEDGER_DDL.format(table=self.ledger))
 
-    def write_config(self, text: str, name: str = "jobs.yaml") -> Path:
-        path = self.workdir / name
-        path.write_text(text)
-        return path
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "jobs.yaml"
+
+    def write_config(self, text: str) -> Path:
+        self.config_path.write_text(text)
+        return self.config_path
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGCROND_")}

@@ -10,6 +10,7 @@ choices of the deployment files themselves.
 from __future__ import annotations
 
 from pgcrond import config as _daemon
+from pgcrond.daemon import STOP_WAIT_S
 
 # Entry point: [project.scripts] in pyproject.toml.
 CONSOLE_SCRIPT = "pgcrond"
@@ -37,9 +38,7 @@ RELOAD_SIGNAL = "SIGHUP"
 # to record the release. Every supervisor must wait longer than
 # shutdown_grace + STOP_STEP_S before its SIGKILL.
 SHUTDOWN_GRACE_S = int(_daemon.DEFAULT_SHUTDOWN_GRACE.total_seconds())
-STOP_GRACE_MAX_S = 10
-RELEASE_RECORD_S = 5
-STOP_STEP_S = 2 * STOP_GRACE_MAX_S + RELEASE_RECORD_S
+STOP_STEP_S = int(STOP_WAIT_S)
 SUPERVISOR_STOP_TIMEOUT_S = 60
 
 # Containers: config directory (a ConfigMap or bind mount) and the non-root user.

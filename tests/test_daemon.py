@@ -163,7 +163,7 @@ def test_a_stopped_runner_is_taken_over_and_fenced_when_it_resumes(
         # token rotated away) and records nothing.
         finished = stopped.wait_event("run_finished", timeout=20)
         leases = running.rows("SELECT * FROM {leases}")
-    assert "lost" == finished["outcome"]
+    assert "lease_lost" == finished["outcome"]
     assert 1 == len(leases)
     assert "SUCCESS" == leases[0]["status"]
     assert leases[0]["owner"].endswith(f":{survivor.pid}")
@@ -417,3 +417,37 @@ def test_a_second_sigint_stops_at_once_and_gives_the_tick_back(
     assert stopped_within < 15
     assert ["start", "cancelled"] == phases
     assert ("FAIL", "released") == (leases[0]["status"], leases[0]["reason"])
+
+
+def test_a_failing_run_once_job_without_retries_runs_once_per_start(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    jobs = (
+        "  seed:\n"
+        "    once: true\n"
+        f"    entrypoint: {LEDGER}\n"
+        "    retry_delay: 200ms\n"
+        '    env: {LEDGER_FAIL: "yes"}\n'
+    )
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        replicas = running.start(running.write_config(config(schema, jobs)), 3)
+        wait_until(
+            lambda: running.rows("SELECT * FROM {leases} WHERE status = 'FAIL'"),
+            20,
+            "the run-once job to fail",
+        )
+        # The failure is due for a retry 200 ms later: a follower that wrongly
+        # retried would have done it well within this second.
+        time.sleep(1.0)
+        for replica in replicas:
+            replica.signal(signal.SIGTERM)
+        assert [0, 0, 0] == [replica.wait_exit(30) for replica in replicas]
+        first_start_runs = running.rows("SELECT * FROM {ledger} WHERE phase = 'fail'")
+        # The next start of any replica tries it again.
+        running.start(running.config_path, 1, first=3)
+        wait_until(
+            lambda: len(running.rows("SELECT * FROM {ledger} WHERE phase = 'fail'")) == 2,
+            20,
+            "the next start to try the run-once job again",
+        )
+    assert 1 == len(first_start_runs)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from pgcrond.db import redact, translate
+from pgcrond.db import translate
 from pgcrond.errors import DatabaseUnavailable
+from pgcrond.redaction import redact
 
 
 @pytest.mark.parametrize(
@@ -32,3 +33,18 @@ def test_a_driver_error_quoting_the_dsn_is_redacted() -> None:
     assert "s3cret" not in str(translated)
     bad = psycopg.ProgrammingError("invalid dsn: 'postgresql://app:s3cret@db/x' is wrong")
     assert "s3cret" not in str(translate(bad))
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://u:p@ss@db/x",
+        "postgresql://u:pa/ss@db/x",
+        "postgresql://u:se#cret@db/x",
+        "connection to 'postgresql://u:p@ss@db/x' failed",
+    ],
+)
+def test_redact_hides_passwords_with_url_delimiters_in_them(dsn: str) -> None:
+    redacted = redact(dsn)
+    assert "***@" in redacted
+    assert not any(part in redacted for part in ("p@ss", "pa/ss", "se#cret"))

@@ -610,6 +610,8 @@ def test_prune_command_prints_progress_and_uses_the_configs_retention(
     code, out, err = run(capsys, "prune", "-c", str(path), "--database-url", pg_dsn)
     assert (0, "") == (code, err)
     assert [
+        # The seeded RUNNING row expired long ago: its owner vanished.
+        "closed 1 RUNNING rows whose owner vanished (now FAIL/abandoned)",
         "deleted 500 rows…",
         "deleted 200 rows…",
         f"deleted 700 finished rows older than 35d from {schema}.leases",

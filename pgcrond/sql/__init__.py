@@ -69,6 +69,11 @@ class Queries:
             "finished_index": own("finished_idx"),
         }
 
+    @property
+    def migrations_name(self) -> str:
+        """The migrations table as a quoted name, for ``to_regclass``."""
+        return f'"{self.schema}"."{self.table}_migrations"'
+
     def get(self, name: str) -> sql.Composed:
         return sql.SQL(_named_queries()[name]).format(**self._names())
 

@@ -7,37 +7,38 @@
 -- RUNNING row whose lease expired (by the database clock, against the expiry
 -- stored from the holder's own lease). For each refused claim the current row
 -- is returned instead, to say why. With forbid_overlap, while another tick of
--- the job holds a live lease, a SKIPPED row is recorded in place of a RUNNING one.
+-- the job holds a live lease, a new tick is recorded SKIPPED and a retry or
+-- takeover of an older one is refused (busy says so).
 WITH request AS (
     SELECT *
     FROM unnest(
         %(lock_keys)s::text[], %(types)s::text[], %(codes)s::text[], %(run_keys)s::text[],
         %(owner_tokens)s::uuid[], %(lease_ms)s::bigint[], %(forbid_overlap)s::boolean[]
     ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap)
+), checked AS (
+    SELECT r.*, EXISTS (
+        SELECT 1 FROM {table} o
+        WHERE r.forbid_overlap AND o.code = r.code AND o.type = 'SCHEDULE'
+          AND o.status = 'RUNNING' AND o.expires_at > clock_timestamp()
+          AND o.lock_key <> r.lock_key
+    ) AS busy
+    FROM request r
 ), claim AS (
     INSERT INTO {table} AS l (
         lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
         lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, reason
     )
-    SELECT r.lock_key, r.type, r.code, r.run_key,
-           CASE WHEN busy.found THEN 'SKIPPED' ELSE 'RUNNING' END,
-           r.owner_token, %(owner)s, 1, nextval({fencing_seq_name}), r.lease_ms,
+    SELECT c.lock_key, c.type, c.code, c.run_key,
+           CASE WHEN c.busy THEN 'SKIPPED' ELSE 'RUNNING' END,
+           c.owner_token, %(owner)s, 1, nextval({fencing_seq_name}), c.lease_ms,
            clock_timestamp(), clock_timestamp(), clock_timestamp(),
-           clock_timestamp() + r.lease_ms * interval '1 millisecond',
-           CASE WHEN busy.found THEN clock_timestamp() END,
-           CASE WHEN busy.found THEN 'overlap' END
-    FROM request r
-    CROSS JOIN LATERAL (
-        SELECT EXISTS (
-            SELECT 1 FROM {table} o
-            WHERE r.forbid_overlap AND o.code = r.code AND o.type = 'SCHEDULE'
-              AND o.status = 'RUNNING' AND o.expires_at > clock_timestamp()
-              AND o.lock_key <> r.lock_key
-        ) AS found
-    ) busy
+           clock_timestamp() + c.lease_ms * interval '1 millisecond',
+           CASE WHEN c.busy THEN clock_timestamp() END,
+           CASE WHEN c.busy THEN 'overlap' END
+    FROM checked c
     -- One insertion order on every replica, so two batches never wait on each
     -- other's uncommitted keys in a cycle.
-    ORDER BY r.lock_key
+    ORDER BY c.lock_key
     ON CONFLICT (lock_key) DO UPDATE SET
         status = 'RUNNING',
         owner_token = EXCLUDED.owner_token,
@@ -52,20 +53,22 @@ WITH request AS (
         retry_at = NULL,
         reason = CASE WHEN l.status = 'RUNNING' THEN 'takeover' ELSE 'retry' END,
         error = NULL
-    WHERE (l.status = 'FAIL' AND l.retry_at <= clock_timestamp())
-       OR (l.status = 'RUNNING' AND l.expires_at <= clock_timestamp())
-    RETURNING l.lock_key, l.id, l.status, l.owner, l.attempt, l.fencing_token, l.expires_at,
-              l.retry_at, l.reason
+    WHERE ((l.status = 'FAIL' AND l.retry_at <= clock_timestamp())
+           OR (l.status = 'RUNNING' AND l.expires_at <= clock_timestamp()))
+      -- EXCLUDED.status is SKIPPED exactly when another tick is busy.
+      AND EXCLUDED.status = 'RUNNING'
+    RETURNING l.lock_key, l.id, l.status, l.owner, l.owner_token, l.attempt, l.fencing_token,
+              l.expires_at, l.retry_at, l.reason
 )
-SELECT true AS claimed, lock_key, id, status, owner, attempt, fencing_token, expires_at,
-       retry_at, reason, clock_timestamp() AS db_now
+SELECT true AS claimed, lock_key, id, status, owner, owner_token, attempt, fencing_token,
+       expires_at, retry_at, reason, false AS busy, clock_timestamp() AS db_now
 FROM claim
 UNION ALL
-SELECT false, e.lock_key, e.id, e.status, e.owner, e.attempt, e.fencing_token, e.expires_at,
-       e.retry_at, e.reason, clock_timestamp()
+SELECT false, e.lock_key, e.id, e.status, e.owner, e.owner_token, e.attempt, e.fencing_token,
+       e.expires_at, e.retry_at, e.reason, c.busy, clock_timestamp()
 FROM {table} e
-JOIN request r ON r.lock_key = e.lock_key
-WHERE NOT EXISTS (SELECT 1 FROM claim c WHERE c.lock_key = e.lock_key)
+JOIN checked c ON c.lock_key = e.lock_key
+WHERE NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = e.lock_key)
 
 -- name: heartbeat
 -- Extend a held lease by the lease it was granted; only the current owner can.
@@ -77,14 +80,17 @@ RETURNING expires_at
 
 -- name: finalize
 -- Record SUCCESS or FAIL, by the current owner only. A FAIL row with a retry
--- time can be reclaimed from then on; without one it is final.
+-- time can be reclaimed from then on; without one it is final. Repeating the
+-- same finalize (its reply was lost in an outage) succeeds again: the owner
+-- token only changes on a claim, so this stays fenced.
 UPDATE {table}
 SET status = %(status)s,
     finished_at = clock_timestamp(),
     reason = %(reason)s,
     error = left(%(error)s, 4000),
     retry_at = clock_timestamp() + %(retry_ms)s * interval '1 millisecond'
-WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
+WHERE id = %(id)s AND owner_token = %(owner_token)s
+  AND (status = 'RUNNING' OR (status = %(status)s AND finished_at IS NOT NULL))
 RETURNING id
 
 -- name: schema_exists
@@ -229,3 +235,24 @@ WHERE id IN (
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
 )
+
+-- name: abandon_stale
+-- Mark SCHEDULE rows still RUNNING long after their lease expired as
+-- FAIL/abandoned (final): their owner vanished and nobody took the tick over
+-- within its misfire window, and ticks never repeat, so nothing else would
+-- ever close them. The new owner token fences the vanished owner, should it
+-- come back. (A run-once row needs none of this: every start reclaims it.)
+UPDATE {table}
+SET status = 'FAIL',
+    reason = 'abandoned',
+    owner_token = gen_random_uuid(),
+    finished_at = clock_timestamp(),
+    retry_at = NULL,
+    error = 'abandoned: the lease expired at ' || expires_at || ' and nobody took the tick over'
+WHERE type = 'SCHEDULE' AND status = 'RUNNING'
+  AND expires_at < clock_timestamp() - %(after_ms)s * interval '1 millisecond'
+RETURNING id
+
+-- name: ping
+-- Readiness: the database answers.
+SELECT 1 AS ok
