@@ -180,7 +180,7 @@ async def _with_store(
         if needs_table:
             found = await db.fetchone(
                 store.queries.get("table_exists"),
-                {"name": f'"{target.schema}"."{target.table}"'},
+                {"name": store.queries.table_name},
             )
             if not (found and found["present"]):
                 raise CommandError(

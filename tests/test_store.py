@@ -536,3 +536,27 @@ async def test_a_heartbeat_error_that_is_not_an_outage_still_stops_the_run_befor
     assert waited < 1.0
     assert failures
     assert "read-only for a while" in str(failures[0])
+
+
+def test_a_role_that_may_only_read_and_write_starts_on_a_migrated_table(
+    pg_dsn: str, schema: str
+) -> None:
+    role = f"dml_{uuid.uuid4().hex[:8]}"
+    with SyncLeaseStore(pg_dsn, schema=schema) as store:
+        store.migrate()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        conn.execute(f'GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+        conn.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA "{schema}" TO "{role}"')
+    as_role = pg_dsn.replace("postgres@", f"{role}@")
+    try:
+        with SyncLeaseStore(as_role, schema=schema) as store:
+            assert [] == store.migrate()  # no DDL: it is up to date
+            lease = store.acquire(Identity.initial("dml"), SHORT)
+            assert isinstance(lease, Acquired)
+            assert store.complete(lease)
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')

@@ -70,6 +70,11 @@ class Queries:
         }
 
     @property
+    def table_name(self) -> str:
+        """The lease table as a quoted name, for ``to_regclass``."""
+        return f'"{self.schema}"."{self.table}"'
+
+    @property
     def migrations_name(self) -> str:
         """The migrations table as a quoted name, for ``to_regclass``."""
         return f'"{self.schema}"."{self.table}_migrations"'
