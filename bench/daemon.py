@@ -18,18 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psycopg
 
-from pgcrond.embedded import LocalServer
+from pgcrond.embedded import throwaway
 
 ROOT = Path(__file__).resolve().parent.parent
 PGCROND = Path(sys.executable).parent / "pgcrond"
@@ -118,11 +116,8 @@ def main() -> int:
         "also counts those re-checks",
     )
     args = parser.parse_args()
-    scratch = Path(tempfile.mkdtemp(prefix="pgcrond-bench-"))
-    scratch.chmod(0o755)
-    server = LocalServer(scratch / "data", durable=False, max_connections=200)
-    server.start()
-    try:
+    with throwaway(max_connections=200, prefix="pgcrond-bench-") as server:
+        scratch = server.data_dir.parent
         dsn = server.dsn
         busy = scratch / "busy.yaml"
         write_config(busy, args.jobs, "* * * * * *", args.lease)
@@ -186,9 +181,6 @@ def main() -> int:
         )
         for line in logged[:5]:
             print("   ", line.strip()[:160])
-    finally:
-        server.remove()
-        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

@@ -27,22 +27,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import struct
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgcrond.advisory import advisory_lock
 from pgcrond.db import Database
-from pgcrond.embedded import LocalServer
+from pgcrond.embedded import throwaway
 from pgcrond.keys import Identity, lock_id
 from pgcrond.store import Acquired, LeaseStore, NotAcquired
 from pgcrond.timing import LeaseTiming
@@ -162,15 +159,8 @@ async def open_db(dsn: str, name: str, max_size: int) -> Database:
 
 
 async def main(runs: int, seconds: float) -> None:
-    scratch = Path(tempfile.mkdtemp(prefix="pgcrond-bench-"))
-    scratch.chmod(0o755)
-    server = LocalServer(scratch / "data", durable=False)
-    server.start()
-    try:
+    with throwaway(prefix="pgcrond-bench-") as server:
         await bench(server.dsn, runs, seconds)
-    finally:
-        server.remove()
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 async def bench(dsn: str, runs: int, seconds: float) -> None:

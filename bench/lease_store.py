@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import multiprocessing
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from pgcrond.db import Database
-from pgcrond.embedded import LocalServer
+from pgcrond.embedded import throwaway
 from pgcrond.keys import Identity
 from pgcrond.store import Acquired, LeaseStore
 from pgcrond.timing import LeaseTiming
@@ -41,15 +40,8 @@ def server() -> Iterator[str]:
     if dsn := os.environ.get("PGCROND_BENCH_DSN"):
         yield dsn
         return
-    scratch = Path(tempfile.mkdtemp(prefix="pgcrond-bench-"))
-    scratch.chmod(0o755)
-    local = LocalServer(scratch / "data", durable=False, max_connections=50)
-    local.start()
-    try:
+    with throwaway(max_connections=50, prefix="pgcrond-bench-") as local:
         yield local.dsn
-    finally:
-        local.remove()
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 async def count(trace: Path, op: Callable[[], Awaitable[object]]) -> int:

@@ -17,7 +17,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -288,3 +290,21 @@ def attach(state_dir: Path) -> tuple[str, LocalServer | None]:
     server = LocalServer(data_dir)
     server.start()
     return server.dsn, server
+
+
+@contextlib.contextmanager
+def throwaway(*, max_connections: int = 100, prefix: str = "pgcrond-") -> Iterator[LocalServer]:
+    """A started, non-durable server in a fresh temporary directory, removed afterwards.
+
+    For tests and benchmarks. The directory is world-searchable because under
+    root the server runs as 'nobody'.
+    """
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    scratch.chmod(0o755)
+    server = LocalServer(scratch / "data", durable=False, max_connections=max_connections)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -10,23 +10,13 @@ shared one and never one the suite did not start.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 
-from pgcrond.embedded import LocalServer
-
-
-def _scratch_dir() -> Path:
-    # World-searchable, because under root the server runs as 'nobody'.
-    path = Path(tempfile.mkdtemp(prefix="pgcrond-test-"))
-    path.chmod(0o755)
-    return path
+from pgcrond.embedded import LocalServer, throwaway
 
 
 @pytest.fixture(scope="session")
@@ -34,14 +24,8 @@ def pg_dsn() -> Iterator[str]:
     if dsn := os.environ.get("PGCROND_TEST_DSN"):
         yield dsn
         return
-    scratch = _scratch_dir()
-    server = LocalServer(scratch / "data", durable=False, max_connections=300)
-    server.start()
-    try:
+    with throwaway(max_connections=300, prefix="pgcrond-test-") as server:
         yield server.dsn
-    finally:
-        server.remove()
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture
@@ -56,11 +40,5 @@ def schema(pg_dsn: str) -> Iterator[str]:
 @pytest.fixture
 def own_server() -> Iterator[LocalServer]:
     """A server only this test uses, free to be stopped, killed and restarted."""
-    scratch = _scratch_dir()
-    server = LocalServer(scratch / "data", durable=False)
-    server.start()
-    try:
+    with throwaway(prefix="pgcrond-test-") as server:
         yield server
-    finally:
-        server.remove()
-        shutil.rmtree(scratch, ignore_errors=True)
