@@ -94,8 +94,8 @@ class Firing:
         if identity.type == "SCHEDULE" and self._too_late(job, tick):
             return self._misfire(job, bound, tick, "late")
         if job.guard == "advisory":
-            return await self._fire_advisory(job, tick, identity)
-        return await self._fire_lease(job, tick, identity, follow)
+            return await self._fire_advisory(job, tick, identity, bound)
+        return await self._fire_lease(job, tick, identity, bound, follow)
 
     def _too_late(self, job: JobConfig, tick: datetime) -> bool:
         return self.clock() - tick > job.misfire_grace
@@ -120,9 +120,13 @@ class Firing:
     # -- lease mode ---------------------------------------------------------
 
     async def _fire_lease(
-        self, job: JobConfig, tick: datetime, identity: Identity, follow: bool
+        self,
+        job: JobConfig,
+        tick: datetime,
+        identity: Identity,
+        bound: structlog.typing.FilteringBoundLogger,
+        follow: bool,
     ) -> FireOutcome:
-        bound = log.bind(job=job.code, run_key=identity.run_key)
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick.
         deadline = None if identity.type == "INITIAL" else tick + job.misfire_grace
@@ -339,9 +343,12 @@ class Firing:
     # -- advisory mode ------------------------------------------------------
 
     async def _fire_advisory(
-        self, job: JobConfig, tick: datetime, identity: Identity
+        self,
+        job: JobConfig,
+        tick: datetime,
+        identity: Identity,
+        bound: structlog.typing.FilteringBoundLogger,
     ) -> FireOutcome:
-        bound = log.bind(job=job.code, run_key=identity.run_key)
         key = job.lock_key if job.lock_key is not None else job.code
         try:
             async with advisory_lock(
