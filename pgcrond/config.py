@@ -19,7 +19,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, TypeVar, cast, get_args
-from urllib.parse import urlsplit, urlunsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 import yaml
@@ -29,6 +28,7 @@ from pgcrond.durations import format_duration, parse_duration
 from pgcrond.entrypoints import EntrypointError, resolve
 from pgcrond.errors import ConfigError, ConfigIssue, ValidationError
 from pgcrond.keys import BIGINT_MAX, BIGINT_MIN, Identity, KeyHash
+from pgcrond.redaction import redact
 from pgcrond.schedule import (
     AtSchedule,
     CronSchedule,
@@ -113,7 +113,7 @@ class DatabaseConfig:
     @property
     def redacted_url(self) -> str | None:
         """The URL with its password replaced by ``***``: the only form fit for logs."""
-        return None if self.url is None else redact_url(self.url)
+        return None if self.url is None else redact(self.url)
 
     def __repr__(self) -> str:
         # The default repr would print the password into any log or traceback.
@@ -179,20 +179,6 @@ def min_history_retention(jobs: Mapping[str, JobConfig]) -> timedelta:
     return max(
         [MIN_HISTORY_RETENTION, *(job.misfire_grace + job.timing.lease for job in jobs.values())]
     )
-
-
-def redact_url(url: str) -> str:
-    """Hide the password of a URL (``user:***@host``) or of a ``password=`` DSN setting."""
-    url = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", r"\1***", url, flags=re.I)
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if parts.password is None:
-        return url
-    userinfo = f"{parts.username or ''}:***"
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{userinfo}@{host}"))
 
 
 def load_config(

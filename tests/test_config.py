@@ -10,8 +10,9 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from pgcrond.actions import CommandAction, EntrypointAction, ShellAction
-from pgcrond.config import DatabaseConfig, load_config, min_history_retention, redact_url
+from pgcrond.config import DatabaseConfig, load_config, min_history_retention
 from pgcrond.errors import ConfigError, ConfigIssue
+from pgcrond.redaction import redact
 from pgcrond.schedule import AtSchedule, CronSchedule, OnceSchedule
 
 EMBEDDED = "database: {embedded: true}\n"
@@ -214,9 +215,9 @@ def test_password_is_redacted_in_repr_and_redacted_url() -> None:
     database = DatabaseConfig(url="postgresql://app:s3cret@db:5432/cron?sslmode=require")
     assert database.redacted_url == "postgresql://app:***@db:5432/cron?sslmode=require"
     assert "s3cret" not in repr(database)
-    assert redact_url("host=db password=s3cret user=app") == "host=db password=*** user=app"
-    assert redact_url("postgresql://db/cron?password=s3cret") == "postgresql://db/cron?password=***"
-    assert redact_url("postgresql://app@db/cron") == "postgresql://app@db/cron"
+    assert redact("host=db password=s3cret user=app") == "host=db password=*** user=app"
+    assert redact("postgresql://db/cron?password=s3cret") == "postgresql://db/cron?password=***"
+    assert redact("postgresql://app@db/cron") == "postgresql://app@db/cron"
 
 
 # --- files and directories ---------------------------------------------------------------
