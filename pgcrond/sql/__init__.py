@@ -79,6 +79,8 @@ class Queries:
         """The migrations table as a quoted name, for ``to_regclass``."""
         return f'"{self.schema}"."{self.table}_migrations"'
 
+    # Composed once per (table, query): statements are on the per-fire path.
+    @cache  # noqa: B019 - a handful of long-lived, hashable Queries instances
     def get(self, name: str) -> sql.Composed:
         return sql.SQL(_named_queries()[name]).format(**self._names())
 
