@@ -216,19 +216,23 @@ def _parses(expr: Expr, zone: ZoneInfo) -> CronSchedule | None:
         return None
 
 
+def _agrees_over(data: st.DataObject, expr: Expr, zone_name: str, window: timedelta) -> None:
+    zone = ZoneInfo(zone_name)
+    schedule = _parses(expr, zone)
+    if schedule is None:
+        return
+    start = data.draw(starts(zone_name))
+    end = start + window
+    assert reference_fires(expr, zone, start, end) == implementation_fires(schedule, start, end)
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), expr=five_field(), zone_name=st.sampled_from(ZONES))
 def test_five_field_next_after_matches_brute_force(
     data: st.DataObject, expr: Expr, zone_name: str
 ) -> None:
     """Over a 36 h window, the chain of next_after calls yields exactly the reference ticks."""
-    zone = ZoneInfo(zone_name)
-    schedule = _parses(expr, zone)
-    if schedule is None:
-        return
-    start = data.draw(starts(zone_name))
-    end = start + timedelta(hours=36)
-    assert reference_fires(expr, zone, start, end) == implementation_fires(schedule, start, end)
+    _agrees_over(data, expr, zone_name, timedelta(hours=36))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -237,10 +241,4 @@ def test_six_field_next_after_matches_brute_force(
     data: st.DataObject, expr: Expr, zone_name: str
 ) -> None:
     """Seconds-first expressions, checked second by second over a 75 min window."""
-    zone = ZoneInfo(zone_name)
-    schedule = _parses(expr, zone)
-    if schedule is None:
-        return
-    start = data.draw(starts(zone_name))
-    end = start + timedelta(minutes=75)
-    assert reference_fires(expr, zone, start, end) == implementation_fires(schedule, start, end)
+    _agrees_over(data, expr, zone_name, timedelta(minutes=75))
