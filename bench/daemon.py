@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psycopg
 
-from pgcrond.embedded import throwaway
+from pgcrond.storage.embedded import throwaway
 
 ROOT = Path(__file__).resolve().parent.parent
 PGCROND = Path(sys.executable).parent / "pgcrond"

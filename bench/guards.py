@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/guards.py [--runs 200] [--seconds 3]
 
-Starts a throwaway PostgreSQL (pgcrond.embedded.LocalServer, durable=False).
+Starts a throwaway PostgreSQL (pgcrond.storage.embedded.LocalServer, durable=False).
 
 How round trips are counted: the clients reach the server through a small TCP
 proxy that reads the protocol stream. Every exchange in which the client waits
@@ -37,12 +37,12 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgcrond.advisory import advisory_lock
-from pgcrond.db import Database
-from pgcrond.embedded import throwaway
-from pgcrond.keys import Identity, lock_id
-from pgcrond.store import Acquired, LeaseStore, NotAcquired
-from pgcrond.timing import LeaseTiming
+from pgcrond.core.keys import Identity, lock_id
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.storage.advisory import advisory_lock
+from pgcrond.storage.db import Database
+from pgcrond.storage.embedded import throwaway
+from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
 
 NO_HOLD = timedelta(0)
 TIMING = LeaseTiming.build(timedelta(seconds=60))

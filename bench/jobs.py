@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pgcrond.context import RunContext
+from pgcrond.run.context import RunContext
 
 
 def noop(ctx: RunContext) -> None:

@@ -25,11 +25,11 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
-from pgcrond.db import Database
-from pgcrond.embedded import throwaway
-from pgcrond.keys import Identity
-from pgcrond.store import Acquired, LeaseStore
-from pgcrond.timing import LeaseTiming
+from pgcrond.core.keys import Identity
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.storage.db import Database
+from pgcrond.storage.embedded import throwaway
+from pgcrond.storage.leases import Acquired, LeaseStore
 from tests.store_helpers import count_round_trips
 
 TIMING = LeaseTiming.build(timedelta(minutes=5))

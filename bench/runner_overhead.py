@@ -18,10 +18,10 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
-from pgcrond.actions import Action, CommandAction, EntrypointAction
-from pgcrond.cancel import Cancellation
-from pgcrond.context import RunContext
-from pgcrond.runner import RunRequest, execute
+from pgcrond.core.actions import Action, CommandAction, EntrypointAction
+from pgcrond.run.cancel import Cancellation
+from pgcrond.run.context import RunContext
+from pgcrond.run.runner import RunRequest, execute
 
 # The script's directory is on sys.path, and the isolated child is given the
 # same path, so the no-ops resolve in both.

@@ -31,15 +31,15 @@ environment:
 # command name -> "module:function"; each function takes the parsed namespace
 # and returns the process exit code.
 HANDLERS: dict[str, str] = {
-    "check": "pgcrond.inspect:check_command",
-    "next": "pgcrond.inspect:next_command",
-    "run": "pgcrond.daemon:run_command",
-    "migrate": "pgcrond.ops:migrate_command",
-    "status": "pgcrond.ops:status_command",
-    "history": "pgcrond.ops:history_command",
-    "trigger": "pgcrond.ops:trigger_command",
-    "unlock": "pgcrond.ops:unlock_command",
-    "prune": "pgcrond.ops:prune_command",
+    "check": "pgcrond.ops.inspect:check_command",
+    "next": "pgcrond.ops.inspect:next_command",
+    "run": "pgcrond.daemon.lifecycle:run_command",
+    "migrate": "pgcrond.ops.commands:migrate_command",
+    "status": "pgcrond.ops.commands:status_command",
+    "history": "pgcrond.ops.commands:history_command",
+    "trigger": "pgcrond.ops.commands:trigger_command",
+    "unlock": "pgcrond.ops.commands:unlock_command",
+    "prune": "pgcrond.ops.commands:prune_command",
 }
 
 

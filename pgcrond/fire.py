@@ -33,17 +33,17 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
-from pgcrond.advisory import advisory_lock
-from pgcrond.cancel import Cancellation
-from pgcrond.config import JobConfig
-from pgcrond.db import Database
+from pgcrond.config.loader import JobConfig
+from pgcrond.core.keys import Identity
+from pgcrond.core.retry import retry_delay
+from pgcrond.core.timing import MAX_STOP_GRACE
+from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable
-from pgcrond.keys import Identity
-from pgcrond.metrics import Metrics
-from pgcrond.retry import retry_delay
-from pgcrond.runner import RunRequest, RunResult, execute
-from pgcrond.store import Acquired, LeaseStore, NotAcquired
-from pgcrond.timing import MAX_STOP_GRACE
+from pgcrond.run.cancel import Cancellation
+from pgcrond.run.runner import RunRequest, RunResult, execute
+from pgcrond.storage.advisory import advisory_lock
+from pgcrond.storage.db import Database
+from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
 
 T = TypeVar("T")
 log = structlog.get_logger("pgcrond.fire")

@@ -5,6 +5,6 @@ Not used by the daemon itself; importing it costs nothing at run time.
 
 from __future__ import annotations
 
-from pgcrond.embedded import LocalServer, throwaway
+from pgcrond.storage.embedded import LocalServer, throwaway
 
 __all__ = ["LocalServer", "throwaway"]

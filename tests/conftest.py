@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from pgcrond.embedded import LocalServer, throwaway
+from pgcrond.storage.embedded import LocalServer, throwaway
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,8 @@ choices of the deployment files themselves.
 
 from __future__ import annotations
 
-from pgcrond import config as _daemon
-from pgcrond.daemon import STOP_WAIT_S
+from pgcrond.config import loader as _daemon
+from pgcrond.daemon.lifecycle import STOP_WAIT_S
 
 # Entry point: [project.scripts] in pyproject.toml.
 CONSOLE_SCRIPT = "pgcrond"

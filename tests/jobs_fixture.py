@@ -20,10 +20,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pgcrond.actions import Action
-from pgcrond.context import RunContext
-from pgcrond.keys import Identity
-from pgcrond.runner import RunRequest
+from pgcrond.core.actions import Action
+from pgcrond.core.keys import Identity
+from pgcrond.run.context import RunContext
+from pgcrond.run.runner import RunRequest
 
 STARTED: defaultdict[str, threading.Event] = defaultdict(threading.Event)
 RELEASE: defaultdict[str, threading.Event] = defaultdict(threading.Event)

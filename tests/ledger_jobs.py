@@ -10,7 +10,7 @@ import os
 
 import psycopg
 
-from pgcrond.context import RunContext
+from pgcrond.run.context import RunContext
 
 
 def _append(ctx: RunContext, phase: str) -> None:

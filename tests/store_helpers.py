@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from pgcrond.db import Database
-from pgcrond.store import LeaseStore
+from pgcrond.storage.db import Database
+from pgcrond.storage.leases import LeaseStore
 
 
 @asynccontextmanager

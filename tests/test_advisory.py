@@ -21,18 +21,18 @@ import pytest
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from pgcrond.advisory import (
+from pgcrond.core.keys import lock_id
+from pgcrond.errors import LeaseLost, ValidationError
+from pgcrond.storage.advisory import (
     SyncAdvisoryLock,
     advisory_lock,
     advisory_lock_id,
     advisory_lock_sync,
     with_advisory_lock,
 )
-from pgcrond.db import Database
-from pgcrond.embedded import LocalServer
-from pgcrond.errors import LeaseLost, ValidationError
-from pgcrond.keys import lock_id
-from pgcrond.sql import Queries
+from pgcrond.storage.db import Database
+from pgcrond.storage.embedded import LocalServer
+from pgcrond.storage.sql import Queries
 
 ROOT = Path(__file__).parent.parent
 VECTORS: dict[str, Any] = json.loads(

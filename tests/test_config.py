@@ -9,11 +9,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from pgcrond.actions import CommandAction, EntrypointAction, ShellAction
-from pgcrond.config import DatabaseConfig, load_config, min_history_retention
+from pgcrond.config.loader import DatabaseConfig, load_config, min_history_retention
+from pgcrond.core.actions import CommandAction, EntrypointAction, ShellAction
+from pgcrond.core.redaction import redact
+from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule
 from pgcrond.errors import ConfigError, ConfigIssue
-from pgcrond.redaction import redact
-from pgcrond.schedule import AtSchedule, CronSchedule, OnceSchedule
 
 EMBEDDED = "database: {embedded: true}\n"
 HELLO = 'jobs:\n  hello:\n    cron: "* * * * *"\n    command: [/bin/echo, hi]\n'

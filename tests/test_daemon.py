@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pgcrond.embedded import LocalServer
+from pgcrond.storage.embedded import LocalServer
 from tests.daemon_harness import Cluster, Replica, cluster, wait_until
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgcrond.embedded import LocalServer
+from pgcrond.storage.embedded import LocalServer
 from tests.daemon_harness import PGCROND, cluster, wait_until
 from tests.test_daemon import LEDGER, at, config
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from pgcrond.db import translate
+from pgcrond.core.redaction import redact
 from pgcrond.errors import DatabaseUnavailable
-from pgcrond.redaction import redact
+from pgcrond.storage.db import translate
 
 
 @pytest.mark.parametrize(

@@ -35,9 +35,9 @@ import psycopg
 import pytest
 import yaml
 
-from pgcrond.config import load_config
-from pgcrond.embedded import find_bindir, free_port
+from pgcrond.config.loader import load_config
 from pgcrond.errors import PgcrondError
+from pgcrond.storage.embedded import find_bindir, free_port
 from tests import deploy_contract as contract
 
 REPO = Path(__file__).resolve().parents[1]
@@ -618,8 +618,8 @@ def test_least_privilege_role_migrates_and_runs_but_reaches_nothing_else(
     pg_dsn: str, scratch_database: tuple[str, str]
 ) -> None:
     """Owner of its schema only: migrate + claim work; other tables and public refuse it."""
-    from pgcrond.keys import Identity
-    from pgcrond.store import Acquired, SyncLeaseStore
+    from pgcrond.core.keys import Identity
+    from pgcrond.storage.leases import Acquired, SyncLeaseStore
 
     database, role = scratch_database
     admin = with_database(pg_dsn, database)

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from pgcrond.durations import format_duration, parse_duration
+from pgcrond.core.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize(

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import structlog
 
-from pgcrond.config import JobConfig, load_config
-from pgcrond.db import Database
+from pgcrond.config.loader import JobConfig, load_config
+from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import run_key_for
+from pgcrond.daemon.metrics import Metrics
 from pgcrond.fire import Firing
-from pgcrond.keys import Identity
-from pgcrond.metrics import Metrics
-from pgcrond.schedule import run_key_for
-from pgcrond.store import LeaseStore
+from pgcrond.storage.db import Database
+from pgcrond.storage.leases import LeaseStore
 
 
 def job(tmp_path: Path, pg_dsn: str, definition: str) -> JobConfig:

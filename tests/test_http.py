@@ -9,11 +9,11 @@ from contextlib import asynccontextmanager
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgcrond.db import Database
-from pgcrond.embedded import LocalServer
+from pgcrond.daemon.http import HealthServer, parse_listen
+from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable, ValidationError
-from pgcrond.http import HealthServer, parse_listen
-from pgcrond.metrics import Metrics
+from pgcrond.storage.db import Database
+from pgcrond.storage.embedded import LocalServer
 
 
 async def fetch(port: int, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from pgcrond.core.keys import Identity, lock_id, nestjs_hash_key
 from pgcrond.errors import ValidationError
-from pgcrond.keys import Identity, lock_id, nestjs_hash_key
 
 VECTORS: dict[str, Any] = json.loads(
     (Path(__file__).parent / "reference" / "key-vectors.json").read_text("utf-8")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pgcrond import notify
+from pgcrond.daemon import notify
 
 
 @pytest.fixture

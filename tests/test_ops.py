@@ -15,12 +15,12 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from pgcrond import ops
 from pgcrond.cli import main
-from pgcrond.keys import Identity
-from pgcrond.retention import prune
-from pgcrond.store import Acquired, NotAcquired, SyncLeaseStore
-from pgcrond.timing import LeaseTiming
+from pgcrond.core.keys import Identity
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.ops import commands as ops
+from pgcrond.storage.history import prune
+from pgcrond.storage.leases import Acquired, NotAcquired, SyncLeaseStore
 from tests.store_helpers import open_store
 
 T0 = datetime(2026, 1, 10, 3, 0, tzinfo=UTC)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pgcrond.cli import HANDLERS
-from pgcrond.config import load_config
+from pgcrond.config.loader import load_config
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
 

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from pgcrond import runner
-from pgcrond.actions import CommandAction, ShellAction
-from pgcrond.cancel import Cancellation
-from pgcrond.retry import retry_delay
-from pgcrond.runner import RunResult, execute
+from pgcrond.core.actions import CommandAction, ShellAction
+from pgcrond.core.retry import retry_delay
+from pgcrond.run import runner
+from pgcrond.run.cancel import Cancellation
+from pgcrond.run.runner import RunResult, execute
 from tests.jobs_fixture import (
     RUN_KEY,
     docs_example,

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from pgcrond.actions import EntrypointAction
-from pgcrond.cancel import Cancellation
-from pgcrond.runner import RunRequest, execute
+from pgcrond.core.actions import EntrypointAction
+from pgcrond.run.cancel import Cancellation
+from pgcrond.run.runner import RunRequest, execute
 from tests import jobs_fixture
 from tests.jobs_fixture import RUN_KEY, docs_example, is_alive, make_request, wait_for_path
 

@@ -1,4 +1,4 @@
-"""cron(8) semantics, DST rules and run keys of pgcrond.schedule, on hand-picked cases."""
+"""cron(8) semantics, DST rules and run keys of pgcrond.core.schedule, on hand-picked cases."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from pgcrond.schedule import AtSchedule, CronSchedule, OnceSchedule, local_to_instant, run_key_for
+from pgcrond.core.schedule import (
+    AtSchedule,
+    CronSchedule,
+    OnceSchedule,
+    local_to_instant,
+    run_key_for,
+)
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

@@ -1,6 +1,6 @@
 """CronSchedule.next_after agrees with a brute-force reference over random expressions.
 
-The reference shares no code with pgcrond.schedule: it expands the generated
+The reference shares no code with pgcrond.core.schedule: it expands the generated
 fields itself and walks the window instant by instant, asking for each one
 "is there a matching wall-clock time whose first (fold=0) reading is this
 instant?" — which is the DST rule stated in the module docstring.
@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgcrond.schedule import CronSchedule
+from pgcrond.core.schedule import CronSchedule
 
 ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "UTC", "Asia/Kolkata"]
 MONTH_NAMES = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]

@@ -13,11 +13,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgcrond.embedded import LocalServer
+from pgcrond.core.keys import Identity
+from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import DatabaseUnavailable, LeaseLost, ValidationError
-from pgcrond.keys import Identity
-from pgcrond.store import Acquired, NotAcquired, SyncLeaseStore
-from pgcrond.timing import LeaseTiming
+from pgcrond.storage.embedded import LocalServer
+from pgcrond.storage.leases import Acquired, NotAcquired, SyncLeaseStore
 from tests.store_helpers import count_round_trips, open_store
 
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))

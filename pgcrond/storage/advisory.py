@@ -28,16 +28,16 @@ import structlog
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from pgcrond.cancel import Cancellation
-from pgcrond.db import CONNECTION_SETTINGS, Database, translate
+from pgcrond.core.keys import KeyHash, lock_id
 from pgcrond.errors import LeaseLost, ValidationError
-from pgcrond.keys import KeyHash, lock_id
-from pgcrond.portal import Portal
-from pgcrond.sql import Queries
+from pgcrond.run.cancel import Cancellation
+from pgcrond.storage.db import CONNECTION_SETTINGS, Database, translate
+from pgcrond.storage.portal import Portal
+from pgcrond.storage.sql import Queries
 
 P = ParamSpec("P")
 R = TypeVar("R")
-log = structlog.get_logger("pgcrond.advisory")
+log = structlog.get_logger("pgcrond.storage.advisory")
 
 # The advisory statements name no table; Queries only needs some valid names
 # to format them like every other named query.

@@ -2,7 +2,7 @@
 
 The runner knows nothing of leases or SQL. It starts the action with the run's
 environment, streams its output into the log, and stops it when the run's
-:class:`~pgcrond.cancel.Cancellation` is set (lease lost, shutdown) or its
+:class:`~pgcrond.run.cancel.Cancellation` is set (lease lost, shutdown) or its
 timeout hits. A job's own failure is a :class:`RunResult`, never an exception.
 
 Stop sequence for a child process: SIGTERM to its process group, SIGKILL to the
@@ -35,11 +35,11 @@ from typing import Any, Literal, assert_never
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from pgcrond.actions import Action, CommandAction, EntrypointAction, ShellAction
-from pgcrond.cancel import Cancellation
-from pgcrond.context import ENV_PREFIX, RunContext
-from pgcrond.entrypoints import resolve
-from pgcrond.isolated import describe
+from pgcrond.core.actions import Action, CommandAction, EntrypointAction, ShellAction
+from pgcrond.run.cancel import Cancellation
+from pgcrond.run.context import ENV_PREFIX, RunContext
+from pgcrond.run.entrypoints import resolve
+from pgcrond.run.isolated import describe
 
 Outcome = Literal["success", "fail", "timeout", "cancelled"]
 
@@ -57,7 +57,7 @@ _READ_CHUNK = 64 * 1024
 # left the group (setsid) still holds them; do not wait for that one forever.
 _DRAIN_TIMEOUT = 5.0
 
-_log: FilteringBoundLogger = structlog.get_logger("pgcrond.runner")
+_log: FilteringBoundLogger = structlog.get_logger("pgcrond.run.runner")
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ async def _run_isolated(
     argv = [
         sys.executable,
         "-m",
-        "pgcrond.isolated",
+        "pgcrond.run.isolated",
         "--result-fd",
         str(write_end),
         "--sys-path",

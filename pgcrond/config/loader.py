@@ -23,20 +23,20 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 import yaml
 
-from pgcrond.actions import Action, CommandAction, EntrypointAction, ShellAction
-from pgcrond.durations import format_duration, parse_duration
-from pgcrond.entrypoints import EntrypointError, resolve
-from pgcrond.errors import ConfigError, ConfigIssue, ValidationError
-from pgcrond.keys import BIGINT_MAX, BIGINT_MIN, Identity, KeyHash
-from pgcrond.redaction import redact
-from pgcrond.schedule import (
+from pgcrond.core.actions import Action, CommandAction, EntrypointAction, ShellAction
+from pgcrond.core.durations import format_duration, parse_duration
+from pgcrond.core.keys import BIGINT_MAX, BIGINT_MIN, Identity, KeyHash
+from pgcrond.core.redaction import redact
+from pgcrond.core.schedule import (
     AtSchedule,
     CronSchedule,
     OnceSchedule,
     Schedule,
     local_to_instant,
 )
-from pgcrond.timing import LeaseTiming
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.errors import ConfigError, ConfigIssue, ValidationError
+from pgcrond.run.entrypoints import EntrypointError, resolve
 
 __all__ = [
     "Action",

@@ -13,7 +13,7 @@ import socket
 
 import structlog
 
-log = structlog.get_logger("pgcrond.notify")
+log = structlog.get_logger("pgcrond.daemon.notify")
 
 
 def _address(value: str) -> str | bytes:

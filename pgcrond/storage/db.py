@@ -18,8 +18,8 @@ from psycopg.errors import ReadOnlySqlTransaction
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from pgcrond.core.redaction import redact
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
-from pgcrond.redaction import redact
 
 Query = str | sql.Composed | sql.SQL
 Params = Mapping[str, Any] | None

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from pgcrond.errors import ValidationError
 
-log = structlog.get_logger("pgcrond.http")
+log = structlog.get_logger("pgcrond.daemon.http")
 
 # A probe that takes longer than this is a failed probe: better a 503 now than
 # a kubelet timeout that says nothing.

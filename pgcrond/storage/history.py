@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
-from pgcrond.store import LeaseStore
-from pgcrond.timing import to_ms
+from pgcrond.core.timing import to_ms
+from pgcrond.storage.leases import LeaseStore
 
 DEFAULT_BATCH_SIZE = 500
 

@@ -22,15 +22,15 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
-from pgcrond.cancel import Cancellation
-from pgcrond.db import Database
+from pgcrond.core.keys import Identity
+from pgcrond.core.timing import LeaseTiming, to_ms
 from pgcrond.errors import LeaseLost, PgcrondError
-from pgcrond.keys import Identity
-from pgcrond.sql import Queries, migrations
-from pgcrond.timing import LeaseTiming, to_ms
+from pgcrond.run.cancel import Cancellation
+from pgcrond.storage.db import Database
+from pgcrond.storage.sql import Queries, migrations
 
 T = TypeVar("T")
-log = structlog.get_logger("pgcrond.store")
+log = structlog.get_logger("pgcrond.storage.leases")
 
 NotAcquiredReason = Literal["held", "done", "failed", "retry_pending", "overlap"]
 MAX_ERROR_LENGTH = 4000
@@ -105,7 +105,7 @@ class LeaseStore:
         """
         if await self._up_to_date():
             return []
-        from pgcrond.keys import lock_id
+        from pgcrond.core.keys import lock_id
 
         applied_now: list[int] = []
         async with self.db.connection() as conn, conn.transaction():
@@ -445,7 +445,7 @@ class SyncLeaseStore:
         table: str = "leases",
         owner: str | None = None,
     ) -> None:
-        from pgcrond.portal import Portal
+        from pgcrond.storage.portal import Portal
 
         self._portal = Portal()
         self._db = Database(conninfo)

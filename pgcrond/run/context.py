@@ -2,7 +2,7 @@
 
 Commands and shell scripts see it as ``PGCRON_*`` environment variables,
 entrypoints as a :class:`RunContext` argument. Both forms are produced and read
-here, so the isolated child (``pgcrond.isolated``) rebuilds exactly the context
+here, so the isolated child (``pgcrond.run.isolated``) rebuilds exactly the context
 an in-process entrypoint would have received.
 """
 
@@ -17,7 +17,7 @@ from types import MappingProxyType
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from pgcrond.cancel import Cancellation
+from pgcrond.run.cancel import Cancellation
 
 ENV_PREFIX = "PGCRON_"
 

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pgcrond import report
-from pgcrond.config import (
+from pgcrond.config.loader import (
     DATABASE_URL_ENV,
     DEFAULT_HISTORY_RETENTION,
     MIN_HISTORY_RETENTION,
@@ -27,18 +26,19 @@ from pgcrond.config import (
     load_config,
     min_history_retention,
 )
-from pgcrond.db import Database
-from pgcrond.durations import format_duration, parse_duration
-from pgcrond.embedded import running_dsn
+from pgcrond.core.durations import format_duration, parse_duration
+from pgcrond.core.keys import Identity
+from pgcrond.core.redaction import redact
+from pgcrond.core.schedule import OnceSchedule
+from pgcrond.daemon.logs import configure
+from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError, ValidationError
 from pgcrond.fire import Firing
-from pgcrond.keys import Identity
-from pgcrond.logs import configure
-from pgcrond.metrics import Metrics
-from pgcrond.redaction import redact
-from pgcrond.retention import abandon_stale, prune
-from pgcrond.schedule import OnceSchedule
-from pgcrond.store import LeaseStore
+from pgcrond.ops import report
+from pgcrond.storage.db import Database
+from pgcrond.storage.embedded import running_dsn
+from pgcrond.storage.history import abandon_stale, prune
+from pgcrond.storage.leases import LeaseStore
 
 EXIT_OK = 0
 # The command ran but did not change anything: the operator said no, or the

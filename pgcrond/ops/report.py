@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pgcrond.durations import format_duration
+from pgcrond.core.durations import format_duration
 
 NONE = "-"
 

@@ -30,23 +30,23 @@ from apscheduler.executors.base import BaseExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 
-from pgcrond import notify
-from pgcrond.config import Config, JobConfig, load_config, min_history_retention
-from pgcrond.db import Database
-from pgcrond.embedded import LocalServer, attach
+from pgcrond.config.loader import Config, JobConfig, load_config, min_history_retention
+from pgcrond.core.keys import Identity
+from pgcrond.core.redaction import redact
+from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
+from pgcrond.core.timing import MAX_STOP_GRACE
+from pgcrond.daemon import notify
+from pgcrond.daemon.http import HealthServer
+from pgcrond.daemon.logs import configure
+from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError
 from pgcrond.fire import FireOutcome, Firing
-from pgcrond.http import HealthServer
-from pgcrond.keys import Identity
-from pgcrond.logs import configure
-from pgcrond.metrics import Metrics
-from pgcrond.redaction import redact
-from pgcrond.retention import abandon_stale, prune
-from pgcrond.schedule import OnceSchedule, Schedule, run_key_for
-from pgcrond.store import LeaseStore, NotAcquired, default_owner
-from pgcrond.timing import MAX_STOP_GRACE
+from pgcrond.storage.db import Database
+from pgcrond.storage.embedded import LocalServer, attach
+from pgcrond.storage.history import abandon_stale, prune
+from pgcrond.storage.leases import LeaseStore, NotAcquired, default_owner
 
-log = structlog.get_logger("pgcrond.daemon")
+log = structlog.get_logger("pgcrond.daemon.lifecycle")
 
 # The liveness beat: /healthz fails when the loop has not beaten for this long.
 BEAT_INTERVAL_S = 1.0

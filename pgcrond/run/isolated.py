@@ -1,6 +1,6 @@
 """Child-process host for ``isolate: true`` entrypoints.
 
-``python -m pgcrond.isolated --result-fd N --sys-path JSON TARGET``
+``python -m pgcrond.run.isolated --result-fd N --sys-path JSON TARGET``
 
 The runner starts this in a process group of its own, exactly like a command,
 so a stuck entrypoint can be killed. The run context arrives as the ``PGCRON_*``
@@ -24,10 +24,10 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-from pgcrond import logs
-from pgcrond.cancel import Cancellation
-from pgcrond.context import RunContext
-from pgcrond.entrypoints import resolve
+from pgcrond.daemon import logs
+from pgcrond.run.cancel import Cancellation
+from pgcrond.run.context import RunContext
+from pgcrond.run.entrypoints import resolve
 
 FAILURE_EXIT = 1
 ERROR_CAP = 2000
@@ -48,7 +48,7 @@ async def _await(awaitable: Awaitable[Any], cancellation: Cancellation) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pgcrond.isolated")
+    parser = argparse.ArgumentParser(prog="python -m pgcrond.run.isolated")
     parser.add_argument("--result-fd", type=int, required=True)
     parser.add_argument("--sys-path", required=True)
     parser.add_argument("target")

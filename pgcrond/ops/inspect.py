@@ -12,11 +12,11 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from pgcrond.actions import Action, CommandAction, ShellAction
-from pgcrond.config import Config, JobConfig, load_config
-from pgcrond.durations import format_duration
+from pgcrond.config.loader import Config, JobConfig, load_config
+from pgcrond.core.actions import Action, CommandAction, ShellAction
+from pgcrond.core.durations import format_duration
+from pgcrond.core.schedule import run_key_for
 from pgcrond.errors import ConfigError
-from pgcrond.schedule import run_key_for
 
 EXIT_OK = 0
 EXIT_INVALID = 2

@@ -1,6 +1,6 @@
 """Passwords out of anything that may be logged or shown.
 
-Kept apart from :mod:`pgcrond.db` so that the config loader (``pgcrond
+Kept apart from :mod:`pgcrond.storage.db` so that the config loader (``pgcrond
 check``) can use it without importing the database driver.
 """
 

@@ -1,0 +1,2 @@
+"""Config: YAML files -> frozen, validated models; every error names file, line,
+job and field."""
