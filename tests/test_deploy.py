@@ -43,6 +43,7 @@ from tests import deploy_contract as contract
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 UNIT = DEPLOY / "systemd" / "pgcrond.service"
+FALLBACK_DROP_IN = DEPLOY / "systemd" / "systemd-before-253.conf"
 K8S = DEPLOY / "kubernetes"
 COMPOSE = DEPLOY / "compose.yaml"
 DOCKERFILE = REPO / "Dockerfile"
@@ -147,16 +148,36 @@ def systemd_analyze() -> str:
     return path
 
 
+def systemd_version() -> int:
+    """The major version of the installed systemd (``systemd 252 (252.38-1~deb12u1)``)."""
+    result = subprocess.run(
+        [systemd_analyze(), "--version"], capture_output=True, text=True, timeout=30, check=True
+    )
+    match = re.match(r"systemd (\d+)", result.stdout)
+    assert match is not None, result.stdout
+    return int(match.group(1))
+
+
 def unit_with_local_program(tmp_path: Path) -> Path:
     """The unit verbatim except ExecStart's program, which must exist for verify.
 
     Only the path of the executable changes (to this venv's console script);
-    every argument and every other line is checked as shipped.
+    every argument and every other line is checked as shipped. On systemd
+    older than 253, ``Type=notify-reload`` is replaced by the lines of the
+    shipped drop-in for older systemd, as installing that drop-in would do.
     """
     program = shutil.which(contract.CONSOLE_SCRIPT, path=str(Path(sys.executable).parent))
     assert program is not None, "the pgcrond console script is not installed in this venv"
     text = UNIT.read_text()
     assert text.count(f"ExecStart={contract.SYSTEMD_EXECUTABLE} ") == 1
+    if systemd_version() < 253:
+        # This systemd does not know Type=notify-reload: check the unit as the
+        # documented drop-in for older systemd makes it.
+        fallback = parse_unit(FALLBACK_DROP_IN)["Service"]
+        text = text.replace(
+            "Type=notify-reload\n",
+            "".join(f"{key}={value[0]}\n" for key, value in fallback.items()),
+        )
     copy = tmp_path / UNIT.name
     copy.write_text(
         text.replace(f"ExecStart={contract.SYSTEMD_EXECUTABLE} ", f"ExecStart={program} ")
@@ -200,10 +221,18 @@ def test_unit_runs_the_daemon_as_documented() -> None:
         contract.SYSTEMD_EXECUTABLE, contract.RUN_COMMAND, "-c", contract.SYSTEMD_CONFIG_DIR
     ] == argv  # fmt: skip
     assert contract.SYSTEMD_ENV_FILE == unit_value(unit, "EnvironmentFile")
-    assert ("notify", "main") == (unit_value(unit, "Type"), unit_value(unit, "NotifyAccess"))
+    # notify-reload: systemd sends SIGHUP on `systemctl reload` and waits for RELOADING=1/READY=1.
+    assert ("notify-reload", "main") == (
+        unit_value(unit, "Type"),
+        unit_value(unit, "NotifyAccess"),
+    )
     assert contract.SYSTEMD_WATCHDOG_S == systemd_seconds(unit_value(unit, "WatchdogSec"))
+    # notify-reload sends SIGHUP itself; the drop-in for older systemd sends it by ExecReload.
+    assert "ExecReload" not in unit["Service"]
+    fallback = parse_unit(FALLBACK_DROP_IN)
+    assert "notify" == unit_value(fallback, "Type")
     assert f"/bin/kill -{contract.RELOAD_SIGNAL.removeprefix('SIG')} $MAINPID" == unit_value(
-        unit, "ExecReload"
+        fallback, "ExecReload"
     )
     assert contract.STOP_SIGNAL == unit_value(unit, "KillSignal")
     # Only the daemon gets SIGTERM; its jobs are its to drain.
@@ -413,7 +442,8 @@ def test_image_runs_the_console_script_like_the_deployment() -> None:
     stage = final_stage(dockerfile_instructions(DOCKERFILE))
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     entrypoint = json.loads(only(stage, "ENTRYPOINT"))
-    assert [contract.CONSOLE_SCRIPT] == entrypoint
+    # tini as PID 1 forwards signals and reaps orphans; the daemon is its child.
+    assert ["/usr/bin/tini", "--", contract.CONSOLE_SCRIPT] == entrypoint
     assert contract.CONSOLE_SCRIPT in scripts
 
     cmd = json.loads(only(stage, "CMD"))
@@ -437,7 +467,10 @@ def test_image_holds_no_postgresql_and_no_secrets() -> None:
     assert not [d for d in dependencies if re.match(r"pgserver|postgresql", d, re.IGNORECASE)]
     for keyword, rest in dockerfile_instructions(DOCKERFILE):
         if keyword == "RUN":
-            assert not re.search(r"postgres|pgserver|apt-get|\[", rest, re.IGNORECASE), rest
+            assert not re.search(r"postgres|pgserver|\[", rest, re.IGNORECASE), rest
+            if "apt-get install" in rest:
+                # The one Debian package of the image: tini, its init.
+                assert ["tini"] == re.findall(r"install (?:--?\S+ )*(\S+)", rest), rest
         if keyword in ("ENV", "ARG"):
             assert not re.search(r"PASSWORD|SECRET|TOKEN|DATABASE_URL", rest, re.IGNORECASE)
 
