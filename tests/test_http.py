@@ -7,8 +7,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
+import pgcrond
 from pgcrond.daemon.http import HealthServer, parse_listen
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable, ValidationError
@@ -172,3 +177,128 @@ async def test_readyz_turns_unready_while_the_database_is_down_and_recovers(
             await _until(server.port, 200, within=20)
     finally:
         await db.close()
+
+
+def families_of(body: bytes, content_type: str) -> dict[str, Metric]:
+    """Parse the exposition with prometheus_client's own parser for its format."""
+    if content_type.startswith("application/openmetrics-text"):
+        return {f.name: f for f in openmetrics_families(body.decode())}  # type: ignore[no-untyped-call]
+    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
+async def scrape(port: int) -> dict[str, Metric]:
+    status, headers, body = await fetch(port, "/metrics")
+    assert 200 == status
+    return families_of(body, headers["Content-Type"])
+
+
+async def test_metrics_have_no_created_series_and_carry_build_and_process_metrics() -> None:
+    metrics = Metrics()
+    metrics.runs.labels(job="nightly", outcome="success").inc()
+    metrics.run_duration.labels(job="nightly").observe(0.2)
+    async with serving(metrics=metrics) as server:
+        status, headers, body = await fetch(server.port, "/metrics")
+    assert 200 == status
+    families = families_of(body, headers["Content-Type"])
+    sample_names = {s.name for f in families.values() for s in f.samples}
+    assert [] == sorted(name for name in sample_names if name.endswith("_created"))
+    build = [s for f in families.values() for s in f.samples if s.name == "pgcrond_build_info"]
+    assert [({"version": pgcrond.__version__}, 1.0)] == [(s.labels, s.value) for s in build]
+    # Linux: the process collector reads /proc/self.
+    assert {
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    } <= sample_names
+    assert "python_info" in sample_names
+
+
+async def test_per_job_series_exist_at_zero_before_any_event_and_follow_a_reload() -> None:
+    metrics = Metrics()
+    metrics.set_jobs(["nightly", "cache-warm"])
+    metrics.skips.labels("cache-warm", "overlap").inc()
+    async with serving(metrics=metrics) as server:
+        families = await scrape(server.port)
+        metrics.set_jobs(["nightly", "hourly"])
+        after = await scrape(server.port)
+
+    def series(fams: dict[str, Metric], sample: str) -> dict[tuple[tuple[str, str], ...], float]:
+        return {
+            tuple(sorted(s.labels.items())): s.value
+            for f in fams.values()
+            for s in f.samples
+            if s.name == sample
+        }
+
+    assert {
+        (("job", job), ("outcome", outcome)): 0.0
+        for job in ("nightly", "cache-warm")
+        for outcome in ("success", "fail", "timeout", "cancelled")
+    } == series(families, "pgcrond_runs_total")
+    assert {(("job", "nightly"),): 0.0, (("job", "cache-warm"),): 0.0} == series(
+        families, "pgcrond_fires_total"
+    )
+    assert {(("job", "nightly"),): 0.0, (("job", "cache-warm"),): 0.0} == series(
+        families, "pgcrond_running_jobs"
+    )
+    assert {(("job", "nightly"),): 0.0, (("job", "cache-warm"),): 0.0} == series(
+        families, "pgcrond_run_duration_seconds_count"
+    )
+    # After the reload: the removed job's series are gone (reasons too), the new one's exist.
+    assert {(("job", "nightly"),): 0.0, (("job", "hourly"),): 0.0} == series(
+        after, "pgcrond_fires_total"
+    )
+    assert {} == series(after, "pgcrond_skips_total")
+    # No made-up "last success at 1970": that series appears with the first success.
+    assert {} == series(after, "pgcrond_last_success_timestamp_seconds")
+    assert {"nightly", "hourly"} == {
+        dict(labels)["job"] for labels in series(after, "pgcrond_runs_total")
+    }
+
+
+async def fetch_accepting(port: int, accept: str) -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /metrics HTTP/1.1\r\nHost: t\r\nAccept: {accept}\r\n\r\n".encode())
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    head, _, body = response.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode().split("\r\n")
+    return int(status_line.split()[1]), dict(h.split(": ", 1) for h in header_lines), body
+
+
+# What Prometheus 2.x and 3.x send by default, and a plain client.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+@pytest.mark.parametrize(
+    ("accept", "expected_type"),
+    [
+        (PROMETHEUS_ACCEPT, "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        ("text/plain", "text/plain; version=0.0.4; charset=utf-8"),
+        ("*/*", "text/plain; version=0.0.4; charset=utf-8"),
+    ],
+)
+async def test_metrics_format_is_negotiated_by_prometheus_clients_encoder(
+    accept: str, expected_type: str
+) -> None:
+    metrics = Metrics()
+    metrics.set_jobs(["nightly"])
+    metrics.runs.labels("nightly", "fail").inc()
+    async with serving(metrics=metrics) as server:
+        status, headers, body = await fetch_accepting(server.port, accept)
+    assert 200 == status
+    assert headers["Content-Type"].startswith(expected_type)
+    assert expected_type.startswith("application/openmetrics") == body.endswith(b"# EOF\n")
+    families = families_of(body, headers["Content-Type"])
+    runs = {
+        s.labels["outcome"]: s.value
+        for s in families["pgcrond_runs"].samples
+        if s.name == "pgcrond_runs_total" and s.labels["job"] == "nightly"
+    }
+    assert {"success": 0.0, "fail": 1.0, "timeout": 0.0, "cancelled": 0.0} == runs

@@ -12,7 +12,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from pgcrond.errors import ValidationError
 
@@ -91,11 +92,13 @@ class HealthServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             try:
-                method, path = await asyncio.wait_for(_read_request(reader), REQUEST_TIMEOUT_S)
+                method, path, accept = await asyncio.wait_for(
+                    _read_request(reader), REQUEST_TIMEOUT_S
+                )
             except _UNREADABLE:
                 await _respond(writer, 400, TEXT, b"bad request\n")
                 return
-            status, content_type, body = await self._route(method, path)
+            status, content_type, body = await self._route(method, path, accept)
             extra = {"Allow": "GET, HEAD"} if status == 405 else {}
             await _respond(
                 writer,
@@ -112,7 +115,7 @@ class HealthServer:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
+    async def _route(self, method: str, path: str, accept: str) -> tuple[int, str, bytes]:
         if path not in ("/healthz", "/readyz", "/metrics"):
             return 404, TEXT, b"not found\n"
         if method not in ("GET", "HEAD"):
@@ -123,7 +126,10 @@ class HealthServer:
         if path == "/readyz":
             ready = await self._is_ready()
             return (200, TEXT, b"ok\n") if ready else (503, TEXT, b"not ready\n")
-        return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
+        # prometheus_client's own negotiation: OpenMetrics when the scraper
+        # asks for it (Prometheus does by default), else the classic text format.
+        encoder, content_type = choose_encoder(accept)
+        return 200, content_type, encoder(self._registry)
 
     async def _is_ready(self) -> bool:
         try:
@@ -145,15 +151,21 @@ def _safely(check: Callable[[], bool]) -> bool:
         return False
 
 
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
-    """The method and path of one request; headers are read and ignored."""
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, str]:
+    """The method, path and Accept header of one request; other headers are ignored."""
     request_line = (await reader.readuntil(b"\r\n")).decode("latin-1").split()
     if len(request_line) != 3 or not request_line[2].startswith("HTTP/"):
         raise ValueError("malformed request line")
+    accept: list[str] = []
     for _ in range(MAX_HEADER_LINES):
-        if await reader.readuntil(b"\r\n") == b"\r\n":
+        line = await reader.readuntil(b"\r\n")
+        if line == b"\r\n":
             method, target, _version = request_line
-            return method, target.split("?", 1)[0]
+            # Repeated Accept headers are one comma-separated list (RFC 9110).
+            return method, target.split("?", 1)[0], ",".join(accept)
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == "accept":
+            accept.append(value.strip())
     raise ValueError("too many header lines")
 
 

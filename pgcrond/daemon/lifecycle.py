@@ -112,6 +112,7 @@ class Daemon:
         self.http_listen = config.http_listen if http_listen is None else http_listen
         self.replica = default_owner()
         self.metrics = Metrics()
+        self.metrics.set_jobs(config.jobs)
         self.tasks: set[asyncio.Task[Any]] = set()
         self.fire_tasks: set[asyncio.Task[Any]] = set()
         self.stop_requested = asyncio.Event()
@@ -342,6 +343,7 @@ class Daemon:
             self._schedule(self._scheduler, new.jobs[code])
         if self._advisory_db is not None:
             await self._advisory_db.resize(_advisory_pool_size(new))
+        self.metrics.set_jobs(new.jobs)
         log.info("config_reloaded", added=added, removed=removed, changed=changed)
 
     def _running(self) -> list[str]:

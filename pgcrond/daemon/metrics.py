@@ -7,7 +7,31 @@ purpose; a *misfire* started later than ``misfire_grace`` after its tick.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Iterable
+from typing import get_args
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+
+from pgcrond import __version__
+from pgcrond.run.runner import Outcome
+
+# Every counter and histogram would also export a `_created` series with its
+# creation time: twice the series for a value nobody alerts on. The switch is
+# process-wide in prometheus_client; pgcrond has no other registry.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# Runs are counted by the runner's outcomes; each is present (at 0) from the
+# start, so `increase(pgcrond_runs_total{outcome="fail"}[1h])` is 0, not absent.
+RUN_OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
 # Lateness of a healthy replica is milliseconds; the tail (late fires within
 # grace, takeovers) matters up to the default misfire grace (5 min).
@@ -21,6 +45,12 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # process_* (CPU, memory, open fds, start time; read from /proc, so
+        # Linux only: elsewhere the collector yields nothing) and python_info.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        self.build = Info("pgcrond_build", "The running pgcrond release.", registry=r)
+        self.build.info({"version": __version__})
         self.fires = Counter(
             "pgcrond_fires", "Fires of a tick on this replica.", ["job"], registry=r
         )
@@ -81,3 +111,41 @@ class Metrics:
             ["job"],
             registry=r,
         )
+
+    def set_jobs(self, codes: Iterable[str]) -> None:
+        """Make the per-job series exist for exactly these jobs.
+
+        Called with the config's job codes at start and after each reload:
+        a job's series exist (at 0) before its first fire, so rates and
+        absence alerts work from the first scrape, and a removed job's series
+        go away instead of freezing at their last value. Series by a reason
+        (losses, skips) appear with their first event: reasons are
+        open-ended, and a zero for each would be noise.
+        """
+        wanted = sorted(set(codes))
+        by_job: list[Counter | Gauge | Histogram] = [
+            self.fires, self.wins, self.misfires, self.takeovers, self.run_duration,
+            self.lateness, self.running, self.heartbeat_failures,
+        ]  # fmt: skip
+        # last_success has no honest zero (it would read "last success in
+        # 1970" after every restart): it appears with the first success.
+        for metric in [*by_job, self.runs, self.losses, self.skips, self.last_success]:
+            for labels in _label_sets(metric):
+                if labels[0] not in wanted:
+                    metric.remove(*labels)
+        for code in wanted:
+            for metric in by_job:
+                metric.labels(code)
+            for outcome in RUN_OUTCOMES:
+                self.runs.labels(code, outcome)
+
+
+def _label_sets(metric: Counter | Gauge | Histogram) -> set[tuple[str, ...]]:
+    """The label values of each child of ``metric``, job first (as declared)."""
+    found: set[tuple[str, ...]] = set()
+    for family in metric.collect():
+        for sample in family.samples:
+            labels = {k: v for k, v in sample.labels.items() if k != "le"}
+            if "job" in labels:
+                found.add((labels.pop("job"), *labels.values()))
+    return found
