@@ -1,0 +1,742 @@
+"""The fault suite's checker: a pure function over rows.
+
+Inputs, all read after the cluster settled, every time by the database clock:
+
+* the **ledger** (tests/faults/ledger.py): what ran, written by the jobs
+  straight to the server: job, run key, attempt, fencing token, pid, phase
+  ('start', 'end' = the run's effect, 'fail', 'cancelled') and ``at``;
+* the **lease table**'s rows (the daemon's record) and, when available, the
+  **lease history** (every version of every row, from a trigger), which dates
+  each claim;
+* the **fault log**: each fault's kind, start and end, and the replica's pids
+  it hit (none: the whole cluster);
+* the jobs (period, misfire grace, forbid, run-once) and the run window.
+
+:func:`check` returns every violation of these invariants:
+
+``lost_tick``
+    a tick in the window with no finished run ('end') and no SKIPPED row of a
+    ``concurrency: forbid`` job, unless the database was unreachable for the
+    whole of the tick's misfire window; a run-once job that never finished.
+``duplicate_current`` / ``duplicate_fenced``
+    more than one effect ('end') for one tick. The effect of the tick's
+    recorded owner is the one that counts; every other one is a duplicate by
+    an owner that was still current when it wrote (its outcome was lost or
+    never recorded, and the tick ran again), or by a fenced owner (a newer
+    claim, with a larger fencing token, had been made before it wrote).
+``fenced_outcome``
+    an outcome (SUCCESS/FAIL) recorded for an attempt that was not the
+    current one: a newer claim of the tick exists, the history shows a
+    fencing token going back, or SUCCESS is recorded for an attempt that
+    never ended.
+``lost_outcome``
+    a finished run ('end') whose tick's lease row is not SUCCESS by that
+    attempt (same fencing token).
+``stuck_running``
+    a lease row of a tick in the window (or of a run-once job) still RUNNING
+    after the cluster settled.
+``once_rerun``
+    a run-once job with more than one effect.
+``forbid_overlap``
+    two runs of different ticks of a ``concurrency: forbid`` job active at
+    the same time. A run is active from its 'start' to its last ledger row
+    (or to the kill of its process), minus the time its process was stopped;
+    a run that only woke from a stop to notice its cancellation is not active
+    after the stop.
+``started_late`` / ``started_early``
+    a run (not a retry) whose 'start' is later than ``misfire_grace`` after
+    its tick (plus ``start_slack``: the ledger row is written just after the
+    claim), or earlier than the tick itself.
+
+Every violation is attributed to the faults it may be due to: those of its
+replicas (or cluster-wide ones) active during its span, extended by
+``horizon``; one attributed to none is counted under ``none``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+KINDS = (
+    "lost_tick",
+    "duplicate_current",
+    "duplicate_fenced",
+    "fenced_outcome",
+    "lost_outcome",
+    "stuck_running",
+    "once_rerun",
+    "forbid_overlap",
+    "started_late",
+    "started_early",
+)
+# Faults during which the daemon cannot reach its database.
+UNREACHABLE = frozenset({"pg_restart", "partition", "blackhole"})
+INITIAL = "INITIAL"
+TERMINAL = ("end", "fail", "cancelled")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    code: str
+    # Ticks at every multiple of this many seconds (a "*/N * * * * *" cron);
+    # None for a run-once job.
+    every_s: int | None
+    misfire_grace: timedelta
+    forbid: bool = False
+
+    @property
+    def once(self) -> bool:
+        return self.every_s is None
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    job: str
+    run_key: str  # "" for a run-once job
+    attempt: int
+    fencing_token: int | None
+    pid: int
+    phase: str
+    at: datetime
+    replica: str = ""
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    code: str
+    run_key: str | None  # None for INITIAL
+    status: str
+    attempt: int
+    fencing_token: int
+    owner: str
+    reason: str | None = None
+    type: str = "SCHEDULE"
+
+    @property
+    def pid(self) -> int | None:
+        return _owner_pid(self.owner)
+
+
+@dataclass(frozen=True)
+class LeaseVersion:
+    """One row of the lease history: a version of a lease row and when it was written."""
+
+    code: str
+    run_key: str | None
+    status: str
+    fencing_token: int
+    owner: str
+    reason: str | None
+    at: datetime
+    op: str = "UPDATE"
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    start: datetime
+    end: datetime
+    # The processes it hit; empty: the whole cluster (network, server).
+    pids: frozenset[int] = frozenset()
+    replica: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Window:
+    """Ticks from ``start`` to ``end`` (inclusive) are checked."""
+
+    start: datetime
+    end: datetime
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    job: str
+    run_key: str
+    detail: str
+    start: datetime
+    end: datetime
+    pids: frozenset[int] = frozenset()
+    causes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "job": self.job,
+            "run_key": self.run_key,
+            "detail": self.detail,
+            "from": _iso(self.start),
+            "to": _iso(self.end),
+            "pids": sorted(self.pids),
+            "faults": list(self.causes),
+        }
+
+
+@dataclass
+class Report:
+    violations: list[Violation]
+    faults: list[Fault]
+    ticks_checked: int = 0
+    effects: int = 0
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def total(self, kind: str | None = None) -> int:
+        return sum(1 for v in self.violations if kind is None or v.kind == kind)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per fault kind (+ 'none' and 'total'): faults injected, violations per kind."""
+        injected: dict[str, int] = defaultdict(int)
+        for fault in self.faults:
+            injected[fault.kind] += 1
+        labels = [*sorted(injected), "none", "total"]
+        table = []
+        for label in labels:
+            row: dict[str, Any] = {"fault": label, "injected": injected.get(label, 0)}
+            for kind in KINDS:
+                row[kind] = sum(
+                    1
+                    for v in self.violations
+                    if v.kind == kind
+                    and (
+                        label == "total" or (label == "none" and not v.causes) or label in v.causes
+                    )
+                )
+            if label == "total":
+                row["injected"] = len(self.faults)
+            table.append(row)
+        return table
+
+    def examples(self) -> dict[str, Violation]:
+        """The first violation of each kind (by time)."""
+        found: dict[str, Violation] = {}
+        for violation in sorted(self.violations, key=lambda v: v.start):
+            found.setdefault(violation.kind, violation)
+        return found
+
+
+def check(
+    jobs: Sequence[JobSpec],
+    ledger: Iterable[LedgerRow],
+    leases: Iterable[LeaseRow],
+    faults: Sequence[Fault],
+    window: Window,
+    history: Iterable[LeaseVersion] = (),
+    *,
+    start_slack: timedelta = timedelta(milliseconds=500),
+    horizon: timedelta = timedelta(seconds=3),
+) -> Report:
+    ledger = sorted(ledger, key=lambda r: r.at)
+    history = sorted(history, key=lambda h: h.at)
+    by_tick: dict[tuple[str, str], list[LedgerRow]] = defaultdict(list)
+    for row in ledger:
+        by_tick[row.job, row.run_key].append(row)
+    lease_by_tick: dict[tuple[str, str], LeaseRow] = {}
+    for row_ in leases:
+        lease_by_tick[row_.code, row_.run_key or ""] = row_
+    versions: dict[tuple[str, str], list[LeaseVersion]] = defaultdict(list)
+    for version in history:
+        versions[version.code, version.run_key or ""].append(version)
+    claims = _claims(by_tick, versions)
+
+    found: list[Violation] = []
+    ticks_checked = 0
+    for job in jobs:
+        in_window = [""] if job.once else [_key(t) for t in _ticks(job.every_s, window)]
+        # Also the ticks before the window's end that left rows behind (before the
+        # window, or off the job's grid): all settled, so all checked but for losses.
+        # Later ticks may still be running; they are not looked at.
+        keys = in_window + sorted(
+            {k for (code, k) in by_tick if code == job.code and k and _parse(k) <= window.end}
+            - set(in_window)
+        )
+        for key in keys:
+            rows = by_tick.get((job.code, key), [])
+            lease = lease_by_tick.get((job.code, key))
+            tick_claims = claims.get((job.code, key), [])
+            if key in in_window:
+                ticks_checked += 1
+                found += _lost(job, key, rows, lease, faults)
+                found += _stuck(job, key, rows, lease, window)
+            found += _duplicates(job, key, rows, lease, tick_claims)
+            found += _outcomes(job, key, rows, lease, tick_claims, versions.get((job.code, key)))
+            if not job.once:
+                found += _timing(job, key, rows, start_slack)
+        if job.forbid:
+            found += _overlaps(job, by_tick, faults)
+
+    attributed = [_attribute(v, faults, horizon) for v in found]
+    attributed.sort(key=lambda v: (v.start, v.kind, v.job, v.run_key))
+    effects = sum(1 for row in ledger if row.phase == "end")
+    return Report(attributed, list(faults), ticks_checked=ticks_checked, effects=effects)
+
+
+# -- the invariants -----------------------------------------------------------
+
+
+def _lost(
+    job: JobSpec,
+    key: str,
+    rows: list[LedgerRow],
+    lease: LeaseRow | None,
+    faults: Sequence[Fault],
+) -> list[Violation]:
+    if any(r.phase == "end" for r in rows):
+        return []
+    if job.forbid and lease is not None and lease.status == "SKIPPED":
+        return []
+    if job.once:
+        start = rows[0].at if rows else datetime.min.replace(tzinfo=UTC)
+        end = rows[-1].at if rows else start
+        return [
+            _violation(
+                "lost_tick", job, key, "the run-once job never finished", rows, lease, start, end
+            )
+        ]
+    tick = _parse(key)
+    window_end = tick + job.misfire_grace
+    if _covered(tick, window_end, [f for f in faults if f.kind in UNREACHABLE]):
+        return []
+    phases = ", ".join(f"{r.phase}#{r.attempt}(pid {r.pid})" for r in rows) or "no run at all"
+    status = "no lease row" if lease is None else f"lease {lease.status}/{lease.reason}"
+    return [
+        _violation(
+            "lost_tick",
+            job,
+            key,
+            f"no finished run: {phases}; {status}",
+            rows,
+            lease,
+            tick,
+            window_end,
+        )
+    ]
+
+
+def _stuck(
+    job: JobSpec, key: str, rows: list[LedgerRow], lease: LeaseRow | None, window: Window
+) -> list[Violation]:
+    if lease is None or lease.status != "RUNNING":
+        return []
+    start = _parse(key) if key else (rows[0].at if rows else window.start)
+    # It should have been resolved within the tick's misfire window.
+    end = max([start + job.misfire_grace, *(r.at for r in rows)])
+    return [
+        _violation(
+            "stuck_running",
+            job,
+            key,
+            f"lease row RUNNING after settling: attempt {lease.attempt}, token "
+            f"{lease.fencing_token}, owner {lease.owner}",
+            rows,
+            lease,
+            start,
+            end,
+        )
+    ]
+
+
+def _duplicates(
+    job: JobSpec,
+    key: str,
+    rows: list[LedgerRow],
+    lease: LeaseRow | None,
+    claims: list[tuple[int, datetime]],
+) -> list[Violation]:
+    effects = [r for r in rows if r.phase == "end"]
+    if len(effects) < 2:
+        return []
+    # The effect that counts: that of the recorded owner, else the newest claim's.
+    recorded = lease.fencing_token if lease is not None else None
+    keep = next((e for e in effects if e.fencing_token == recorded), None) or max(
+        effects, key=lambda e: e.fencing_token or 0
+    )
+    found = []
+    for effect in effects:
+        if effect is keep:
+            continue
+        if job.once:
+            kind = "once_rerun"
+            detail = (
+                f"run-once job's effect written again: attempt {effect.attempt} token "
+                f"{effect.fencing_token} (pid {effect.pid}) besides attempt {keep.attempt} "
+                f"token {keep.fencing_token} (pid {keep.pid})"
+            )
+        else:
+            newer = _newer_claim(effect, claims)
+            if newer is None:
+                kind = "duplicate_current"
+                detail = (
+                    f"effects by attempt {effect.attempt} token {effect.fencing_token} "
+                    f"(pid {effect.pid}, current when it wrote at {_iso(effect.at)}) and attempt "
+                    f"{keep.attempt} token {keep.fencing_token} (pid {keep.pid})"
+                )
+            else:
+                kind = "duplicate_fenced"
+                detail = (
+                    f"effect at {_iso(effect.at)} by fenced attempt {effect.attempt} token "
+                    f"{effect.fencing_token} (pid {effect.pid}): token {newer[0]} was claimed "
+                    f"at {_iso(newer[1])}, before it; kept effect: attempt {keep.attempt} token "
+                    f"{keep.fencing_token} (pid {keep.pid})"
+                )
+        span = sorted([effect.at, keep.at])
+        found.append(_violation(kind, job, key, detail, [effect, keep], None, span[0], span[1]))
+    return found
+
+
+def _outcomes(
+    job: JobSpec,
+    key: str,
+    rows: list[LedgerRow],
+    lease: LeaseRow | None,
+    claims: list[tuple[int, datetime]],
+    versions: list[LeaseVersion] | None,
+) -> list[Violation]:
+    found = []
+    start = rows[0].at if rows else None
+    end = rows[-1].at if rows else None
+    # Every effect must be the recorded outcome.
+    for effect in (r for r in rows if r.phase == "end"):
+        if (
+            lease is not None
+            and lease.status == "SUCCESS"
+            and (lease.fencing_token == effect.fencing_token)
+        ):
+            continue
+        recorded = (
+            "no lease row"
+            if lease is None
+            else f"lease {lease.status}/{lease.reason} by attempt {lease.attempt} token "
+            f"{lease.fencing_token} ({lease.owner})"
+        )
+        found.append(
+            _violation(
+                "lost_outcome",
+                job,
+                key,
+                f"attempt {effect.attempt} token {effect.fencing_token} (pid {effect.pid}) "
+                f"ended at {_iso(effect.at)}, but {recorded}",
+                [effect],
+                lease,
+                effect.at,
+                effect.at,
+            )
+        )
+    if lease is None or lease.status not in ("SUCCESS", "FAIL"):
+        return found
+    newer = [(token, at) for token, at in claims if token > lease.fencing_token]
+    if newer:
+        token, at = newer[0]
+        found.append(
+            _violation(
+                "fenced_outcome",
+                job,
+                key,
+                f"{lease.status} recorded by attempt {lease.attempt} token "
+                f"{lease.fencing_token} ({lease.owner}), but token {token} claimed the tick at "
+                f"{_iso(at)}",
+                rows,
+                lease,
+                start or at,
+                end or at,
+            )
+        )
+    elif lease.status == "SUCCESS" and not any(
+        r.phase == "end" and r.fencing_token == lease.fencing_token for r in rows
+    ):
+        found.append(
+            _violation(
+                "fenced_outcome",
+                job,
+                key,
+                f"SUCCESS recorded for attempt {lease.attempt} token {lease.fencing_token} "
+                f"({lease.owner}), which never ended in the ledger",
+                rows,
+                lease,
+                start or _parse_or_min(key),
+                end or _parse_or_min(key),
+            )
+        )
+    for before, after in itertools.pairwise(versions or []):
+        if after.fencing_token < before.fencing_token:
+            found.append(
+                _violation(
+                    "fenced_outcome",
+                    job,
+                    key,
+                    f"lease row went back from token {before.fencing_token} ({before.owner}) to "
+                    f"{after.fencing_token} ({after.owner}, {after.status}) at {_iso(after.at)}",
+                    rows,
+                    lease,
+                    before.at,
+                    after.at,
+                )
+            )
+    return found
+
+
+def _timing(
+    job: JobSpec, key: str, rows: list[LedgerRow], start_slack: timedelta
+) -> list[Violation]:
+    found = []
+    tick = _parse(key)
+    failed_attempts = {r.attempt for r in rows if r.phase == "fail"}
+    for start in (r for r in rows if r.phase == "start"):
+        if start.at < tick:
+            found.append(
+                _violation(
+                    "started_early",
+                    job,
+                    key,
+                    f"attempt {start.attempt} token {start.fencing_token} (pid {start.pid}) "
+                    f"started {(tick - start.at).total_seconds():.3f}s before its tick",
+                    [start],
+                    None,
+                    start.at,
+                    tick,
+                )
+            )
+        retry = start.attempt - 1 in failed_attempts
+        lateness = start.at - tick
+        if not retry and lateness > job.misfire_grace + start_slack:
+            found.append(
+                _violation(
+                    "started_late",
+                    job,
+                    key,
+                    f"attempt {start.attempt} token {start.fencing_token} (pid {start.pid}) "
+                    f"started {lateness.total_seconds():.3f}s after its tick "
+                    f"(misfire_grace {job.misfire_grace.total_seconds():g}s)",
+                    [start],
+                    None,
+                    tick,
+                    start.at,
+                )
+            )
+    return found
+
+
+@dataclass(frozen=True)
+class _Run:
+    key: str
+    token: int | None
+    pid: int
+    segments: tuple[tuple[datetime, datetime], ...]
+    rows: tuple[LedgerRow, ...]
+
+
+def _overlaps(
+    job: JobSpec, by_tick: dict[tuple[str, str], list[LedgerRow]], faults: Sequence[Fault]
+) -> list[Violation]:
+    runs: list[_Run] = []
+    for (code, key), rows in by_tick.items():
+        if code != job.code:
+            continue
+        attempts: dict[tuple[int | None, int], list[LedgerRow]] = defaultdict(list)
+        for row in rows:
+            attempts[row.fencing_token, row.pid].append(row)
+        for (token, pid), mine in attempts.items():
+            run = _active(key, token, pid, mine, faults)
+            if run is not None:
+                runs.append(run)
+    found = []
+    for first, second in itertools.combinations(sorted(runs, key=lambda r: r.segments[0]), 2):
+        if first.key == second.key:
+            continue
+        overlap = _intersection(first.segments, second.segments)
+        if overlap is None:
+            continue
+        found.append(
+            _violation(
+                "forbid_overlap",
+                job,
+                first.key,
+                f"tick {first.key} token {first.token} (pid {first.pid}, "
+                f"{'/'.join(r.phase for r in first.rows)}) and tick {second.key} token "
+                f"{second.token} (pid {second.pid}, {'/'.join(r.phase for r in second.rows)}) "
+                f"both active from {_iso(overlap[0])} to {_iso(overlap[1])}",
+                [*first.rows, *second.rows],
+                None,
+                overlap[0],
+                overlap[1],
+            )
+        )
+    return found
+
+
+def _active(
+    key: str, token: int | None, pid: int, rows: list[LedgerRow], faults: Sequence[Fault]
+) -> _Run | None:
+    starts = [r for r in rows if r.phase == "start"]
+    if not starts:
+        return None
+    begin = starts[0].at
+    last = rows[-1]
+    if last.phase in TERMINAL:
+        finish = last.at
+    else:
+        kills = [f.start for f in faults if f.kind == "kill" and pid in f.pids and f.start >= begin]
+        finish = min(kills) if kills else last.at
+    stops = sorted(
+        (max(f.start, begin), min(f.end, finish))
+        for f in faults
+        if f.kind == "pause" and pid in f.pids and f.start < finish and f.end > begin
+    )
+    segments: list[tuple[datetime, datetime]] = []
+    cursor = begin
+    for stop_start, stop_end in stops:
+        if stop_start > cursor:
+            segments.append((cursor, stop_start))
+        cursor = max(cursor, stop_end)
+    woke_to_stop = bool(stops) and last.phase == "cancelled"
+    if cursor < finish and not woke_to_stop:
+        segments.append((cursor, finish))
+    if not segments:
+        segments.append((begin, begin))
+    return _Run(key, token, pid, tuple(segments), tuple(rows))
+
+
+def _intersection(
+    a: Sequence[tuple[datetime, datetime]], b: Sequence[tuple[datetime, datetime]]
+) -> tuple[datetime, datetime] | None:
+    for (a0, a1), (b0, b1) in itertools.product(a, b):
+        low, high = max(a0, b0), min(a1, b1)
+        if low < high:
+            return low, high
+    return None
+
+
+# -- helpers --------------------------------------------------------------------
+
+
+def _claims(
+    by_tick: dict[tuple[str, str], list[LedgerRow]],
+    versions: dict[tuple[str, str], list[LeaseVersion]],
+) -> dict[tuple[str, str], list[tuple[int, datetime]]]:
+    """Per tick: (fencing token, when claimed), earliest known instant, by token.
+
+    The history dates a claim exactly; a ledger 'start' is a later bound (the
+    job starts after its claim), used when there is no history.
+    """
+    result: dict[tuple[str, str], list[tuple[int, datetime]]] = {}
+    for tick in set(by_tick) | set(versions):
+        earliest: dict[int, datetime] = {}
+        for version in versions.get(tick, []):
+            if version.status == "RUNNING":
+                at = earliest.get(version.fencing_token)
+                earliest[version.fencing_token] = version.at if at is None else min(at, version.at)
+        for row in by_tick.get(tick, []):
+            if row.phase == "start" and row.fencing_token is not None:
+                at = earliest.get(row.fencing_token)
+                earliest[row.fencing_token] = row.at if at is None else min(at, row.at)
+        result[tick] = sorted(earliest.items())
+    return result
+
+
+def _newer_claim(
+    effect: LedgerRow, claims: list[tuple[int, datetime]]
+) -> tuple[int, datetime] | None:
+    token = effect.fencing_token or 0
+    return next(((t, at) for t, at in claims if t > token and at <= effect.at), None)
+
+
+def _covered(start: datetime, end: datetime, faults: Sequence[Fault]) -> bool:
+    """Whether the union of the faults' intervals covers [start, end]."""
+    cursor = start
+    for fault in sorted(faults, key=lambda f: f.start):
+        if fault.start > cursor:
+            break
+        cursor = max(cursor, fault.end)
+        if cursor >= end:
+            return True
+    return cursor >= end
+
+
+def _attribute(violation: Violation, faults: Sequence[Fault], horizon: timedelta) -> Violation:
+    causes = []
+    for fault in faults:
+        if fault.start > violation.end or fault.end + horizon < violation.start:
+            continue
+        if fault.pids and not fault.pids & violation.pids:
+            continue
+        if fault.kind not in causes:
+            causes.append(fault.kind)
+    return Violation(
+        violation.kind,
+        violation.job,
+        violation.run_key,
+        violation.detail,
+        violation.start,
+        violation.end,
+        violation.pids,
+        tuple(causes),
+    )
+
+
+def _violation(
+    kind: str,
+    job: JobSpec,
+    key: str,
+    detail: str,
+    rows: Sequence[LedgerRow],
+    lease: LeaseRow | None,
+    start: datetime,
+    end: datetime,
+) -> Violation:
+    pids = {r.pid for r in rows}
+    if lease is not None and lease.pid is not None:
+        pids.add(lease.pid)
+    return Violation(kind, job.code, key or INITIAL, detail, start, end, frozenset(pids))
+
+
+def _ticks(every_s: int | None, window: Window) -> list[datetime]:
+    if every_s is None:
+        return []
+    epoch = int(window.start.timestamp())
+    first = epoch + (-epoch) % every_s
+    if first < window.start.timestamp():
+        first += every_s
+    ticks = []
+    moment = first
+    while moment <= window.end.timestamp():
+        ticks.append(datetime.fromtimestamp(moment, UTC))
+        moment += every_s
+    return ticks
+
+
+def _key(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse(key: str) -> datetime:
+    return datetime.strptime(key, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def _parse_or_min(key: str) -> datetime:
+    return _parse(key) if key else datetime.min.replace(tzinfo=UTC)
+
+
+def _owner_pid(owner: str) -> int | None:
+    tail = owner.rpartition(":")[2]
+    return int(tail) if tail.isdigit() else None
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def table_text(report: Report) -> str:
+    """The per-fault table as aligned text."""
+    rows = report.rows()
+    headers = ["fault", "injected", *KINDS]
+    widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in headers]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    for row in rows:
+        lines.append("  ".join(str(row[h]).ljust(w) for h, w in zip(headers, widths, strict=True)))
+    return "\n".join(lines)

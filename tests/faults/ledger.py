@@ -1,0 +1,139 @@
+"""The fault suite's job and the tables it observes through.
+
+``record`` is the entrypoint of every fault-suite job: it appends 'start',
+sleeps ``FAULT_SLEEP`` seconds (stopping when cancelled), fails while the
+attempt is at most ``FAULT_FAIL_ATTEMPTS``, and appends 'end' (its effect), or
+'cancelled' once the run is being stopped. It is a well-behaved job: it looks
+at its cancellation right before its effect. Ledger writes go straight to the
+server (``LEDGER_DSN``), never through the fault proxy, and are retried through
+a server restart so that an outage never erases the ground truth; the row's
+``at`` is the database clock when the row landed.
+
+``HISTORY_DDL`` adds a trigger that copies every version of every lease row
+(as JSON, so a changed lease table still works) with the database clock: the
+claim history the checker needs to tell a current owner from a fenced one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Protocol
+
+import psycopg
+
+# Long enough to outlast a server restart; a write that still fails raises.
+WRITE_PATIENCE_S = 30.0
+
+
+class Cancelled(Protocol):
+    def is_set(self) -> bool: ...
+
+    def wait_sync(self, timeout: float | None = None) -> bool: ...
+
+
+class Context(Protocol):
+    """The part of ``pgcrond``'s RunContext this job reads."""
+
+    @property
+    def job(self) -> str: ...
+    @property
+    def run_key(self) -> str: ...
+    @property
+    def fire_time(self) -> datetime: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def fencing_token(self) -> int | None: ...
+    @property
+    def idempotency_key(self) -> str: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def cancelled(self) -> Cancelled: ...
+
+
+def _append(ctx: Context, phase: str | None = None, *, effect: bool = False) -> str:
+    """Insert one ledger row, retried through an outage; returns the phase written.
+
+    For the effect ('end'), the cancellation is looked at before every try: a
+    run stopped meanwhile writes 'cancelled' instead.
+    """
+    deadline = time.monotonic() + WRITE_PATIENCE_S
+    while True:
+        written = "cancelled" if effect and ctx.cancelled.is_set() else (phase or "end")
+        try:
+            with psycopg.connect(ctx.env["LEDGER_DSN"], autocommit=True, connect_timeout=3) as c:
+                c.execute(
+                    f"INSERT INTO {ctx.env['LEDGER_TABLE']} "
+                    "(job, run_key, tick, idempotency_key, attempt, fencing_token, pid, "
+                    "replica, phase, local_at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    (
+                        ctx.job,
+                        ctx.run_key,
+                        ctx.fire_time,
+                        ctx.idempotency_key,
+                        ctx.attempt,
+                        ctx.fencing_token,
+                        os.getpid(),
+                        ctx.env.get("FAULT_REPLICA", ""),
+                        written,
+                        time.time(),
+                    ),
+                )
+            return written
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def record(ctx: Context) -> None:
+    _append(ctx, "start")
+    seconds = float(ctx.env.get("FAULT_SLEEP", "0"))
+    if seconds and ctx.cancelled.wait_sync(seconds):
+        _append(ctx, "cancelled")
+        return
+    if ctx.attempt <= int(ctx.env.get("FAULT_FAIL_ATTEMPTS", "0")):
+        _append(ctx, "fail")
+        raise RuntimeError(f"attempt {ctx.attempt} fails on purpose")
+    _append(ctx, effect=True)
+
+
+LEDGER_DDL = """
+CREATE TABLE {schema}.ledger (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job             text NOT NULL,
+    run_key         text NOT NULL,
+    tick            timestamptz NOT NULL,
+    idempotency_key text NOT NULL,
+    attempt         integer NOT NULL,
+    fencing_token   bigint,
+    pid             integer NOT NULL,
+    replica         text NOT NULL,
+    phase           text NOT NULL,
+    -- the job's own wall clock (shifted under the clock shim), epoch seconds
+    local_at        double precision NOT NULL,
+    at              timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+HISTORY_DDL = """
+CREATE TABLE {schema}.lease_history (
+    id    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    op    text NOT NULL,
+    at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+    row   jsonb NOT NULL
+);
+CREATE FUNCTION {schema}.copy_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {schema}.lease_history (op, row) VALUES (TG_OP, to_jsonb(NEW));
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER copy_lease AFTER INSERT OR UPDATE ON {schema}.{table}
+    FOR EACH ROW EXECUTE FUNCTION {schema}.copy_lease();
+"""

@@ -1,0 +1,356 @@
+"""The checker over hand-made rows: a clean history passes, each violation is caught."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.faults.checker import (
+    Fault,
+    JobSpec,
+    LeaseRow,
+    LeaseVersion,
+    LedgerRow,
+    Report,
+    Window,
+    check,
+    table_text,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+GRACE = timedelta(seconds=8)
+TICK = JobSpec("tick", 1, GRACE)
+SLOW = JobSpec("slow", 2, GRACE, forbid=True)
+ONCE = JobSpec("seed", None, GRACE)
+WINDOW = Window(T0, T0 + timedelta(seconds=2))
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def key(seconds: int) -> str:
+    return at(seconds).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def row(
+    job: JobSpec,
+    tick: int | None,
+    phase: str,
+    when: float,
+    *,
+    token: int,
+    attempt: int = 1,
+    pid: int = 100,
+) -> LedgerRow:
+    return LedgerRow(
+        job.code, "" if tick is None else key(tick), attempt, token, pid, phase, at(when)
+    )
+
+
+def lease(
+    job: JobSpec,
+    tick: int | None,
+    status: str,
+    *,
+    token: int,
+    attempt: int = 1,
+    pid: int = 100,
+    reason: str | None = None,
+) -> LeaseRow:
+    return LeaseRow(
+        job.code,
+        None if tick is None else key(tick),
+        status,
+        attempt,
+        token,
+        f"host:{pid}",
+        reason,
+        "INITIAL" if tick is None else "SCHEDULE",
+    )
+
+
+def claim(
+    job: JobSpec, tick: int, when: float, *, token: int, status: str = "RUNNING", pid: int = 100
+) -> LeaseVersion:
+    return LeaseVersion(job.code, key(tick), status, token, f"host:{pid}", None, at(when))
+
+
+def clean(job: JobSpec = TICK, ticks: range = range(3)) -> tuple[list[LedgerRow], list[LeaseRow]]:
+    """Every tick of ``job`` ran once and was recorded: the history to spoil."""
+    ledger, leases = [], []
+    for n in ticks:
+        token = 10 + n
+        ledger += [
+            row(job, n, "start", n + 0.01, token=token),
+            row(job, n, "end", n + 0.02, token=token),
+        ]
+        leases.append(lease(job, n, "SUCCESS", token=token))
+    return ledger, leases
+
+
+def kinds(report: Report) -> list[str]:
+    return [v.kind for v in report.violations]
+
+
+def without(ledger: list[LedgerRow], tick: int) -> list[LedgerRow]:
+    return [r for r in ledger if r.run_key != key(tick)]
+
+
+def test_a_clean_history_has_no_violation() -> None:
+    ledger, leases = clean()
+    once_ledger = [row(ONCE, None, "start", 0.1, token=1), row(ONCE, None, "end", 0.2, token=1)]
+    report = check(
+        [TICK, ONCE],
+        ledger + once_ledger,
+        [*leases, lease(ONCE, None, "SUCCESS", token=1)],
+        [],
+        WINDOW,
+    )
+    assert [] == report.violations
+    assert 4 == report.ticks_checked
+    assert all(r[k] == 0 for r in report.rows() for k in r if k not in ("fault", "injected"))
+
+
+def test_a_tick_with_no_finished_run_is_lost() -> None:
+    ledger, leases = clean()
+    ledger = [*without(ledger, 1), row(TICK, 1, "start", 1.01, token=11)]
+    leases = [x for x in leases if x.run_key != key(1)] + [
+        lease(TICK, 1, "FAIL", token=11, reason="abandoned")
+    ]
+    report = check([TICK], ledger, leases, [], WINDOW)
+    assert ["lost_tick"] == kinds(report)
+    assert key(1) == report.violations[0].run_key
+    assert "abandoned" in report.violations[0].detail
+
+
+def test_a_loss_is_excused_only_if_the_database_was_away_for_the_whole_grace() -> None:
+    ledger, leases = clean()
+    ledger, leases = without(ledger, 1), [x for x in leases if x.run_key != key(1)]
+    whole = [Fault("partition", at(0.5), at(5)), Fault("pg_restart", at(4), at(10))]
+    assert [] == check([TICK], ledger, leases, whole, WINDOW).violations
+    part = [Fault("partition", at(0.5), at(5))]
+    report = check([TICK], ledger, leases, part, WINDOW)
+    assert ["lost_tick"] == kinds(report)
+    assert ("partition",) == report.violations[0].causes
+    # A fault that does not make the database unreachable excuses nothing.
+    assert ["lost_tick"] == kinds(
+        check([TICK], ledger, leases, [Fault("cut", at(1), at(20))], WINDOW)
+    )
+
+
+def test_a_forbid_job_s_skipped_tick_is_not_lost() -> None:
+    window = Window(T0, T0 + timedelta(seconds=2))
+    ledger = [row(SLOW, 0, "start", 0.1, token=1), row(SLOW, 0, "end", 1.5, token=1)]
+    leases = [
+        lease(SLOW, 0, "SUCCESS", token=1),
+        lease(SLOW, 2, "SKIPPED", token=2, reason="overlap"),
+    ]
+    assert [] == check([SLOW], ledger, leases, [], window).violations
+    # Not so for a job that allows overlap: there a SKIPPED tick is a lost one.
+    allow = JobSpec("slow", 2, GRACE)
+    assert ["lost_tick"] == kinds(check([allow], ledger, leases, [], window))
+
+
+def test_a_second_effect_by_a_still_current_owner() -> None:
+    ledger, leases = clean()
+    # Token 11 ended at 1.1 and was current then (token 21 was claimed at 3.9);
+    # its outcome was lost, so the tick ran again.
+    ledger += [
+        row(TICK, 1, "start", 4.0, token=21, attempt=2, pid=200),
+        row(TICK, 1, "end", 4.1, token=21, attempt=2, pid=200),
+    ]
+    leases = [x for x in leases if x.run_key != key(1)] + [
+        lease(TICK, 1, "SUCCESS", token=21, attempt=2, pid=200)
+    ]
+    history = [claim(TICK, 1, 1.0, token=11), claim(TICK, 1, 3.9, token=21, pid=200)]
+    report = check([TICK], ledger, leases, [], WINDOW, history)
+    assert sorted(["duplicate_current", "lost_outcome"]) == sorted(kinds(report))
+    duplicate = next(v for v in report.violations if v.kind == "duplicate_current")
+    assert "token 11" in duplicate.detail and {100, 200} == duplicate.pids
+
+
+def test_a_second_effect_by_a_fenced_owner_shows_its_older_token() -> None:
+    ledger, leases = clean()
+    # Token 11 stalled; token 21 took over at 2.5; token 11 woke and wrote at 3.0.
+    ledger = [
+        *without(ledger, 1),
+        row(TICK, 1, "start", 1.01, token=11),
+        row(TICK, 1, "start", 2.6, token=21, attempt=2, pid=200),
+        row(TICK, 1, "end", 2.7, token=21, attempt=2, pid=200),
+        row(TICK, 1, "end", 3.0, token=11),
+    ]
+    leases = [x for x in leases if x.run_key != key(1)] + [
+        lease(TICK, 1, "SUCCESS", token=21, attempt=2, pid=200)
+    ]
+    history = [claim(TICK, 1, 1.0, token=11), claim(TICK, 1, 2.5, token=21, pid=200)]
+    for rows in (history, []):  # the ledger's 'start' dates the claim without history
+        report = check([TICK], ledger, leases, [], WINDOW, rows)
+        assert sorted(["duplicate_fenced", "lost_outcome"]) == sorted(kinds(report))
+        fenced = next(v for v in report.violations if v.kind == "duplicate_fenced")
+        assert "token 11" in fenced.detail and "token 21 was claimed" in fenced.detail
+
+
+def test_an_outcome_recorded_by_a_superseded_owner() -> None:
+    ledger, leases = clean()
+    # The row says token 11 succeeded, but token 21 claimed the tick after it.
+    ledger += [
+        row(TICK, 1, "start", 3.0, token=21, attempt=2, pid=200),
+        row(TICK, 1, "cancelled", 3.5, token=21, attempt=2, pid=200),
+    ]
+    report = check([TICK], ledger, leases, [], WINDOW)
+    assert ["fenced_outcome"] == kinds(report)
+    assert "token 21 claimed" in report.violations[0].detail
+
+
+def test_success_for_an_attempt_that_never_ended() -> None:
+    ledger, leases = clean()
+    ledger = [
+        *without(ledger, 1),
+        row(TICK, 1, "start", 1.01, token=11),
+        row(TICK, 1, "cancelled", 1.5, token=11),
+    ]
+    report = check([TICK], ledger, leases, [], WINDOW)
+    # It is lost, too: nothing finished.
+    assert sorted(["fenced_outcome", "lost_tick"]) == sorted(kinds(report))
+
+
+def test_a_lease_row_whose_token_goes_back() -> None:
+    ledger, leases = clean()
+    history = [
+        claim(TICK, 1, 1.0, token=11),
+        claim(TICK, 1, 1.5, token=21, pid=200),
+        claim(TICK, 1, 1.6, token=11, status="SUCCESS"),
+    ]
+    report = check([TICK], ledger, leases, [], WINDOW, history)
+    assert ["fenced_outcome"] in [kinds(report)] or "fenced_outcome" in kinds(report)
+    assert any("went back" in v.detail for v in report.violations)
+
+
+@pytest.mark.parametrize(("status", "token"), [("FAIL", 11), ("RUNNING", 11), ("SUCCESS", 99)])
+def test_a_finished_run_whose_outcome_was_lost(status: str, token: int) -> None:
+    ledger, leases = clean()
+    leases = [x for x in leases if x.run_key != key(1)] + [lease(TICK, 1, status, token=token)]
+    found = kinds(check([TICK], ledger, leases, [], Window(T0, T0 + timedelta(seconds=2))))
+    assert "lost_outcome" in found
+
+
+def test_a_row_still_running_after_settling() -> None:
+    ledger, leases = clean()
+    ledger = [*without(ledger, 2), row(TICK, 2, "start", 2.01, token=12)]
+    leases = [x for x in leases if x.run_key != key(2)] + [lease(TICK, 2, "RUNNING", token=12)]
+    report = check(
+        [TICK], ledger, leases, [Fault("kill", at(2.5), at(4), frozenset({100}))], WINDOW
+    )
+    assert sorted(["lost_tick", "stuck_running"]) == sorted(kinds(report))
+    assert all(v.causes == ("kill",) for v in report.violations)
+
+
+def test_a_run_once_job_run_twice() -> None:
+    ledger = [
+        row(ONCE, None, "start", 0.1, token=1),
+        row(ONCE, None, "end", 0.2, token=1),
+        row(ONCE, None, "start", 5.0, token=2, attempt=2, pid=200),
+        row(ONCE, None, "end", 5.1, token=2, attempt=2, pid=200),
+    ]
+    report = check(
+        [ONCE], ledger, [lease(ONCE, None, "SUCCESS", token=2, attempt=2, pid=200)], [], WINDOW
+    )
+    assert sorted(["once_rerun", "lost_outcome"]) == sorted(kinds(report))
+    # Never run at all is a loss.
+    assert ["lost_tick"] == kinds(check([ONCE], [], [], [], WINDOW))
+
+
+def slow_runs(first_end: float, first_phase: str = "end") -> list[LedgerRow]:
+    return [
+        row(SLOW, 0, "start", 0.1, token=1),
+        row(SLOW, 0, first_phase, first_end, token=1),
+        row(SLOW, 2, "start", 2.1, token=2, pid=200),
+        row(SLOW, 2, "end", 5.1, token=2, pid=200),
+    ]
+
+
+def slow_leases() -> list[LeaseRow]:
+    return [lease(SLOW, 0, "SUCCESS", token=1), lease(SLOW, 2, "SUCCESS", token=2, pid=200)]
+
+
+def test_overlapping_runs_of_a_forbid_job() -> None:
+    report = check([SLOW], slow_runs(3.1), slow_leases(), [], WINDOW)
+    assert ["forbid_overlap"] == kinds(report)
+    assert key(0) in report.violations[0].detail and key(2) in report.violations[0].detail
+    # Back to back is fine.
+    assert [] == check([SLOW], slow_runs(2.05), slow_leases(), [], WINDOW).violations
+
+
+def test_a_stalled_forbid_run_overlaps_only_if_it_goes_on_after_waking() -> None:
+    stall = [Fault("pause", at(0.5), at(3.0), frozenset({100}))]
+    # Woke at 3.0 and wrote its effect at 3.1, while tick 2 ran: an overlap.
+    assert ["forbid_overlap"] == kinds(check([SLOW], slow_runs(3.1), slow_leases(), stall, WINDOW))
+    # Woke and stopped: it did nothing while tick 2 ran (its lease is not SUCCESS then).
+    leases = [lease(SLOW, 0, "FAIL", token=1), lease(SLOW, 2, "SUCCESS", token=2, pid=200)]
+    found = kinds(check([SLOW], slow_runs(3.1, "cancelled"), leases, stall, WINDOW))
+    assert "forbid_overlap" not in found
+
+
+def test_a_killed_forbid_run_is_active_until_the_kill() -> None:
+    runs = [r for r in slow_runs(3.1) if not (r.run_key == key(0) and r.phase == "end")]
+    leases = [lease(SLOW, 0, "RUNNING", token=1), lease(SLOW, 2, "SUCCESS", token=2, pid=200)]
+    late_kill = [Fault("kill", at(2.5), at(4.0), frozenset({100}))]
+    assert "forbid_overlap" in kinds(check([SLOW], runs, leases, late_kill, WINDOW))
+    early_kill = [Fault("kill", at(1.0), at(2.0), frozenset({100}))]
+    assert "forbid_overlap" not in kinds(check([SLOW], runs, leases, early_kill, WINDOW))
+
+
+def test_runs_started_before_their_tick_or_after_the_grace() -> None:
+    ledger, leases = clean()
+    ledger = [
+        *without(ledger, 1),
+        row(TICK, 1, "start", -0.9, token=11),
+        row(TICK, 1, "end", -0.8, token=11),
+    ]
+    ledger = [
+        *without(ledger, 2),
+        row(TICK, 2, "start", 2 + 9.0, token=12),
+        row(TICK, 2, "end", 2 + 9.1, token=12),
+    ]
+    report = check([TICK], ledger, leases, [], WINDOW)
+    assert sorted(["started_early", "started_late"]) == sorted(kinds(report))
+    early = next(v for v in report.violations if v.kind == "started_early")
+    assert key(1) == early.run_key and "1.900s before" in early.detail
+
+
+def test_a_retry_after_the_grace_is_not_late() -> None:
+    ledger, leases = clean()
+    ledger = [
+        *without(ledger, 1),
+        row(TICK, 1, "start", 1.01, token=11),
+        row(TICK, 1, "fail", 1.02, token=11),
+        row(TICK, 1, "start", 1 + 9.0, token=21, attempt=2),
+        row(TICK, 1, "end", 1 + 9.1, token=21, attempt=2),
+    ]
+    leases = [x for x in leases if x.run_key != key(1)] + [
+        lease(TICK, 1, "SUCCESS", token=21, attempt=2)
+    ]
+    assert [] == check([TICK], ledger, leases, [], WINDOW).violations
+
+
+def test_violations_are_attributed_to_the_faults_of_their_replicas_and_time() -> None:
+    ledger, leases = clean()
+    ledger = [*without(ledger, 1), row(TICK, 1, "start", 1.01, token=11, pid=300)]
+    leases = [x for x in leases if x.run_key != key(1)] + [
+        lease(TICK, 1, "RUNNING", token=11, pid=300)
+    ]
+    faults = [
+        Fault("kill", at(1.5), at(3), frozenset({300})),  # its replica: a cause
+        Fault("pause", at(1.5), at(3), frozenset({999})),  # another replica: not
+        Fault("cut", at(30), at(30)),  # long after: not
+        Fault("cut", at(1.2), at(1.2)),  # cluster-wide, meanwhile: a cause
+    ]
+    report = check([TICK], ledger, leases, faults, WINDOW)
+    assert {("kill", "cut")} == {v.causes for v in report.violations}
+    rows = {r["fault"]: r for r in report.rows()}
+    assert 2 == rows["cut"]["injected"] and 1 == rows["kill"]["lost_tick"]
+    assert 0 == rows["pause"]["lost_tick"] and 0 == rows["none"]["lost_tick"]
+    assert 4 == rows["total"]["injected"] and 1 == rows["total"]["stuck_running"]
+    assert "stuck_running" in table_text(report)
