@@ -45,6 +45,7 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, attach
 from pgcrond.storage.history import abandon_stale, prune
 from pgcrond.storage.leases import LeaseStore, NotAcquired, default_owner
+from pgcrond.storage.pooling import log_pooling
 
 log = structlog.get_logger("pgcrond.daemon.lifecycle")
 
@@ -176,6 +177,8 @@ class Daemon:
         await self._start_http()
         if not await self._migrate(store):
             return False
+        # One log line: is a pooler in front, in transaction mode? (in the background)
+        self._spawn(log_pooling(store.db))
         self._start_scheduler()
         self._started = True
         return True
