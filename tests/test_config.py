@@ -154,8 +154,8 @@ def test_a_job_can_carry_a_problem_and_another_one_too(tmp_path: Path) -> None:
     """An unknown key and the schedule it was meant to be are both reported."""
     path = write(tmp_path, EMBEDDED + 'jobs:\n  j:\n    crn: "* * * * *"\n    command: ["true"]\n')
     issues = issues_of(path)
-    assert [(i.field, i.line) for i in issues] == [("crn", 4), ("schedule", 3)]
-    assert "did you mean 'cron'?" in issues[0].message
+    assert [(i.field, i.line) for i in issues] == [("schedule", 3), ("crn", 4)]
+    assert "did you mean 'cron'?" in issues[1].message
 
 
 # --- database ----------------------------------------------------------------------
@@ -542,14 +542,15 @@ def test_all_issues_are_reported_at_once(tmp_path: Path) -> None:
         """,
     )
     issues = issues_of(path)
+    # Sorted by file and line, whatever order the checks ran in.
     assert [(i.line, i.job, i.field) for i in issues] == [
-        (2, None, "defualts"),
         (1, None, "database.schema"),
         (1, None, "database"),
+        (2, None, "defualts"),
         (5, "a", "cron"),
         (10, "b", "timeout"),
     ]
-    assert "did you mean 'defaults'?" in issues[0].message
+    assert "did you mean 'defaults'?" in issues[2].message
 
 
 def test_top_level_wrong_types(tmp_path: Path) -> None:

@@ -2,43 +2,80 @@
 
 Everything the rest of pgcrond trusts is checked here, once, at start: a
 mistake found later (an entrypoint that does not import, a heartbeat that lets
-a lease expire) would surface at 3 a.m. instead. The loader works on YAML
-nodes rather than plain values so that every problem can name its file and
-line, and it keeps going after a problem so that one run of ``pgcrond check``
-reports all of them.
+a lease expire, a lease no replica could take over in time) would surface at
+3 a.m. instead. The loader keeps going after a problem so that one run of
+``pgcrond check`` reports all of them, sorted by file and line.
+
+The pieces: :mod:`~pgcrond.config.yamlnodes` (nodes with locations),
+:mod:`~pgcrond.config.converters` (node -> value, naming what is allowed),
+:mod:`~pgcrond.config.fields` (the one field table), :mod:`~pgcrond.config.models`
+(the frozen results). Callers import from here as before.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal, TypeVar, cast, get_args
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from typing import TypeVar, cast
+from zoneinfo import ZoneInfo
 
 import yaml
 
-from pgcrond.core.actions import Action, CommandAction, EntrypointAction, ShellAction
-from pgcrond.core.durations import format_duration, parse_duration
-from pgcrond.core.keys import BIGINT_MAX, BIGINT_MIN, Identity, KeyHash
-from pgcrond.core.redaction import redact
-from pgcrond.core.schedule import (
-    AtSchedule,
-    CronSchedule,
-    OnceSchedule,
-    Schedule,
-    local_to_instant,
+from pgcrond.config.converters import Converter, Problems, zone_problem
+from pgcrond.config.fields import (
+    ACTION_KEYS,
+    DATABASE,
+    DATABASE_URL_ENV,
+    DEFAULTABLE,
+    HTTP,
+    JOB,
+    MIN_HISTORY_RETENTION,
+    SCHEDULE_KEYS,
+    TOP,
+    TOP_SECTIONS,
+    Concurrency,
+    Guard,
 )
+from pgcrond.config.models import (
+    DEFAULT_HISTORY_RETENTION,
+    DEFAULT_HTTP_LISTEN,
+    DEFAULT_JOB_LEASE,
+    DEFAULT_MIN_HOLD,
+    DEFAULT_MISFIRE_GRACE,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_TIMEZONE,
+    Config,
+    DatabaseConfig,
+    JobConfig,
+    min_history_retention,
+)
+from pgcrond.config.yamlnodes import Issues, Located, Section, compose, mapping_expected
+from pgcrond.core.actions import Action, CommandAction, EntrypointAction, ShellAction
+from pgcrond.core.durations import format_duration
+from pgcrond.core.keys import Identity, KeyHash
+from pgcrond.core.redaction import url_problems
+from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule, Schedule, local_to_instant
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import ConfigError, ConfigIssue, ValidationError
 from pgcrond.run.entrypoints import EntrypointError, resolve
 
 __all__ = [
+    "DATABASE_URL_ENV",
+    "DEFAULT_HISTORY_RETENTION",
+    "DEFAULT_HTTP_LISTEN",
+    "DEFAULT_JOB_LEASE",
+    "DEFAULT_MIN_HOLD",
+    "DEFAULT_MISFIRE_GRACE",
+    "DEFAULT_RETRY_DELAY",
+    "DEFAULT_SHUTDOWN_GRACE",
+    "MIN_HISTORY_RETENTION",
+    "STDIN",
     "Action",
     "CommandAction",
     "Config",
@@ -50,135 +87,15 @@ __all__ = [
     "min_history_retention",
 ]
 
-Guard = Literal["lease", "advisory"]
-Concurrency = Literal["forbid", "allow"]
-
-DATABASE_URL_ENV = "PGCROND_DATABASE_URL"
-DEFAULT_HTTP_LISTEN = "127.0.0.1:9464"
-DEFAULT_SHUTDOWN_GRACE = timedelta(seconds=30)
-DEFAULT_HISTORY_RETENTION = timedelta(days=30)
-DEFAULT_RETRY_DELAY = timedelta(seconds=30)
-DEFAULT_MIN_HOLD = timedelta(seconds=5)
-# A job's lease must be able to run out within its misfire grace, or a dead
-# winner's tick could never be taken over: 1 min lease (heartbeat every 20 s),
-# 5 min grace. The library's own default lease stays the reference's 15 min.
-DEFAULT_JOB_LEASE = timedelta(minutes=1)
-DEFAULT_MISFIRE_GRACE = timedelta(minutes=5)
-# The floor of history_retention whatever the jobs say; see min_history_retention.
-MIN_HISTORY_RETENTION = timedelta(hours=1)
-_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_MERGE_TAG = "tag:yaml.org,2002:merge"
+# `pgcrond check -` reads the config from standard input, named so in messages.
+STDIN = "-"
+STDIN_NAME = "<stdin>"
 _INTERPOLATION = re.compile(r"\$\$|\$\{([^}:]*)(?::-([^}]*))?\}|\$\{")
-
-TOP_KEYS = ("database", "defaults", "jobs", "http", "shutdown_grace", "history_retention")
-DATABASE_KEYS = ("url", "embedded", "state_dir", "schema", "table")
-HTTP_KEYS = ("listen",)
-DEFAULT_KEYS = (
-    "guard",
-    "timezone",
-    "lease",
-    "heartbeat",
-    "timeout",
-    "retries",
-    "retry_delay",
-    "min_hold",
-    "misfire_grace",
-    "concurrency",
-    "env",
-    "cwd",
-)
-SCHEDULE_KEYS = ("cron", "once", "at")
-ACTION_KEYS = ("command", "shell", "entrypoint")
-JOB_KEYS = (
-    *SCHEDULE_KEYS,
-    *ACTION_KEYS,
-    *DEFAULT_KEYS,
-    "isolate",
-    "key_hash",
-    "lock_key",
-    "description",
-)
-
-
-@dataclass(frozen=True)
-class DatabaseConfig:
-    """Where the lease table lives: a URL, or a local server pgcrond starts (``embedded``)."""
-
-    url: str | None
-    embedded: bool = False
-    state_dir: Path = Path(".pgcrond")
-    schema: str = "pgcrond"
-    table: str = "leases"
-
-    @property
-    def redacted_url(self) -> str | None:
-        """The URL with its password replaced by ``***``: the only form fit for logs."""
-        return None if self.url is None else redact(self.url)
-
-    def __repr__(self) -> str:
-        # The default repr would print the password into any log or traceback.
-        return (
-            f"DatabaseConfig(url={self.redacted_url!r}, embedded={self.embedded!r}, "
-            f"state_dir={self.state_dir!r}, schema={self.schema!r}, table={self.table!r})"
-        )
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    """One job, with the defaults already applied."""
-
-    code: str
-    schedule: Schedule
-    action: Action
-    guard: Guard = "lease"
-    timezone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
-    timing: LeaseTiming = field(default_factory=lambda: LeaseTiming.build(DEFAULT_JOB_LEASE))
-    timeout: timedelta | None = None
-    retries: int = 0
-    retry_delay: timedelta = DEFAULT_RETRY_DELAY
-    min_hold: timedelta = DEFAULT_MIN_HOLD
-    misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE
-    concurrency: Concurrency = "forbid"
-    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    cwd: Path | None = None
-    key_hash: KeyHash = "pgcrond"
-    # None means "the job code"; filled in below so that users of the field never see None.
-    lock_key: str | int | None = None
-    description: str | None = None
-    source: str = "<code>"
-
-    def __post_init__(self) -> None:
-        if self.lock_key is None:
-            object.__setattr__(self, "lock_key", self.code)
-
-    @property
-    def is_once(self) -> bool:
-        """A run-once job: attempted at start under the INITIAL identity, never on a tick."""
-        return isinstance(self.schedule, OnceSchedule)
-
-
-@dataclass(frozen=True)
-class Config:
-    files: tuple[str, ...]
-    database: DatabaseConfig
-    jobs: Mapping[str, JobConfig]
-    http_listen: str = DEFAULT_HTTP_LISTEN
-    shutdown_grace: timedelta = DEFAULT_SHUTDOWN_GRACE
-    history_retention: timedelta = DEFAULT_HISTORY_RETENTION
-
-
-def min_history_retention(jobs: Mapping[str, JobConfig]) -> timedelta:
-    """The shortest safe ``history_retention``: pruning younger rows can run a tick twice.
-
-    A replica may still claim a tick up to ``misfire_grace`` after it (a late
-    fire, or a takeover once the holder's ``lease`` ran out). If the finished
-    row of that tick is gone by then, the claim finds no row and runs the tick
-    afresh. So a row must outlive the longest ``misfire_grace + lease`` of any
-    job, and never less than :data:`MIN_HISTORY_RETENTION` (1 hour).
-    """
-    return max(
-        [MIN_HISTORY_RETENTION, *(job.misfire_grace + job.timing.lease for job in jobs.values())]
-    )
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# cronie's and Vixie cron's per-line zone prefix: "CRON_TZ=Europe/Berlin 30 2 * * *".
+_CRON_TZ = re.compile(r"^\s*(?:CRON_TZ|TZ)=(\S*)\s*(.*)$", re.DOTALL)
+_TIMING_FIELDS = ("lease", "heartbeat")
+T = TypeVar("T")
 
 
 def load_config(
@@ -186,51 +103,35 @@ def load_config(
     *,
     environ: Mapping[str, str] = os.environ,
     database_url: str | None = None,
+    allow_unset: bool = False,
 ) -> Config:
     """Read, merge and validate config files; raise :class:`ConfigError` with ALL issues.
 
     ``database_url`` (from ``--database-url``) beats ``PGCROND_DATABASE_URL``
-    in ``environ``, which beats ``database.url`` in the files.
+    in ``environ``, which beats ``database.url`` in the files. A path ``-``
+    reads standard input. With ``allow_unset`` (``check`` without
+    ``--strict``) an unset ``${VAR}`` is a warning in :attr:`Config.warnings`,
+    and the URL is kept as written.
     """
-    loader = _Loader(environ)
+    loader = _Loader(environ, allow_unset=allow_unset)
     files = loader.expand(paths)
     for path in files:
         loader.read_file(path)
     config = loader.build(files, database_url)
     if loader.issues or config is None:
-        raise ConfigError(loader.issues)
+        raise ConfigError(_sorted(loader.issues.found))
     return config
 
 
-# --------------------------------------------------------------------------------------
-# Reading nodes
+def _sorted(issues: list[ConfigIssue]) -> list[ConfigIssue]:
+    """By file (in the order files were given and read), then by line.
 
-
-@dataclass(frozen=True)
-class _Located:
-    """A YAML node and the file it was read from."""
-
-    file: str
-    node: yaml.Node
-
-    @property
-    def line(self) -> int:
-        return int(self.node.start_mark.line) + 1
-
-
-@dataclass(frozen=True)
-class _Section:
-    """The known fields of one mapping (unknown and duplicate keys already reported).
-
-    ``line`` is where a missing field is blamed: the job's key, the section's
-    key, or None when the whole section is absent.
+    Issues without a line (a whole file, an absent section) come first in their file.
     """
-
-    file: str
-    line: int | None
-    job: str | None
-    prefix: str
-    values: dict[str, _Located]
+    order: dict[str, int] = {}
+    for issue in issues:
+        order.setdefault(issue.file, len(order))
+    return sorted(issues, key=lambda i: (order[i.file], i.line or 0))
 
 
 class _Invalid:
@@ -238,26 +139,30 @@ class _Invalid:
 
 
 _INVALID = _Invalid()
-T = TypeVar("T")
 
 
 class _Loader:
-    def __init__(self, environ: Mapping[str, str]) -> None:
+    def __init__(self, environ: Mapping[str, str], *, allow_unset: bool = False) -> None:
         self.environ = environ
-        self.issues: list[ConfigIssue] = []
-        self.top: dict[str, _Located] = {}
-        self.jobs: dict[str, tuple[_Located, _Located]] = {}  # code -> (key, definition)
+        self.allow_unset = allow_unset
+        self.issues = Issues()
+        self.top: dict[str, Located] = {}
+        self.jobs: dict[str, tuple[Located, Located]] = {}  # code -> (key, definition)
         # Read once, so that a wrong default is reported once, not once per job.
-        self.defaults: _Section | None = None
+        self.defaults: Section | None = None
         self.default_values: dict[str, object] = {}
         self.default_timing: LeaseTiming | None = LeaseTiming.build(DEFAULT_JOB_LEASE)
+        # A rule broken by the defaults alone is reported once, at the defaults.
+        self.reported_at_defaults: set[str] = set()
+        # Linting with ${VAR}s unset: the URL is kept as written, and not checked.
+        self.url_unset = False
         # A file that cannot be read may hold the database section: do not also claim it is missing.
         self.unreadable = False
 
     def issue(
         self, file: str, line: int | None, job: str | None, name: str | None, message: str
     ) -> None:
-        self.issues.append(ConfigIssue(file, line, job, name, message))
+        self.issues.add(file, line, job, name, message)
 
     # -- files -----------------------------------------------------------------------
 
@@ -267,37 +172,48 @@ class _Loader:
         if not paths:
             self.issue("<arguments>", None, None, None, "no config file given; pass -c PATH")
         for raw in paths:
+            if str(raw) == STDIN:
+                files.append(STDIN)
+                continue
             path = Path(raw)
-            if path.is_dir():
-                found = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
-                if not found:
-                    self.issue(str(path), None, None, None, "directory has no *.yaml or *.yml file")
-                files.extend(str(p) for p in found)
-            elif path.exists():
-                files.append(str(path))
-            else:
-                self.issue(str(path), None, None, None, "no such file or directory")
+            try:
+                if path.is_dir():
+                    found = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+                    if not found:
+                        self.issue(
+                            str(path), None, None, None, "directory has no *.yaml or *.yml file"
+                        )
+                    files.extend(str(p) for p in found)
+                elif path.exists():
+                    files.append(str(path))
+                else:
+                    self.issue(str(path), None, None, None, "no such file or directory")
+                    self.unreadable = True
+            except OSError as exc:
+                self.issue(str(path), None, None, None, f"cannot read: {exc.strerror or exc}")
+                self.unreadable = True
         return files
 
     def read_file(self, file: str) -> None:
+        name = STDIN_NAME if file == STDIN else file
         try:
-            text = Path(file).read_text(encoding="utf-8")
+            text = sys.stdin.read() if file == STDIN else Path(file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            self.issue(file, None, None, None, f"cannot read: {exc}")
+            self.issue(name, None, None, None, f"cannot read: {exc}")
             self.unreadable = True
             return
         try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
+            root = compose(text)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = None if mark is None else int(mark.line) + 1
             problem = getattr(exc, "problem", None) or str(exc)
-            self.issue(file, line, None, None, f"YAML syntax error: {problem}")
+            self.issue(name, line, None, None, f"YAML syntax error: {problem}")
             self.unreadable = True
             return
         if root is None:
             return  # an empty file adds nothing, which is fine in a directory of files
-        top = self.section(_Located(file, root), 1, None, "", TOP_KEYS)
+        top = self.issues.section(Located(name, root), 1, None, "", (*TOP_SECTIONS, *TOP))
         if top is None:
             return
         for key, value in top.values.items():
@@ -306,7 +222,7 @@ class _Loader:
             elif key in self.top:
                 first = self.top[key]
                 self.issue(
-                    file,
+                    name,
                     value.line,
                     None,
                     key,
@@ -316,11 +232,11 @@ class _Loader:
             else:
                 self.top[key] = value
 
-    def collect_jobs(self, jobs: _Located) -> None:
+    def collect_jobs(self, jobs: Located) -> None:
         if not isinstance(jobs.node, yaml.MappingNode):
-            self.issue(jobs.file, jobs.line, None, "jobs", _mapping_expected(jobs.node, "code"))
+            self.issue(jobs.file, jobs.line, None, "jobs", mapping_expected(jobs.node, "code"))
             return
-        for key, value in self.pairs(jobs, None, "jobs"):
+        for key, value in self.issues.pairs(jobs, None, "jobs"):
             code = str(key.node.value)
             message = _code_problem(code)
             if message is not None:
@@ -338,123 +254,60 @@ class _Loader:
             else:
                 self.jobs[code] = (key, value)
 
-    def pairs(
-        self, mapping: _Located, job: str | None, name: str | None
-    ) -> list[tuple[_Located, _Located]]:
-        """Key and value nodes of a mapping node, YAML merge keys (``<<``) applied.
+    # -- fields ------------------------------------------------------------------------
 
-        Keys written in the mapping win over merged ones, as the merge-key spec
-        says; only they can be duplicates worth reporting.
-        """
-        explicit: list[tuple[_Located, _Located]] = []
-        merged: list[tuple[_Located, _Located]] = []
-        node = mapping.node
-        if not isinstance(node, yaml.MappingNode):
-            return explicit
-        for key_node, value_node in node.value:
-            key, value = _Located(mapping.file, key_node), _Located(mapping.file, value_node)
-            if key_node.tag == _MERGE_TAG:
-                sources = (
-                    value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
-                )
-                for source in sources:
-                    if isinstance(source, yaml.MappingNode):
-                        merged.extend(self.pairs(_Located(mapping.file, source), job, name))
-                    else:
-                        self.issue(mapping.file, key.line, job, name, "<< must merge a mapping")
-            elif isinstance(key_node, yaml.ScalarNode):
-                explicit.append((key, value))
-            else:
-                self.issue(mapping.file, key.line, job, name, "keys must be plain text")
-        seen = {str(key.node.value) for key, _ in explicit}
-        for key, value in merged:
-            if str(key.node.value) not in seen:
-                seen.add(str(key.node.value))
-                explicit.append((key, value))
-        return explicit
-
-    def section(
-        self,
-        mapping: _Located,
-        line: int | None,
-        job: str | None,
-        prefix: str,
-        allowed: Sequence[str],
-    ) -> _Section | None:
-        name = prefix.rstrip(".") or None
-        if not isinstance(mapping.node, yaml.MappingNode):
-            self.issue(mapping.file, mapping.line, job, name, _mapping_expected(mapping.node))
-            return None
-        values: dict[str, _Located] = {}
-        lines: dict[str, int] = {}
-        for key, value in self.pairs(mapping, job, name):
-            text = str(key.node.value)
-            if text in lines:
-                message = f"duplicate key {text!r} (first at line {lines[text]})"
-                self.issue(mapping.file, key.line, job, prefix + text, message)
-            elif text in allowed:
-                values[text] = value
-                lines[text] = key.line
-            else:
-                close = difflib.get_close_matches(text, allowed, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
-                self.issue(
-                    mapping.file, key.line, job, prefix + text, f"unknown key {text!r}; {hint}"
-                )
-        return _Section(mapping.file, line, job, prefix, values)
-
-    def read(self, section: _Section, key: str, convert: Callable[[yaml.Node], T]) -> T | None:
-        """The converted value of one field, or None when absent or wrong (then reported)."""
+    def convert(self, section: Section, key: str, convert: Converter[T]) -> T | _Invalid | None:
+        """One field's value; None when absent, ``_INVALID`` when wrong (then reported)."""
         located = section.values.get(key)
         if located is None:
             return None
         try:
             return convert(located.node)
+        except Problems as exc:
+            for node, message in exc.problems:
+                line = int(node.start_mark.line) + 1
+                self.issue(located.file, line, section.job, section.prefix + key, message)
         except ValueError as exc:
             self.issue(located.file, located.line, section.job, section.prefix + key, str(exc))
-            return None
+        return _INVALID
 
-    def read_all(self, section: _Section) -> dict[str, object]:
+    def read(self, section: Section, key: str, convert: Converter[T]) -> T | None:
+        """The converted value of one field, or None when absent or wrong (then reported)."""
+        value = self.convert(section, key, convert)
+        return None if isinstance(value, _Invalid) else value
+
+    def read_all(self, section: Section) -> dict[str, object]:
         """The default-able fields a section sets; a wrong one becomes ``_INVALID``."""
         values: dict[str, object] = {}
-        for key, convert in _DEFAULT_CONVERTERS.items():
-            located = section.values.get(key)
-            if located is None:
-                continue
-            try:
-                values[key] = convert(located.node)
-            except ValueError as exc:
-                self.issue(located.file, located.line, section.job, section.prefix + key, str(exc))
-                values[key] = _INVALID
+        for key in DEFAULTABLE:
+            if key in section.values:
+                values[key] = self.convert(section, key, JOB[key].convert)
         return values
 
-    def report(self, section: _Section, key: str, message: str, job: str | None = None) -> None:
-        located = section.values.get(key)
-        file, line = (
-            (section.file, section.line) if located is None else (located.file, located.line)
-        )
-        self.issue(file, line, job or section.job, section.prefix + key, message)
+    def report(self, section: Section, key: str, message: str, job: str | None = None) -> None:
+        self.issues.at(section, key, message, job)
 
     # -- building ----------------------------------------------------------------------
 
     def build(self, files: list[str], database_url: str | None) -> Config | None:
-        first_file = files[0] if files else "<arguments>"
+        names = [STDIN_NAME if f == STDIN else f for f in files]
+        first_file = names[0] if names else "<arguments>"
 
-        def top_section(key: str, allowed: Sequence[str]) -> _Section | None:
+        def top_section(key: str, allowed: Sequence[str]) -> Section | None:
             value = self.top.get(key)
             if value is None:
-                return _Section(first_file, None, None, f"{key}.", {})
-            return self.section(value, value.line, None, f"{key}.", allowed)
+                return Section(first_file, None, None, f"{key}.", {})
+            return self.issues.section(value, value.line, None, f"{key}.", allowed)
 
-        database = self.database(top_section("database", DATABASE_KEYS), database_url)
-        defaults = top_section("defaults", DEFAULT_KEYS)
-        http = top_section("http", HTTP_KEYS)
-        top = _Section(first_file, None, None, "", self.top)
+        database = self.database(top_section("database", tuple(DATABASE)), database_url)
+        defaults = top_section("defaults", DEFAULTABLE)
+        http = top_section("http", tuple(HTTP))
+        top = Section(first_file, None, None, "", self.top)
         http_listen = DEFAULT_HTTP_LISTEN
         if http is not None and "listen" in http.values:
-            http_listen = self.read(http, "listen", _listen) or ""
-        shutdown_grace = self.read(top, "shutdown_grace", _duration)
-        history_retention = self.read(top, "history_retention", _positive_duration)
+            http_listen = self.read(http, "listen", HTTP["listen"].convert) or ""
+        shutdown_grace = self.read(top, "shutdown_grace", TOP["shutdown_grace"].convert)
+        history_retention = self.read(top, "history_retention", TOP["history_retention"].convert)
 
         self.defaults = defaults
         if defaults is not None:
@@ -465,7 +318,7 @@ class _Loader:
             job = self.job(code, key, value)
             if job is not None:
                 jobs[code] = job
-        if not self.jobs and not self.issues:
+        if not self.jobs and not self.issues and not self.unreadable:
             self.issue(
                 first_file, None, None, "jobs", "no jobs defined; add at least one under jobs:"
             )
@@ -475,16 +328,17 @@ class _Loader:
         if self.issues or database is None:
             return None
         return Config(
-            files=tuple(files),
+            files=tuple(names),
             database=database,
             jobs=MappingProxyType(jobs),
             http_listen=http_listen,
-            shutdown_grace=shutdown_grace or DEFAULT_SHUTDOWN_GRACE,
+            shutdown_grace=DEFAULT_SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
             history_retention=history_retention or DEFAULT_HISTORY_RETENTION,
+            warnings=tuple(_sorted(self.issues.warnings)),
         )
 
     def check_retention(
-        self, top: _Section, retention: timedelta | None, jobs: Mapping[str, JobConfig]
+        self, top: Section, retention: timedelta | None, jobs: Mapping[str, JobConfig]
     ) -> None:
         """Refuse a history_retention that would let pruning run a tick twice.
 
@@ -510,22 +364,26 @@ class _Loader:
             "deleted sooner can be claimed afresh by a late replica and run twice",
         )
 
-    def database(self, section: _Section | None, database_url: str | None) -> DatabaseConfig | None:
+    def database(self, section: Section | None, database_url: str | None) -> DatabaseConfig | None:
         if section is None:
             return None
-        file_url = self.read(section, "url", _string)
-        embedded = self.read(section, "embedded", _bool) or False
-        schema = self.read(section, "schema", _identifier) or "pgcrond"
-        table = self.read(section, "table", _identifier) or "leases"
-        state_dir = self.read(section, "state_dir", _path) or Path(".pgcrond")
+        file_url = self.read(section, "url", DATABASE["url"].convert)
+        embedded = self.read(section, "embedded", DATABASE["embedded"].convert)
+        schema = self.read(section, "schema", DATABASE["schema"].convert)
+        table = self.read(section, "table", DATABASE["table"].convert)
+        state_dir = self.read(section, "state_dir", DATABASE["state_dir"].convert)
         # An override wins over the whole file choice, embedded included: the
         # same config then serves a laptop (embedded) and production (URL in env).
-        override = database_url or self.environ.get(DATABASE_URL_ENV) or None
+        flag_url = database_url or None
+        env_url = None if flag_url else self.environ.get(DATABASE_URL_ENV) or None
+        override = flag_url or env_url
         url = override
         if embedded and file_url is not None:
             self.report(section, "url", "set either url or embedded: true, not both")
         elif override is None and file_url is not None:
             url = self.interpolate(section, file_url)
+            if not self.url_unset:
+                self.check_url(section, url, interpolated="${" in file_url)
         elif (
             override is None
             and not embedded
@@ -541,15 +399,39 @@ class _Loader:
                 f"set {DATABASE_URL_ENV}, pass --database-url, or use embedded: true "
                 "for a local server pgcrond starts itself",
             )
+        if flag_url is not None:
+            self.check_url(None, flag_url, source="--database-url")
+        elif env_url is not None:
+            self.check_url(None, env_url, source=DATABASE_URL_ENV)
         return DatabaseConfig(
             url=url,
-            embedded=embedded and override is None,
-            state_dir=state_dir,
-            schema=schema,
-            table=table,
+            embedded=bool(embedded) and override is None,
+            state_dir=DatabaseConfig.state_dir if state_dir is None else state_dir,
+            schema=schema or DatabaseConfig.schema,
+            table=table or DatabaseConfig.table,
         )
 
-    def interpolate(self, section: _Section, text: str) -> str | None:
+    def check_url(
+        self,
+        section: Section | None,
+        url: str | None,
+        *,
+        interpolated: bool = False,
+        source: str | None = None,
+    ) -> None:
+        """Refuse a URL libpq would misread; the messages never quote it (it holds the password)."""
+        if url is None:
+            return
+        for problem in url_problems(url):
+            if section is not None:
+                after = " (after ${VAR} interpolation)" if interpolated else ""
+                self.report(section, "url", f"the URL{after}: {problem}")
+            else:
+                self.issue(
+                    source or "<arguments>", None, None, "database.url", f"the URL: {problem}"
+                )
+
+    def interpolate(self, section: Section, text: str) -> str | None:
         """``${VAR}``, ``${VAR:-default}`` and ``$$`` (a literal ``$``), from ``environ``."""
         missing: list[str] = []
         malformed: list[str] = []
@@ -558,7 +440,7 @@ class _Loader:
             if match.group(0) == "$$":
                 return "$"
             name, default = match.group(1), match.group(2)
-            if name is None or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            if name is None or not _VARIABLE.fullmatch(name):
                 malformed.append(match.group(0))
                 return ""
             value = self.environ.get(name)
@@ -578,19 +460,35 @@ class _Loader:
                 f"malformed {bad!r}: write ${{NAME}} or ${{NAME:-default}} ($$ for $)",
             )
         for name in missing:
-            self.report(
-                section,
-                "url",
-                f"environment variable {name} is not set; set it, or write ${{{name}:-default}}",
+            message = (
+                f"environment variable {name} is not set; set it, or write ${{{name}:-default}}"
             )
-        return None if missing or malformed else result
+            if self.allow_unset:
+                located = section.values["url"]
+                self.issues.warn(
+                    located.file,
+                    located.line,
+                    None,
+                    section.prefix + "url",
+                    f"environment variable {name} is not set (fine for linting; "
+                    "`pgcrond run` needs it, `check --strict` refuses it)",
+                )
+            else:
+                self.report(section, "url", message)
+        if malformed:
+            return None
+        self.url_unset = bool(missing)
+        if missing:
+            # Linting: keep the URL as written, never a half-interpolated one.
+            return text if self.allow_unset else None
+        return result
 
     def timing(
         self,
         values: dict[str, object],
         default_values: dict[str, object],
-        section: _Section,
-        defaults: _Section | None,
+        section: Section,
+        defaults: Section | None,
     ) -> LeaseTiming | None:
         """Validate lease and heartbeat together, blaming whichever level set the culprit."""
         merged = {**default_values, **values}
@@ -609,10 +507,10 @@ class _Loader:
             self.report(blamed, exc.field, message, job=section.job)
             return None
 
-    def job(self, code: str, key: _Located, definition: _Located) -> JobConfig | None:
+    def job(self, code: str, key: Located, definition: Located) -> JobConfig | None:
         defaults, default_values = self.defaults, self.default_values
         before = len(self.issues)
-        section = self.section(definition, key.line, code, "", JOB_KEYS)
+        section = self.issues.section(definition, key.line, code, "", tuple(JOB))
         if section is None:
             return None
         own = self.read_all(section)
@@ -624,23 +522,28 @@ class _Loader:
             }
         zone = merged.get("timezone")
         zone = zone if isinstance(zone, ZoneInfo) else None
-        if own.keys() & {"lease", "heartbeat"} or not default_values.keys() & {
-            "lease",
-            "heartbeat",
-        }:
+        if own.keys() & set(_TIMING_FIELDS) or not default_values.keys() & set(_TIMING_FIELDS):
             timing = self.timing(own, default_values, section, defaults)
         else:
             timing = self.default_timing  # its problems were reported once, at the defaults
-        schedule = self.schedule(section, zone)
+        schedule, zone = self.schedule(section, zone, "timezone" in own)
         action = self.action(section)
-        guard = merged.get("guard", "lease")
-        key_hash = self.read(section, "key_hash", _choice(KeyHash))
-        lock_key = self.read(section, "lock_key", _lock_key)
-        description = self.read(section, "description", _string)
+        guard = cast(Guard, merged.get("guard", JOB["guard"].default))
+        key_hash = self.read(section, "key_hash", JOB["key_hash"].convert)
+        lock_key = self.read(section, "lock_key", JOB["lock_key"].convert)
+        description = self.read(section, "description", JOB["description"].convert)
         if guard != "advisory":
             for name in ("key_hash", "lock_key"):
                 if name in section.values:
                     self.report(section, name, "only used with guard: advisory")
+        misfire_grace = merged.get("misfire_grace", DEFAULT_MISFIRE_GRACE)
+        if (
+            timing is not None
+            and isinstance(misfire_grace, timedelta)
+            and guard == "lease"
+            and not isinstance(schedule, OnceSchedule)
+        ):
+            self.check_takeover(section, own, timing, misfire_grace)
         if (
             len(self.issues) > before
             or _INVALID in merged.values()
@@ -649,68 +552,125 @@ class _Loader:
             or timing is None
         ):
             return None
+        env = cast(dict[str, str], merged.get("env", JOB["env"].default))
         return JobConfig(
             code=code,
             schedule=schedule,
             action=action,
-            guard=cast(Guard, guard),
-            timezone=zone or ZoneInfo("UTC"),
+            guard=guard,
+            timezone=zone or DEFAULT_TIMEZONE,
             timing=timing,
-            timeout=cast(timedelta | None, merged.get("timeout")),
-            retries=cast(int, merged.get("retries", 0)),
+            timeout=cast(timedelta | None, merged.get("timeout", JOB["timeout"].default)),
+            retries=cast(int, merged.get("retries", JOB["retries"].default)),
             retry_delay=cast(timedelta, merged.get("retry_delay", DEFAULT_RETRY_DELAY)),
             min_hold=cast(timedelta, merged.get("min_hold", DEFAULT_MIN_HOLD)),
-            misfire_grace=cast(timedelta, merged.get("misfire_grace", DEFAULT_MISFIRE_GRACE)),
-            concurrency=cast(Concurrency, merged.get("concurrency", "forbid")),
-            env=MappingProxyType(cast(dict[str, str], merged.get("env", {}))),
-            cwd=cast(Path | None, merged.get("cwd")),
-            key_hash=cast(KeyHash, key_hash or "pgcrond"),
+            misfire_grace=cast(timedelta, misfire_grace),
+            concurrency=cast(Concurrency, merged.get("concurrency", JOB["concurrency"].default)),
+            env=MappingProxyType(dict(env)),
+            cwd=cast(Path | None, merged.get("cwd", JOB["cwd"].default)),
+            key_hash=cast(KeyHash, key_hash or JOB["key_hash"].default),
             lock_key=code if lock_key is None else lock_key,
             description=description,
             source=f"{key.file}:{key.line}",
         )
 
-    def schedule(self, section: _Section, zone: ZoneInfo | None) -> Schedule | None:
+    def check_takeover(
+        self, section: Section, own: dict[str, object], timing: LeaseTiming, grace: timedelta
+    ) -> None:
+        """Refuse a lease that outlives the tick's window: no replica could ever take it over.
+
+        A survivor may reclaim a tick only once the dead winner's lease has run
+        out, and only until ``misfire_grace`` after the tick. The claim is made
+        at the tick at the earliest, so the lease must end before the grace does.
+        """
+        if timing.lease < grace:
+            return
+        message = (
+            f"lease {format_duration(timing.lease)} is not shorter than misfire_grace "
+            f"{format_duration(grace)}: if the replica running a tick dies, its lease outlives "
+            "the tick's window and no other replica can take the tick over, so the tick is "
+            f"lost; set lease below {format_duration(grace)} or misfire_grace above "
+            f"{format_duration(timing.lease)}"
+        )
+        blamed = next((name for name in ("lease", "misfire_grace") if name in own), None)
+        if blamed is not None:
+            self.report(section, blamed, message)
+            return
+        defaults = self.defaults
+        set_by_defaults = [
+            n for n in ("lease", "misfire_grace") if defaults and n in defaults.values
+        ]
+        if defaults is not None and set_by_defaults:
+            if "takeover" not in self.reported_at_defaults:
+                self.reported_at_defaults.add("takeover")
+                self.report(defaults, set_by_defaults[0], message)
+            return
+        self.report(section, "lease", message)
+
+    def schedule(
+        self, section: Section, zone: ZoneInfo | None, zone_is_own: bool
+    ) -> tuple[Schedule | None, ZoneInfo | None]:
+        """The job's schedule, and its zone (a ``CRON_TZ=`` prefix sets it)."""
         given = [k for k in SCHEDULE_KEYS if k in section.values]
         if len(given) != 1:
             self.one_of(section, given, "schedule", "cron: '...', once: true or at: <ISO datetime>")
-            return None
+            return None, zone
         # With a bad time zone (reported already) the expression is still worth checking.
-        effective = zone or ZoneInfo("UTC")
         if given == ["cron"]:
-            expression = self.read(section, "cron", _string)
+            expression = self.read(section, "cron", JOB["cron"].convert)
             if expression is None:
-                return None
+                return None, zone
+            prefix = _CRON_TZ.match(expression)
+            if prefix is not None:
+                name, expression = prefix.groups()
+                problem = zone_problem(name) if name else "CRON_TZ= names no time zone"
+                if problem is not None:
+                    self.report(section, "cron", f"CRON_TZ: {problem}")
+                    return None, zone
+                if zone_is_own and zone is not None and zone.key != name:
+                    self.report(
+                        section,
+                        "cron",
+                        f"CRON_TZ={name} disagrees with timezone: {zone.key}; keep one of them",
+                    )
+                    return None, zone
+                zone = ZoneInfo(name)
             try:
-                return CronSchedule.parse(expression, effective)
+                return CronSchedule.parse(expression, zone or DEFAULT_TIMEZONE), zone
             except ValueError as exc:
                 self.report(section, "cron", str(exc))
-                return None
+                return None, zone
         if given == ["once"]:
-            once = self.read(section, "once", _bool)
+            once = self.read(section, "once", JOB["once"].convert)
             if once is False:
                 self.report(section, "once", "once: false is no schedule; remove it or use cron:")
-            return OnceSchedule() if once else None
-        at = self.read(section, "at", _datetime)
+            return (OnceSchedule() if once else None), zone
+        at = self.read(section, "at", JOB["at"].convert)
         if at is None:
-            return None
-        return AtSchedule(local_to_instant(at, effective) if at.tzinfo is None else at)
+            return None, zone
+        effective = zone or DEFAULT_TIMEZONE
+        try:
+            instant = local_to_instant(at, effective) if at.tzinfo is None else at
+        except (OverflowError, ValueError):
+            self.report(section, "at", "is too close to the end of the calendar to be a tick")
+            return None, zone
+        return AtSchedule(instant), zone
 
-    def action(self, section: _Section) -> Action | None:
+    def action(self, section: Section) -> Action | None:
         given = [k for k in ACTION_KEYS if k in section.values]
-        isolate = self.read(section, "isolate", _bool)
+        isolate = self.read(section, "isolate", JOB["isolate"].convert)
         if isolate is not None and given != ["entrypoint"]:
             self.report(section, "isolate", "only used with entrypoint:")
         if len(given) != 1:
             self.one_of(section, given, "action", "command: [argv...], shell: '...' or entrypoint:")
             return None
         if given == ["command"]:
-            argv = self.read(section, "command", _argv)
+            argv = self.read(section, "command", JOB["command"].convert)
             return None if argv is None else CommandAction(argv)
         if given == ["shell"]:
-            script = self.read(section, "shell", _nonempty_string)
+            script = self.read(section, "shell", JOB["shell"].convert)
             return None if script is None else ShellAction(script)
-        target = self.read(section, "entrypoint", _nonempty_string)
+        target = self.read(section, "entrypoint", JOB["entrypoint"].convert)
         if target is None:
             return None
         try:
@@ -720,7 +680,7 @@ class _Loader:
             return None
         return EntrypointAction(target, isolate=bool(isolate))
 
-    def one_of(self, section: _Section, given: list[str], what: str, allowed: str) -> None:
+    def one_of(self, section: Section, given: list[str], what: str, allowed: str) -> None:
         if given:
             both = " and ".join(given)
             self.report(section, given[1], f"has {both}; a job has exactly one {what}: {allowed}")
@@ -728,186 +688,6 @@ class _Loader:
             self.issue(
                 section.file, section.line, section.job, what, f"no {what}: add one of {allowed}"
             )
-
-
-# --------------------------------------------------------------------------------------
-# Converters: node -> value, raising ValueError with a message that says what is allowed.
-
-
-def _scalar(node: yaml.Node) -> object:
-    if not isinstance(node, yaml.ScalarNode):
-        raise ValueError(f"expected a single value, got {_kind(node)}")
-    return yaml.SafeLoader("").construct_object(node)
-
-
-def _kind(node: yaml.Node | object) -> str:
-    if isinstance(node, yaml.MappingNode):
-        return "a mapping"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    if isinstance(node, yaml.ScalarNode):
-        node = yaml.SafeLoader("").construct_object(node)
-    if node is None:
-        return "nothing (null)"
-    if isinstance(node, bool):
-        return f"a boolean ({str(node).lower()})"
-    if isinstance(node, int | float):
-        return f"a number ({node})"
-    if isinstance(node, str):
-        return "text"
-    return f"a {type(node).__name__}"
-
-
-def _string(node: yaml.Node) -> str:
-    value = _scalar(node)
-    if not isinstance(value, str):
-        raise ValueError(f"must be text, got {_kind(node)}; quote it")
-    return value
-
-
-def _nonempty_string(node: yaml.Node) -> str:
-    value = _string(node)
-    if not value.strip():
-        raise ValueError("must not be empty")
-    return value
-
-
-def _bool(node: yaml.Node) -> bool:
-    value = _scalar(node)
-    if not isinstance(value, bool):
-        raise ValueError(f"must be true or false, got {_kind(node)}")
-    return value
-
-
-def _count(node: yaml.Node) -> int:
-    value = _scalar(node)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"must be a whole number 0 or more, got {_kind(node)}")
-    return value
-
-
-def _duration(node: yaml.Node) -> timedelta:
-    return parse_duration(_scalar(node))
-
-
-def _positive_duration(node: yaml.Node) -> timedelta:
-    value = _duration(node)
-    if value <= timedelta(0):
-        raise ValueError("must be longer than 0")
-    return value
-
-
-def _timeout(node: yaml.Node) -> timedelta | None:
-    if _scalar(node) is None:
-        return None
-    value = _duration(node)
-    if value <= timedelta(0):
-        raise ValueError("must be longer than 0; leave it out (or null) for no timeout")
-    return value
-
-
-def _choice(kind: object) -> Callable[[yaml.Node], str]:
-    options: tuple[str, ...] = get_args(kind)
-
-    def convert(node: yaml.Node) -> str:
-        value = _scalar(node)
-        if value not in options:
-            shown = repr(value) if isinstance(value, str) else _kind(node)
-            raise ValueError(f"{shown} is not one of: {', '.join(options)}")
-        return value
-
-    return convert
-
-
-def _zone(node: yaml.Node) -> ZoneInfo:
-    name = _string(node)
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        close = difflib.get_close_matches(name, available_timezones(), n=1)
-        hint = f"did you mean {close[0]!r}?" if close else "e.g. 'Europe/Berlin' or 'UTC'"
-        raise ValueError(f"unknown time zone {name!r}; use an IANA name, {hint}") from None
-
-
-def _path(node: yaml.Node) -> Path:
-    return Path(_nonempty_string(node))
-
-
-def _identifier(node: yaml.Node) -> str:
-    value = _string(node)
-    if not _IDENTIFIER.match(value):
-        raise ValueError(
-            f"{value!r} is not a plain SQL identifier: lower-case letters, digits and _, "
-            "not starting with a digit, at most 63 characters"
-        )
-    return value
-
-
-def _listen(node: yaml.Node) -> str:
-    value = _string(node)
-    if value == "":
-        return value
-    host, colon, port = value.rpartition(":")
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:9464); '' turns HTTP off")
-    return value
-
-
-def _env(node: yaml.Node) -> dict[str, str]:
-    if not isinstance(node, yaml.MappingNode):
-        raise ValueError(f"must be a mapping of NAME: value, got {_kind(node)}")
-    env: dict[str, str] = {}
-    for key_node, value_node in node.value:
-        name = str(key_node.value)
-        if not name or "=" in name or "\0" in name:
-            raise ValueError(f"{name!r} is not a valid variable name")
-        value = _scalar(value_node)
-        if not isinstance(value, str):
-            raise ValueError(f"{name}: must be text, got {_kind(value_node)}; quote it")
-        env[name] = value
-    return env
-
-
-def _argv(node: yaml.Node) -> tuple[str, ...]:
-    if not isinstance(node, yaml.SequenceNode):
-        raise ValueError(
-            f"must be a list of arguments like ['/bin/echo', 'hi'], got {_kind(node)}; "
-            "use shell: for a command line"
-        )
-    argv = []
-    for index, item in enumerate(node.value):
-        value = _scalar(item)
-        if not isinstance(value, str):
-            raise ValueError(f"argument {index} must be text, got {_kind(item)}; quote it")
-        argv.append(value)
-    if not argv or not argv[0]:
-        raise ValueError("must name a program: ['/bin/echo', 'hi']")
-    return tuple(argv)
-
-
-def _lock_key(node: yaml.Node) -> str | int:
-    value = _scalar(node)
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise ValueError(f"must be text or a whole number, got {_kind(node)}")
-    if isinstance(value, int) and not BIGINT_MIN <= value <= BIGINT_MAX:
-        raise ValueError("must fit a signed 64-bit integer")
-    if isinstance(value, str) and not value:
-        raise ValueError("must not be empty")
-    return value
-
-
-def _datetime(node: yaml.Node) -> datetime:
-    if not isinstance(node, yaml.ScalarNode):
-        raise ValueError(f"expected an ISO datetime, got {_kind(node)}")
-    # The raw text, not PyYAML's own timestamp reading, so that offsets and 'Z' behave.
-    text = str(node.value).strip()
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(
-            f"{text!r} is not an ISO datetime like 2026-05-01T12:00:00Z, "
-            "2026-05-01T12:00:00+02:00, or 2026-05-01T12:00:00 (the job's time zone)"
-        ) from None
 
 
 def _code_problem(code: str) -> str | None:
@@ -923,24 +703,3 @@ def _code_problem(code: str) -> str | None:
     if trimmed != code:
         return "job code must not start or end with whitespace"
     return None
-
-
-def _mapping_expected(node: yaml.Node, what: str = "key") -> str:
-    return f"must be a mapping of {what}: value, got {_kind(node)}"
-
-
-# The fields `defaults:` may set; a job may set them too, and its value wins.
-_DEFAULT_CONVERTERS: dict[str, Callable[[yaml.Node], object]] = {
-    "guard": _choice(Guard),
-    "timezone": _zone,
-    "lease": _duration,
-    "heartbeat": _duration,
-    "timeout": _timeout,
-    "retries": _count,
-    "retry_delay": _positive_duration,
-    "min_hold": _duration,
-    "misfire_grace": _positive_duration,
-    "concurrency": _choice(Concurrency),
-    "env": _env,
-    "cwd": _path,
-}

@@ -2,11 +2,32 @@
 
 Kept apart from :mod:`pgcrond.storage.db` so that the config loader (``pgcrond
 check``) can use it without importing the database driver.
+
+A connection URL is read here exactly as libpq reads it (``fe-connect.c``,
+``conninfo_uri_parse_options``): the user:password part ends at the *first*
+``@`` before the first ``/``, so in ``postgresql://u:pa@ss@db/x`` libpq's
+password is ``pa`` and its host ``ss@db``. A message that never quotes the
+URL can then still carry part of the password (``failed to resolve host
+'ss@db'``). Two defences, both here:
+
+* :func:`redact` masks a URL's password up to the *last* ``@`` (more than
+  libpq's, never less), and every host name quoted with an ``@`` in it;
+* :func:`remember` records every fragment of a configured URL's password, as
+  the user meant it and as libpq splits it, and :func:`redact` scrubs those
+  fragments wherever they appear.
+
+The config loader refuses such URLs anyway (:func:`url_problems`); the
+scrubbing is for the URLs that reach a library before or around it.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+MASK = "***"
+URI_PREFIXES = ("postgresql://", "postgres://")
 
 # userinfo runs to the *last* "@" of the token: an unescaped "@", ":", "/" or
 # "#" in a password must not let part of it through. Masking too much beats
@@ -14,10 +35,192 @@ import re
 _URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/?#@\s]*:)\S*@", re.IGNORECASE)
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+# A host name never holds an "@": one that does is the tail of a password
+# libpq cut at its first "@" (psycopg-pool: failed to resolve host 't-PW@db').
+_HOST_WITH_AT = re.compile(r"""(host\s*(?:name)?\s*[=:]?\s*["']?)[^"'\s,]*@""", re.IGNORECASE)
+# Where libpq, or a person, may cut a password into pieces.
+_DELIMITERS = re.compile(r"[@/:?#,\[\]\s]+")
+_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# A fragment this short would mask ordinary words everywhere; the whole
+# password is always scrubbed, whatever its length.
+MIN_FRAGMENT = 3
+
+_secrets: set[str] = set()
+
+
+@dataclass(frozen=True)
+class UriParts:
+    """A ``postgresql://`` URL split as libpq splits it (values still percent-encoded)."""
+
+    user: str | None
+    password: str | None
+    hosts: tuple[str, ...]
+    ports: tuple[str, ...]
+    dbname: str | None
+    query: str | None
+
+
+def is_uri(text: str) -> bool:
+    return text.startswith(URI_PREFIXES)
+
+
+def split_uri(url: str) -> UriParts:
+    """Split like libpq; raise ``ValueError`` where libpq would refuse the URL's shape.
+
+    The messages never quote the URL: any part of it may be a password.
+    """
+    prefix = next(p for p in URI_PREFIXES if url.startswith(p))
+    rest = url[len(prefix) :]
+    user = password = None
+    # libpq looks ahead for "@" only up to the first "/", not "?".
+    end = min((i for i in (rest.find("@"), rest.find("/")) if i >= 0), default=-1)
+    if end >= 0 and rest[end] == "@":
+        userinfo, rest = rest[:end], rest[end + 1 :]
+        user, colon, secret = userinfo.partition(":")
+        password = secret if colon else None
+    hosts: list[str] = []
+    ports: list[str] = []
+    position = 0
+    while True:
+        if rest[position : position + 1] == "[":
+            close = rest.find("]", position)
+            if close < 0:
+                raise ValueError("an IPv6 host address opened with '[' has no closing ']'")
+            if close == position + 1:
+                raise ValueError("an IPv6 host address in [] must not be empty")
+            hosts.append(rest[position + 1 : close])
+            position = close + 1
+            if rest[position : position + 1] not in ("", ":", "/", "?", ","):
+                raise ValueError("unexpected character after an IPv6 host address in []")
+        else:
+            stop = _first(rest, position, ":/?,")
+            hosts.append(rest[position:stop])
+            position = stop
+        if rest[position : position + 1] == ":":
+            stop = _first(rest, position + 1, "/?,")
+            ports.append(rest[position + 1 : stop])
+            position = stop
+        else:
+            ports.append("")
+        if rest[position : position + 1] != ",":
+            break
+        position += 1
+    dbname = query = None
+    if rest[position : position + 1] == "/":
+        stop = _first(rest, position + 1, "?")
+        dbname = rest[position + 1 : stop]
+        position = stop
+    if rest[position : position + 1] == "?":
+        query = rest[position + 1 :]
+    return UriParts(user, password, tuple(hosts), tuple(ports), dbname, query)
+
+
+def _first(text: str, start: int, characters: str) -> int:
+    found = [i for i in (text.find(c, start) for c in characters) if i >= 0]
+    return min(found, default=len(text))
+
+
+def url_problems(url: str) -> list[str]:
+    """What libpq would get wrong or refuse in a URL; never quotes any part of it.
+
+    Key=value DSNs (``host=db user=app``) are left to libpq.
+    """
+    if not is_uri(url):
+        scheme = url.split("://", 1)[0] if "://" in url else None
+        if scheme is not None and " " not in scheme and "=" not in scheme:
+            return ["is not a PostgreSQL URL: it must start with postgresql:// or postgres://"]
+        return []
+    try:
+        parts = split_uri(url)
+    except ValueError as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    if any("@" in host for host in parts.hosts):
+        # Only an unescaped "@" in the user:password part leaves one in the host.
+        problems.append(
+            "the user name or password contains an unescaped '@': libpq ends user:password "
+            "at the first '@', so part of the password would be taken for the host name and "
+            "shown in its errors; percent-encode each '@' in it as %40"
+        )
+    elif parts.user is None and parts.dbname is not None and "@" in parts.dbname:
+        problems.append(
+            "the password (or user name) contains an unescaped '/': libpq reads no "
+            "user:password before it; percent-encode each '/' in it as %2F"
+        )
+    for name, value in (("user name", parts.user), ("password", parts.password)):
+        if value is not None and not _decodes(value):
+            problems.append(
+                f"the {name} has a '%' that is not followed by two hex digits; "
+                "percent-encode a literal '%' as %25"
+            )
+    if not problems:
+        for label, value in (("host", ",".join(parts.hosts)), ("database name", parts.dbname)):
+            if value is not None and not _decodes(value):
+                problems.append(f"the {label} has a '%' not followed by two hex digits")
+        if any(port and not port.isdigit() for port in parts.ports):
+            problems.append("a port is not a number")
+    return problems
+
+
+def _decodes(value: str) -> bool:
+    # libpq refuses a malformed %-escape and an encoded NUL (%00).
+    return _PERCENT.search(value) is None and "%00" not in value
+
+
+def password_fragments(url: str) -> set[str]:
+    """Every piece of the password a message may quote: whole, as libpq cut it, and split."""
+    whole: set[str] = set()
+    for match in _KV_PASSWORD.finditer(url):
+        whole.add(match.group(2).strip("'"))
+    for match in _QUERY_PASSWORD.finditer(url):
+        whole.add(url[match.end(1) : match.end()])
+    cut: set[str] = set()
+    if is_uri(url):
+        rest = url.split("://", 1)[1]
+        # As the user meant it: to the last "@" before the query.
+        head = rest.split("?", 1)[0]
+        if "@" in head:
+            userinfo = head.rsplit("@", 1)[0]
+            if ":" in userinfo:
+                whole.add(userinfo.split(":", 1)[1])
+        try:
+            parts = split_uri(url)
+        except ValueError:
+            parts = None
+        if parts is not None and parts.password is not None:
+            cut.add(parts.password)
+    pieces: set[str] = set()
+    for secret in whole | cut:
+        for form in (secret, unquote(secret)):
+            if form and (secret in whole or len(form) >= MIN_FRAGMENT):
+                pieces.add(form)
+            pieces.update(p for p in _DELIMITERS.split(form) if len(p) >= MIN_FRAGMENT)
+    return pieces
+
+
+def remember(url: str | None) -> None:
+    """Scrub this URL's password (and every fragment of it) from all later :func:`redact` output."""
+    if url:
+        _secrets.update(password_fragments(url))
+
+
+def forget_all() -> None:
+    """Drop every remembered secret (tests)."""
+    _secrets.clear()
 
 
 def redact(text: str) -> str:
-    """``text`` with every password of a connection URL or key=value DSN replaced by ``***``."""
-    text = _URL_PASSWORD.sub(r"\1***@", text)
-    text = _QUERY_PASSWORD.sub(r"\1***", text)
-    return _KV_PASSWORD.sub(r"\1***", text)
+    """``text`` with every password of a connection URL or key=value DSN replaced by ``***``.
+
+    Also masks any remembered password fragment, and the part before ``@`` of
+    a quoted host name, wherever they appear.
+    """
+    text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
+    text = _QUERY_PASSWORD.sub(rf"\1{MASK}", text)
+    text = _KV_PASSWORD.sub(rf"\1{MASK}", text)
+    text = _HOST_WITH_AT.sub(rf"\1{MASK}@", text)
+    # Longest first, so that a fragment inside a longer one cannot leave a tail.
+    for secret in sorted(_secrets, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text

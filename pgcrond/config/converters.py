@@ -1,0 +1,275 @@
+"""Converters: YAML node -> value, each raising ``ValueError`` with a message that says
+what is allowed (the loader adds the file, line, job and field).
+
+Each converter also carries the JSON Schema of what it accepts, so that the
+published schema (:mod:`pgcrond.config.schema`) is derived from the same
+objects that do the checking and cannot drift from them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Generic, TypeVar, get_args
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
+import yaml
+
+from pgcrond.config.listen import parse_listen
+from pgcrond.config.yamlnodes import construct, kind
+from pgcrond.core.durations import parse_duration
+from pgcrond.core.keys import BIGINT_MAX, BIGINT_MIN
+from pgcrond.errors import ValidationError
+
+T = TypeVar("T")
+Schema = dict[str, Any]
+
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# Longer than any IANA name (the longest is 32 characters), short of any file name limit.
+MAX_ZONE_NAME = 64
+DURATION_PATTERN = r"^\s*(0+|(\d+(\.\d+)?\s*(ms|s|m|h|d)\s*)+)$"
+DURATION_SCHEMA: Schema = {
+    "description": "a duration with a unit: 500ms, 90s, 15m, 2h, 1d, 1h30m (0 needs none)",
+    "anyOf": [{"type": "string", "pattern": DURATION_PATTERN}, {"const": 0}],
+}
+
+
+class Problems(ValueError):
+    """Several problems in one value, each at its own node (every bad ``env:`` entry)."""
+
+    def __init__(self, problems: list[tuple[yaml.Node, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(message for _, message in problems))
+
+
+@dataclass(frozen=True)
+class Converter(Generic[T]):
+    """A named check of one YAML node, and the JSON Schema of what it accepts."""
+
+    convert: Callable[[yaml.Node], T]
+    schema: Schema = field(default_factory=dict)
+
+    def __call__(self, node: yaml.Node) -> T:
+        return self.convert(node)
+
+
+def scalar(node: yaml.Node) -> object:
+    if not isinstance(node, yaml.ScalarNode):
+        raise ValueError(f"expected a single value, got {kind(node)}")
+    return construct(node)
+
+
+def _string(node: yaml.Node) -> str:
+    value = scalar(node)
+    if not isinstance(value, str):
+        raise ValueError(f"must be text, got {kind(node)}; quote it")
+    return value
+
+
+def _nonempty_string(node: yaml.Node) -> str:
+    value = _string(node)
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+def _bool(node: yaml.Node) -> bool:
+    value = scalar(node)
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {kind(node)}")
+    return value
+
+
+def _count(node: yaml.Node) -> int:
+    value = scalar(node)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"must be a whole number 0 or more, got {kind(node)}")
+    return value
+
+
+def _duration(node: yaml.Node) -> timedelta:
+    return parse_duration(scalar(node))
+
+
+def _positive_duration(node: yaml.Node) -> timedelta:
+    value = _duration(node)
+    if value <= timedelta(0):
+        raise ValueError("must be longer than 0")
+    return value
+
+
+def _timeout(node: yaml.Node) -> timedelta | None:
+    if scalar(node) is None:
+        return None
+    value = _duration(node)
+    if value <= timedelta(0):
+        raise ValueError("must be longer than 0; leave it out (or null) for no timeout")
+    return value
+
+
+def choice(kind_: object) -> Converter[str]:
+    """One of the values of a ``Literal`` type."""
+    options: tuple[str, ...] = get_args(kind_)
+
+    def convert(node: yaml.Node) -> str:
+        value = scalar(node)
+        if value not in options:
+            shown = repr(value) if isinstance(value, str) else kind(node)
+            raise ValueError(f"{shown} is not one of: {', '.join(options)}")
+        return str(value)
+
+    return Converter(convert, {"enum": list(options)})
+
+
+def zone_problem(name: str) -> str | None:
+    """Why ``name`` is not a time zone ZoneInfo can load, or None."""
+    if len(name) > MAX_ZONE_NAME:
+        return f"unknown time zone {name[:40]!r}...: too long for an IANA name"
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        # OSError: a directory ("Europe") or a name the file system refuses.
+        close = difflib.get_close_matches(name, available_timezones(), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "e.g. 'Europe/Berlin' or 'UTC'"
+        return f"unknown time zone {name!r}; use an IANA name, {hint}"
+    return None
+
+
+def _zone(node: yaml.Node) -> ZoneInfo:
+    name = _string(node)
+    problem = zone_problem(name)
+    if problem is not None:
+        raise ValueError(problem)
+    return ZoneInfo(name)
+
+
+def _path(node: yaml.Node) -> Path:
+    value = _nonempty_string(node)
+    if "\0" in value:
+        raise ValueError("must not contain a NUL character")
+    return Path(value)
+
+
+def _identifier(node: yaml.Node) -> str:
+    value = _string(node)
+    if not _IDENTIFIER.match(value):
+        raise ValueError(
+            f"{value!r} is not a plain SQL identifier: lower-case letters, digits and _, "
+            "not starting with a digit, at most 63 characters"
+        )
+    return value
+
+
+def _listen(node: yaml.Node) -> str:
+    value = _string(node)
+    try:
+        parse_listen(value)
+    except ValidationError as exc:
+        raise ValueError(str(exc).removeprefix(f"{exc.field}: ")) from None
+    return value
+
+
+def _env(node: yaml.Node) -> dict[str, str]:
+    if not isinstance(node, yaml.MappingNode):
+        raise ValueError(f"must be a mapping of NAME: value, got {kind(node)}")
+    env: dict[str, str] = {}
+    problems: list[tuple[yaml.Node, str]] = []
+    for key_node, value_node in node.value:
+        name = str(key_node.value)
+        if not name or "=" in name or "\0" in name:
+            problems.append((key_node, f"{name!r} is not a valid variable name"))
+            continue
+        try:
+            value = scalar(value_node)
+        except ValueError as exc:
+            problems.append((value_node, f"{name}: {exc}"))
+            continue
+        if not isinstance(value, str):
+            problems.append((value_node, f"{name}: must be text, got {kind(value_node)}; quote it"))
+        elif "\0" in value:
+            problems.append((value_node, f"{name}: must not contain a NUL character"))
+        else:
+            env[name] = value
+    if problems:
+        raise Problems(problems)
+    return env
+
+
+def _argv(node: yaml.Node) -> tuple[str, ...]:
+    if not isinstance(node, yaml.SequenceNode):
+        raise ValueError(
+            f"must be a list of arguments like ['/bin/echo', 'hi'], got {kind(node)}; "
+            "use shell: for a command line"
+        )
+    argv = []
+    for index, item in enumerate(node.value):
+        value = scalar(item)
+        if not isinstance(value, str):
+            raise ValueError(f"argument {index} must be text, got {kind(item)}; quote it")
+        argv.append(value)
+    if not argv or not argv[0]:
+        raise ValueError("must name a program: ['/bin/echo', 'hi']")
+    return tuple(argv)
+
+
+def _lock_key(node: yaml.Node) -> str | int:
+    value = scalar(node)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"must be text or a whole number, got {kind(node)}")
+    if isinstance(value, int) and not BIGINT_MIN <= value <= BIGINT_MAX:
+        raise ValueError("must fit a signed 64-bit integer")
+    if isinstance(value, str) and not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+def _datetime(node: yaml.Node) -> datetime:
+    if not isinstance(node, yaml.ScalarNode):
+        raise ValueError(f"expected an ISO datetime, got {kind(node)}")
+    # The raw text, not PyYAML's own timestamp reading, so that offsets and 'Z' behave.
+    text = str(node.value).strip()
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{text[:60]!r} is not an ISO datetime like 2026-05-01T12:00:00Z, "
+            "2026-05-01T12:00:00+02:00, or 2026-05-01T12:00:00 (the job's time zone)"
+        ) from None
+
+
+string = Converter(_string, {"type": "string"})
+nonempty_string = Converter(_nonempty_string, {"type": "string", "minLength": 1})
+boolean = Converter(_bool, {"type": "boolean"})
+count = Converter(_count, {"type": "integer", "minimum": 0})
+duration = Converter(_duration, {"$ref": "#/$defs/duration"})
+positive_duration = Converter(_positive_duration, {"$ref": "#/$defs/duration"})
+timeout = Converter(_timeout, {"anyOf": [{"$ref": "#/$defs/duration"}, {"type": "null"}]})
+zone = Converter(_zone, {"type": "string", "minLength": 1, "maxLength": MAX_ZONE_NAME})
+path = Converter(_path, {"type": "string", "minLength": 1})
+identifier = Converter(_identifier, {"type": "string", "pattern": _IDENTIFIER.pattern})
+listen = Converter(_listen, {"type": "string"})
+env = Converter(
+    _env,
+    {
+        "type": "object",
+        "additionalProperties": {"type": "string"},
+        "propertyNames": {"pattern": "^[^=]+$"},
+    },
+)
+argv = Converter(_argv, {"type": "array", "items": {"type": "string"}, "minItems": 1})
+lock_key = Converter(
+    _lock_key,
+    {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "integer", "minimum": BIGINT_MIN, "maximum": BIGINT_MAX},
+        ]
+    },
+)
+# YAML may read an unquoted ISO instant as a timestamp; both spellings are accepted.
+iso_datetime = Converter(_datetime, {"type": "string", "format": "date-time"})
+once = Converter(_bool, {"const": True})

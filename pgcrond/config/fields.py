@@ -1,0 +1,174 @@
+"""The one field table: every YAML key, its converter, its default and what it means.
+
+The loader reads fields through this table, the frozen models take their
+defaults from it, and the JSON Schema and the docs' tables are generated
+from it; a default is written here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from pgcrond.config import converters as c
+from pgcrond.core.keys import KeyHash
+
+Guard = Literal["lease", "advisory"]
+Concurrency = Literal["forbid", "allow"]
+
+DATABASE_URL_ENV = "PGCROND_DATABASE_URL"
+# The floor of history_retention whatever the jobs say; see models.min_history_retention.
+MIN_HISTORY_RETENTION = timedelta(hours=1)
+
+
+class _Required:
+    """No default: the field must be given (or, for a schedule or action, one of its group)."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclass(frozen=True)
+class Field:
+    """One YAML key: ``name -> converter -> default``; ``defaultable``: ``defaults:`` may set it."""
+
+    name: str
+    convert: c.Converter[Any]
+    default: Any
+    doc: str
+    defaultable: bool = False
+
+
+def _table(*fields: Field) -> Mapping[str, Field]:
+    return MappingProxyType({f.name: f for f in fields})
+
+
+TOP = _table(
+    Field(
+        "shutdown_grace",
+        c.duration,
+        timedelta(seconds=30),
+        "on SIGTERM, how long running jobs may finish",
+    ),
+    Field(
+        "history_retention",
+        c.positive_duration,
+        timedelta(days=30),
+        "finished runs older than this are pruned; at least max(1h, misfire_grace + lease)",
+    ),
+)
+# Sections of the top level; their fields are in the tables below.
+TOP_SECTIONS = ("database", "defaults", "jobs", "http")
+
+DATABASE = _table(
+    Field(
+        "url",
+        c.string,
+        None,
+        "PostgreSQL URL or key=value DSN; ${VAR} and ${VAR:-default} read the environment, $$ is $",
+    ),
+    Field("embedded", c.boolean, False, "a local PostgreSQL that pgcrond starts itself"),
+    Field(
+        "state_dir",
+        c.path,
+        Path(".pgcrond"),
+        "embedded only: where the local server keeps its files",
+    ),
+    Field("schema", c.identifier, "pgcrond", "schema of the lease table"),
+    Field("table", c.identifier, "leases", "name of the lease table"),
+)
+
+HTTP = _table(
+    Field(
+        "listen",
+        c.listen,
+        "127.0.0.1:9464",
+        "address of /healthz, /readyz and /metrics: HOST:PORT, [V6]:PORT or :PORT; '' turns it off",
+    ),
+)
+
+SCHEDULE_KEYS = ("cron", "once", "at")
+ACTION_KEYS = ("command", "shell", "entrypoint")
+
+JOB = _table(
+    Field("cron", c.string, REQUIRED, "cron(8) expression, 5 fields or 6 with seconds first"),
+    Field("once", c.once, REQUIRED, "run once per cluster, at the first start"),
+    Field(
+        "at", c.iso_datetime, REQUIRED, "one tick at this instant (the job's zone without offset)"
+    ),
+    Field("command", c.argv, REQUIRED, "argv list, executed without a shell"),
+    Field("shell", c.nonempty_string, REQUIRED, "a command line run by /bin/sh -c"),
+    Field(
+        "entrypoint",
+        c.nonempty_string,
+        REQUIRED,
+        "package.module:function, or a pgcrond.jobs entry point",
+    ),
+    Field("guard", c.choice(Guard), "lease", "lease (a row per tick, fenced) or advisory", True),
+    Field("timezone", c.zone, "UTC", "IANA zone the schedule is read in", True),
+    Field(
+        "lease",
+        c.duration,
+        # A job's lease must be able to run out within its misfire grace, or a dead
+        # winner's tick could never be taken over: 1 min lease (heartbeat every 20 s),
+        # 5 min grace. The library's own default lease stays the reference's 15 min.
+        timedelta(minutes=1),
+        "how long a claim holds without a heartbeat; below misfire_grace",
+        True,
+    ),
+    Field(
+        "heartbeat",
+        c.duration,
+        None,
+        "lease renewal interval, default min(60s, lease/3); 0 = off",
+        True,
+    ),
+    Field("timeout", c.timeout, None, "stop a run after this long; null = none", True),
+    Field("retries", c.count, 0, "extra attempts after a failure", True),
+    Field("retry_delay", c.positive_duration, timedelta(seconds=30), "wait between attempts", True),
+    Field(
+        "min_hold",
+        c.duration,
+        timedelta(seconds=5),
+        "advisory: hold the lock at least this long",
+        True,
+    ),
+    Field(
+        "misfire_grace",
+        c.positive_duration,
+        timedelta(minutes=5),
+        "a fire (or takeover) starting later than this after its tick is not run",
+        True,
+    ),
+    Field(
+        "concurrency",
+        c.choice(Concurrency),
+        "forbid",
+        "forbid: skip a tick while the previous run goes on",
+        True,
+    ),
+    Field("env", c.env, MappingProxyType({}), "extra environment variables (text values)", True),
+    Field("cwd", c.path, None, "working directory of runs", True),
+    Field("isolate", c.boolean, False, "entrypoint only: run in a child interpreter"),
+    Field("key_hash", c.choice(KeyHash), "pgcrond", "advisory only: how lock ids are derived"),
+    Field(
+        "lock_key",
+        c.lock_key,
+        None,
+        "advisory only: text or a 64-bit integer; default the job code",
+    ),
+    Field("description", c.string, None, "free text"),
+)
+DEFAULTABLE = tuple(name for name, f in JOB.items() if f.defaultable)
+
+
+def default(table: Mapping[str, Field], name: str) -> Any:
+    """The default of one field, for the models' own defaults."""
+    return table[name].default

@@ -1,0 +1,132 @@
+"""The frozen config models, built once by the loader; everything inside trusts them.
+
+Defaults come from :mod:`pgcrond.config.fields`, the one table that also
+drives the loader and the JSON Schema.
+"""
+
+# The dataclass defaults below are calls into the field table; each returns an
+# immutable value (str, bool, timedelta, Path, None), shared safely.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import MappingProxyType
+from zoneinfo import ZoneInfo
+
+from pgcrond.config.fields import (
+    DATABASE,
+    HTTP,
+    JOB,
+    MIN_HISTORY_RETENTION,
+    TOP,
+    Concurrency,
+    Guard,
+    default,
+)
+from pgcrond.core.actions import Action
+from pgcrond.core.keys import KeyHash
+from pgcrond.core.redaction import redact, remember
+from pgcrond.core.schedule import OnceSchedule, Schedule
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.errors import ConfigIssue
+
+DEFAULT_HTTP_LISTEN: str = default(HTTP, "listen")
+DEFAULT_SHUTDOWN_GRACE: timedelta = default(TOP, "shutdown_grace")
+DEFAULT_HISTORY_RETENTION: timedelta = default(TOP, "history_retention")
+DEFAULT_RETRY_DELAY: timedelta = default(JOB, "retry_delay")
+DEFAULT_MIN_HOLD: timedelta = default(JOB, "min_hold")
+DEFAULT_JOB_LEASE: timedelta = default(JOB, "lease")
+DEFAULT_MISFIRE_GRACE: timedelta = default(JOB, "misfire_grace")
+DEFAULT_TIMEZONE = ZoneInfo(default(JOB, "timezone"))
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    """Where the lease table lives: a URL, or a local server pgcrond starts (``embedded``)."""
+
+    url: str | None
+    embedded: bool = default(DATABASE, "embedded")
+    state_dir: Path = default(DATABASE, "state_dir")
+    schema: str = default(DATABASE, "schema")
+    table: str = default(DATABASE, "table")
+
+    def __post_init__(self) -> None:
+        # Every later redact() scrubs this password, also the fragments libpq may
+        # quote on their own (a host name holding the tail of a password).
+        remember(self.url)
+
+    @property
+    def redacted_url(self) -> str | None:
+        """The URL with its password replaced by ``***``: the only form fit for logs."""
+        return None if self.url is None else redact(self.url)
+
+    def __repr__(self) -> str:
+        # The default repr would print the password into any log or traceback.
+        return (
+            f"DatabaseConfig(url={self.redacted_url!r}, embedded={self.embedded!r}, "
+            f"state_dir={self.state_dir!r}, schema={self.schema!r}, table={self.table!r})"
+        )
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One job, with the defaults already applied."""
+
+    code: str
+    schedule: Schedule
+    action: Action
+    guard: Guard = default(JOB, "guard")
+    timezone: ZoneInfo = DEFAULT_TIMEZONE
+    timing: LeaseTiming = field(default_factory=lambda: LeaseTiming.build(DEFAULT_JOB_LEASE))
+    timeout: timedelta | None = default(JOB, "timeout")
+    retries: int = default(JOB, "retries")
+    retry_delay: timedelta = DEFAULT_RETRY_DELAY
+    min_hold: timedelta = DEFAULT_MIN_HOLD
+    misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE
+    concurrency: Concurrency = default(JOB, "concurrency")
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    cwd: Path | None = default(JOB, "cwd")
+    key_hash: KeyHash = default(JOB, "key_hash")
+    # None means "the job code"; filled in below so that users of the field never see None.
+    lock_key: str | int | None = default(JOB, "lock_key")
+    description: str | None = default(JOB, "description")
+    source: str = "<code>"
+
+    def __post_init__(self) -> None:
+        if self.lock_key is None:
+            object.__setattr__(self, "lock_key", self.code)
+
+    @property
+    def is_once(self) -> bool:
+        """A run-once job: attempted at start under the INITIAL identity, never on a tick."""
+        return isinstance(self.schedule, OnceSchedule)
+
+
+@dataclass(frozen=True)
+class Config:
+    files: tuple[str, ...]
+    database: DatabaseConfig
+    jobs: Mapping[str, JobConfig]
+    http_listen: str = DEFAULT_HTTP_LISTEN
+    shutdown_grace: timedelta = DEFAULT_SHUTDOWN_GRACE
+    history_retention: timedelta = DEFAULT_HISTORY_RETENTION
+    # What `check` shows but does not refuse: ${VAR}s left unset when linting.
+    warnings: tuple[ConfigIssue, ...] = ()
+
+
+def min_history_retention(jobs: Mapping[str, JobConfig]) -> timedelta:
+    """The shortest safe ``history_retention``: pruning younger rows can run a tick twice.
+
+    A replica may still claim a tick up to ``misfire_grace`` after it (a late
+    fire, or a takeover once the holder's ``lease`` ran out). If the finished
+    row of that tick is gone by then, the claim finds no row and runs the tick
+    afresh. So a row must outlive the longest ``misfire_grace + lease`` of any
+    job, and never less than :data:`MIN_HISTORY_RETENTION` (1 hour).
+    """
+    return max(
+        [MIN_HISTORY_RETENTION, *(job.misfire_grace + job.timing.lease for job in jobs.values())]
+    )
