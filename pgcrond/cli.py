@@ -7,9 +7,25 @@ stay fast and never import the database driver.
 from __future__ import annotations
 
 import argparse
+import enum
 import importlib
 import sys
 from collections.abc import Sequence
+
+
+class ExitCode(enum.IntEnum):
+    """What every pgcrond command exits with; handlers return one of these."""
+
+    # Done: the config is valid, the daemon stopped cleanly, the run succeeded.
+    OK = 0
+    # The command ran but did not get it done: a triggered run failed, the
+    # operator said no, the row moved on, the daemon stopped on an error.
+    FAILED = 1
+    # Nothing was done: a bad config or argument, or the database refused.
+    ERROR = 2
+    # `trigger`: not run here, because the run key runs or ran elsewhere.
+    NOT_RUN_HERE = 3
+
 
 DESCRIPTION = """\
 pgcrond runs cron jobs on N replicas and lets PostgreSQL decide which replica
@@ -19,6 +35,7 @@ runs each tick: every replica fires every tick, one claim wins, the others skip.
 EPILOG = """\
 examples:
   pgcrond check -c config/example.yaml          validate a config and list its jobs
+  pgcrond check - < jobs.yaml                   validate a config read from stdin
   pgcrond next -c config/ -n 5 --job nightly    the next 5 fire times of one job
   pgcrond run -c config/example.yaml            run the daemon
   pgcrond status -c config/                     what runs, what ran, what failed
@@ -32,6 +49,7 @@ environment:
 # and returns the process exit code.
 HANDLERS: dict[str, str] = {
     "check": "pgcrond.ops.inspect:check_command",
+    "schema": "pgcrond.ops.inspect:schema_command",
     "next": "pgcrond.ops.inspect:next_command",
     "run": "pgcrond.daemon.lifecycle:run_command",
     "migrate": "pgcrond.ops.commands:migrate_command",
@@ -69,6 +87,18 @@ def _add_database(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _listen(text: str) -> str:
+    """``--http`` read by the same parser as ``http.listen``, so `run` refuses what `check` does."""
+    from pgcrond.config.listen import parse_listen
+    from pgcrond.errors import ValidationError
+
+    try:
+        parse_listen(text)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{exc.field}: ")) from None
+    return text
+
+
 def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -100,10 +130,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pgcrond {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    check = sub.add_parser("check", help="validate config files and list their jobs")
+    check = sub.add_parser(
+        "check",
+        help="validate config files and list their jobs",
+        description="Validate config files (PATH '-' reads stdin) and list their jobs. An unset "
+        "${VAR} is a warning, so a config can be linted without its secrets; --strict makes it "
+        "an error. Exit 0: valid; 2: not.",
+    )
     _add_config(check, required=False)
     _add_paths(check)
     _add_json(check)
+    check.add_argument(
+        "--strict", action="store_true", help="an unset ${VAR} is an error, as for `run`"
+    )
+
+    sub.add_parser(
+        "schema",
+        help="print the JSON Schema of the config files",
+        description="Print the JSON Schema of pgcrond's YAML (docs/config.schema.json), "
+        "generated from the field table the loader itself reads.",
+    )
 
     nxt = sub.add_parser("next", help="print the next fire times of each job")
     _add_config(nxt, required=False)
@@ -124,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_database(run)
     run.add_argument(
         "--http",
+        type=_listen,
         metavar="HOST:PORT",
         help="address of /healthz, /readyz and /metrics; empty to turn off "
         "(default: http.listen in the config, else 127.0.0.1:9464)",
@@ -194,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     module_name, function_name = HANDLERS[args.command].split(":")
     handler = getattr(importlib.import_module(module_name), function_name)
     code: int = handler(args)
-    return code
+    return int(code)
 
 
 if __name__ == "__main__":

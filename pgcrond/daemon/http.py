@@ -15,6 +15,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from pgcrond.config.listen import parse_listen as read_listen
 from pgcrond.errors import ValidationError
 
 log = structlog.get_logger("pgcrond.daemon.http")
@@ -38,17 +39,14 @@ _UNREADABLE = (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.Li
 
 
 def parse_listen(listen: str) -> tuple[str | None, int]:
-    """``host:port``, ``[::1]:port`` or ``:port`` -> (host, port); host None = all interfaces."""
-    host, sep, port_text = listen.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise ValidationError(
-            "http.listen", f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464, :9464)"
-        )
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValidationError("http.listen", f"{listen!r}: write an IPv6 address in brackets")
-    return host or None, int(port_text)
+    """``host:port``, ``[::1]:port`` or ``:port`` -> (host, port); host None = all interfaces.
+
+    The one reading is :func:`pgcrond.config.listen.parse_listen`; here "" (off) is an error.
+    """
+    address = read_listen(listen)
+    if address is None:
+        raise ValidationError("http.listen", "'' turns HTTP off; there is no address to serve on")
+    return address.host, address.port
 
 
 class HealthServer:

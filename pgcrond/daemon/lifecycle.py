@@ -30,6 +30,8 @@ from apscheduler.executors.base import BaseExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 
+from pgcrond.cli import ExitCode
+from pgcrond.config.listen import parse_listen
 from pgcrond.config.loader import Config, JobConfig, load_config, min_history_retention
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
@@ -445,7 +447,8 @@ class Daemon:
     def _http_address(self) -> str | None:
         if self._http is None:
             return None
-        host = self.http_listen.rsplit(":", 1)[0] or "0.0.0.0"  # noqa: S104
+        listen = parse_listen(self.http_listen)
+        host = "0.0.0.0" if listen is None else listen.display_host  # noqa: S104
         return f"{host}:{self._http.port}"
 
 
@@ -465,10 +468,10 @@ def run_command(args: argparse.Namespace) -> int:
         print(
             "pgcrond did not start: fix these and run `pgcrond check` to verify.", file=sys.stderr
         )
-        return 2
+        return ExitCode.ERROR
     daemon = Daemon(config, args.config, database_url=args.database_url, http_listen=args.http)
     try:
         return asyncio.run(daemon.run())
     except PgcrondError as exc:
         log.error("daemon_failed", error=str(exc))
-        return 1
+        return ExitCode.FAILED

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pgcrond.cli import ExitCode
 from pgcrond.config.loader import (
     DATABASE_URL_ENV,
     DEFAULT_HISTORY_RETENTION,
@@ -40,11 +41,12 @@ from pgcrond.storage.embedded import running_dsn
 from pgcrond.storage.history import abandon_stale, prune
 from pgcrond.storage.leases import LeaseStore
 
-EXIT_OK = 0
+# The exit codes are pgcrond.cli.ExitCode, one enum for every command.
+EXIT_OK = ExitCode.OK
 # The command ran but did not change anything: the operator said no, or the
 # row moved on between showing and changing it.
-EXIT_NOT_DONE = 1
-EXIT_ERROR = 2
+EXIT_NOT_DONE = ExitCode.FAILED
+EXIT_ERROR = ExitCode.ERROR
 ERROR_WIDTH = 60
 # How long a command waits for its connection before it gives up.
 CONNECT_TIMEOUT_S = 5.0
@@ -195,7 +197,7 @@ async def _with_store(
 # -- trigger ------------------------------------------------------------------------------
 
 # What `pgcrond trigger` exits with when this process did not run the job.
-EXIT_NOT_RUN_HERE = 3
+EXIT_NOT_RUN_HERE = ExitCode.NOT_RUN_HERE
 
 
 def manual_run_key(now: datetime) -> str:

@@ -12,22 +12,22 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from pgcrond.cli import ExitCode
 from pgcrond.config.loader import Config, JobConfig, load_config
 from pgcrond.core.actions import Action, CommandAction, ShellAction
 from pgcrond.core.durations import format_duration
+from pgcrond.core.redaction import redact
 from pgcrond.core.schedule import run_key_for
-from pgcrond.errors import ConfigError
-
-EXIT_OK = 0
-EXIT_INVALID = 2
+from pgcrond.errors import ConfigError, ConfigIssue
 
 
 def check_command(args: argparse.Namespace) -> int:
-    config = _load(args)
+    config = _load(args, allow_unset=not getattr(args, "strict", False))
     if config is None:
-        return EXIT_INVALID
+        return ExitCode.ERROR
     if args.json:
         document = {
+            "warnings": [_issue_json(w) for w in config.warnings],
             "files": list(config.files),
             "database": {
                 "url": config.database.redacted_url,
@@ -38,7 +38,9 @@ def check_command(args: argparse.Namespace) -> int:
             "jobs": [_job_json(job) for job in config.jobs.values()],
         }
         print(json.dumps(document, indent=2))
-        return EXIT_OK
+        return ExitCode.OK
+    for warning in config.warnings:
+        print(f"warning: {redact(str(warning))}", file=sys.stderr)
     count = len(config.jobs)
     print(f"config OK: {count} job{'s' if count != 1 else ''} in {', '.join(config.files)}")
     rows = [
@@ -52,27 +54,27 @@ def check_command(args: argparse.Namespace) -> int:
             + "  "
             + row[3]
         )
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def next_command(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
-        return EXIT_INVALID
+        return ExitCode.ERROR
     if args.n < 1:
         print("pgcrond next: -n must be 1 or more", file=sys.stderr)
-        return EXIT_INVALID
+        return ExitCode.ERROR
     try:
         start = _parse_start(args.start)
     except ValueError as exc:
         print(f"pgcrond next: --from: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return ExitCode.ERROR
     jobs = list(config.jobs.values())
     if args.job is not None:
         if args.job not in config.jobs:
             known = ", ".join(config.jobs)
             print(f"pgcrond next: no job {args.job!r}; known jobs: {known}", file=sys.stderr)
-            return EXIT_INVALID
+            return ExitCode.ERROR
         jobs = [config.jobs[args.job]]
     listing = [(job, _ticks(job, start, args.n)) for job in jobs]
     if args.json:
@@ -93,7 +95,7 @@ def next_command(args: argparse.Namespace) -> int:
             ],
         }
         print(json.dumps(document, indent=2))
-        return EXIT_OK
+        return ExitCode.OK
     for job, ticks in listing:
         print(f"{job.code}: {job.schedule.describe()}")
         if job.is_once:
@@ -103,28 +105,37 @@ def next_command(args: argparse.Namespace) -> int:
         for tick in ticks:
             local = tick.astimezone(job.timezone)
             print(f"  {run_key_for(tick)}  {local:%Y-%m-%d %H:%M:%S %Z (%z)}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
-def _load(args: argparse.Namespace) -> Config | None:
+def schema_command(args: argparse.Namespace) -> int:
+    """``pgcrond schema``: the JSON Schema of the config files, as in docs/config.schema.json."""
+    from pgcrond.config.schema import schema_text
+
+    sys.stdout.write(schema_text())
+    return ExitCode.OK
+
+
+def _issue_json(issue: ConfigIssue) -> dict[str, Any]:
+    return {
+        "file": issue.file,
+        "line": issue.line,
+        "job": issue.job,
+        "field": issue.field,
+        "message": redact(issue.message),
+    }
+
+
+def _load(args: argparse.Namespace, *, allow_unset: bool = True) -> Config | None:
+    """The config, or None after printing every issue (never a traceback, never a password)."""
     try:
-        return load_config(args.config)
+        return load_config(args.config, allow_unset=allow_unset)
     except ConfigError as exc:
         if getattr(args, "json", False):
-            errors = [
-                {
-                    "file": i.file,
-                    "line": i.line,
-                    "job": i.job,
-                    "field": i.field,
-                    "message": i.message,
-                }
-                for i in exc.issues
-            ]
-            print(json.dumps({"errors": errors}, indent=2))
+            print(json.dumps({"errors": [_issue_json(i) for i in exc.issues]}, indent=2))
         else:
             for issue in exc.issues:
-                print(issue, file=sys.stderr)
+                print(redact(str(issue)), file=sys.stderr)
             count = len(exc.issues)
             print(
                 f"{count} problem{'s' if count != 1 else ''}: "
