@@ -1,41 +1,142 @@
-"""structlog configuration: JSON lines in production, readable on a terminal.
+"""One log stream: every line the process writes goes through structlog's processors.
 
 A log line is an event name plus key-value context
 (``log.info("run_finished", job=..., run_key=..., outcome=...)``). Per-run
 context is bound once with contextvars by the daemon.
+
+pgcrond's own loggers, the libraries' stdlib loggers (psycopg, psycopg_pool,
+APScheduler, asyncio), Python ``warnings`` and uncaught exceptions all end in
+one handler on stderr whose :class:`structlog.stdlib.ProcessorFormatter` runs
+the same processors: one JSON object per line off a terminal (a traceback is
+a field, not extra lines), the console renderer on one, and every value passed
+through :func:`pgcrond.core.redaction.redact` last, so a DSN in a driver's
+message never reaches the log with its password.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+import threading
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Literal
 
 import structlog
+from structlog.types import EventDict, Processor, WrappedLogger
+
+from pgcrond.core.redaction import redact
 
 LogFormat = Literal["auto", "json", "console"]
 
+# Libraries log below WARNING about their normal work (psycopg_pool: every
+# connection handed out); pgcrond's own events say what matters. Their warnings
+# and errors (a failed connection attempt) always come through.
+LIBRARY_LOGGERS = ("psycopg", "apscheduler", "asyncio")
+LIBRARY_FLOOR = logging.WARNING
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, Mapping):
+        return {key: _redacted(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_redacted(item) for item in value]
+    # Anything else would be rendered through its repr (an exception object, a
+    # conninfo): render it here, so the redaction sees the text that is logged.
+    return redact(str(value))
+
+
+def redact_values(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Every value of the event, nested ones too, with passwords replaced by ``***``."""
+    return {key: _redacted(value) for key, value in event_dict.items()}
+
+
+def _shared_processors() -> list[Processor]:
+    """What every line gets, pgcrond's own and the libraries' alike."""
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+    ]
+
+
+class _StreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Our handler on the root logger, recognisable so ``configure`` can replace it."""
+
 
 def configure(fmt: LogFormat = "auto", level: str = "info") -> None:
+    """Route structlog, stdlib logging, warnings and uncaught exceptions to stderr."""
+    stream = sys.stderr
     if fmt == "auto":
-        fmt = "console" if sys.stderr.isatty() else "json"
-    renderer: structlog.types.Processor
+        fmt = "console" if stream.isatty() else "json"
+    renderer: Processor
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
+    threshold = logging.getLevelNamesMapping()[level.upper()]
+
+    handler = _StreamHandler(stream)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=_shared_processors(),
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                # A traceback becomes a string field before redaction sees it
+                # (one escaped JSON string; plain lines on the console).
+                structlog.processors.format_exc_info,
+                redact_values,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StreamHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(threshold)
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(max(threshold, LIBRARY_FLOOR))
+    # warnings.warn(...) -> the "py.warnings" logger -> the handler above.
+    logging.captureWarnings(True)
+
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            renderer,
+            structlog.stdlib.filter_by_level,
+            *_shared_processors(),
+            structlog.stdlib.PositionalArgumentsFormatter(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        logger_factory=structlog.stdlib.LoggerFactory(),
         cache_logger_on_first_use=True,
+    )
+    sys.excepthook = _log_uncaught
+    threading.excepthook = _log_uncaught_in_thread
+
+
+_log = structlog.get_logger("pgcrond")
+
+
+def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    # The interpreter would print the traceback as bare lines on stderr.
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, exc, tb)
+        return
+    _log.critical("uncaught_exception", exc_info=(kind, exc, tb))
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_value is None:
+        return
+    _log.critical(
+        "uncaught_exception",
+        thread=args.thread.name if args.thread is not None else None,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
     )
