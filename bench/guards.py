@@ -197,15 +197,15 @@ async def bench(dsn: str, runs: int, seconds: float) -> None:
             assert not lease.acquired
 
     async def lease_win(n: int) -> None:
-        lease = await store.acquire(Identity.schedule("bench", f"{prefix}-{n}"), TIMING)
+        lease = await store.claim(Identity.schedule("bench", f"{prefix}-{n}"), TIMING)
         assert isinstance(lease, Acquired)
         assert await store.complete(lease)
 
-    taken = await store.acquire(Identity.schedule("bench", f"{prefix}-held"), TIMING)
+    taken = await store.claim(Identity.schedule("bench", f"{prefix}-held"), TIMING)
     assert isinstance(taken, Acquired)
 
     async def lease_lose(n: int) -> None:
-        refused = await store.acquire(Identity.schedule("bench", f"{prefix}-held"), TIMING)
+        refused = await store.claim(Identity.schedule("bench", f"{prefix}-held"), TIMING)
         assert isinstance(refused, NotAcquired)
 
     trips = {
@@ -254,12 +254,12 @@ async def bench(dsn: str, runs: int, seconds: float) -> None:
             assert not lease.acquired
 
     async def rate_lease_win(n: int) -> None:
-        lease = await one_store.acquire(Identity.schedule("bench-rate", f"{prefix}-{n}"), TIMING)
+        lease = await one_store.claim(Identity.schedule("bench-rate", f"{prefix}-{n}"), TIMING)
         assert isinstance(lease, Acquired)
         assert await one_store.complete(lease)
 
     async def rate_lease_lose(n: int) -> None:
-        refused = await one_store.acquire(Identity.schedule("bench", f"{prefix}-held"), TIMING)
+        refused = await one_store.claim(Identity.schedule("bench", f"{prefix}-held"), TIMING)
         assert isinstance(refused, NotAcquired)
 
     rates = {

@@ -67,17 +67,17 @@ async def round_trips(dsn: str, schema: str) -> dict[str, int]:
     holder: list[Acquired] = []
 
     async def fresh() -> None:
-        lease = await store.acquire(identity, TIMING)
+        lease = await store.claim(identity, TIMING)
         assert isinstance(lease, Acquired)
         holder.append(lease)
 
     results["acquire (fresh insert)"] = await count(trace, fresh)
-    results["acquire (lost: held)"] = await count(trace, lambda: store.acquire(identity))
+    results["acquire (lost: held)"] = await count(trace, lambda: store.claim(identity))
     results["heartbeat"] = await count(trace, lambda: store.heartbeat(holder[-1]))
     results["fail"] = await count(trace, lambda: store.fail(holder[-1], "x"))
     results["acquire (reclaim of FAIL)"] = await count(trace, fresh)
     results["complete"] = await count(trace, lambda: store.complete(holder[-1]))
-    results["acquire (lost: done)"] = await count(trace, lambda: store.acquire(identity))
+    results["acquire (lost: done)"] = await count(trace, lambda: store.claim(identity))
     handle.close()
     trace.unlink()
     await db.close()
@@ -91,7 +91,7 @@ async def claim_loop(dsn: str, schema: str, seconds: float, tag: str) -> int:
     done = 0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        lease = await store.acquire(Identity.schedule("tp", f"{tag}-{done}"), TIMING)
+        lease = await store.claim(Identity.schedule("tp", f"{tag}-{done}"), TIMING)
         assert isinstance(lease, Acquired)
         assert await store.complete(lease)
         done += 1

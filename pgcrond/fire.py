@@ -1,21 +1,24 @@
 """One fire, start to end: misfire check -> guard -> runner -> record.
 
-Every replica fires every tick; this module decides, through the job's guard,
-whether this replica runs it, runs it, and records the outcome. The daemon
-calls :meth:`Firing.fire` for each tick APScheduler hands it; ``pgcrond
+Every replica fires every tick; this module decides, through the job's guard
+(:mod:`pgcrond.guard`, whose contract is in ``guard/base.py``), whether this
+replica runs it, runs it, and records the outcome. It knows no guard kind. The
+daemon calls :meth:`Firing.fire` for each tick APScheduler hands it; ``pgcrond
 trigger`` calls it once for a manual run.
 
-Lease mode, in short:
+In short:
 
-* claim (one round trip); a loss because the tick is **held** by a live lease
-  is followed: the replica checks again once that lease could have expired,
-  and a survivor reclaims the tick of a dead winner (**takeover**) as long as
-  that happens within ``misfire_grace`` of the tick;
-* the winner heartbeats while the runner runs, then records SUCCESS or FAIL as
-  the current owner only; a failure with retries left is recorded with a retry
-  time, and claimed again through the lease, so exactly one replica retries;
+* claim (one round trip); a loss because the tick is **held** is followed:
+  the replica claims again once the holder's claim could have lapsed, and a
+  survivor reclaims the tick of a dead winner (**takeover**) as long as that
+  happens within ``misfire_grace`` of the tick. A tick stays followed by every
+  replica until it is done or its window ends, whatever became of this
+  replica's own attempt (lease lost, fenced, answered too late);
+* the winner keeps the claim alive while the runner runs, then records SUCCESS
+  or FAIL as the current holder only; a failure with retries left is claimed
+  again (by whichever replica follows it; retries are not misfires);
 * a database outage is retried with backoff: a claim until ``misfire_grace``
-  runs out, an outcome until it lands (or the lease is known lost).
+  runs out, an outcome until it lands.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import contextlib
 import functools
 import math
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -36,14 +38,10 @@ import structlog
 from pgcrond.config.loader import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.retry import retry_delay
-from pgcrond.core.timing import MAX_STOP_GRACE
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable
-from pgcrond.run.cancel import Cancellation
+from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused
 from pgcrond.run.runner import RunRequest, RunResult, execute
-from pgcrond.storage.advisory import advisory_lock
-from pgcrond.storage.db import Database
-from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
 
 T = TypeVar("T")
 log = structlog.get_logger("pgcrond.fire")
@@ -54,10 +52,10 @@ FireOutcome = Literal[
     "success", "fail", "timeout", "cancelled", "lease_lost", "lose", "skip", "misfire"
 ]
 
-# Outage retries: fast enough to catch a database restart, slow enough not to
-# hammer a struggling server.
+# Outage retries: fast enough to claim within about a second of the database
+# answering again, slow enough not to hammer a struggling server.
 _BACKOFF_FIRST = 0.2
-_BACKOFF_MAX = 5.0
+_BACKOFF_MAX = 1.0
 # Re-check a held lease a little after it could have expired, so the holder's
 # last heartbeat and clock jitter do not make the check land just before it.
 _FOLLOW_MARGIN = timedelta(milliseconds=100)
@@ -69,15 +67,14 @@ _RECHECK_GRID_S = 0.25
 
 @dataclass
 class Firing:
-    """Shared state of one replica: where to claim, what to count, how to stop."""
+    """Shared state of one replica: which guard decides, what to count, how to stop."""
 
-    store: LeaseStore
-    advisory_db: Database
+    guards: Callable[[JobConfig], Guard]
     metrics: Metrics
     replica: str
     # Set at shutdown: no new claims, followers give up, runs get stop_grace.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    running: dict[str, Cancellation] = field(default_factory=dict)
+    running: dict[str, Any] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _slots: dict[float, asyncio.Future[None]] = field(default_factory=dict, repr=False)
 
@@ -93,9 +90,11 @@ class Firing:
         bound = log.bind(job=job.code, run_key=identity.run_key)
         if identity.type == "SCHEDULE" and self._too_late(job, tick):
             return self._misfire(job, bound, tick, "late")
-        if job.guard == "advisory":
-            return await self._fire_advisory(job, tick, identity, bound)
-        return await self._fire_lease(job, tick, identity, bound, follow)
+        guard = self.guards(job)
+        try:
+            return await self._fire(job, guard, tick, identity, bound, follow=follow)
+        finally:
+            await guard.forget(identity)
 
     def _too_late(self, job: JobConfig, tick: datetime) -> bool:
         return self.clock() - tick > job.misfire_grace
@@ -117,73 +116,79 @@ class Firing:
         )
         return "misfire"
 
-    # -- lease mode ---------------------------------------------------------
-
-    async def _fire_lease(
+    async def _fire(
         self,
         job: JobConfig,
+        guard: Guard,
         tick: datetime,
         identity: Identity,
         bound: structlog.typing.FilteringBoundLogger,
+        *,
         follow: bool,
     ) -> FireOutcome:
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick.
         deadline = None if identity.type == "INITIAL" else tick + job.misfire_grace
-        forbid = job.concurrency == "forbid"
         outcome: FireOutcome | None = None  # set once this replica ran or lost the tick
         while not self.stopping.is_set():
-            # One token per claim, reused while the claim is retried through an
-            # outage: a try that committed but lost its answer still counts as won.
-            token = uuid.uuid4()
-            claim = await self._with_outage_retry(
-                job,
-                "claim",
-                functools.partial(
-                    self.store.acquire,
-                    identity,
-                    job.timing,
-                    forbid_overlap=forbid,
-                    owner_token=token,
-                ),
-                deadline,
+            request = ClaimRequest(
+                identity,
+                tick,
+                job.timing.lease,
+                job.timing.heartbeat,
+                forbid_overlap=job.concurrency == "forbid",
+                deadline=deadline,
             )
-            if claim is None:
+            answer = await self._with_outage_retry(
+                job, "claim", functools.partial(guard.claim, request), deadline
+            )
+            if answer is None:
                 # Still unreachable at the end of the misfire window. A tick
                 # this replica already ran or lost is not a miss of its own.
                 if outcome is None:
                     return self._misfire(job, bound, tick, "database_unavailable")
                 return outcome
-            if isinstance(claim, Acquired):
-                outcome = await self._run_lease(job, tick, claim)
-                if outcome not in ("fail", "timeout") or claim.attempt > job.retries:
-                    return outcome
-                # The failure was recorded with a retry time; the next claim
-                # says how long until then (by the database clock). The winner
-                # follows its own retries, like every other replica may.
-                deadline = None  # a started tick's retries are not misfires
+            if isinstance(answer, Held):
+                outcome, retry = await self._run(job, guard, tick, answer)
+                if retry or answer.attempt > 1:
+                    # A started tick's retries are not misfires.
+                    deadline = None
+                if retry or outcome == "lease_lost":
+                    # Followed like any replica follows it: the next claim says
+                    # how long until the retry, or who holds the tick now.
+                    continue
+                return outcome
+            if answer.reason == "not_due":
+                # This replica's clock runs ahead of the database's.
+                await self._sleep_on_grid((answer.wait or timedelta()).total_seconds())
                 continue
-            if claim.reason == "overlap":
+            if answer.reason == "late":
+                if outcome is None:
+                    return self._misfire(job, bound, tick, "late")
+                return outcome
+            if answer.reason == "overlap":
                 self.metrics.skips.labels(job.code, "overlap").inc()
                 bound.info(
                     "tick_skipped",
                     reason="overlap",
                     detail="the previous tick of this job is still running",
                 )
-                return "skip"
+                return outcome or "skip"
             if outcome is None:
                 outcome = "lose"
-                self.metrics.losses.labels(job.code, claim.reason).inc()
+                self.metrics.losses.labels(job.code, answer.reason).inc()
                 bound.debug(
                     "claim_lost",
-                    reason=claim.reason,
-                    status=claim.status,
-                    owner=claim.owner,
-                    recheck_in_s=None if claim.wait is None else claim.wait.total_seconds(),
+                    reason=answer.reason,
+                    status=answer.status,
+                    owner=answer.owner,
+                    recheck_in_s=None if answer.wait is None else answer.wait.total_seconds(),
                 )
+            if answer.reason == "retry_pending" or (answer.attempt or 0) > 1:
+                deadline = None
             # Without follow (`pgcrond trigger`) only this replica's own retries
             # are followed: a tick it lost is left to the daemons.
-            wait = self._follow(job, bound, claim, deadline)
+            wait = self._follow(job, bound, answer, deadline)
             if wait is None or (outcome == "lose" and not follow):
                 return outcome
             await self._sleep_on_grid(wait)
@@ -193,7 +198,7 @@ class Firing:
         self,
         job: JobConfig,
         bound: structlog.typing.FilteringBoundLogger,
-        refusal: NotAcquired,
+        refusal: Refused,
         deadline: datetime | None,
     ) -> float | None:
         """Seconds to wait before claiming again, or None to stop following."""
@@ -219,55 +224,52 @@ class Firing:
             return None
         return (refusal.wait + _FOLLOW_MARGIN).total_seconds()
 
-    async def _run_lease(self, job: JobConfig, tick: datetime, lease: Acquired) -> FireOutcome:
+    async def _run(
+        self, job: JobConfig, guard: Guard, tick: datetime, held: Held
+    ) -> tuple[FireOutcome, bool]:
+        """Run a won claim and record it; (what came of it, whether a retry follows)."""
         self.metrics.wins.labels(job.code).inc()
-        if lease.claimed_from == "takeover":
+        if held.claimed_from == "takeover":
             self.metrics.takeovers.labels(job.code).inc()
-        heartbeat_failures = self.metrics.heartbeat_failures.labels(job.code)
-        async with self.store.holding(lease, lambda _: heartbeat_failures.inc()):
-            result = await self._execute(
-                job,
-                tick,
-                lease.identity,
-                attempt=lease.attempt,
-                fencing_token=lease.fencing_token,
-                cancellation=lease.cancellation,
-                claimed_from=lease.claimed_from,
-                stop_grace=lease.timing.stop_grace,
-            )
-        # Heartbeats end with the run: one racing the finalize would find the
-        # row finished and cry "lease lost".
-        return await self._record(job, lease, result)
+        async with guard.hold(held):
+            result = await self._execute(job, tick, held)
+        # Keep-alive ends with the run: a heartbeat racing the finalize would
+        # find the row finished and cry "lease lost".
+        return await self._record(job, guard, held, result)
 
-    async def _record(self, job: JobConfig, lease: Acquired, result: RunResult) -> FireOutcome:
-        """Record the outcome as the current owner; retried through an outage."""
-        bound = log.bind(job=job.code, run_key=lease.identity.run_key, attempt=lease.attempt)
-        reason = lease.cancellation.reason
-        if result.outcome == "cancelled" and reason in _LOST_REASONS:
+    async def _record(
+        self, job: JobConfig, guard: Guard, held: Held, result: RunResult
+    ) -> tuple[FireOutcome, bool]:
+        """Record the outcome as the current holder; retried through an outage."""
+        bound = log.bind(job=job.code, run_key=held.identity.run_key, attempt=held.attempt)
+        if result.outcome == "cancelled" and held.cancellation.reason in _LOST_REASONS:
             # Another replica may own the tick now: nothing is recorded, and
             # nothing must be, by a fenced owner.
-            return "lease_lost"
+            return "lease_lost", False
+        kind: Outcome
+        retry_after: timedelta | None = None
         if result.outcome == "success":
-            write = lambda: self.store.complete(lease)  # noqa: E731
+            kind = "success"
         elif result.outcome == "cancelled":
             # Shutdown: give the tick back so that a survivor can take it over.
-            write = lambda: self.store.release(lease)  # noqa: E731
+            kind = "released"
         else:
-            retry_after: timedelta | None = None
-            if lease.attempt <= job.retries:
-                retry_after = retry_delay(lease.attempt, job.retry_delay)
-            elif lease.identity.type == "INITIAL":
+            kind = "timeout" if result.outcome == "timeout" else "fail"
+            if held.attempt <= job.retries:
+                retry_after = retry_delay(held.attempt, job.retry_delay)
+            elif held.identity.type == "INITIAL" and guard.remembers:
                 # A run-once job is never given up on for good: the next start
                 # of any replica tries it again.
                 retry_after = job.retry_delay
-            write = lambda: self.store.fail(  # noqa: E731
-                lease,
-                result.error or result.outcome,
-                reason="timeout" if result.outcome == "timeout" else "error",
-                retry_after=retry_after,
-            )
         try:
-            recorded = await self._with_outage_retry(job, "finalize", write, None)
+            recorded = await self._with_outage_retry(
+                job,
+                "finalize",
+                lambda: guard.record(
+                    held, kind, error=result.error or result.outcome, retry_after=retry_after
+                ),
+                None,
+            )
         except asyncio.CancelledError:
             bound.error(
                 "outcome_not_recorded",
@@ -275,16 +277,18 @@ class Firing:
                 detail="the replica stopped before the database came back",
             )
             raise
-        if not recorded:
+        if recorded == "fenced":
             bound.warning(
                 "outcome_fenced",
                 outcome=result.outcome,
                 detail="another replica took this tick over meanwhile",
             )
-            return "lease_lost"
+            return "lease_lost", False
         if result.outcome == "success":
             self.metrics.last_success.labels(job.code).set(time.time())
-        return result.outcome
+        # A run-once job out of retries is retried by the next start, not now.
+        retry = recorded == "retry" and held.attempt <= job.retries
+        return result.outcome, retry
 
     async def _with_outage_retry(
         self,
@@ -340,71 +344,9 @@ class Firing:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), seconds)
 
-    # -- advisory mode ------------------------------------------------------
-
-    async def _fire_advisory(
-        self,
-        job: JobConfig,
-        tick: datetime,
-        identity: Identity,
-        bound: structlog.typing.FilteringBoundLogger,
-    ) -> FireOutcome:
-        key = job.lock_key if job.lock_key is not None else job.code
-        try:
-            async with advisory_lock(
-                self.advisory_db, key, key_hash=job.key_hash, min_hold=job.min_hold, tick=tick
-            ) as lock:
-                if not lock.acquired:
-                    self.metrics.losses.labels(job.code, "held").inc()
-                    bound.debug("claim_lost", reason="held", guard="advisory")
-                    return "lose"
-                self.metrics.wins.labels(job.code).inc()
-                attempt = 1
-                while True:
-                    # Each attempt has its own signal (a timeout ends only that
-                    # attempt), which the lock's loss or shutdown also sets.
-                    result = await self._execute(
-                        job,
-                        tick,
-                        identity,
-                        attempt=attempt,
-                        fencing_token=None,
-                        cancellation=lock.cancellation.child(),
-                        claimed_from=None,
-                    )
-                    if lock.lost or (
-                        result.outcome == "cancelled" and lock.cancellation.reason in _LOST_REASONS
-                    ):
-                        return "lease_lost"
-                    if result.outcome not in ("fail", "timeout") or attempt > job.retries:
-                        if result.outcome == "success":
-                            self.metrics.last_success.labels(job.code).set(time.time())
-                        return result.outcome
-                    # Advisory mode remembers nothing: retries happen here,
-                    # under the same lock, or not at all.
-                    await self._sleep(retry_delay(attempt, job.retry_delay).total_seconds())
-                    if self.stopping.is_set():
-                        return result.outcome
-                    attempt += 1
-        except DatabaseUnavailable as exc:
-            self.metrics.database_errors.labels("advisory_lock").inc()
-            bound.warning("database_unavailable", operation="advisory_lock", error=str(exc))
-            return self._misfire(job, bound, tick, "database_unavailable")
-
-    # -- both ---------------------------------------------------------------
-
-    async def _execute(
-        self,
-        job: JobConfig,
-        tick: datetime,
-        identity: Identity,
-        *,
-        attempt: int,
-        fencing_token: int | None,
-        cancellation: Cancellation,
-        claimed_from: str | None,
-        stop_grace: timedelta = MAX_STOP_GRACE,
-    ) -> RunResult:
+    async def _execute(self, job: JobConfig, tick: datetime, held: Held) -> RunResult:
+        identity, attempt, cancellation = held.identity, held.attempt, held.cancellation
+        fencing_token, claimed_from = held.fencing_token, held.claimed_from
         run_key = identity.run_key or ""
         started = self.clock()
         lateness = (started - tick).total_seconds()
@@ -436,7 +378,7 @@ class Firing:
             env=job.env,
             cwd=job.cwd,
             timeout=job.timeout,
-            stop_grace=stop_grace,
+            stop_grace=held.stop_grace,
         )
         run_id = f"{identity}#{attempt}"
         self.running[run_id] = cancellation

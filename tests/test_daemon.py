@@ -33,6 +33,8 @@ def config(schema: str, jobs: str, *, defaults: str = "", extra: str = "") -> st
         f"{extra}"
         "defaults:\n"
         "  misfire_grace: 30s\n"
+        # Below misfire_grace, so that a dead winner's tick can be taken over.
+        "  lease: 20s\n"
         f"{defaults}"
         "jobs:\n"
         f"{jobs}"

@@ -679,7 +679,7 @@ def test_least_privilege_role_migrates_and_runs_but_reaches_nothing_else(
     as_role = with_database(pg_dsn, database, user=role)
     with SyncLeaseStore(as_role, schema=contract.DATABASE_SCHEMA) as store:
         assert store.migrate()
-        lease = store.acquire(Identity.schedule("deploy-check", "2026-01-01T00:00:00Z"))
+        lease = store.claim(Identity.schedule("deploy-check", "2026-01-01T00:00:00Z"))
         assert isinstance(lease, Acquired)
         assert store.complete(lease)
         assert [] == store.migrate()

@@ -12,6 +12,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.fire import Firing
+from pgcrond.guard import Guards
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
 
@@ -34,9 +35,8 @@ async def test_an_advisory_retry_after_a_timeout_really_runs_again(
     db = Database(pg_dsn)
     await db.open()
     try:
-        firing = Firing(
-            store=LeaseStore(db, schema=schema), advisory_db=db, metrics=Metrics(), replica="t:1"
-        )
+        guards = Guards(LeaseStore(db, schema=schema), db)
+        firing = Firing(guards=guards.for_job, metrics=Metrics(), replica="t:1")
         tick = datetime.now(UTC).replace(microsecond=0)
         with structlog.testing.capture_logs() as logs:
             outcome = await firing.fire(adv, tick, Identity.schedule("adv", run_key_for(tick)))

@@ -410,14 +410,14 @@ STUCK = Identity.schedule("nightly", "2026-01-10T03:00:00Z")
 async def stuck(pg_dsn: str, schema: str) -> Acquired:
     """A live lease on nightly's 03:00 tick, next to rows that unlock must not touch."""
     async with open_store(pg_dsn, schema, owner="web-1:100") as store:
-        lease = await store.acquire(STUCK, SHORT)
+        lease = await store.claim(STUCK, SHORT)
         assert isinstance(lease, Acquired)
-        done = await store.acquire(Identity.schedule("nightly", "2026-01-09T03:00:00Z"), SHORT)
+        done = await store.claim(Identity.schedule("nightly", "2026-01-09T03:00:00Z"), SHORT)
         assert isinstance(done, Acquired)
         await store.complete(done)
-        other = await store.acquire(Identity.schedule("hourly", "2026-01-10T03:00:00Z"), SHORT)
+        other = await store.claim(Identity.schedule("hourly", "2026-01-10T03:00:00Z"), SHORT)
         assert isinstance(other, Acquired)
-        seed = await store.acquire(Identity.initial("seed"), SHORT)
+        seed = await store.claim(Identity.initial("seed"), SHORT)
         assert isinstance(seed, Acquired)
         await store.complete(seed)
     return lease
@@ -489,7 +489,7 @@ def test_unlock_yes_releases_only_the_target_row_and_fences_its_owner(
     with SyncLeaseStore(pg_dsn, schema=schema, owner="web-2:200") as store:
         assert not store.heartbeat(stuck)
         assert not store.complete(stuck)
-        again = store.acquire(STUCK, SHORT)
+        again = store.claim(STUCK, SHORT)
         assert isinstance(again, Acquired)
         assert ("retry", 2) == (again.claimed_from, again.attempt)
 
@@ -503,7 +503,7 @@ def test_unlock_initial_lets_a_finished_run_once_job_run_again(
     assert "run key  (initial)" in out
     assert "released job seed, run-once (INITIAL) row: now FAIL/released" in out
     with SyncLeaseStore(pg_dsn, schema=schema) as store:
-        assert isinstance(store.acquire(Identity.initial("seed"), SHORT), Acquired)
+        assert isinstance(store.claim(Identity.initial("seed"), SHORT), Acquired)
 
 
 def test_unlock_refuses_a_finished_tick_and_points_to_trigger(
@@ -666,10 +666,10 @@ def test_unlock_of_a_finally_failed_tick_lets_trigger_rerun_it_under_its_key(
 ) -> None:
     failed = Identity.schedule("nightly", "2026-01-08T03:00:00Z")
     with SyncLeaseStore(pg_dsn, schema=schema, owner="web-1:100") as store:
-        lease = store.acquire(failed, SHORT)
+        lease = store.claim(failed, SHORT)
         assert isinstance(lease, Acquired)
         assert store.fail(lease, "exit status 3", retry_after=None)
-        refused = store.acquire(failed, SHORT)
+        refused = store.claim(failed, SHORT)
         assert isinstance(refused, NotAcquired)
         assert "failed" == refused.reason
     code, out, _ = run(capsys, "unlock", "nightly", "--run-key", "2026-01-08T03:00:00Z", "--yes",
@@ -677,7 +677,7 @@ def test_unlock_of_a_finally_failed_tick_lets_trigger_rerun_it_under_its_key(
     assert 0 == code
     assert "pgcrond trigger nightly --run-key 2026-01-08T03:00:00Z" in out
     with SyncLeaseStore(pg_dsn, schema=schema, owner="web-2:200") as store:
-        again = store.acquire(failed, SHORT)
+        again = store.claim(failed, SHORT)
     assert isinstance(again, Acquired)
     assert lease.idempotency_key == again.idempotency_key
     assert 2 == again.attempt

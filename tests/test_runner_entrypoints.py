@@ -171,7 +171,8 @@ async def test_timeout_sets_the_cancellation_a_sync_entrypoint_waits_on() -> Non
     assert "timeout" == jobs_fixture.SEEN[run_key] == cancellation.reason
 
 
-async def test_an_async_entrypoint_ignoring_cancellation_is_cancelled_after_the_grace() -> None:
+async def test_an_async_entrypoint_ignoring_cancellation_is_cancelled_within_the_grace() -> None:
+    """Half the grace to notice, half to unwind: the whole stop fits in one grace."""
     run_key = "manual:async-ignores"
     cancellation = Cancellation()
     run = await start(
@@ -181,7 +182,7 @@ async def test_an_async_entrypoint_ignoring_cancellation_is_cancelled_after_the_
     result = await run
     assert ("cancelled", "cancelled: shutdown") == (result.outcome, result.error)
     assert "task_cancelled" == jobs_fixture.SEEN[run_key]
-    assert result.duration_s >= 0.3
+    assert 0.15 <= result.duration_s < 0.3
 
 
 async def test_a_sync_entrypoint_ignoring_cancellation_is_abandoned_after_the_grace() -> None:

@@ -58,7 +58,7 @@ async def test_fifty_connections_racing_one_identity_have_exactly_one_winner(
         for round_number in range(20):
             identity = Identity.schedule("race", f"2026-01-01T00:{round_number:02d}:00Z")
             results = await asyncio.gather(
-                *(store.acquire(identity, SHORT) for store in contenders)
+                *(store.claim(identity, SHORT) for store in contenders)
             )
             winners = [r for r in results if isinstance(r, Acquired)]
             losers = [r for r in results if isinstance(r, NotAcquired)]
@@ -72,7 +72,7 @@ def _race_in_process(
 ) -> None:
     with SyncLeaseStore(dsn, schema=schema) as store:
         for run_key in run_keys:
-            result = store.acquire(Identity.schedule("proc-race", run_key), SHORT)
+            result = store.claim(Identity.schedule("proc-race", run_key), SHORT)
             if isinstance(result, Acquired):
                 queue.put((run_key, store.store.owner))
 
@@ -105,9 +105,9 @@ async def test_expired_running_is_reclaimed_and_the_old_owner_is_fenced(
         open_store(pg_dsn, schema, owner="a:1") as a,
         open_store(pg_dsn, schema, owner="b:2") as b,
     ):
-        first = await a.acquire(identity, SHORT)
+        first = await a.claim(identity, SHORT)
         assert isinstance(first, Acquired)
-        refused = await b.acquire(identity, SHORT)
+        refused = await b.claim(identity, SHORT)
         assert isinstance(refused, NotAcquired)
         assert "held" == refused.reason
         assert "a:1" == refused.owner
@@ -115,7 +115,7 @@ async def test_expired_running_is_reclaimed_and_the_old_owner_is_fenced(
         assert timedelta(seconds=25) < refused.wait <= timedelta(seconds=30)
 
         expire(pg_dsn, schema, first)
-        second = await b.acquire(identity, SHORT)
+        second = await b.claim(identity, SHORT)
         assert isinstance(second, Acquired)
         assert "takeover" == second.claimed_from
         assert 2 == second.attempt
@@ -138,9 +138,9 @@ async def test_a_reclaimer_judges_expiry_by_the_holders_own_lease(pg_dsn: str, s
     long_lease = LeaseTiming.build(timedelta(hours=1), timedelta(minutes=1))
     tiny_lease = LeaseTiming.build(timedelta(milliseconds=10), timedelta(0))
     async with open_store(pg_dsn, schema) as store:
-        assert isinstance(await store.acquire(identity, long_lease), Acquired)
+        assert isinstance(await store.claim(identity, long_lease), Acquired)
         await asyncio.sleep(0.05)
-        refused = await store.acquire(identity, tiny_lease)
+        refused = await store.claim(identity, tiny_lease)
         assert isinstance(refused, NotAcquired)
         assert "held" == refused.reason
 
@@ -150,26 +150,26 @@ async def test_fail_is_reclaimable_and_a_final_fail_is_not(pg_dsn: str, schema: 
     final = Identity.schedule("job", "2026-01-01T00:01:00Z")
     later = Identity.schedule("job", "2026-01-01T00:02:00Z")
     async with open_store(pg_dsn, schema) as store:
-        lease = await store.acquire(retryable, SHORT)
+        lease = await store.claim(retryable, SHORT)
         assert isinstance(lease, Acquired)
         assert await store.fail(lease, "boom")
-        again = await store.acquire(retryable, SHORT)
+        again = await store.claim(retryable, SHORT)
         assert isinstance(again, Acquired)
         assert "retry" == again.claimed_from
         assert 2 == again.attempt
         assert again.fencing_token > lease.fencing_token
 
-        lease = await store.acquire(final, SHORT)
+        lease = await store.claim(final, SHORT)
         assert isinstance(lease, Acquired)
         assert await store.fail(lease, "boom", retry_after=None)
-        refused = await store.acquire(final, SHORT)
+        refused = await store.claim(final, SHORT)
         assert isinstance(refused, NotAcquired)
         assert "failed" == refused.reason
 
-        lease = await store.acquire(later, SHORT)
+        lease = await store.claim(later, SHORT)
         assert isinstance(lease, Acquired)
         assert await store.fail(lease, "boom", retry_after=timedelta(minutes=5))
-        refused = await store.acquire(later, SHORT)
+        refused = await store.claim(later, SHORT)
         assert isinstance(refused, NotAcquired)
         assert "retry_pending" == refused.reason
         assert refused.wait is not None
@@ -185,13 +185,13 @@ async def test_success_is_never_acquired_again(
     pg_dsn: str, schema: str, identity: Identity
 ) -> None:
     async with open_store(pg_dsn, schema) as store:
-        lease = await store.acquire(identity, SHORT)
+        lease = await store.claim(identity, SHORT)
         assert isinstance(lease, Acquired)
         assert await store.complete(lease)
         # Even once the lease it was granted has long expired.
         expire(pg_dsn, schema, lease)
         for _ in range(3):
-            refused = await store.acquire(identity, SHORT)
+            refused = await store.claim(identity, SHORT)
             assert isinstance(refused, NotAcquired)
             assert "done" == refused.reason
             assert "SUCCESS" == refused.status
@@ -200,11 +200,11 @@ async def test_success_is_never_acquired_again(
 async def test_initial_success_survives_new_store_instances(pg_dsn: str, schema: str) -> None:
     identity = Identity.initial("seed-default-settings")
     async with open_store(pg_dsn, schema) as store:
-        lease = await store.acquire(identity, SHORT)
+        lease = await store.claim(identity, SHORT)
         assert isinstance(lease, Acquired)
         assert await store.complete(lease)
     async with open_store(pg_dsn, schema, owner="restarted:2") as store:
-        refused = await store.acquire(identity, SHORT)
+        refused = await store.claim(identity, SHORT)
         assert isinstance(refused, NotAcquired)
         assert "done" == refused.reason
     assert row(pg_dsn, schema, identity)["run_key"] is None
@@ -215,7 +215,7 @@ async def test_fencing_tokens_increase_with_every_grant(pg_dsn: str, schema: str
     tokens = []
     async with open_store(pg_dsn, schema) as store:
         for _ in range(5):
-            lease = await store.acquire(identity, SHORT)
+            lease = await store.claim(identity, SHORT)
             assert isinstance(lease, Acquired)
             tokens.append(lease.fencing_token)
             assert await store.release(lease)
@@ -226,7 +226,7 @@ async def test_fencing_tokens_increase_with_every_grant(pg_dsn: str, schema: str
 async def test_heartbeat_extends_the_lease_by_the_granted_lease(pg_dsn: str, schema: str) -> None:
     identity = Identity.schedule("hb", "2026-01-01T00:00:00Z")
     async with open_store(pg_dsn, schema) as store:
-        lease = await store.acquire(identity, SHORT)
+        lease = await store.claim(identity, SHORT)
         assert isinstance(lease, Acquired)
         before = row(pg_dsn, schema, identity)["expires_at"]
         await asyncio.sleep(0.05)
@@ -242,18 +242,18 @@ async def test_forbid_overlap_records_a_skip_while_another_tick_runs(
     first = Identity.schedule("slow", "2026-01-01T00:00:00Z")
     second = Identity.schedule("slow", "2026-01-01T00:01:00Z")
     async with open_store(pg_dsn, schema) as store:
-        running = await store.acquire(first, SHORT, forbid_overlap=True)
+        running = await store.claim(first, SHORT, forbid_overlap=True)
         assert isinstance(running, Acquired)
-        skipped = await store.acquire(second, SHORT, forbid_overlap=True)
+        skipped = await store.claim(second, SHORT, forbid_overlap=True)
         assert isinstance(skipped, NotAcquired)
         assert "overlap" == skipped.reason
-        other_replica = await store.acquire(second, SHORT, forbid_overlap=True)
+        other_replica = await store.claim(second, SHORT, forbid_overlap=True)
         assert isinstance(other_replica, NotAcquired)
         assert "done" == other_replica.reason
         assert "SKIPPED" == other_replica.status
         # Without forbid, ticks overlap freely.
         third = Identity.schedule("slow", "2026-01-01T00:02:00Z")
-        assert isinstance(await store.acquire(third, SHORT), Acquired)
+        assert isinstance(await store.claim(third, SHORT), Acquired)
 
 
 async def test_run_exclusive_records_success_and_failure(pg_dsn: str, schema: str) -> None:
@@ -290,7 +290,7 @@ async def test_run_exclusive_tells_the_job_when_the_lease_is_lost(pg_dsn: str, s
 
         async def job(lease: Acquired) -> str:
             expire(pg_dsn, schema, lease)
-            assert isinstance(await b.acquire(identity, timing), Acquired)
+            assert isinstance(await b.claim(identity, timing), Acquired)
             reason = await asyncio.wait_for(lease.cancellation.wait(), 5)
             return reason
 
@@ -321,7 +321,7 @@ async def test_an_outage_cancels_the_run_only_once_the_lease_could_have_expired(
     identity = Identity.schedule("outage", "2026-01-01T00:00:00Z")
     timing = LeaseTiming.build(timedelta(seconds=1), timedelta(milliseconds=100))
     async with open_store(own_server.dsn, schema) as store:
-        lease = await store.acquire(identity, timing)
+        lease = await store.claim(identity, timing)
         assert isinstance(lease, Acquired)
         async with store.holding(lease):
             await asyncio.sleep(0.3)
@@ -335,12 +335,12 @@ async def test_an_outage_cancels_the_run_only_once_the_lease_could_have_expired(
         # so the run is over before anyone may take the tick over.
         assert 0.4 <= waited <= 0.9
         with pytest.raises(DatabaseUnavailable):
-            await store.acquire(Identity.schedule("outage", "x"), timing)
+            await store.claim(Identity.schedule("outage", "x"), timing)
         own_server.start()
         # The lease it could not renew is not taken for granted; after restart
         # the expired row is reclaimable by anyone.
         await asyncio.sleep(0.1)
-        retaken = await store.acquire(identity, timing)
+        retaken = await store.claim(identity, timing)
         assert isinstance(retaken, Acquired)
         assert "takeover" == retaken.claimed_from
 
@@ -407,10 +407,10 @@ async def test_co_firing_claims_share_one_statement_and_keep_their_own_outcomes(
     done = Identity.schedule("done", "2026-01-01T00:00:00Z")
     held = Identity.schedule("held", "2026-01-01T00:00:00Z")
     async with open_store(pg_dsn, schema, owner="other:1") as other:
-        lease = await other.acquire(done, SHORT)
+        lease = await other.claim(done, SHORT)
         assert isinstance(lease, Acquired)
         assert await other.complete(lease)
-        assert isinstance(await other.acquire(held, SHORT), Acquired)
+        assert isinstance(await other.claim(held, SHORT), Acquired)
     fresh = [Identity.schedule(f"job-{n}", "2026-01-01T00:00:00Z") for n in range(20)]
     trace = tmp_path / "wire.trace"
     async with open_store(pg_dsn, schema, max_size=1) as store:
@@ -418,7 +418,7 @@ async def test_co_firing_claims_share_one_statement_and_keep_their_own_outcomes(
             async with store.db.connection() as conn:
                 conn.pgconn.trace(wire.fileno())
             results = await asyncio.gather(
-                *(store.acquire(identity, SHORT) for identity in [done, held, *fresh])
+                *(store.claim(identity, SHORT) for identity in [done, held, *fresh])
             )
             async with store.db.connection() as conn:
                 conn.pgconn.untrace()
@@ -451,7 +451,7 @@ async def test_replicas_batching_overlapping_claims_never_deadlock_and_win_once(
             orders = [batch, batch[::-1], batch[1::2] + batch[::2]]
             results = await asyncio.gather(
                 *(
-                    asyncio.gather(*(replica.acquire(i, SHORT) for i in order))
+                    asyncio.gather(*(replica.claim(i, SHORT) for i in order))
                     for replica, order in zip(replicas, orders, strict=True)
                 )
             )
@@ -472,23 +472,23 @@ async def test_forbid_overlap_also_refuses_a_retry_or_takeover_while_another_tic
     second = Identity.schedule("slow", "2026-01-01T00:01:00Z")
     third = Identity.schedule("slow", "2026-01-01T00:02:00Z")
     async with open_store(pg_dsn, schema) as store:
-        failed = await store.acquire(first, SHORT, forbid_overlap=True)
+        failed = await store.claim(first, SHORT, forbid_overlap=True)
         assert isinstance(failed, Acquired)
         assert await store.fail(failed, "boom")  # reclaimable at once
-        running = await store.acquire(second, SHORT, forbid_overlap=True)
+        running = await store.claim(second, SHORT, forbid_overlap=True)
         assert isinstance(running, Acquired)
-        retry = await store.acquire(first, SHORT, forbid_overlap=True)
+        retry = await store.claim(first, SHORT, forbid_overlap=True)
         assert isinstance(retry, NotAcquired)
         assert "overlap" == retry.reason
-        stale = await store.acquire(third, SHORT)
+        stale = await store.claim(third, SHORT)
         assert isinstance(stale, Acquired)
         expire(pg_dsn, schema, stale)
-        takeover = await store.acquire(third, SHORT, forbid_overlap=True)
+        takeover = await store.claim(third, SHORT, forbid_overlap=True)
         assert isinstance(takeover, NotAcquired)
         assert "overlap" == takeover.reason
         # Once the running tick is done, the retry goes ahead.
         assert await store.complete(running)
-        assert isinstance(await store.acquire(first, SHORT, forbid_overlap=True), Acquired)
+        assert isinstance(await store.claim(first, SHORT, forbid_overlap=True), Acquired)
 
 
 async def test_a_repeated_finalize_or_claim_whose_answer_was_lost_still_counts(
@@ -497,10 +497,10 @@ async def test_a_repeated_finalize_or_claim_whose_answer_was_lost_still_counts(
     identity = Identity.schedule("repeat", "2026-01-01T00:00:00Z")
     token = uuid.uuid4()
     async with open_store(pg_dsn, schema) as store:
-        lease = await store.acquire(identity, SHORT, owner_token=token)
+        lease = await store.claim(identity, SHORT, owner_token=token)
         assert isinstance(lease, Acquired)
         # The same claim sent again (its first answer lost): still this owner's.
-        again = await store.acquire(identity, SHORT, owner_token=token)
+        again = await store.claim(identity, SHORT, owner_token=token)
         assert isinstance(again, Acquired)
         assert lease.fencing_token == again.fencing_token
         assert await store.complete(lease)
@@ -515,7 +515,7 @@ async def test_a_heartbeat_error_that_is_not_an_outage_still_stops_the_run_befor
     identity = Identity.schedule("readonly", "2026-01-01T00:00:00Z")
     timing = LeaseTiming.build(timedelta(seconds=1), timedelta(milliseconds=100))
     async with open_store(pg_dsn, schema) as store:
-        lease = await store.acquire(identity, timing)
+        lease = await store.claim(identity, timing)
         assert isinstance(lease, Acquired)
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             # Every heartbeat now fails with an error that is no outage.
@@ -553,7 +553,7 @@ def test_a_role_that_may_only_read_and_write_starts_on_a_migrated_table(
     try:
         with SyncLeaseStore(as_role, schema=schema) as store:
             assert [] == store.migrate()  # no DDL: it is up to date
-            lease = store.acquire(Identity.initial("dml"), SHORT)
+            lease = store.claim(Identity.initial("dml"), SHORT)
             assert isinstance(lease, Acquired)
             assert store.complete(lease)
     finally:

@@ -18,6 +18,7 @@ DEFAULT_LEASE = timedelta(minutes=15)
 MAX_DEFAULT_HEARTBEAT = timedelta(seconds=60)
 MIN_LEASE = timedelta(milliseconds=2)
 MAX_STOP_GRACE = timedelta(seconds=10)
+MAX_STOP_MARGIN = timedelta(seconds=1)
 
 
 def to_ms(value: timedelta) -> int:
@@ -66,3 +67,17 @@ class LeaseTiming:
         expire, so it is over before another replica may take the tick over.
         """
         return min(MAX_STOP_GRACE, self.lease / 4)
+
+    @property
+    def stop_margin(self) -> timedelta:
+        """Slack after the stop sequence, before the lease could expire: 1 s, or lease/10.
+
+        It absorbs what the grace does not: event-loop lag, the child's exit
+        and reaping, the heartbeat answer's age.
+        """
+        return min(MAX_STOP_MARGIN, self.lease / 10)
+
+    @property
+    def stop_budget(self) -> timedelta:
+        """How long before the lease could expire a run is told to stop."""
+        return self.stop_grace + self.stop_margin

@@ -43,6 +43,7 @@ from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError
 from pgcrond.fire import FireOutcome, Firing
+from pgcrond.guard import Guards
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, attach
 from pgcrond.storage.history import abandon_stale, prune
@@ -128,6 +129,7 @@ class Daemon:
         self._db: Database | None = None
         self._advisory_db: Database | None = None
         self._firing: Firing | None = None
+        self._store: LeaseStore | None = None
         self._started = False
 
     # -- life cycle -----------------------------------------------------------
@@ -172,8 +174,13 @@ class Daemon:
             table=self.config.database.table,
             owner=self.replica,
         )
+        self._store = store
         self._firing = Firing(
-            store=store, advisory_db=self._advisory_db, metrics=self.metrics, replica=self.replica
+            guards=Guards(
+                store, self._advisory_db, on_heartbeat_failure=self._count_heartbeat_failure
+            ).for_job,
+            metrics=self.metrics,
+            replica=self.replica,
         )
         self._start_beat()
         await self._start_http()
@@ -280,8 +287,8 @@ class Daemon:
         self._spawn(self._prune())
 
     async def _prune(self) -> None:
-        assert self._firing is not None
-        store = self._firing.store
+        assert self._store is not None
+        store = self._store
         hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
         identity = Identity.schedule(PRUNE_CODE, run_key_for(hour))
 
@@ -419,6 +426,9 @@ class Daemon:
                 last_ping = self._beat
             await asyncio.sleep(min(BEAT_INTERVAL_S, watchdog or BEAT_INTERVAL_S))
 
+    def _count_heartbeat_failure(self, identity: Identity) -> None:
+        self.metrics.heartbeat_failures.labels(identity.code).inc()
+
     def healthy(self) -> bool:
         return time.monotonic() - self._beat < STUCK_AFTER_S
 
@@ -426,12 +436,12 @@ class Daemon:
         if (
             not self._started
             or self._db is None
-            or self._firing is None
+            or self._store is None
             or self.stop_requested.is_set()
         ):
             return False
         try:
-            await self._db.fetchone(self._firing.store.queries.get("ping"))
+            await self._db.fetchone(self._store.queries.get("ping"))
         except PgcrondError:
             return False
         return True

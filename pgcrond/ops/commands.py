@@ -35,6 +35,7 @@ from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError, ValidationError
 from pgcrond.fire import Firing
+from pgcrond.guard import Guards
 from pgcrond.ops import report
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import running_dsn
@@ -215,7 +216,7 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
     await store.migrate()
     now = datetime.now(UTC)
     identity = Identity.schedule(job.code, args.run_key or manual_run_key(now))
-    firing = Firing(store=store, advisory_db=store.db, metrics=Metrics(), replica=store.owner)
+    firing = Firing(guards=Guards(store, store.db).for_job, metrics=Metrics(), replica=store.owner)
     outcome = await firing.fire(job, now, identity, follow=False)
     print(f"{job.code} {identity.run_key}: {TRIGGER_OUTCOMES.get(outcome, outcome)}")
     if outcome == "success":

@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import ctypes
 import dataclasses
+import errno
 import functools
 import inspect
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -278,7 +279,7 @@ async def _run_process(
     try:
         try:
             process = await asyncio.create_subprocess_exec(
-                *argv,
+                *_dying_with_daemon(argv, environ),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out_write,
                 stderr=err_write,
@@ -286,7 +287,6 @@ async def _run_process(
                 cwd=request.cwd,
                 start_new_session=True,
                 pass_fds=() if hand_over is None else (hand_over,),
-                preexec_fn=_die_with_daemon,
             )
         except OSError as exc:
             return _Ending("fail", f"cannot start: {describe(exc)}")
@@ -322,19 +322,27 @@ async def _run_process(
     return _Ending("fail", f"exit status {returncode}", returncode)
 
 
-# Loaded before any fork: the child must not load libraries between fork and exec.
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-_PR_SET_PDEATHSIG = 1
+# Children are started through util-linux's setpriv, which sets the death
+# signal and then execs the job: setting it ourselves would need preexec_fn,
+# which Python documents as unsafe in a threaded process (a lock held by
+# another thread at fork time deadlocks the child).
+_SETPRIV = shutil.which("setpriv") if sys.platform == "linux" else None
 
 
-def _die_with_daemon() -> None:
-    """In the child: be SIGKILLed if the daemon dies (kill -9, OOM killer).
+def _dying_with_daemon(argv: list[str], environ: dict[str, str]) -> list[str]:
+    """``argv`` wrapped so that the child is SIGKILLed if the daemon dies (kill -9, OOM).
 
     The dead replica's lease then expires and a survivor takes the tick over;
     an orphaned job left running beside the takeover would be a duplicate run.
+    The program is resolved here, so a missing one is still "cannot start".
     """
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    program = argv[0]
+    found = program if "/" in program else shutil.which(program, path=environ.get("PATH"))
+    if found is None or not os.access(found, os.X_OK):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if _SETPRIV is None:
+        return argv
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", found, *argv[1:]]
 
 
 async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
@@ -520,12 +528,18 @@ async def _stop_entrypoint(
     watch: _Watch,
     log: FilteringBoundLogger,
 ) -> None:
-    """The cancellation is already set; give the job ``stop_grace`` to notice it."""
-    await asyncio.wait({task}, timeout=watch.grace)
+    """The cancellation is already set; the job has ``stop_grace`` in all to end.
+
+    An async job gets half of it to notice the cancellation and half to unwind
+    from CancelledError: the whole stop must fit in the grace the lease
+    budgeted for it.
+    """
+    await asyncio.wait({task}, timeout=watch.grace / 2)
     if task.done():
         return
-    task.cancel()
-    await asyncio.wait({task}, timeout=watch.grace)
+    if call.thread is None:
+        task.cancel()  # a thread cannot be cancelled: it keeps the whole grace
+    await asyncio.wait({task}, timeout=watch.grace / 2)
     if call.thread is not None and call.thread.is_alive():
         # Python cannot kill a thread; `isolate: true` is the answer for jobs
         # that must be killable.

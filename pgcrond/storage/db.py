@@ -109,6 +109,28 @@ class Database:
             cursor = await conn.execute(query, params)
             return await cursor.fetchall()
 
+    async def fetchall_after(
+        self, first: Query, then: Query, params: Params = None
+    ) -> list[DictRow]:
+        """``first`` and ``then`` in one message and one transaction; ``then``'s rows.
+
+        Bound client-side and sent as one simple query, which PostgreSQL runs
+        as one implicit transaction with a fresh snapshot per statement: a lock
+        ``first`` takes holds while ``then`` runs and ``then`` sees everything
+        committed before the lock was granted. Still one round trip, nothing
+        prepared, nothing session-scoped (PgBouncer in transaction pooling).
+        """
+        async with self.connection() as conn:
+            cursor = psycopg.AsyncClientCursor(conn)
+            try:
+                await cursor.execute(sql.Composed([first, sql.SQL(";\n"), then]), params)
+                cursor.nextset()
+                return await cursor.fetchall()
+            except psycopg.Error as exc:
+                raise translate(exc) from exc
+            finally:
+                await cursor.close()
+
     async def execute(self, query: Query, params: Params = None) -> int:
         """Run a statement; returns the number of rows it touched."""
         async with self.connection() as conn:

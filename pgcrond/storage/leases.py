@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
-from pgcrond.core.keys import Identity
+from pgcrond.core.keys import Identity, lock_id
 from pgcrond.core.timing import LeaseTiming, to_ms
 from pgcrond.errors import LeaseLost, PgcrondError
 from pgcrond.run.cancel import Cancellation
@@ -32,8 +32,22 @@ from pgcrond.storage.sql import Queries, migrations
 T = TypeVar("T")
 log = structlog.get_logger("pgcrond.storage.leases")
 
-NotAcquiredReason = Literal["held", "done", "failed", "retry_pending", "overlap"]
+NotAcquiredReason = Literal[
+    "held", "done", "failed", "retry_pending", "overlap", "not_due", "late"
+]
 MAX_ERROR_LENGTH = 4000
+
+
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL can store it: no NUL, no lone surrogate, bounded.
+
+    A job's error text is arbitrary (a child's stderr, an exception message);
+    the database refuses NUL in text and the driver cannot encode a lone
+    surrogate, and either must never stop an outcome from being recorded.
+    """
+    cleaned = text.replace("\x00", "\\0")
+    cleaned = cleaned.encode("utf-8", "backslashreplace").decode("utf-8")
+    return cleaned[:MAX_ERROR_LENGTH]
 
 
 def default_owner() -> str:
@@ -54,15 +68,39 @@ class Acquired:
     timing: LeaseTiming
     # "takeover" (reclaimed an expired RUNNING row), "retry" (a FAIL row) or None.
     claimed_from: str | None = None
-    # Local monotonic time the claim was sent: the server computed expires_at
-    # after it, so the lease is surely valid until sent_at + lease, no later.
+    # Local monotonic time the claim was sent, and how long the lease had left
+    # by the database's own numbers (expires_at - db_now) when it answered.
+    # The server answered after the send, so the lease surely holds until
+    # sent_at + remaining, and no later can be assumed: a retried claim whose
+    # first try committed keeps the expiry of that first try.
     sent_at: float = field(default_factory=time.monotonic, compare=False)
+    remaining: timedelta | None = field(default=None, compare=False)
+    # Local monotonic time the answer arrived (how stale db_now may be).
+    received_at: float = field(default_factory=time.monotonic, compare=False)
+    db_now: datetime | None = field(default=None, compare=False)
     # Set when the lease is lost or expires: whoever runs the job must stop.
     cancellation: Cancellation = field(default_factory=Cancellation, compare=False, repr=False)
 
     @property
     def idempotency_key(self) -> str:
         return self.identity.idempotency_key
+
+    @property
+    def valid_until(self) -> float:
+        """Local monotonic instant until which the lease surely holds."""
+        remaining = self.timing.lease if self.remaining is None else self.remaining
+        return self.sent_at + remaining.total_seconds()
+
+    @property
+    def stop_at(self) -> float:
+        """When the run must be told to stop: its whole stop sequence ends before expiry."""
+        return self.valid_until - self.timing.stop_budget.total_seconds()
+
+    def db_now_at_latest(self) -> datetime | None:
+        """An upper bound of the database clock now (db_now plus all time since the send)."""
+        if self.db_now is None:
+            return None
+        return self.db_now + timedelta(seconds=time.monotonic() - self.sent_at)
 
 
 @dataclass(frozen=True)
@@ -105,8 +143,6 @@ class LeaseStore:
         """
         if await self._up_to_date():
             return []
-        from pgcrond.core.keys import lock_id
-
         applied_now: list[int] = []
         async with self.db.connection() as conn, conn.transaction():
             await conn.execute(
@@ -145,13 +181,15 @@ class LeaseStore:
             done = {row["version"] for row in await cursor.fetchall()}
         return {version for version, _ in migrations()} <= done
 
-    async def acquire(
+    async def claim(
         self,
         identity: Identity,
         timing: LeaseTiming | None = None,
         *,
         forbid_overlap: bool = False,
         owner_token: uuid.UUID | None = None,
+        fire_time: datetime | None = None,
+        late_after: datetime | None = None,
     ) -> Acquired | NotAcquired:
         """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row.
 
@@ -159,6 +197,9 @@ class LeaseStore:
         one tick) are sent together, as one statement. Pass the same
         ``owner_token`` when retrying a claim whose answer was lost: a claim
         that did commit is then recognised as won, not as held by a stranger.
+        ``fire_time`` / ``late_after``: by the database clock, a claim before
+        the first is refused ``not_due`` (with the wait), after the second
+        ``late``; neither touches a row.
         """
         request = _ClaimRequest(
             identity,
@@ -166,6 +207,8 @@ class LeaseStore:
             owner_token or uuid.uuid4(),
             forbid_overlap and identity.type == "SCHEDULE",
             asyncio.get_running_loop().create_future(),
+            fire_time,
+            late_after,
         )
         if not self._pending_claims:
             asyncio.get_running_loop().call_soon(self._send_claims)
@@ -175,17 +218,23 @@ class LeaseStore:
     def _send_claims(self) -> None:
         batch, self._pending_claims = self._pending_claims, []
         # One identity at most once per statement (ON CONFLICT cannot touch a
-        # row twice); a repeat waits for the next batch.
+        # row twice), and one tick per forbid job (a statement cannot see the
+        # rows it inserts itself, so a second tick would not find the first
+        # running): a repeat waits for the next batch, which is decided after
+        # this one, in order.
         seen: set[str] = set()
         now: list[_ClaimRequest] = []
         for request in batch:
             key = request.identity.idempotency_key
-            if key in seen:
+            forbid_key = f"forbid:{request.identity.code}" if request.forbid_overlap else None
+            if key in seen or forbid_key in seen:
                 if not self._pending_claims:
                     asyncio.get_running_loop().call_soon(self._send_claims)
                 self._pending_claims.append(request)
             else:
                 seen.add(key)
+                if forbid_key is not None:
+                    seen.add(forbid_key)
                 now.append(request)
         task = asyncio.create_task(self._claim(now))
         self._claim_tasks.add(task)
@@ -193,10 +242,9 @@ class LeaseStore:
 
     async def _claim(self, batch: list[_ClaimRequest]) -> None:
         sent_at = time.monotonic()
+        forbid_codes = sorted({r.identity.code for r in batch if r.forbid_overlap})
         try:
-            rows = await self.db.fetchall(
-                self.queries.get("claim"),
-                {
+            params = {
                     "lock_keys": [r.identity.idempotency_key for r in batch],
                     "types": [r.identity.type for r in batch],
                     "codes": [r.identity.code for r in batch],
@@ -204,9 +252,18 @@ class LeaseStore:
                     "owner_tokens": [r.token for r in batch],
                     "lease_ms": [r.timing.lease_ms for r in batch],
                     "forbid_overlap": [r.forbid_overlap for r in batch],
+                    "fire_times": [r.fire_time for r in batch],
+                    "late_after": [r.late_after for r in batch],
                     "owner": self.owner,
-                },
-            )
+            }
+            if forbid_codes:
+                # Same round trip, same transaction: the per-job lock first.
+                params["forbid_lock_ids"] = [lock_id(f"forbid:{code}") for code in forbid_codes]
+                rows = await self.db.fetchall_after(
+                    self.queries.get("forbid_lock"), self.queries.get("claim"), params
+                )
+            else:
+                rows = await self.db.fetchall(self.queries.get("claim"), params)
         except BaseException as exc:
             for request in batch:
                 if not request.result.done():
@@ -214,18 +271,22 @@ class LeaseStore:
             if not isinstance(exc, Exception):
                 raise
             return
+        received_at = time.monotonic()
         by_key = {row["lock_key"]: row for row in rows}
         for request in batch:
             if not request.result.done():
                 row = by_key.get(request.identity.idempotency_key)
-                request.result.set_result(request.outcome(row, sent_at))
+                request.result.set_result(request.outcome(row, sent_at, received_at))
 
-    async def heartbeat(self, lease: Acquired) -> bool:
-        """Extend the lease; False when this owner was fenced (token rotated away)."""
+    async def heartbeat(self, lease: Acquired) -> timedelta | None:
+        """Extend a live lease; how long it now has left, or None when fenced or lapsed."""
         row = await self.db.fetchone(
             self.queries.get("heartbeat"), {"id": lease.id, "owner_token": lease.owner_token}
         )
-        return row is not None
+        if row is None:
+            return None
+        remaining: timedelta = row["expires_at"] - row["db_now"]
+        return remaining
 
     async def complete(self, lease: Acquired) -> bool:
         """Record SUCCESS; False when fenced. A SUCCESS row is never claimed again."""
@@ -263,7 +324,7 @@ class LeaseStore:
                 "owner_token": lease.owner_token,
                 "status": status,
                 "reason": reason,
-                "error": None if error is None else error[:MAX_ERROR_LENGTH],
+                "error": None if error is None else storable(error),
                 "retry_ms": None if retry_after is None else to_ms(retry_after),
             },
         )
@@ -274,55 +335,67 @@ class LeaseStore:
     ) -> None:
         """Heartbeat until cancelled; set ``lease.cancellation`` when the lease is going.
 
-        A fenced heartbeat means another owner took over: "lease_lost". When a
-        heartbeat fails (the database is unreachable, read-only after a
-        failover, ...), the run goes on while the lease is surely still valid,
-        counted from when the last successful heartbeat was *sent* (the server
-        computed the expiry after that), less the stop grace, so that the run
-        is stopped before another replica may take the tick over:
-        "lease_expired". With heartbeats off, the run must end within its lease.
+        A fenced or lapsed heartbeat means the lease is gone: "lease_lost".
+        Otherwise the run goes on only while the lease surely holds, by the
+        database's own numbers at the last answer (``expires_at - db_now``,
+        counted from when that statement was *sent*), less the stop budget
+        (the runner's stop grace and a safety margin), so that the run is over
+        before another replica may take the tick over: "lease_expired". A
+        heartbeat that hangs (a partition) is not waited for past that point:
+        its statement is left behind, never awaited, so no driver clean-up
+        (a cancel request, a reconnect) can hold the run past its lease.
         """
-        lease_s = lease.timing.lease.total_seconds()
-        stop_s = lease.timing.stop_grace.total_seconds()
         interval = lease.timing.heartbeat.total_seconds()
+        budget = lease.timing.stop_budget.total_seconds()
         # After a failure, try again sooner: one lost heartbeat must not cost the run.
         retry = max(0.05, interval / 4)
-        stop_at = lease.sent_at + lease_s - stop_s
+        stop_at = lease.stop_at
         pause = interval
-        while True:
-            remaining = stop_at - time.monotonic()
-            if remaining <= 0:
-                lease.cancellation.cancel("lease_expired")
-                log.warning(
-                    "lease_expired", job=lease.identity.code, run_key=lease.identity.run_key
-                )
-                return
-            await asyncio.sleep(min(pause, remaining) if interval else remaining)
-            if not interval or time.monotonic() >= stop_at:
-                continue
-            sent = time.monotonic()
-            try:
-                # Bounded by the time left: a hung connection must not hold the
-                # run past the moment another replica may take it over.
-                renewed = await asyncio.wait_for(self.heartbeat(lease), stop_at - sent)
-            except Exception as exc:  # any failure: keep the lease while it surely holds
-                if on_failure is not None:
-                    on_failure(exc)
-                log.warning(
-                    "heartbeat_failed",
-                    job=lease.identity.code,
-                    run_key=lease.identity.run_key,
-                    error=str(exc) or type(exc).__name__,
-                    stop_in_s=round(stop_at - time.monotonic(), 3),
-                )
-                pause = retry
-                continue
-            if not renewed:
-                lease.cancellation.cancel("lease_lost")
-                log.warning("lease_lost", job=lease.identity.code, run_key=lease.identity.run_key)
-                return
-            stop_at = sent + lease_s - stop_s
-            pause = interval
+        pending: asyncio.Task[timedelta | None] | None = None
+        try:
+            while True:
+                remaining = stop_at - time.monotonic()
+                if remaining <= 0:
+                    lease.cancellation.cancel("lease_expired")
+                    log.warning(
+                        "lease_expired", job=lease.identity.code, run_key=lease.identity.run_key
+                    )
+                    return
+                if pending is None:
+                    await asyncio.sleep(min(pause, remaining) if interval else remaining)
+                    if not interval or time.monotonic() >= stop_at:
+                        continue
+                    sent = time.monotonic()
+                    pending = asyncio.ensure_future(self.heartbeat(lease))
+                done, _ = await asyncio.wait({pending}, timeout=max(stop_at - time.monotonic(), 0))
+                if not done:
+                    continue  # the stop deadline came first: stop the run (loop top)
+                task, pending = pending, None
+                try:
+                    renewed = task.result()
+                except Exception as exc:  # any failure: keep the lease while it surely holds
+                    if on_failure is not None:
+                        on_failure(exc)
+                    log.warning(
+                        "heartbeat_failed",
+                        job=lease.identity.code,
+                        run_key=lease.identity.run_key,
+                        error=str(exc) or type(exc).__name__,
+                        stop_in_s=round(stop_at - time.monotonic(), 3),
+                    )
+                    pause = retry
+                    continue
+                if renewed is None:
+                    lease.cancellation.cancel("lease_lost")
+                    log.warning(
+                        "lease_lost", job=lease.identity.code, run_key=lease.identity.run_key
+                    )
+                    return
+                stop_at = sent + renewed.total_seconds() - budget
+                pause = interval
+        finally:
+            if pending is not None:
+                _abandon(pending)
 
     @contextlib.asynccontextmanager
     async def holding(
@@ -355,7 +428,7 @@ class LeaseStore:
         lost meanwhile (``lease.cancellation`` tells ``fn``), nothing is
         recorded as success: :class:`LeaseLost` is raised instead.
         """
-        lease = await self.acquire(identity, timing, forbid_overlap=forbid_overlap)
+        lease = await self.claim(identity, timing, forbid_overlap=forbid_overlap)
         if isinstance(lease, NotAcquired):
             return lease
         async with self.holding(lease):
@@ -380,6 +453,12 @@ class LeaseStore:
         return value
 
 
+def _abandon(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` without waiting for it; its outcome is of no interest any more."""
+    task.cancel()
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+
 @dataclass(frozen=True)
 class _ClaimRequest:
     identity: Identity
@@ -387,8 +466,12 @@ class _ClaimRequest:
     token: uuid.UUID
     forbid_overlap: bool
     result: asyncio.Future[Acquired | NotAcquired] = field(compare=False)
+    fire_time: datetime | None = None
+    late_after: datetime | None = None
 
-    def outcome(self, row: dict[str, Any] | None, sent_at: float) -> Acquired | NotAcquired:
+    def outcome(
+        self, row: dict[str, Any] | None, sent_at: float, received_at: float
+    ) -> Acquired | NotAcquired:
         if row is None:
             # The conflicting row was inserted by a claim that committed after
             # this statement's snapshot: a live lease, just granted.
@@ -405,6 +488,9 @@ class _ClaimRequest:
                 timing=self.timing,
                 claimed_from=row["reason"],
                 sent_at=sent_at,
+                remaining=row["expires_at"] - row["db_now"],
+                received_at=received_at,
+                db_now=row["db_now"],
             )
         return _refusal(self.identity, row)
 
@@ -414,6 +500,11 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
     owner: str | None = row["owner"]
     attempt: int = row["attempt"]
     db_now: datetime = row["db_now"]
+    if status == "NOT_DUE":
+        # expires_at carries the tick's fire time here.
+        return NotAcquired(identity, "not_due", None, None, row["expires_at"] - db_now)
+    if status == "LATE":
+        return NotAcquired(identity, "late", None, None)
     if status == "SKIPPED" and row["claimed"]:
         return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
     if status == "RUNNING":
@@ -465,14 +556,14 @@ class SyncLeaseStore:
     def migrate(self) -> list[int]:
         return self._portal.call(self.store.migrate())
 
-    def acquire(
+    def claim(
         self, identity: Identity, timing: LeaseTiming | None = None, *, forbid_overlap: bool = False
     ) -> Acquired | NotAcquired:
         return self._portal.call(
-            self.store.acquire(identity, timing, forbid_overlap=forbid_overlap)
+            self.store.claim(identity, timing, forbid_overlap=forbid_overlap)
         )
 
-    def heartbeat(self, lease: Acquired) -> bool:
+    def heartbeat(self, lease: Acquired) -> timedelta | None:
         return self._portal.call(self.store.heartbeat(lease))
 
     def complete(self, lease: Acquired) -> bool:

@@ -1,6 +1,14 @@
 -- Named queries: a "-- name: NAME" line, then the statement. {table}, {migrations}
 -- and {fencing_seq_name} are filled in with psycopg.sql; values are always bound.
 
+-- name: forbid_lock
+-- Serialise the claims of concurrency: forbid jobs across replicas: sent in the
+-- same message as the claim, before it, so the claim (a statement of its own in
+-- the same implicit transaction) reads a snapshot taken after the lock. Lock
+-- ids in ascending order, so two batches never wait on each other in a cycle.
+SELECT count(pg_advisory_xact_lock(id)) AS locked
+FROM (SELECT DISTINCT id FROM unnest(%(forbid_lock_ids)s::bigint[]) AS id ORDER BY id) ids
+
 -- name: claim
 -- Claim a batch of identities (co-firing jobs share the round trip) for one
 -- owner: insert each, or reclaim a FAIL row whose retry time has come or a
@@ -8,20 +16,27 @@
 -- stored from the holder's own lease). For each refused claim the current row
 -- is returned instead, to say why. With forbid_overlap, while another tick of
 -- the job holds a live lease, a new tick is recorded SKIPPED and a retry or
--- takeover of an older one is refused (busy says so).
+-- takeover of an older one is refused (busy says so). The database clock also
+-- decides when a tick is due: a claim before its fire time or after its misfire
+-- deadline touches no row and comes back as NOT_DUE / LATE (expires_at then
+-- carries the fire time, so the caller knows how long to wait).
 WITH request AS (
     SELECT *
     FROM unnest(
         %(lock_keys)s::text[], %(types)s::text[], %(codes)s::text[], %(run_keys)s::text[],
-        %(owner_tokens)s::uuid[], %(lease_ms)s::bigint[], %(forbid_overlap)s::boolean[]
-    ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap)
+        %(owner_tokens)s::uuid[], %(lease_ms)s::bigint[], %(forbid_overlap)s::boolean[],
+        %(fire_times)s::timestamptz[], %(late_after)s::timestamptz[]
+    ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap,
+            fire_time, late_after)
 ), checked AS (
     SELECT r.*, EXISTS (
         SELECT 1 FROM {table} o
         WHERE r.forbid_overlap AND o.code = r.code AND o.type = 'SCHEDULE'
           AND o.status = 'RUNNING' AND o.expires_at > clock_timestamp()
           AND o.lock_key <> r.lock_key
-    ) AS busy
+    ) AS busy,
+    (r.fire_time IS NULL OR r.fire_time <= clock_timestamp())
+      AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after) AS timely
     FROM request r
 ), claim AS (
     INSERT INTO {table} AS l (
@@ -36,6 +51,7 @@ WITH request AS (
            CASE WHEN c.busy THEN clock_timestamp() END,
            CASE WHEN c.busy THEN 'overlap' END
     FROM checked c
+    WHERE c.timely
     -- One insertion order on every replica, so two batches never wait on each
     -- other's uncommitted keys in a cycle.
     ORDER BY c.lock_key
@@ -68,15 +84,24 @@ SELECT false, e.lock_key, e.id, e.status, e.owner, e.owner_token, e.attempt, e.f
        e.expires_at, e.retry_at, e.reason, c.busy, clock_timestamp()
 FROM {table} e
 JOIN checked c ON c.lock_key = e.lock_key
-WHERE NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = e.lock_key)
+WHERE c.timely AND NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = e.lock_key)
+UNION ALL
+SELECT false, c.lock_key, NULL, CASE WHEN c.fire_time > clock_timestamp() THEN 'NOT_DUE'
+                                     ELSE 'LATE' END,
+       NULL, NULL, NULL, NULL, c.fire_time, NULL, NULL, false, clock_timestamp()
+FROM checked c
+WHERE NOT c.timely
 
 -- name: heartbeat
--- Extend a held lease by the lease it was granted; only the current owner can.
+-- Extend a held lease by the lease it was granted; only the current owner can,
+-- and only while it is live: a heartbeat arriving after the expiry must not
+-- revive a lease that a follower may already be taking over.
 UPDATE {table}
 SET heartbeat_at = clock_timestamp(),
     expires_at = clock_timestamp() + lease_ms * interval '1 millisecond'
 WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
-RETURNING expires_at
+  AND expires_at > clock_timestamp()
+RETURNING expires_at, clock_timestamp() AS db_now
 
 -- name: finalize
 -- Record SUCCESS or FAIL, by the current owner only. A FAIL row with a retry

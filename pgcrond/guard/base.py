@@ -1,0 +1,145 @@
+"""The Guard contract: what decides whether this replica runs a tick.
+
+:mod:`pgcrond.fire` drives every guard the same way and knows no guard kind::
+
+    answer = await guard.claim(request)          # Held | Refused
+    if Held:
+        async with guard.hold(held):             # keep it alive while the run goes on
+            result = run(...)                    # stops when held.cancellation is set
+        after = await guard.record(held, ...)    # "done" | "retry" | "fenced"
+    ...
+    await guard.forget(identity)                 # the fire is over: free what is left
+
+Every guard fulfils these rules; the implementations only say how.
+
+* **claim** answers for one identity, in one round trip where there is a
+  database. ``Held`` means this replica may start the run *now*: the guard has
+  checked, on arrival of the answer, that the claim is live and that the tick
+  is inside its misfire window (by the database clock when there is one).
+  ``Refused`` says why and, where waiting could change the answer, for how long
+  (``wait``, by the database clock): the fire then claims again after it.
+* **hold** sets ``held.cancellation`` (reason ``lease_lost``, ``lease_expired``
+  or ``lock_lost``) early enough that the run's whole stop sequence is over
+  before anyone else may claim the identity. It never extends a claim that has
+  already lapsed.
+* **record** stores the outcome as the current holder only. ``"fenced"`` means
+  someone else holds the identity now: nothing was recorded, and nothing must
+  be. ``"retry"`` means the failure will be claimed again, by any replica; the
+  next claim says when. A database outage while recording is raised as
+  :class:`~pgcrond.errors.DatabaseUnavailable` (the fire retries with the same
+  arguments, which must be safe); no other error escapes.
+* **forget** ends the guard's interest in an identity (an advisory lock still
+  held for retries is released); it is called once per fire, always.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pgcrond.core.keys import Identity
+from pgcrond.core.timing import MAX_STOP_GRACE
+from pgcrond.run.cancel import Cancellation
+
+RefusalReason = Literal[
+    # Another replica holds a live claim (wait: until it could lapse).
+    "held",
+    # The identity is finished (SUCCESS or SKIPPED), or failed for good.
+    "done",
+    "failed",
+    # A failure with a retry time (wait: until then).
+    "retry_pending",
+    # concurrency: forbid and another tick of the job runs.
+    "overlap",
+    # The tick is not due yet by the database clock (wait: until it is).
+    "not_due",
+    # The claim arrived, or would start, later than the tick's misfire window.
+    "late",
+]
+# What recording an outcome came to.
+Recorded = Literal["done", "retry", "fenced"]
+# How a run ended, as the guard records it. "released": given back at
+# shutdown so a survivor may take it over.
+Outcome = Literal["success", "fail", "timeout", "released"]
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One fire's claim: the identity, and the bounds the guard must enforce."""
+
+    identity: Identity
+    tick: datetime
+    lease: timedelta
+    heartbeat: timedelta
+    forbid_overlap: bool = False
+    # The end of the misfire window, or None (run-once jobs, retries).
+    deadline: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Held:
+    """A won claim: this replica runs the identity until it records or is fenced."""
+
+    identity: Identity
+    attempt: int
+    # Strictly increasing per claim; None where the guard has none (advisory).
+    fencing_token: int | None
+    # "takeover", "retry" or None for a fresh claim.
+    claimed_from: str | None
+    # SIGTERM-to-SIGKILL grace the runner may use when the claim is going.
+    stop_grace: timedelta = MAX_STOP_GRACE
+    # Set when the claim is lost or about to lapse: whoever runs must stop.
+    cancellation: Cancellation = field(default_factory=Cancellation, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A claim that did not win, and why."""
+
+    identity: Identity
+    reason: RefusalReason
+    status: str | None = None
+    owner: str | None = None
+    wait: timedelta | None = None
+    attempt: int | None = None
+
+
+class Guard(abc.ABC):
+    """Decides, per identity, which replica runs it. See the module docstring."""
+
+    #: Whether outcomes are remembered across the cluster (history, retries
+    #: by any replica, run-once). A guard that does not remember retries
+    #: under the claim it still holds.
+    remembers: bool
+
+    @abc.abstractmethod
+    async def claim(self, request: ClaimRequest) -> Held | Refused:
+        """Try to win ``request.identity``; see the module docstring."""
+
+    @abc.abstractmethod
+    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
+        """Keep ``held`` alive while the block runs; set its cancellation when going."""
+
+    @abc.abstractmethod
+    async def record(
+        self,
+        held: Held,
+        outcome: Outcome,
+        *,
+        error: str | None = None,
+        retry_after: timedelta | None = None,
+    ) -> Recorded:
+        """Store ``outcome`` as the current holder; ``retry_after`` asks for a retry."""
+
+    async def forget(self, identity: Identity) -> None:  # noqa: B027 - optional hook
+        """The fire of ``identity`` is over on this replica."""
+
+
+@contextlib.asynccontextmanager
+async def held_as_is(held: Held) -> AsyncIterator[Held]:
+    """A ``hold`` for claims that need no keep-alive."""
+    yield held

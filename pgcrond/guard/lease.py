@@ -1,0 +1,233 @@
+"""Lease mode: one row per identity in the lease table, claimed in one statement.
+
+The storage layer (:mod:`pgcrond.storage.leases`) owns the SQL; this module
+holds the decisions the Guard contract asks for at the edges of a claim:
+
+* every local deadline comes from the database's answer (``expires_at -
+  db_now``, counted from the send), never from when this replica *thinks* the
+  lease began;
+* a claim answered so late that its lease is already going, or that the tick
+  is past its misfire window by the database clock, is not run;
+* every statement on the run path has a deadline that holds: an unanswered
+  statement is left behind (never awaited), so no driver clean-up can stretch
+  it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TypeVar
+
+import structlog
+
+from pgcrond.core.keys import Identity
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.errors import DatabaseUnavailable, PgcrondError
+from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Recorded, Refused
+from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
+
+T = TypeVar("T")
+log = structlog.get_logger("pgcrond.guard.lease")
+
+# An outcome is one short UPDATE; past this it is treated as unanswered and
+# retried (with the same owner token, so a write that did land is recognised).
+FINALIZE_TIMEOUT_S = 5.0
+# A claim with no misfire deadline (run-once jobs, retries) is bounded too.
+CLAIM_TIMEOUT_S = 5.0
+UNSTORABLE_ERROR = "the error text could not be stored"
+
+
+@dataclass
+class _Open:
+    lease: Acquired
+    held: Held
+
+
+class LeaseGuard(Guard):
+    """The lease table as a :class:`~pgcrond.guard.base.Guard`."""
+
+    remembers = True
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        *,
+        on_heartbeat_failure: Callable[[Identity], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.store = store
+        self._on_heartbeat_failure = on_heartbeat_failure
+        self._clock = clock
+        # Before the first answer the local clock stands in for the database's.
+        self._wall = wall
+        # One owner token per claim, kept while that claim is retried through
+        # an outage: a try that committed but lost its answer still counts as won.
+        self._tokens: dict[Identity, uuid.UUID] = {}
+        self._open: dict[Identity, _Open] = {}
+
+    async def claim(self, request: ClaimRequest) -> Held | Refused:
+        identity = request.identity
+        token = self._tokens.setdefault(identity, uuid.uuid4())
+        timing = LeaseTiming.build(request.lease, request.heartbeat)
+        bound = CLAIM_TIMEOUT_S
+        if request.deadline is not None:
+            # A claim is worth nothing after the misfire window: it is bounded by it.
+            left = (request.deadline - self._wall()).total_seconds()
+            bound = min(bound, max(left, 0.05))
+        answer = await _bounded(
+            self.store.claim(
+                identity,
+                timing,
+                forbid_overlap=request.forbid_overlap,
+                owner_token=token,
+                fire_time=request.tick if identity.type == "SCHEDULE" else None,
+                late_after=request.deadline,
+            ),
+            bound,
+            "claim",
+        )
+        # An answer came: the next claim of this identity is a new one.
+        self._tokens.pop(identity, None)
+        if isinstance(answer, NotAcquired):
+            return Refused(
+                identity, answer.reason, answer.status, answer.owner, answer.wait, answer.attempt
+            )
+        return await self._on_arrival(request, answer)
+
+    async def _on_arrival(self, request: ClaimRequest, lease: Acquired) -> Held | Refused:
+        """Run nothing on a lease that is not live now, or for a tick past its window."""
+        late = request.deadline is not None and (
+            (lease.db_now_at_latest() or request.deadline) > request.deadline
+        )
+        if late:
+            # Nobody may run it any more: close the row for good, saying why.
+            await self._quietly(
+                self.store.fail(
+                    lease,
+                    "the claim was answered after the tick's misfire window",
+                    reason="late",
+                    retry_after=None,
+                ),
+                lease,
+            )
+            return Refused(request.identity, "late", "FAIL", attempt=lease.attempt)
+        if self._clock() >= lease.stop_at:
+            # The answer came so late that the lease is already going: give it
+            # back at once, so the next claim (ours or anyone's) may run it.
+            log.warning(
+                "claim_answered_too_late",
+                job=request.identity.code,
+                run_key=request.identity.run_key,
+                answer_age_s=round(self._clock() - lease.sent_at, 3),
+            )
+            await self._quietly(self.store.release(lease), lease)
+            return Refused(request.identity, "retry_pending", "FAIL", wait=timedelta(0))
+        held = Held(
+            identity=request.identity,
+            attempt=lease.attempt,
+            fencing_token=lease.fencing_token,
+            claimed_from=lease.claimed_from,
+            stop_grace=lease.timing.stop_grace,
+            cancellation=lease.cancellation,
+        )
+        self._open[request.identity] = _Open(lease, held)
+        return held
+
+    async def _quietly(self, write: Awaitable[bool], lease: Acquired) -> None:
+        try:
+            await _bounded(write, FINALIZE_TIMEOUT_S, "finalize")
+        except PgcrondError as exc:
+            # The row expires by itself; a follower then decides.
+            log.warning(
+                "claim_not_returned",
+                job=lease.identity.code,
+                run_key=lease.identity.run_key,
+                error=str(exc),
+            )
+
+    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
+        return self._hold(held)
+
+    @contextlib.asynccontextmanager
+    async def _hold(self, held: Held) -> AsyncIterator[Held]:
+        lease = self._open[held.identity].lease
+        callback = self._on_heartbeat_failure
+
+        def failed(_: Exception) -> None:
+            if callback is not None:
+                callback(held.identity)
+
+        async with self.store.holding(lease, failed):
+            yield held
+
+    async def record(
+        self,
+        held: Held,
+        outcome: Outcome,
+        *,
+        error: str | None = None,
+        retry_after: timedelta | None = None,
+    ) -> Recorded:
+        lease = self._open[held.identity].lease
+        pending: Awaitable[bool]
+        if outcome == "success":
+            pending = self.store.complete(lease)
+        elif outcome == "released":
+            pending = self.store.release(lease)
+        else:
+            reason = "timeout" if outcome == "timeout" else "error"
+            pending = self.store.fail(
+                lease, error or outcome, reason=reason, retry_after=retry_after
+            )
+        try:
+            recorded = await _bounded(pending, FINALIZE_TIMEOUT_S, "finalize")
+        except DatabaseUnavailable:
+            raise
+        except PgcrondError as exc:
+            # Not an outage: the statement itself was refused (say, by text
+            # the database cannot take). Record the outcome without the text.
+            log.error(
+                "outcome_rejected",
+                job=held.identity.code,
+                run_key=held.identity.run_key,
+                error=str(exc),
+            )
+            if outcome in ("success", "released"):
+                raise DatabaseUnavailable(str(exc)) from exc
+            recorded = await _bounded(
+                self.store.fail(lease, UNSTORABLE_ERROR, reason="error", retry_after=retry_after),
+                FINALIZE_TIMEOUT_S,
+                "finalize",
+            )
+        if not recorded:
+            return "fenced"
+        if outcome in ("fail", "timeout") and retry_after is not None:
+            return "retry"
+        return "done"
+
+    async def forget(self, identity: Identity) -> None:
+        self._open.pop(identity, None)
+        self._tokens.pop(identity, None)
+
+
+async def _bounded(call: Awaitable[T], seconds: float, operation: str) -> T:
+    """``await call`` for at most ``seconds``; an unanswered call is left behind.
+
+    ``asyncio.wait_for`` would wait for the cancelled statement's clean-up
+    (psycopg sends a cancel request and waits for it), which on a cut network
+    takes as long as the cut. Here the task is cancelled and abandoned.
+    """
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if task in done:
+        return task.result()
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    raise DatabaseUnavailable(f"database unavailable: no answer to the {operation} in {seconds:g}s")
