@@ -1,0 +1,538 @@
+"""The nemesis: real replicas, a real server, and a seeded schedule of faults.
+
+Three ``pgcrond run`` replicas reach a PostgreSQL server that this module
+started itself (``throwaway``) through the fault proxy; their jobs
+(tests/faults/ledger.py) write the ledger straight to the server. A seeded
+schedule then, one fault at a time, with quiet gaps between:
+
+* ``kill``: SIGKILL a replica, restart it a moment later;
+* ``pause``: SIGSTOP a replica for longer than the lease, then SIGCONT;
+* ``pg_restart``: stop the server, start it again;
+* ``cut``: close every proxied connection;
+* ``partition``: hold every byte for 3-6 s, then deliver it all;
+* ``blackhole``: drop every byte and refuse connections for 2-4 s;
+* ``clock_skew``: restart a replica (SIGTERM) under the clock shim, its wall
+  clock 2 s fast or slow, for 8-15 s, then restart it with the true clock.
+
+The first faults are one of each kind, shuffled; then kinds are drawn at
+random until the duration is over. Every fault is logged with its start and
+end by the database clock. After the last one the cluster settles (every
+tick of the window past its misfire grace, no row RUNNING), and
+:func:`observe` returns the rows for :func:`tests.faults.checker.check`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgcrond.testing import LocalServer, throwaway
+from tests.daemon_harness import PGCROND, ROOT, Replica, wait_until
+from tests.faults import checker
+from tests.faults.clockshift import build, shifted
+from tests.faults.ledger import HISTORY_DDL, LEDGER_DDL
+from tests.faults.proxy import Proxy
+
+SCHEMA = "faults"
+TABLE = "leases"
+LEASE = timedelta(seconds=2)
+GRACE = timedelta(seconds=8)
+LONG_SLEEP_S = 3.0
+ENTRYPOINT = "tests.faults.ledger:record"
+KINDS = ("kill", "pause", "pg_restart", "cut", "partition", "blackhole", "clock_skew")
+SKEW_MS = 2000
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Job:
+    code: str
+    every_s: int | None  # None: run-once
+    forbid: bool = False
+    sleep_s: float = 0.0
+    extra: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def spec(self) -> checker.JobSpec:
+        return checker.JobSpec(self.code, self.every_s, GRACE, forbid=self.forbid)
+
+    def yaml(self) -> str:
+        lines = [f"  {self.code}:"]
+        if self.every_s is None:
+            lines.append("    once: true")
+        else:
+            seconds = "*" if self.every_s == 1 else f"*/{self.every_s}"
+            lines.append(f'    cron: "{seconds} * * * * *"')
+        lines.append(f"    entrypoint: {ENTRYPOINT}")
+        if self.forbid:
+            lines.append("    concurrency: forbid")
+        lines += [f"    {key}: {value}" for key, value in self.extra.items()]
+        env = dict(self.env)
+        if self.sleep_s:
+            env["FAULT_SLEEP"] = str(self.sleep_s)
+        if env:
+            pairs = ", ".join(f'{key}: "{value}"' for key, value in env.items())
+            lines.append(f"    env: {{{pairs}}}")
+        return "\n".join(lines) + "\n"
+
+
+JOBS = (
+    # Short per-second jobs: every tick must run, exactly once.
+    Job("tick-a", 1),
+    Job("tick-b", 1),
+    # A short forbid job: SKIPPED only while an earlier tick holds a live lease.
+    Job("tick-forbid", 2, forbid=True),
+    # Fails its first attempt; the retry goes through the lease.
+    Job(
+        "flaky", 3, extra={"retries": "2", "retry_delay": "500ms"}, env={"FAULT_FAIL_ATTEMPTS": "1"}
+    ),
+    # Long jobs on a 2 s lease: they live on heartbeats.
+    Job("long", 4, sleep_s=LONG_SLEEP_S),
+    Job("long-forbid", 2, forbid=True, sleep_s=LONG_SLEEP_S),
+    Job("seed", None, sleep_s=1.0),
+)
+
+
+def config_text(jobs: tuple[Job, ...] = JOBS) -> str:
+    return (
+        "database:\n"
+        "  url: ${PGCROND_DATABASE_URL}\n"
+        f"  schema: {SCHEMA}\n"
+        f"  table: {TABLE}\n"
+        "shutdown_grace: 3s\n"
+        "defaults:\n"
+        f"  lease: {int(LEASE.total_seconds())}s\n"
+        "  heartbeat: 500ms\n"
+        f"  misfire_grace: {int(GRACE.total_seconds())}s\n"
+        "  concurrency: allow\n"
+        "jobs:\n" + "".join(job.yaml() for job in jobs)
+    )
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    start: datetime  # database clock
+    end: datetime
+    replica: str = ""
+    pids: list[int] = field(default_factory=list)
+    detail: str = ""
+
+    def fault(self) -> checker.Fault:
+        return checker.Fault(
+            self.kind, self.start, self.end, frozenset(self.pids), self.replica, self.detail
+        )
+
+
+@dataclass
+class Spawn:
+    replica: str
+    pid: int
+    skew_ms: int
+    log: Path
+
+
+@dataclass
+class Observations:
+    """Everything the checker needs, read after the cluster settled."""
+
+    jobs: list[checker.JobSpec]
+    ledger: list[checker.LedgerRow]
+    leases: list[checker.LeaseRow]
+    history: list[checker.LeaseVersion]
+    faults: list[checker.Fault]
+    window: checker.Window
+    spawns: list[Spawn]
+    workdir: Path
+
+    def check(self) -> checker.Report:
+        return checker.check(
+            self.jobs, self.ledger, self.leases, self.faults, self.window, self.history
+        )
+
+    def logs_about(self, job: str, run_key: str, limit: int = 20) -> list[str]:
+        """The replicas' log events about one tick, oldest first: to explain a violation."""
+        found: list[tuple[str, str]] = []
+        for spawn in self.spawns:
+            with contextlib.suppress(FileNotFoundError):
+                for line in spawn.log.read_text(errors="replace").splitlines():
+                    if f'"{run_key}"' not in line or f'"{job}"' not in line:
+                        continue
+                    with contextlib.suppress(json.JSONDecodeError):
+                        event = json.loads(line)
+                        found.append(
+                            (
+                                str(event.get("timestamp", "")),
+                                f"{spawn.replica}/{spawn.pid}: {line}",
+                            )
+                        )
+        return [text for _, text in sorted(found)][:limit]
+
+
+class Cluster:
+    """The server, the proxy, the replicas and the fault log of one nemesis run."""
+
+    def __init__(
+        self,
+        server: LocalServer,
+        workdir: Path,
+        seed: int,
+        progress: Progress,
+        package: Path | None = None,
+    ):
+        self.server = server
+        # Where the replicas import pgcrond from: a snapshot (see snapshot()), or
+        # this working tree.
+        self.package = package
+        self.workdir = workdir
+        self.rng = random.Random(seed)
+        self.progress = progress
+        self.direct = server.dsn
+        self.proxy = Proxy.for_dsn(server.dsn).start()
+        self.config = workdir / "jobs.yaml"
+        self.config.write_text(config_text())
+        self.shim = build(workdir / "shim")
+        self.replicas: dict[str, Replica] = {}
+        self.spawns: list[Spawn] = []
+        self.faults: list[FaultRecord] = []
+        self.began = time.monotonic()
+
+    # -- set-up -----------------------------------------------------------------
+
+    def prepare(self) -> None:
+        env = self._base_env("migrate")
+        env["PGCROND_DATABASE_URL"] = self.direct
+        subprocess.run(
+            [str(PGCROND), "migrate", "-c", str(self.config)],
+            env=env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        with psycopg.connect(self.direct, autocommit=True) as conn:
+            conn.execute(LEDGER_DDL.format(schema=SCHEMA))
+            conn.execute(HISTORY_DDL.format(schema=SCHEMA, table=TABLE))
+
+    def _base_env(self, name: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PGCROND_")}
+        env.update(
+            PGCROND_DATABASE_URL=self.proxy.dsn(self.direct),
+            LEDGER_DSN=self.direct,
+            LEDGER_TABLE=f"{SCHEMA}.ledger",
+            PYTHONPATH=f"{self.package}:{ROOT}" if self.package else str(ROOT),
+            FAULT_REPLICA=name,
+        )
+        return env
+
+    def spawn(self, name: str, skew_ms: int = 0) -> Replica:
+        env = self._base_env(name)
+        if skew_ms:
+            env = shifted(env, self.shim, skew_ms)
+        log = self.workdir / f"{name}.{len(self.spawns)}.log"
+        replica = Replica(name, self.config, log, env).start()
+        self.spawns.append(Spawn(name, replica.pid, skew_ms, log))
+        self.replicas[name] = replica
+        replica.wait_event("daemon_ready", timeout=60)
+        return replica
+
+    def start(self, count: int = 3) -> None:
+        for n in range(count):
+            self.spawn(f"replica-{n}")
+
+    def close(self) -> None:
+        for replica in self.replicas.values():
+            replica.stop()
+        self.proxy.close()
+
+    # -- clocks -------------------------------------------------------------------
+
+    def db_now(self) -> datetime:
+        """The database clock (a direct connection), retried through a restart."""
+
+        def read() -> datetime | None:
+            with (
+                contextlib.suppress(psycopg.OperationalError),
+                psycopg.connect(self.direct, autocommit=True, connect_timeout=3) as conn,
+            ):
+                row = conn.execute("SELECT clock_timestamp()").fetchone()
+                assert row is not None
+                moment: datetime = row[0]
+                return moment
+            return None
+
+        moment: datetime = wait_until(read, 30, "the database clock")
+        return moment
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.began
+
+    # -- faults ---------------------------------------------------------------------
+
+    def inject(self, kind: str) -> FaultRecord:
+        record: FaultRecord = getattr(self, f"_{kind}")()
+        self.faults.append(record)
+        took = (record.end - record.start).total_seconds()
+        where = f" {record.replica}" if record.replica else ""
+        self.progress(
+            f"[{self.elapsed():6.1f}s] fault {len(self.faults)}: {kind}{where} "
+            f"{took:.1f}s {record.detail}".rstrip()
+        )
+        return record
+
+    def _victim(self) -> Replica:
+        return self.replicas[self.rng.choice(sorted(self.replicas))]
+
+    def _kill(self) -> FaultRecord:
+        victim = self._victim()
+        pid = victim.pid
+        start = self.db_now()
+        victim.signal(signal.SIGKILL)
+        victim.wait_exit(10)
+        time.sleep(self.rng.uniform(0.5, 2.0))  # the replica's down time
+        skew = next(s.skew_ms for s in reversed(self.spawns) if s.replica == victim.name)
+        self.spawn(victim.name, skew)
+        return FaultRecord("kill", start, self.db_now(), victim.name, [pid])
+
+    def _pause(self) -> FaultRecord:
+        victim = self._victim()
+        hold = LEASE.total_seconds() + self.rng.uniform(1.0, 3.0)
+        start = self.db_now()
+        victim.signal(signal.SIGSTOP)
+        time.sleep(hold)  # stopped past its lease
+        victim.signal(signal.SIGCONT)
+        return FaultRecord(
+            "pause", start, self.db_now(), victim.name, [victim.pid], f"SIGSTOP {hold:.1f}s"
+        )
+
+    def _pg_restart(self) -> FaultRecord:
+        down = self.rng.uniform(0.5, 2.0)
+        start = self.db_now()
+        self.server.stop()
+        time.sleep(down)  # the server's down time
+        self.server.start()
+        return FaultRecord("pg_restart", start, self.db_now(), detail=f"down {down:.1f}s")
+
+    def _cut(self) -> FaultRecord:
+        start = self.db_now()
+        closed = self.proxy.cut()
+        return FaultRecord("cut", start, self.db_now(), detail=f"{closed} connections")
+
+    def _partition(self) -> FaultRecord:
+        return self._network("partition", self.proxy.partition, self.rng.uniform(3.0, 6.0))
+
+    def _blackhole(self) -> FaultRecord:
+        return self._network("blackhole", self.proxy.blackhole, self.rng.uniform(2.0, 4.0))
+
+    def _network(self, kind: str, fault: Callable[[float], Any], seconds: float) -> FaultRecord:
+        start = self.db_now()
+        healed = fault(seconds)
+        assert healed.wait(seconds + 10), f"{kind} did not heal"
+        return FaultRecord(kind, start, self.db_now(), detail=f"{seconds:.1f}s")
+
+    def _clock_skew(self) -> FaultRecord:
+        victim = self._victim()
+        skew = self.rng.choice((SKEW_MS, -SKEW_MS))
+        hold = self.rng.uniform(8.0, 15.0)
+        self._stop_gracefully(victim)
+        start = self.db_now()
+        skewed = self.spawn(victim.name, skew)
+        time.sleep(hold)  # the skewed replica's time in the cluster
+        self._stop_gracefully(skewed)
+        end = self.db_now()
+        self.spawn(victim.name)
+        return FaultRecord(
+            "clock_skew", start, end, victim.name, [skewed.pid], f"{skew:+d}ms for {hold:.1f}s"
+        )
+
+    def _stop_gracefully(self, replica: Replica) -> None:
+        replica.signal(signal.SIGTERM)
+        try:
+            replica.wait_exit(40)
+        except subprocess.TimeoutExpired:
+            replica.stop()
+
+    # -- the schedule -----------------------------------------------------------------
+
+    def schedule(self, duration: float) -> None:
+        """One of each kind first (shuffled), then random kinds until ``duration``."""
+        first = list(KINDS)
+        self.rng.shuffle(first)
+        began = time.monotonic()
+        while first or time.monotonic() - began < duration:
+            kind = first.pop() if first else self.rng.choice(KINDS)
+            self.inject(kind)
+            time.sleep(self.rng.uniform(1.0, 3.0))  # a quiet gap between faults
+
+    def settle(self, window_end: datetime) -> None:
+        """Wait until every tick of the window is past its grace and no row of it RUNNING."""
+        self.proxy.heal()
+        for replica in self.replicas.values():
+            replica.signal(signal.SIGCONT)
+        quiet_from = window_end + GRACE + timedelta(seconds=1)
+        give_up = quiet_from + 2 * LEASE + timedelta(seconds=LONG_SLEEP_S + 5)
+        last_key = _key(window_end)
+
+        def settled() -> bool:
+            now = self.db_now()
+            if now >= give_up:
+                return True
+            if now < quiet_from:
+                return False
+            with psycopg.connect(self.direct, autocommit=True) as conn:
+                row = conn.execute(
+                    f"SELECT count(*) FROM {SCHEMA}.{TABLE} WHERE status = 'RUNNING' "
+                    "AND code <> 'pgcrond:prune' AND (run_key IS NULL OR run_key <= %s)",
+                    (last_key,),
+                ).fetchone()
+            return row is not None and row[0] == 0
+
+        wait_until(settled, (give_up - self.db_now()).total_seconds() + 30, "the cluster to settle")
+
+    # -- observing ----------------------------------------------------------------------
+
+    def observe(self, window: checker.Window) -> Observations:
+        with psycopg.connect(self.direct, autocommit=True, row_factory=dict_row) as conn:
+            ledger = conn.execute(f"SELECT * FROM {SCHEMA}.ledger ORDER BY id").fetchall()
+            leases = conn.execute(
+                f"SELECT * FROM {SCHEMA}.{TABLE} WHERE code <> 'pgcrond:prune' ORDER BY id"
+            ).fetchall()
+            history = conn.execute(f"SELECT * FROM {SCHEMA}.lease_history ORDER BY id").fetchall()
+        dump = {
+            "window": [window.start.isoformat(), window.end.isoformat()],
+            "faults": [asdict(f) for f in self.faults],
+            "spawns": [asdict(s) for s in self.spawns],
+            "ledger": ledger,
+            "leases": leases,
+            "history": history,
+        }
+        (self.workdir / "observations.json").write_text(json.dumps(dump, default=str, indent=1))
+        return Observations(
+            jobs=[job.spec() for job in JOBS],
+            ledger=[
+                checker.LedgerRow(
+                    r["job"],
+                    r["run_key"],
+                    r["attempt"],
+                    r["fencing_token"],
+                    r["pid"],
+                    r["phase"],
+                    r["at"],
+                    r["replica"],
+                )
+                for r in ledger
+            ],
+            leases=[
+                checker.LeaseRow(
+                    r["code"],
+                    r["run_key"],
+                    r["status"],
+                    r["attempt"],
+                    r["fencing_token"],
+                    r["owner"],
+                    r.get("reason"),
+                    r.get("type", "SCHEDULE"),
+                )
+                for r in leases
+            ],
+            history=[_version(h) for h in history if h["row"].get("code") != "pgcrond:prune"],
+            faults=[f.fault() for f in self.faults],
+            window=window,
+            spawns=list(self.spawns),
+            workdir=self.workdir,
+        )
+
+
+def _version(history: dict[str, Any]) -> checker.LeaseVersion:
+    row = history["row"]
+    return checker.LeaseVersion(
+        row["code"],
+        row.get("run_key"),
+        row["status"],
+        int(row["fencing_token"]),
+        row.get("owner", ""),
+        row.get("reason"),
+        history["at"],
+        history["op"],
+    )
+
+
+def _key(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _whole_second(moment: datetime, *, up: bool) -> datetime:
+    seconds = moment.timestamp()
+    return datetime.fromtimestamp(math.ceil(seconds) if up else math.floor(seconds), UTC)
+
+
+def snapshot(ref: str, workdir: Path) -> Path:
+    """The ``pgcrond`` package as committed at ``ref``, unpacked under ``workdir``.
+
+    Replicas import it instead of the working tree, so a run is not disturbed by
+    edits in progress (and can test any commit). Returns the directory to put
+    first on PYTHONPATH.
+    """
+    target = workdir / f"pgcrond-{ref.replace('/', '_')}"
+    target.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "pgcrond"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
+
+
+@contextlib.contextmanager
+def cluster(
+    workdir: Path, seed: int, progress: Progress = print, ref: str | None = None
+) -> Iterator[Cluster]:
+    """A server of its own, the proxy and three started replicas; all removed afterwards."""
+    package = snapshot(ref, workdir) if ref else None
+    with throwaway(prefix="pgcrond-faults-") as server:
+        running = Cluster(server, workdir, seed, progress, package)
+        try:
+            running.prepare()
+            running.start()
+            yield running
+        finally:
+            running.close()
+
+
+def run(
+    duration: float,
+    seed: int,
+    workdir: Path,
+    progress: Progress = print,
+    ref: str | None = None,
+) -> Observations:
+    """The whole nemesis: start, inject faults for ``duration`` s, settle, observe.
+
+    ``ref``: run the replicas on the package as committed there (``HEAD``, a
+    branch, a commit) instead of the working tree.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    with cluster(workdir, seed, progress, ref) as running:
+        progress(f"[{running.elapsed():6.1f}s] 3 replicas ready; seed {seed}, {duration:g}s")
+        window_start = _whole_second(running.db_now(), up=True) + timedelta(seconds=1)
+        wait_until(lambda: running.db_now() >= window_start, 5, "the window to open")
+        running.schedule(duration)
+        window_end = _whole_second(running.db_now(), up=False)
+        progress(f"[{running.elapsed():6.1f}s] {len(running.faults)} faults; settling")
+        running.settle(window_end)
+        observations = running.observe(checker.Window(window_start, window_end))
+        progress(f"[{running.elapsed():6.1f}s] observed {len(observations.ledger)} ledger rows")
+        return observations
