@@ -369,7 +369,7 @@ def test_retries_are_claimed_through_the_lease_by_exactly_one_replica(
 def test_fires_during_an_outage_run_late_within_grace_or_are_reported_missed(
     own_server: LocalServer, schema: str, tmp_path: Path
 ) -> None:
-    jobs = f'  every: {{cron: "* * * * * *", entrypoint: {LEDGER}, misfire_grace: 3s}}\n'
+    jobs = f'  every: {{cron: "* * * * * *", entrypoint: {LEDGER}, misfire_grace: 3s, lease: 2s}}\n'
     with cluster(own_server.dsn, schema, tmp_path) as running:
         (replica,) = running.start(running.write_config(config(schema, jobs)), 1)
         wait_until(lambda: running.rows("SELECT * FROM {ledger}"), 10, "a first run")

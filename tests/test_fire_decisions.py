@@ -1,0 +1,161 @@
+"""The fire's decisions over the in-memory guard: no database, every branch.
+
+Runs are real (``/bin/true`` and ``/bin/false``); the guard answers as the
+lease table would, or as a test scripts it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import structlog
+
+from pgcrond.config.loader import JobConfig, load_config
+from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import run_key_for
+from pgcrond.daemon.metrics import Metrics
+from pgcrond.fire import Firing
+from pgcrond.guard.base import Refused
+from pgcrond.guard.memory import MemoryGuard
+
+
+def job(tmp_path: Path, body: str) -> JobConfig:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "database: {url: 'postgresql://unused@127.0.0.1/x'}\n"
+        "jobs:\n"
+        f"  j: {{cron: '* * * * *', lease: 200ms, heartbeat: 0s, misfire_grace: 1s, {body}}}\n"
+    )
+    return load_config([path]).jobs["j"]
+
+
+def now_tick(offset: float = 0.0) -> tuple[datetime, Identity]:
+    tick = datetime.now(UTC) + timedelta(seconds=offset)
+    return tick, Identity.schedule("j", run_key_for(tick))
+
+
+def firing(guard: MemoryGuard) -> Firing:
+    return Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+
+
+async def test_a_won_claim_runs_and_records_success(tmp_path: Path) -> None:
+    guard = MemoryGuard()
+    tick, identity = now_tick()
+    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "success" == outcome
+    assert "SUCCESS" == guard.rows[identity].status
+    assert ["claim", "record:success"] == guard.calls
+
+
+async def test_a_failure_with_retries_left_is_claimed_again_and_retried(tmp_path: Path) -> None:
+    guard = MemoryGuard()
+    tick, identity = now_tick()
+    failing = job(tmp_path, "command: ['false'], retries: 1, retry_delay: 50ms")
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard).fire(failing, tick, identity)
+    attempts = [e["attempt"] for e in logs if e["event"] == "run_finished"]
+    assert "fail" == outcome
+    assert [1, 2] == attempts
+    assert ("FAIL", None) == (guard.rows[identity].status, guard.rows[identity].retry_at)
+
+
+async def test_a_tick_held_elsewhere_is_taken_over_once_its_lease_lapses(tmp_path: Path) -> None:
+    guard = MemoryGuard()
+    tick, identity = now_tick()
+    from pgcrond.guard.memory import Row
+
+    # A dead winner's row: RUNNING, its lease lapsing 100 ms from now.
+    guard.rows[identity] = Row("RUNNING", 1, 99, datetime.now(UTC) + timedelta(milliseconds=100))
+    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "success" == outcome
+    assert (2, "SUCCESS") == (guard.rows[identity].attempt, guard.rows[identity].status)
+
+
+async def test_a_fenced_outcome_is_not_recorded_and_the_tick_is_still_followed(
+    tmp_path: Path,
+) -> None:
+    """Hole 12: losing its own attempt does not make a replica stop following the tick."""
+    guard = MemoryGuard(script=deque([None, "fence"]))  # type: ignore[list-item]
+    tick, identity = now_tick()
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert any(e["event"] == "outcome_fenced" for e in logs)
+    # Its own lapsed row was taken over by the next claim and run to the end.
+    assert "success" == outcome
+    assert (2, "SUCCESS") == (guard.rows[identity].attempt, guard.rows[identity].status)
+
+
+async def test_a_claim_is_retried_through_an_outage_within_the_misfire_window(
+    tmp_path: Path,
+) -> None:
+    guard = MemoryGuard(script=deque(["unavailable", "unavailable"]))
+    tick, identity = now_tick()
+    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "success" == outcome
+    assert ["claim", "claim", "claim", "record:success"] == guard.calls
+
+
+async def test_an_outage_longer_than_the_misfire_window_is_a_miss(tmp_path: Path) -> None:
+    guard = MemoryGuard(script=deque(["unavailable"] * 50))
+    tick, identity = now_tick(-0.5)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    missed = [e for e in logs if e["event"] == "tick_missed"]
+    assert "misfire" == outcome
+    assert ["database_unavailable"] == [e["cause"] for e in missed]
+
+
+async def test_a_fire_later_than_the_misfire_grace_never_claims(tmp_path: Path) -> None:
+    guard = MemoryGuard()
+    tick, identity = now_tick(-2)
+    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "misfire" == outcome
+    assert [] == guard.calls
+
+
+async def test_a_tick_not_due_by_the_guards_clock_waits_and_then_runs(tmp_path: Path) -> None:
+    """Hole 13: a replica whose clock runs ahead waits for the database's."""
+    guard = MemoryGuard()
+    tick, identity = now_tick(0.3)
+    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "success" == outcome
+    assert ["claim", "claim", "record:success"] == guard.calls
+
+
+@pytest.mark.parametrize("reason", ["overlap"])
+async def test_an_overlap_refusal_is_a_skip(tmp_path: Path, reason: str) -> None:
+    tick, identity = now_tick()
+    guard = MemoryGuard(script=deque([Refused(identity, reason)]))  # type: ignore[arg-type]
+    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "skip" == outcome
+
+
+async def test_a_late_answer_is_a_miss_not_a_run(tmp_path: Path) -> None:
+    tick, identity = now_tick()
+    guard = MemoryGuard(script=deque([Refused(identity, "late")]))
+    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "misfire" == outcome
+
+
+async def test_a_pending_retry_is_followed_past_the_misfire_window(tmp_path: Path) -> None:
+    """Hole 7: a retry scheduled by another replica is taken by whoever follows the tick."""
+    tick, identity = now_tick(-0.5)
+    pending = Refused(identity, "retry_pending", "FAIL", wait=timedelta(seconds=0.7), attempt=1)
+    guard = MemoryGuard(script=deque([pending]))
+    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "success" == outcome
+    assert ["claim", "claim", "record:success"] == guard.calls
+
+
+async def test_a_lost_tick_is_not_followed_by_trigger(tmp_path: Path) -> None:
+    tick, identity = now_tick()
+    held = Refused(identity, "held", "RUNNING", wait=timedelta(seconds=0.1), attempt=1)
+    guard = MemoryGuard(script=deque([held]))
+    outcome = await firing(guard).fire(
+        job(tmp_path, "command: ['true']"), tick, identity, follow=False
+    )
+    assert "lose" == outcome
+    assert ["claim"] == guard.calls

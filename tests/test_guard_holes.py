@@ -1,0 +1,235 @@
+"""The holes review and fault runs found in the guard, each closed (issue 11, holes 1-6, 10-13).
+
+Against a real PostgreSQL; a TCP proxy from the fault suite holds bytes where
+a partition is the fault.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from pgcrond.core.keys import Identity
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.guard.base import ClaimRequest, Held, Refused
+from pgcrond.guard.lease import LeaseGuard
+from pgcrond.storage.db import Database
+from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
+from tests.faults.proxy import proxied
+
+TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))
+
+
+@pytest.fixture
+async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
+    db = Database(pg_dsn)
+    await db.open()
+    leases = LeaseStore(db, schema=schema, owner="test:1")
+    await leases.migrate()
+    yield leases
+    await db.close()
+
+
+def row(pg_dsn: str, schema: str, identity: Identity) -> dict[str, object]:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        cur = conn.execute(
+            f'SELECT status, reason, error, expires_at, attempt FROM "{schema}".leases '
+            "WHERE code = %s AND run_key IS NOT DISTINCT FROM %s",
+            (identity.code, identity.run_key),
+        )
+        found = cur.fetchone()
+        assert found is not None
+        return dict(zip(["status", "reason", "error", "expires_at", "attempt"], found, strict=True))
+
+
+def tick_identity(code: str, seconds: int) -> tuple[datetime, Identity]:
+    tick = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)
+    return tick, Identity.schedule(code, tick.strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+
+async def test_hole_1_two_ticks_of_a_forbid_job_in_one_batch_are_decided_in_order(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """Claimed in one loop turn (a stall hands over missed fires at once): one runs, one skips."""
+    _, first = tick_identity("forbid", 1)
+    _, second = tick_identity("forbid", 2)
+    answers = await asyncio.gather(
+        store.claim(first, TWO_S, forbid_overlap=True),
+        store.claim(second, TWO_S, forbid_overlap=True),
+    )
+    assert isinstance(answers[0], Acquired)
+    assert isinstance(answers[1], NotAcquired) and "overlap" == answers[1].reason
+    assert "SKIPPED" == row(pg_dsn, schema, second)["status"]
+
+
+async def test_hole_2_forbid_is_serialised_across_replicas(
+    pg_dsn: str, schema: str, store: LeaseStore
+) -> None:
+    """A retry of tick N on one replica and tick N+1 on another never both run."""
+    other_db = Database(pg_dsn)
+    await other_db.open()
+    other = LeaseStore(other_db, schema=schema, owner="test:2")
+    both_ran = 0
+    try:
+        for n in range(20):
+            _, older = tick_identity(f"f{n}", 1)
+            _, newer = tick_identity(f"f{n}", 2)
+            won = await store.claim(older, TWO_S, forbid_overlap=True)
+            assert isinstance(won, Acquired)
+            assert await store.fail(won, "boom", retry_after=timedelta(0))
+            retry, fresh = await asyncio.gather(
+                store.claim(older, TWO_S, forbid_overlap=True),
+                other.claim(newer, TWO_S, forbid_overlap=True),
+            )
+            both_ran += isinstance(retry, Acquired) and isinstance(fresh, Acquired)
+            assert isinstance(retry, Acquired) or isinstance(fresh, Acquired)
+    finally:
+        await other_db.close()
+    assert 0 == both_ran
+
+
+async def test_hole_3_a_retried_claim_keeps_the_expiry_of_the_try_that_committed(
+    store: LeaseStore,
+) -> None:
+    """The stop deadline comes from expires_at - db_now, not from the retry's send."""
+    token = uuid.uuid4()
+    _, identity = tick_identity("lost-reply", 1)
+    timing = LeaseTiming.build(timedelta(seconds=4), timedelta(0))
+    first = await store.claim(identity, timing, owner_token=token)
+    assert isinstance(first, Acquired)
+    await asyncio.sleep(1.0)
+    again = await store.claim(identity, timing, owner_token=token)
+    assert isinstance(again, Acquired)
+    assert again.remaining is not None
+    assert again.remaining <= timedelta(seconds=3.05)
+    # Surely valid no later than the first try's expiry, by the local clock.
+    assert again.valid_until <= first.valid_until + 0.05
+
+
+async def test_hole_4_an_error_text_the_database_cannot_store_is_recorded_cleaned(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    _, identity = tick_identity("nul", 1)
+    lease = await store.claim(identity, TWO_S)
+    assert isinstance(lease, Acquired)
+    assert await store.fail(lease, "bad\x00byte and a lone \udcff surrogate", retry_after=None)
+    stored = row(pg_dsn, schema, identity)
+    assert "FAIL" == stored["status"]
+    assert "bad\\0byte and a lone \\udcff surrogate" == stored["error"]
+
+
+async def test_hole_5_a_late_heartbeat_does_not_revive_an_expired_lease(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    _, identity = tick_identity("late-beat", 1)
+    short = LeaseTiming.build(timedelta(milliseconds=200), timedelta(0))
+    lease = await store.claim(identity, short)
+    assert isinstance(lease, Acquired)
+    expired_at = row(pg_dsn, schema, identity)["expires_at"]
+    await asyncio.sleep(0.3)
+    assert await store.heartbeat(lease) is None
+    assert expired_at == row(pg_dsn, schema, identity)["expires_at"]
+
+
+async def test_hole_6_a_run_is_told_to_stop_a_grace_and_a_margin_before_expiry(
+    store: LeaseStore,
+) -> None:
+    """SIGKILL (at stop + grace) lands a margin before the lease can expire."""
+    _, identity = tick_identity("margin", 1)
+    lease = await store.claim(identity, TWO_S)
+    assert isinstance(lease, Acquired)
+    assert TWO_S.stop_margin > timedelta(0)
+    async with store.holding(lease):
+        reason = await asyncio.wait_for(lease.cancellation.wait(), 5)
+    told_at = time.monotonic()
+    kill_at = told_at + TWO_S.stop_grace.total_seconds()
+    assert "lease_expired" == reason
+    assert kill_at <= lease.valid_until - TWO_S.stop_margin.total_seconds() + 0.05
+
+
+async def test_hole_10_a_claim_answered_after_its_lease_is_going_is_given_back(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """The answer's age is judged on arrival: no run starts on a lease that is going."""
+    tick, identity = tick_identity("late-answer", 1)
+    # The answer "arrives" 10 s after it was sent: as a partition that heals would deliver it.
+    guard = LeaseGuard(store, clock=lambda: time.monotonic() + 10)
+    answer = await guard.claim(
+        ClaimRequest(identity, tick, timedelta(seconds=2), timedelta(0), deadline=None)
+    )
+    assert isinstance(answer, Refused) and "retry_pending" == answer.reason
+    stored = row(pg_dsn, schema, identity)
+    assert ("FAIL", "released") == (stored["status"], stored["reason"])
+    # Reclaimable at once, by this replica or any other.
+    assert isinstance(await store.claim(identity, TWO_S), Acquired)
+
+
+async def test_hole_10_a_claim_past_the_misfire_window_by_the_database_clock_touches_nothing(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    _, identity = tick_identity("too-late", 1)
+    late = await store.claim(
+        identity, TWO_S, late_after=datetime.now(UTC) - timedelta(seconds=1)
+    )
+    assert isinstance(late, NotAcquired) and "late" == late.reason
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        count = conn.execute(f'SELECT count(*) FROM "{schema}".leases').fetchone()
+    assert (0,) == count
+
+
+async def test_hole_11_a_hung_heartbeat_does_not_hold_the_run_past_its_stop_deadline(
+    pg_dsn: str, schema: str
+) -> None:
+    """Only the owner is cut off: the run is stopped by its own deadline, not the driver's."""
+    with proxied(pg_dsn) as (proxy, dsn):
+        db = Database(dsn)
+        await db.open()
+        try:
+            leases = LeaseStore(db, schema=schema, owner="test:cut")
+            await leases.migrate()
+            _, identity = tick_identity("hung", 1)
+            timing = LeaseTiming.build(timedelta(seconds=2), timedelta(milliseconds=300))
+            lease = await leases.claim(identity, timing)
+            assert isinstance(lease, Acquired)
+            proxy.partition(6)
+            async with leases.holding(lease):
+                reason = await asyncio.wait_for(lease.cancellation.wait(), 5)
+            stopped = time.monotonic()
+        finally:
+            proxy.heal()
+            await db.close()
+    assert "lease_expired" == reason
+    assert stopped <= lease.stop_at + 0.3
+
+
+async def test_hole_13_a_tick_is_not_due_before_its_time_by_the_database_clock(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """A replica whose clock runs 2 s fast is told how long to wait, and nothing is written."""
+    fire_time = datetime.now(UTC) + timedelta(seconds=2)
+    identity = Identity.schedule("early", fire_time.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    early = await store.claim(identity, TWO_S, fire_time=fire_time)
+    assert isinstance(early, NotAcquired) and "not_due" == early.reason
+    assert early.wait is not None and timedelta(seconds=1.5) < early.wait <= timedelta(seconds=2)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        count = conn.execute(f'SELECT count(*) FROM "{schema}".leases').fetchone()
+    assert (0,) == count
+
+
+async def test_a_won_claim_through_the_guard_is_held_with_its_fencing_token(
+    store: LeaseStore,
+) -> None:
+    tick, identity = tick_identity("held", 1)
+    guard = LeaseGuard(store)
+    answer = await guard.claim(
+        ClaimRequest(identity, tick, timedelta(seconds=2), timedelta(0), deadline=None)
+    )
+    assert isinstance(answer, Held)
+    assert answer.fencing_token is not None and 1 == answer.attempt
+    assert "done" == await guard.record(answer, "success")
