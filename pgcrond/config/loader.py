@@ -119,19 +119,19 @@ def load_config(
         loader.read_file(path)
     config = loader.build(files, database_url)
     if loader.issues or config is None:
-        raise ConfigError(_sorted(loader.issues.found))
+        raise ConfigError(_sorted(loader.issues.found, loader.names))
     return config
 
 
-def _sorted(issues: list[ConfigIssue]) -> list[ConfigIssue]:
-    """By file (in the order files were given and read), then by line.
+def _sorted(issues: list[ConfigIssue], files: Sequence[str]) -> list[ConfigIssue]:
+    """By file, in the order the files were given, then by line.
 
-    Issues without a line (a whole file, an absent section) come first in their file.
+    Problems with the arguments themselves (a missing path, a bad
+    ``--database-url``) come first, as found; issues without a line (a whole
+    file, an absent section) come first in their file.
     """
-    order: dict[str, int] = {}
-    for issue in issues:
-        order.setdefault(issue.file, len(order))
-    return sorted(issues, key=lambda i: (order[i.file], i.line or 0))
+    order = {name: index for index, name in enumerate(files)}
+    return sorted(issues, key=lambda i: (order.get(i.file, -1), i.line or 0))
 
 
 class _Invalid:
@@ -154,6 +154,8 @@ class _Loader:
         self.default_timing: LeaseTiming | None = LeaseTiming.build(DEFAULT_JOB_LEASE)
         # A rule broken by the defaults alone is reported once, at the defaults.
         self.reported_at_defaults: set[str] = set()
+        # The files as issues name them, in the order given.
+        self.names: list[str] = []
         # Linting with ${VAR}s unset: the URL is kept as written, and not checked.
         self.url_unset = False
         # A file that cannot be read may hold the database section: do not also claim it is missing.
@@ -290,7 +292,7 @@ class _Loader:
     # -- building ----------------------------------------------------------------------
 
     def build(self, files: list[str], database_url: str | None) -> Config | None:
-        names = [STDIN_NAME if f == STDIN else f for f in files]
+        names = self.names = [STDIN_NAME if f == STDIN else f for f in files]
         first_file = names[0] if names else "<arguments>"
 
         def top_section(key: str, allowed: Sequence[str]) -> Section | None:
@@ -334,7 +336,7 @@ class _Loader:
             http_listen=http_listen,
             shutdown_grace=DEFAULT_SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
             history_retention=history_retention or DEFAULT_HISTORY_RETENTION,
-            warnings=tuple(_sorted(self.issues.warnings)),
+            warnings=tuple(_sorted(self.issues.warnings, self.names)),
         )
 
     def check_retention(

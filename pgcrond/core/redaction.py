@@ -36,7 +36,7 @@ _URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/?#@\s]*:)\S*@", re.IGNOREC
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 # A host name never holds an "@": one that does is the tail of a password
-# libpq cut at its first "@" (psycopg-pool: failed to resolve host 't-PW@db').
+# libpq cut at its first "@" (the pool's warning: failed to resolve host 't-PW@db').
 _HOST_WITH_AT = re.compile(r"""(host\s*(?:name)?\s*[=:]?\s*["']?)[^"'\s,]*@""", re.IGNORECASE)
 # Where libpq, or a person, may cut a password into pieces.
 _DELIMITERS = re.compile(r"[@/:?#,\[\]\s]+")
@@ -159,6 +159,15 @@ def url_problems(url: str) -> list[str]:
                 problems.append(f"the {label} has a '%' not followed by two hex digits")
         if any(port and not port.isdigit() for port in parts.ports):
             problems.append("a port is not a number")
+        # Parameter names are left to libpq (they differ between its versions).
+        if parts.query is not None and any(
+            param.count("=") != 1 for param in parts.query.split("&") if param
+        ):
+            problems.append(
+                "a query parameter after '?' is not name=value (encode '=' in a value as %3D)"
+            )
+        elif parts.query is not None and not _decodes(parts.query):
+            problems.append("a query parameter has a '%' not followed by two hex digits")
     return problems
 
 
