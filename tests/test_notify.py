@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,3 +82,31 @@ def test_watchdog_interval_is_half_the_period_for_this_process(
         else:
             monkeypatch.setenv(name, str(os.getpid()) if value == "self" else value)
     assert expected == notify.watchdog_interval()
+
+
+def test_reloading_carries_the_monotonic_clock_systemd_253_requires(
+    path_socket: socket.socket,
+) -> None:
+    before = time.monotonic()
+    assert notify.reloading()
+    first, second = path_socket.recv(4096).decode().split("\n")
+    assert "RELOADING=1" == first
+    key, _, usec = second.partition("=")
+    assert "MONOTONIC_USEC" == key
+    assert before <= int(usec) / 1e6 <= time.monotonic()
+
+
+async def test_a_reload_is_wrapped_in_reloading_and_ready_even_when_it_fails(
+    path_socket: socket.socket,
+) -> None:
+    async def good() -> str:
+        return "done"
+
+    async def bad() -> None:
+        raise RuntimeError("rejected")
+
+    assert "done" == await notify.reloading_while(good())
+    with pytest.raises(RuntimeError):
+        await notify.reloading_while(bad())
+    received = [path_socket.recv(4096).decode().split("\n")[0] for _ in range(4)]
+    assert ["RELOADING=1", "READY=1", "RELOADING=1", "READY=1"] == received

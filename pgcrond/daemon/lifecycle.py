@@ -41,6 +41,7 @@ from pgcrond.daemon import notify
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
+from pgcrond.daemon.watch import ConfigWatcher
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError
 from pgcrond.fire import FireOutcome, Firing
 from pgcrond.guard import Guards
@@ -117,6 +118,7 @@ class Daemon:
         self.replica = default_owner()
         self.metrics = Metrics()
         self.metrics.set_jobs(config.jobs)
+        self._watcher = ConfigWatcher(self.paths)
         self.tasks: set[asyncio.Task[Any]] = set()
         self.fire_tasks: set[asyncio.Task[Any]] = set()
         self.stop_requested = asyncio.Event()
@@ -142,6 +144,8 @@ class Daemon:
         try:
             if not await self._start():
                 return 0
+            # A changed file (or ConfigMap swap) reloads exactly as SIGHUP does.
+            self._spawn(self._watcher.run(lambda: notify.reloading_while(self._reload())))
             notify.ready()
             notify.status(f"running {len(self.config.jobs)} jobs")
             log.info(
@@ -326,7 +330,7 @@ class Daemon:
         self.stop_requested.set()
 
     def _spawn_reload(self) -> None:
-        self._spawn(self._reload())
+        self._spawn(notify.reloading_while(self._reload()))
 
     async def _reload(self) -> None:
         try:

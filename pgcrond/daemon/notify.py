@@ -2,14 +2,19 @@
 
 Under ``Type=notify`` systemd waits for ``READY=1`` before it counts the unit
 as started, and with ``WatchdogSec=`` it restarts a replica that stops sending
-``WATCHDOG=1``. Outside systemd ``$NOTIFY_SOCKET`` is unset and every call is
-a no-op, so the daemon can call these unconditionally.
+``WATCHDOG=1``. Under ``Type=notify-reload`` (systemd 253+) ``systemctl
+reload`` sends SIGHUP and waits for ``RELOADING=1`` then ``READY=1``.
+Outside systemd ``$NOTIFY_SOCKET`` is unset and every call is a no-op, so the
+daemon can call these unconditionally.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import structlog
 
@@ -41,6 +46,28 @@ def notify(message: str) -> bool:
 
 def ready() -> bool:
     return notify("READY=1")
+
+
+def reloading() -> bool:
+    """``RELOADING=1`` with the ``MONOTONIC_USEC=`` that systemd 253+ requires beside it."""
+    usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    return notify(f"RELOADING=1\nMONOTONIC_USEC={usec}")
+
+
+T = TypeVar("T")
+
+
+async def reloading_while(reload: Awaitable[T]) -> T:
+    """Await ``reload`` between ``RELOADING=1`` and ``READY=1``.
+
+    ``READY=1`` follows a rejected config too: the replica is ready again,
+    with the old one; systemd would otherwise wait for the reload forever.
+    """
+    reloading()
+    try:
+        return await reload
+    finally:
+        ready()
 
 
 def stopping() -> bool:
