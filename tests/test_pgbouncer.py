@@ -157,7 +157,7 @@ def test_a_killed_lease_winner_is_taken_over(
     pooler: bouncer.PgBouncer, schema: str, tmp_path: Path
 ) -> None:
     with cluster(pooler.dsn, schema, tmp_path) as running:
-        cfg = one_shot(schema, seconds=4, sleep=4, lease="2s", heartbeat="500ms")
+        cfg = one_shot(schema, seconds=7, sleep=4, lease="2s", heartbeat="500ms")
         running.start(running.write_config(cfg), 3)
         first = first_start(running)
         victim = next(r for r in running.replicas if r.pid == first["pid"])
@@ -222,7 +222,7 @@ def test_a_lost_advisory_lock_stops_the_run(
 ) -> None:
     with cluster(pooler.dsn, schema, tmp_path) as running:
         cfg = advisory_cluster_config(schema, "*/30 * * * * *", 30).replace(
-            'cron: "*/30 * * * * *"', 'at: "' + utc(datetime.now(UTC) + timedelta(seconds=4)) + '"'
+            'cron: "*/30 * * * * *"', 'at: "' + utc(datetime.now(UTC) + timedelta(seconds=7)) + '"'
         )
         running.start(running.write_config(cfg), 2)
         first = first_start(running)
