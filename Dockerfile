@@ -47,9 +47,13 @@ RUN groupadd --system --gid 10001 pgcrond \
 COPY --from=builder /opt/pgcrond /opt/pgcrond
 # Unbuffered so log lines reach `docker logs` as they happen; no .pyc writes
 # because the root filesystem is read-only in Kubernetes.
+# TINI_SUBREAPER: when tini is not PID 1 (Kubernetes' shareProcessNamespace
+# makes the pause container PID 1) it still reaps orphans, and prints no
+# plain-text warning into the JSON log stream.
 ENV PATH=/opt/pgcrond/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    TINI_SUBREAPER=1
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 9464
