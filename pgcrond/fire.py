@@ -79,20 +79,30 @@ class Firing:
     _slots: dict[float, asyncio.Future[None]] = field(default_factory=dict, repr=False)
 
     async def fire(
-        self, job: JobConfig, tick: datetime, identity: Identity, *, follow: bool = True
+        self,
+        job: JobConfig,
+        tick: datetime,
+        identity: Identity,
+        *,
+        follow: bool = True,
+        started: bool = False,
     ) -> FireOutcome:
         """Handle one fire of ``job`` for ``tick``; returns what this replica did.
 
         ``follow=False`` returns at the first lost claim instead of waiting to
         take over or retry (``pgcrond trigger`` reports and exits).
+        ``started=True``: the tick already ran and a retry is pending (a
+        replica resuming open ticks at start), so no misfire bound applies.
         """
         self.metrics.fires.labels(job.code).inc()
         bound = log.bind(job=job.code, run_key=identity.run_key)
-        if identity.type == "SCHEDULE" and self._too_late(job, tick):
+        if identity.type == "SCHEDULE" and not started and self._too_late(job, tick):
             return self._misfire(job, bound, tick, "late")
         guard = self.guards(job)
         try:
-            return await self._fire(job, guard, tick, identity, bound, follow=follow)
+            return await self._fire(
+                job, guard, tick, identity, bound, follow=follow, started=started
+            )
         finally:
             await guard.forget(identity)
 
@@ -125,10 +135,12 @@ class Firing:
         bound: structlog.typing.FilteringBoundLogger,
         *,
         follow: bool,
+        started: bool,
     ) -> FireOutcome:
         # A run-once job must eventually run while one replica lives: it is
-        # followed without the misfire bound of a tick.
-        deadline = None if identity.type == "INITIAL" else tick + job.misfire_grace
+        # followed without the misfire bound of a tick; so is a started tick.
+        unbounded = identity.type == "INITIAL" or started
+        deadline = None if unbounded else tick + job.misfire_grace
         outcome: FireOutcome | None = None  # set once this replica ran or lost the tick
         while not self.stopping.is_set():
             request = ClaimRequest(

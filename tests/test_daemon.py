@@ -369,7 +369,12 @@ def test_retries_are_claimed_through_the_lease_by_exactly_one_replica(
 def test_fires_during_an_outage_run_late_within_grace_or_are_reported_missed(
     own_server: LocalServer, schema: str, tmp_path: Path
 ) -> None:
-    jobs = f'  every: {{cron: "* * * * * *", entrypoint: {LEDGER}, misfire_grace: 3s, lease: 2s}}\n'
+    # concurrency: allow, so that ticks fired during the outage are not skipped
+    # as overlapping the first of them to run once the database is back.
+    jobs = (
+        f'  every: {{cron: "* * * * * *", entrypoint: {LEDGER}, misfire_grace: 3s, lease: 2s,'
+        " concurrency: allow}\n"
+    )
     with cluster(own_server.dsn, schema, tmp_path) as running:
         (replica,) = running.start(running.write_config(config(schema, jobs)), 1)
         wait_until(lambda: running.rows("SELECT * FROM {ledger}"), 10, "a first run")
@@ -378,8 +383,10 @@ def test_fires_during_an_outage_run_late_within_grace_or_are_reported_missed(
         missed = replica.wait_event(
             "tick_missed", timeout=20, where=lambda e: e["cause"] == "database_unavailable"
         )
-        own_server.start()
+        # From the moment the server is started, not from when start() has
+        # seen it ready: the daemon may well claim in between.
         up_at = datetime.now(UTC)
+        own_server.start()
         late = wait_until(
             lambda: running.rows(
                 "SELECT * FROM {ledger} WHERE run_key < %s AND at > %s",
@@ -453,3 +460,35 @@ def test_a_failing_run_once_job_without_retries_runs_once_per_start(
             "the next start to try the run-once job again",
         )
     assert 1 == len(first_start_runs)
+
+
+def test_a_retry_whose_scheduler_died_is_taken_by_a_replica_that_starts(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """Holes 7 and 12: a pending retry does not depend on the replica that scheduled it."""
+    jobs = (
+        "  flaky:\n"
+        f'    at: "{at(3)}"\n'
+        f"    entrypoint: {LEDGER}\n"
+        "    retries: 1\n"
+        "    retry_delay: 4s\n"
+        '    env: {LEDGER_FAIL: "yes"}\n'
+    )
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(config(schema, jobs))
+        (first,) = running.start(path, 1)
+        wait_until(
+            lambda: running.rows("SELECT * FROM {leases} WHERE status = 'FAIL' AND attempt = 1"),
+            20,
+            "the first attempt's failure to be recorded with a retry time",
+        )
+        first.signal(signal.SIGKILL)
+        # Started after the tick: its scheduler never fires it; only the open row says it exists.
+        (second,) = running.start(path, 1, first=1)
+        second.wait_event("tick_resumed", timeout=20)
+        retried = wait_until(
+            lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'fail' AND attempt = 2"),
+            30,
+            "the retry to be run by the replica that started",
+        )
+    assert second.pid == retried[0]["pid"]

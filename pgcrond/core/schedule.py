@@ -80,6 +80,14 @@ def run_key_for(tick: datetime) -> str:
     return tick.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def tick_of(run_key: str) -> datetime | None:
+    """The tick a schedule run key names, or None for another run key (``manual:…``)."""
+    try:
+        return datetime.strptime(run_key, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
 def local_to_instant(wall: datetime, zone: ZoneInfo) -> datetime:
     """The instant a wall-clock time fires at, under the DST rule of this module.
 

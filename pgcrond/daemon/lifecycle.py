@@ -35,7 +35,7 @@ from pgcrond.config.listen import parse_listen
 from pgcrond.config.loader import Config, JobConfig, load_config, min_history_retention
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
-from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
+from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for, tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE
 from pgcrond.daemon import notify
 from pgcrond.daemon.http import HealthServer
@@ -47,7 +47,7 @@ from pgcrond.fire import FireOutcome, Firing
 from pgcrond.guard import Guards
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, attach
-from pgcrond.storage.history import abandon_stale, prune
+from pgcrond.storage.history import abandon_stale, open_ticks, ping, prune
 from pgcrond.storage.leases import LeaseStore, NotAcquired, default_owner
 from pgcrond.storage.pooling import log_pooling
 
@@ -61,6 +61,9 @@ STUCK_AFTER_S = 15.0
 # recording the release. Supervisors must allow shutdown_grace + this.
 STOP_WAIT_S = 2 * MAX_STOP_GRACE.total_seconds() + 5.0
 PRUNE_EVERY = timedelta(hours=1)
+# How far back a starting replica looks for ticks left open (bounded by the
+# query's LIMIT too): retries are followed past the misfire window.
+RESUME_WITHIN = timedelta(hours=24)
 PRUNE_CODE = "pgcrond:prune"
 
 
@@ -193,6 +196,7 @@ class Daemon:
         # One log line: is a pooler in front, in transaction mode? (in the background)
         self._spawn(log_pooling(store.db))
         self._start_scheduler()
+        self._spawn(self._resume_open_ticks())
         self._started = True
         return True
 
@@ -259,17 +263,59 @@ class Daemon:
             return
         self._spawn_fire(job, tick.astimezone(UTC), Identity.schedule(code, run_key_for(tick)))
 
-    def _spawn_fire(self, job: JobConfig, tick: datetime, identity: Identity) -> None:
+    def _spawn_fire(
+        self, job: JobConfig, tick: datetime, identity: Identity, *, started: bool = False
+    ) -> None:
         assert self._firing is not None
-        task = asyncio.create_task(self._fire(job, tick, identity), name=f"fire:{identity}")
+        task = asyncio.create_task(
+            self._fire(job, tick, identity, started=started), name=f"fire:{identity}"
+        )
         self.fire_tasks.add(task)
         task.add_done_callback(self.fire_tasks.discard)
 
-    async def _fire(self, job: JobConfig, tick: datetime, identity: Identity) -> None:
+    async def _resume_open_ticks(self) -> None:
+        """Follow the ticks other replicas started and nobody finished (one query, at start).
+
+        A retry whose scheduler died, or a takeover still within its window,
+        is then taken by this replica if nobody else does.
+        """
+        assert self._store is not None
+        jobs = {
+            code: job
+            for code, job in self.config.jobs.items()
+            if job.guard == "lease" and not isinstance(job.schedule, OnceSchedule)
+        }
+        if not jobs:
+            return
+        try:
+            ticks = await open_ticks(self._store, list(jobs), within=RESUME_WITHIN)
+        except PgcrondError as exc:
+            log.warning("resume_failed", error=str(exc))
+            return
+        now = datetime.now(UTC)
+        for open_tick in ticks:
+            job, tick = jobs[open_tick.code], tick_of(open_tick.run_key)
+            if tick is None or (open_tick.status == "RUNNING" and now > tick + job.misfire_grace):
+                continue  # a manual run, or a takeover out of reach (closed as abandoned)
+            log.info(
+                "tick_resumed", job=job.code, run_key=open_tick.run_key, status=open_tick.status
+            )
+            self._spawn_fire(
+                job,
+                tick,
+                Identity.schedule(job.code, open_tick.run_key),
+                started=open_tick.status == "FAIL",
+            )
+
+    async def _fire(
+        self, job: JobConfig, tick: datetime, identity: Identity, *, started: bool = False
+    ) -> None:
         assert self._firing is not None
         try:
             with structlog.contextvars.bound_contextvars(job=job.code, run_key=identity.run_key):
-                outcome: FireOutcome = await self._firing.fire(job, tick, identity)
+                outcome: FireOutcome = await self._firing.fire(
+                    job, tick, identity, started=started
+                )
         except Exception:
             log.exception("fire_crashed", job=job.code, run_key=identity.run_key)
             return
@@ -445,7 +491,7 @@ class Daemon:
         ):
             return False
         try:
-            await self._db.fetchone(self._store.queries.get("ping"))
+            await ping(self._store)
         except PgcrondError:
             return False
         return True

@@ -37,6 +37,7 @@ from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError, Valid
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
 from pgcrond.ops import report
+from pgcrond.storage import history as records
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import running_dsn
 from pgcrond.storage.history import abandon_stale, prune
@@ -180,16 +181,11 @@ async def _with_store(
     await db.open()
     try:
         store = LeaseStore(db, schema=target.schema, table=target.table)
-        if needs_table:
-            found = await db.fetchone(
-                store.queries.get("table_exists"),
-                {"name": store.queries.table_name},
+        if needs_table and not await records.table_exists(store):
+            raise CommandError(
+                f"the lease table {target.table_name} does not exist in this database: "
+                "run `pgcrond migrate` first (with the same -c or --database-url)"
             )
-            if not (found and found["present"]):
-                raise CommandError(
-                    f"the lease table {target.table_name} does not exist in this database: "
-                    "run `pgcrond migrate` first (with the same -c or --database-url)"
-                )
         return await body(args, target, store)
     finally:
         await db.close()
@@ -256,7 +252,7 @@ async def _status(args: argparse.Namespace, target: Target, store: LeaseStore) -
     config = target.config
     # argparse makes -c required for status, so the config is always there.
     assert config is not None
-    rows = await store.db.fetchall(store.queries.get("job_status"), {"codes": list(config.jobs)})
+    rows = await records.job_status(store, list(config.jobs))
     now = datetime.now(UTC)
     entries = [_status_entry(config, row, now) for row in rows]
     if args.json:
@@ -360,9 +356,8 @@ async def _history(args: argparse.Namespace, target: Target, store: LeaseStore) 
     if args.limit < 1:
         raise CommandError(f"--limit must be at least 1, got {args.limit}")
     since = None if args.since is None else _since(args.since, datetime.now(UTC))
-    rows = await store.db.fetchall(
-        store.queries.get("history"),
-        {"code": args.job, "since": since, "status": args.status, "limit": args.limit},
+    rows = await records.history(
+        store, code=args.job, since=since, status=args.status, limit=args.limit
     )
     entries = [_history_entry(row) for row in rows]
     if args.json:
@@ -443,8 +438,7 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
         )
     except ValidationError as exc:
         raise CommandError(str(exc)) from exc
-    keys = {"lock_key": identity.idempotency_key, "code": identity.code}
-    row = await store.db.fetchone(store.queries.get("unlock_show"), keys)
+    row = await records.unlock_row(store, identity)
     which = "run-once (INITIAL) row" if args.initial else f"run key {identity.run_key}"
     if row is None:
         raise CommandError(
@@ -466,17 +460,15 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
     _show(row)
     if not args.yes and not _confirmed():
         return EXIT_NOT_DONE
-    released = await store.db.fetchone(
-        store.queries.get("unlock_release"),
-        {
-            **keys,
-            "status": row["status"],
-            "owner_token": row["owner_token"],
-            "error": _release_note(row, store.owner),
-        },
+    released = await records.unlock_release(
+        store,
+        identity,
+        status=row["status"],
+        owner_token=row["owner_token"],
+        note=_release_note(row, store.owner),
     )
-    if released is None:
-        now = await store.db.fetchone(store.queries.get("unlock_show"), keys)
+    if not released:
+        now = await records.unlock_row(store, identity)
         state = "it is gone" if now is None else f"it is now {now['status']} by {now['owner']}"
         print(
             f"pgcrond: not released: the row changed after it was shown ({state}); "

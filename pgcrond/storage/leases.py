@@ -241,7 +241,13 @@ class LeaseStore:
         task.add_done_callback(self._claim_tasks.discard)
 
     async def _claim(self, batch: list[_ClaimRequest]) -> None:
-        sent_at = time.monotonic()
+        # The send time, not the time the batch started waiting for a
+        # connection: the answer's age is judged from it.
+        sent = [time.monotonic()]
+
+        def on_send() -> None:
+            sent[0] = time.monotonic()
+
         forbid_codes = sorted({r.identity.code for r in batch if r.forbid_overlap})
         try:
             params = {
@@ -260,10 +266,13 @@ class LeaseStore:
                 # Same round trip, same transaction: the per-job lock first.
                 params["forbid_lock_ids"] = [lock_id(f"forbid:{code}") for code in forbid_codes]
                 rows = await self.db.fetchall_after(
-                    self.queries.get("forbid_lock"), self.queries.get("claim"), params
+                    self.queries.get("forbid_lock"),
+                    self.queries.get("claim"),
+                    params,
+                    on_send=on_send,
                 )
             else:
-                rows = await self.db.fetchall(self.queries.get("claim"), params)
+                rows = await self.db.fetchall(self.queries.get("claim"), params, on_send=on_send)
         except BaseException as exc:
             for request in batch:
                 if not request.result.done():
@@ -276,7 +285,7 @@ class LeaseStore:
         for request in batch:
             if not request.result.done():
                 row = by_key.get(request.identity.idempotency_key)
-                request.result.set_result(request.outcome(row, sent_at, received_at))
+                request.result.set_result(request.outcome(row, sent[0], received_at))
 
     async def heartbeat(self, lease: Acquired) -> timedelta | None:
         """Extend a live lease; how long it now has left, or None when fenced or lapsed."""

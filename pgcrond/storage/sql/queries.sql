@@ -278,6 +278,126 @@ WHERE type = 'SCHEDULE' AND status = 'RUNNING'
   AND expires_at < clock_timestamp() - %(after_ms)s * interval '1 millisecond'
 RETURNING id
 
+-- name: open_ticks
+-- Ticks of these jobs that are not finished: RUNNING (a takeover may still be
+-- due) or FAIL with a retry time (a retry is due or pending). A replica that
+-- starts follows them, so a tick whose last owner died is not left to chance.
+-- Uses the partial running index and the (code, acquired_at) index; bounded.
+SELECT code, run_key, status, retry_at, expires_at
+FROM {table}
+WHERE type = 'SCHEDULE' AND code = ANY(%(codes)s::text[])
+  AND (status = 'RUNNING' OR (status = 'FAIL' AND retry_at IS NOT NULL))
+  AND acquired_at > clock_timestamp() - %(within_ms)s * interval '1 millisecond'
+ORDER BY acquired_at
+LIMIT %(limit)s
+
 -- name: ping
 -- Readiness: the database answers.
 SELECT 1 AS ok
+
+-- name: status_page_jobs
+-- The status page's jobs view, one row per code, in the order given: the job's
+-- newest %(strip)s rows (the tick strip, newest first), and its newest SUCCESS
+-- and newest FAIL among its newest %(scan)s rows. Each lateral walks the
+-- (code, acquired_at) index backwards and stops at its LIMIT, so a request
+-- costs jobs x (strip + scan) rows at most, whatever the length of the history.
+WITH jobs AS (
+    SELECT code, ord FROM unnest(%(codes)s::text[]) WITH ORDINALITY AS j (code, ord)
+)
+SELECT jobs.code,
+       strip.statuses, strip.reasons, strip.run_keys, strip.claimed,
+       ok.run_key AS success_run_key, ok.owner AS success_owner,
+       ok.acquired_at AS success_acquired_at, ok.finished_at AS success_finished_at,
+       bad.run_key AS failure_run_key, bad.owner AS failure_owner, bad.reason AS failure_reason,
+       bad.acquired_at AS failure_acquired_at, bad.finished_at AS failure_finished_at,
+       bad.error AS failure_error
+FROM jobs
+LEFT JOIN LATERAL (
+    SELECT array_agg(s.status ORDER BY s.acquired_at DESC) AS statuses,
+           array_agg(s.reason ORDER BY s.acquired_at DESC) AS reasons,
+           array_agg(s.run_key ORDER BY s.acquired_at DESC) AS run_keys,
+           array_agg(s.acquired_at ORDER BY s.acquired_at DESC) AS claimed
+    FROM (
+        SELECT t.status, t.reason, t.run_key, t.acquired_at
+        FROM {table} t
+        WHERE t.code = jobs.code
+        ORDER BY t.acquired_at DESC
+        LIMIT %(strip)s
+    ) s
+) strip ON true
+LEFT JOIN LATERAL (
+    SELECT recent.run_key, recent.owner, recent.acquired_at, recent.finished_at
+    FROM (
+        SELECT t.run_key, t.owner, t.status, t.acquired_at, t.finished_at
+        FROM {table} t
+        WHERE t.code = jobs.code
+        ORDER BY t.acquired_at DESC
+        LIMIT %(scan)s
+    ) recent
+    WHERE recent.status = 'SUCCESS'
+    ORDER BY recent.acquired_at DESC
+    LIMIT 1
+) ok ON true
+LEFT JOIN LATERAL (
+    SELECT recent.run_key, recent.owner, recent.reason, recent.acquired_at, recent.finished_at,
+           left(recent.error, 500) AS error
+    FROM (
+        SELECT t.run_key, t.owner, t.status, t.reason, t.acquired_at, t.finished_at, t.error
+        FROM {table} t
+        WHERE t.code = jobs.code
+        ORDER BY t.acquired_at DESC
+        LIMIT %(scan)s
+    ) recent
+    WHERE recent.status = 'FAIL'
+    ORDER BY recent.acquired_at DESC
+    LIMIT 1
+) bad ON true
+ORDER BY jobs.ord
+
+-- name: status_page_running
+-- Every RUNNING row (live, or stale: its owner stopped heartbeating), oldest
+-- first, bounded. The partial running index holds only these rows.
+SELECT code, type, run_key, lock_key, owner, attempt, fencing_token, acquired_at,
+       heartbeat_at, expires_at, expires_at <= clock_timestamp() AS stale
+FROM {table}
+WHERE status = 'RUNNING'
+ORDER BY acquired_at
+LIMIT %(limit)s
+
+-- name: status_page_ticks
+-- One job's newest rows for its status page, newest first, through the
+-- (code, acquired_at) index; the idempotency key is the row's lock_key.
+SELECT id, type, code, run_key, lock_key, status, reason, attempt, owner, fencing_token,
+       acquired_at, heartbeat_at, finished_at, expires_at, retry_at, error,
+       status = 'RUNNING' AND expires_at <= clock_timestamp() AS stale
+FROM {table}
+WHERE code = %(code)s
+ORDER BY acquired_at DESC
+LIMIT %(limit)s
+
+-- name: status_page_replicas
+-- Replicas seen recently, from the rows they hold or finished: the newest
+-- %(limit)s SCHEDULE rows finished within the window (the finished index,
+-- walked backwards) plus the RUNNING rows (the partial running index). A
+-- replica that claimed nothing in the window is not seen: nothing else of it
+-- is stored.
+WITH seen AS (
+    (SELECT owner, finished_at AS at, status
+     FROM {table}
+     WHERE type = 'SCHEDULE'
+       AND finished_at > clock_timestamp() - %(within_ms)s * interval '1 millisecond'
+     ORDER BY finished_at DESC
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT owner, heartbeat_at, status
+     FROM {table}
+     WHERE status = 'RUNNING'
+     LIMIT %(limit)s)
+)
+SELECT owner, max(at) AS last_seen, min(at) AS first_seen, count(*) AS runs,
+       count(*) FILTER (WHERE status = 'RUNNING') AS running,
+       count(*) FILTER (WHERE status = 'SUCCESS') AS successes,
+       count(*) FILTER (WHERE status = 'FAIL') AS failures
+FROM seen
+GROUP BY owner
+ORDER BY max(at) DESC, owner
