@@ -119,7 +119,7 @@ class LeaseRow:
 
     @property
     def pid(self) -> int | None:
-        return _owner_pid(self.owner)
+        return owner_pid(self.owner)
 
 
 @dataclass(frozen=True)
@@ -722,7 +722,8 @@ def _parse_or_min(key: str) -> datetime:
     return _parse(key) if key else datetime.min.replace(tzinfo=UTC)
 
 
-def _owner_pid(owner: str) -> int | None:
+def owner_pid(owner: str) -> int | None:
+    """The pid of an owner name ``host:pid``."""
     tail = owner.rpartition(":")[2]
     return int(tail) if tail.isdigit() else None
 

@@ -12,7 +12,10 @@ schedule then, one fault at a time, with quiet gaps between:
 * ``partition``: hold every byte for 3-6 s, then deliver it all;
 * ``blackhole``: drop every byte and refuse connections for 2-4 s;
 * ``clock_skew``: restart a replica (SIGTERM) under the clock shim, its wall
-  clock 2 s fast or slow, for 8-15 s, then restart it with the true clock.
+  clock 2 s fast (the first time) or fast or slow (later), for 8-15 s, then
+  restart it with the true clock.
+
+``kill`` and ``pause`` mostly hit a replica that is in the middle of a run.
 
 The first faults are one of each kind, shuffled; then kinds are drawn at
 random until the duration is over. Every fault is logged with its start and
@@ -295,7 +298,25 @@ class Cluster:
         return record
 
     def _victim(self) -> Replica:
-        return self.replicas[self.rng.choice(sorted(self.replicas))]
+        """Mostly a replica in the middle of a run (its takeover is the point), else any."""
+        names = sorted(self.replicas)
+        busy = self._running_owners()
+        if busy and self.rng.random() < 0.7:
+            pid = self.rng.choice(sorted(busy))
+            names = [name for name in names if self.replicas[name].pid == pid] or names
+        return self.replicas[self.rng.choice(names)]
+
+    def _running_owners(self) -> set[int]:
+        with (
+            contextlib.suppress(psycopg.OperationalError),
+            psycopg.connect(self.direct, autocommit=True, connect_timeout=3) as conn,
+        ):
+            rows = conn.execute(
+                f"SELECT owner FROM {SCHEMA}.{TABLE} WHERE status = 'RUNNING' "
+                "AND expires_at > clock_timestamp() AND code <> 'pgcrond:prune'"
+            ).fetchall()
+            return {pid for (owner,) in rows if (pid := checker.owner_pid(owner)) is not None}
+        return set()
 
     def _kill(self) -> FaultRecord:
         victim = self._victim()
@@ -346,7 +367,9 @@ class Cluster:
 
     def _clock_skew(self) -> FaultRecord:
         victim = self._victim()
-        skew = self.rng.choice((SKEW_MS, -SKEW_MS))
+        # The first skew is the fast one (it could run ticks early); then either.
+        first = not any(f.kind == "clock_skew" for f in self.faults)
+        skew = SKEW_MS if first else self.rng.choice((SKEW_MS, -SKEW_MS))
         hold = self.rng.uniform(8.0, 15.0)
         self._stop_gracefully(victim)
         start = self.db_now()
