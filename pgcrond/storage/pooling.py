@@ -91,9 +91,7 @@ async def detect_pooling(db: Database, *, within_s: float = 5.0) -> Pooling:
     except PgcrondError as exc:
         return Pooling("unknown", error=str(exc))
     moved = second_pid != first_pid or seen != mark
-    return Pooling(
-        "transaction" if moved else "session", key_pid, first_pid, other_pid, second_pid
-    )
+    return Pooling("transaction" if moved else "session", key_pid, first_pid, other_pid, second_pid)
 
 
 async def _ask(
