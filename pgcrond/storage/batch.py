@@ -1,0 +1,84 @@
+"""Requests made in one turn of the event loop, sent as one statement.
+
+Co-firing jobs claim in the same turn, co-finishing runs finalize in the same
+turn, co-running leases heartbeat on the same grid instant: each group shares
+one round trip and one transaction instead of paying one each. A request
+whose key is already in the batch (one row at most once per statement: ``ON
+CONFLICT`` and ``UPDATE … FROM`` cannot touch a row twice) waits for the next
+batch, which is decided after this one, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Pending(Generic[T]):
+    """One request of a batch and the future its answer goes to."""
+
+    request: Any
+    result: asyncio.Future[T] = field(default_factory=lambda: _loop().create_future())
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
+
+
+class TurnBatch(Generic[T]):
+    """Collect requests for one loop turn; ``send(batch)`` answers each ``Pending``.
+
+    ``send`` must resolve every future of its batch (``settle``/``fail_all``
+    help); an exception it raises is handed to every request still waiting.
+    """
+
+    def __init__(
+        self,
+        send: Callable[[list[Pending[T]]], Awaitable[None]],
+        *,
+        keys: Callable[[Any], Iterable[Hashable]] = lambda _: (),
+    ) -> None:
+        self._send = send
+        self._keys = keys
+        self._pending: list[Pending[T]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(self, request: Any) -> T:
+        pending: Pending[T] = Pending(request)
+        self._add(pending)
+        return await pending.result
+
+    def _add(self, pending: Pending[T]) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(pending)
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        seen: set[Hashable] = set()
+        now: list[Pending[T]] = []
+        for pending in batch:
+            keys = set(self._keys(pending.request))
+            if keys & seen:
+                self._add(pending)
+            else:
+                seen |= keys
+                now.append(pending)
+        task = asyncio.create_task(self._run(now))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[Pending[T]]) -> None:
+        try:
+            await self._send(batch)
+        except BaseException as exc:
+            for pending in batch:
+                if not pending.result.done():
+                    pending.result.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise

@@ -1,0 +1,96 @@
+"""Batched heartbeats and finalizes change no guarantee: each row keeps its own fence.
+
+A statement shared by co-running leases must still refuse the one row whose
+owner was fenced, and record or renew the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from pgcrond.core.keys import Identity
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.storage.db import Database
+from pgcrond.storage.leases import Acquired, LeaseStore
+
+TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
+
+
+@pytest.fixture
+async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
+    db = Database(pg_dsn)
+    await db.open()
+    leases = LeaseStore(db, schema=schema, owner="test:1")
+    await leases.migrate()
+    yield leases
+    await db.close()
+
+
+async def claim_three(store: LeaseStore) -> list[Acquired]:
+    identities = [Identity.schedule(f"job-{n}", "2026-01-01T00:00:00Z") for n in range(3)]
+    won = await asyncio.gather(*(store.claim(i, TIMING) for i in identities))
+    assert all(isinstance(lease, Acquired) for lease in won)
+    return [lease for lease in won if isinstance(lease, Acquired)]
+
+
+def fence(pg_dsn: str, schema: str, lease: Acquired) -> None:
+    """Another owner took the row over: its token rotated away from ``lease``'s."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f'UPDATE "{schema}".leases SET owner_token = gen_random_uuid() WHERE id = %s',
+            (lease.id,),
+        )
+
+
+def statuses(pg_dsn: str, schema: str) -> dict[str, str]:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        rows = conn.execute(f'SELECT code, status FROM "{schema}".leases').fetchall()
+    return dict(rows)
+
+
+async def test_a_finalize_batch_records_the_owned_rows_and_refuses_the_fenced_one(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    first, fenced, third = await claim_three(store)
+    fence(pg_dsn, schema, fenced)
+    recorded = await asyncio.gather(
+        store.complete(first), store.complete(fenced), store.fail(third, "boom", retry_after=None)
+    )
+    assert [True, False, True] == list(recorded)
+    assert {"job-0": "SUCCESS", "job-1": "RUNNING", "job-2": "FAIL"} == statuses(pg_dsn, schema)
+
+
+async def test_a_heartbeat_batch_renews_the_owned_rows_and_refuses_the_fenced_one(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    first, fenced, third = await claim_three(store)
+    fence(pg_dsn, schema, fenced)
+    renewed = await asyncio.gather(*(store.heartbeat(lease) for lease in (first, fenced, third)))
+    assert renewed[1] is None
+    assert renewed[0] is not None and renewed[2] is not None
+    assert timedelta(seconds=29) < renewed[0] <= TIMING.lease
+
+
+async def test_co_finishing_runs_share_one_statement(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """Three outcomes in one loop turn are one round trip, not three."""
+    leases = await claim_three(store)
+    sent: list[int] = []
+    original = store.db.fetchall
+
+    async def counting(*args: object, **kwargs: object) -> object:
+        sent.append(1)
+        return await original(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.db.fetchall = counting  # type: ignore[method-assign,assignment]
+    try:
+        assert all(await asyncio.gather(*(store.complete(lease) for lease in leases)))
+    finally:
+        store.db.fetchall = original  # type: ignore[method-assign]
+    assert [1] == sent
