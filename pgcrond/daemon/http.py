@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -17,6 +18,9 @@ from prometheus_client.exposition import choose_encoder
 
 from pgcrond.config.listen import parse_listen as read_listen
 from pgcrond.errors import ValidationError
+
+if TYPE_CHECKING:
+    from pgcrond.daemon.status_page import StatusPage
 
 log = structlog.get_logger("pgcrond.daemon.http")
 
@@ -60,8 +64,10 @@ class HealthServer:
         ready: Callable[[], Awaitable[bool]],
         registry: CollectorRegistry,
         ready_timeout: float = READY_TIMEOUT_S,
+        status_page: StatusPage | None = None,
     ) -> None:
         self.host, self._port = parse_listen(listen)
+        self._status_page = status_page
         self._health = health
         self._ready = ready
         self._registry = registry
@@ -114,6 +120,10 @@ class HealthServer:
                 await writer.wait_closed()
 
     async def _route(self, method: str, path: str, accept: str) -> tuple[int, str, bytes]:
+        if self._status_page is not None and self._status_page.serves(path):
+            if method not in ("GET", "HEAD"):
+                return 405, TEXT, b"method not allowed\n"
+            return await self._status_page.answer(path, accept)
         if path not in ("/healthz", "/readyz", "/metrics"):
             return 404, TEXT, b"not found\n"
         if method not in ("GET", "HEAD"):

@@ -41,6 +41,7 @@ from pgcrond.daemon import notify
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
+from pgcrond.daemon.status_page import StatusPage
 from pgcrond.daemon.watch import ConfigWatcher
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError
 from pgcrond.fire import FireOutcome, Firing
@@ -500,7 +501,16 @@ class Daemon:
         if not self.http_listen:
             return
         self._http = HealthServer(
-            self.http_listen, health=self.healthy, ready=self.ready, registry=self.metrics.registry
+            self.http_listen,
+            health=self.healthy,
+            ready=self.ready,
+            registry=self.metrics.registry,
+            # Read-only pages from the current config and the store, once started.
+            status_page=StatusPage(
+                config=lambda: self.config,
+                store=lambda: self._store if self._started else None,
+                replica=self.replica,
+            ),
         )
         await self._http.start()
 

@@ -1,0 +1,857 @@
+"""A read-only status page on the daemon's HTTP port: the cluster's truth, from the database.
+
+Views (each also as JSON, at the same path with ``.json`` or with
+``Accept: application/json``; field names are those of ``pgcrond status
+--json`` and ``pgcrond history --json``, plus a few of the page's own):
+
+* ``/status`` (and ``/``): every job of this replica's config, what runs now,
+  and the replicas seen recently;
+* ``/status/jobs/<code>``: one job's recent ticks and a duration chart;
+* ``/status/running`` and ``/status/replicas``.
+
+Rules the code keeps: a GET changes nothing and the page has no forms; the
+database is asked only while a request is answered (no polling), with the
+bounded, indexed statements of :mod:`pgcrond.storage.status`, one request at a
+time, so the page never holds more than one of the daemon's pooled connections;
+every job-provided string is HTML-escaped; the HTML loads nothing from
+elsewhere and runs no script (a Content-Security-Policy says so to the
+browser); the server renders the SVG chart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import lru_cache
+from html import escape
+from importlib import resources
+from typing import Any
+from urllib.parse import quote, unquote
+
+import structlog
+
+from pgcrond import __version__
+from pgcrond.config.models import Config, JobConfig
+from pgcrond.core.durations import format_duration
+from pgcrond.core.schedule import OnceSchedule, Schedule, tick_of
+from pgcrond.errors import PgcrondError
+from pgcrond.ops import report
+from pgcrond.storage import history as records
+from pgcrond.storage import status as reads
+from pgcrond.storage.leases import LeaseStore
+
+log = structlog.get_logger("pgcrond.daemon.status_page")
+
+PREFIX = "/status"
+STYLESHEET = f"{PREFIX}/status.css"
+HTML = "text/html; charset=utf-8"
+JSON = "application/json; charset=utf-8"
+CSS = "text/css; charset=utf-8"
+TEXT = "text/plain; charset=utf-8"
+# A page that cannot be answered in this long is a 503, not a hung connection.
+QUERY_TIMEOUT_S = 5.0
+# Next fire instants: one in the jobs view, this many on a job's page.
+NEXT_FIRES = 5
+ERROR_WIDTH = 120
+# No script, no frame, nothing from elsewhere; the stylesheet and inline SVG
+# are the page's only resources. In a <meta>, so the HTTP layer stays generic.
+CSP = (
+    "default-src 'none'; style-src 'self'; img-src 'self' data:; "
+    "base-uri 'none'; form-action 'none'"
+)
+# Outcome -> CSS class of a strip cell and a chart bar.
+OUTCOME_CLASSES = {
+    "SUCCESS": "ok",
+    "FAIL": "fail",
+    "SKIPPED": "skip",
+    "MISSED": "miss",
+    "RUNNING": "run",
+    "NO_ROW": "miss",
+}
+
+Answer = tuple[int, str, bytes]
+
+
+def esc(value: object) -> str:
+    """Text and attribute values alike: ``<``, ``>``, ``&`` and both quotes escaped."""
+    return escape("" if value is None else str(value), quote=True)
+
+
+def job_path(code: str, suffix: str = "") -> str:
+    """The path of a job's page; a code may hold any printable character, '/' too."""
+    return f"{PREFIX}/jobs/{quote(code, safe='')}{suffix}"
+
+
+class ScheduleMemo:
+    """Schedule answers the page asks for on every request, kept while they hold.
+
+    ``next_after`` is pure but not free (tens of microseconds); a thousand jobs
+    asked afresh on every request would cost more than the page's queries.
+    Entries are keyed by job code and dropped when the job's schedule object
+    changes (a reload) or, for next fires, once the first has passed.
+    """
+
+    MAX_TICKS = 1 << 16
+
+    def __init__(self) -> None:
+        self._fires: dict[str, tuple[Schedule, list[datetime]]] = {}
+        self._after: dict[tuple[str, str], tuple[Schedule, datetime | None]] = {}
+
+    def next_fires(self, job: JobConfig, now: datetime, count: int) -> list[datetime]:
+        cached = self._fires.get(job.code)
+        fires = cached[1] if cached is not None and cached[0] is job.schedule else []
+        fires = [fire for fire in fires if fire > now]
+        after = fires[-1] if fires else now
+        while len(fires) < count:
+            fire = job.schedule.next_after(after)
+            if fire is None:
+                break
+            fires.append(fire)
+            after = fire
+        self._fires[job.code] = (job.schedule, fires)
+        return fires[:count]
+
+    def tick_after(self, job: JobConfig, run_key: str) -> datetime | None:
+        """The tick after the one ``run_key`` names; None for a run key that is no tick."""
+        cached = self._after.get((job.code, run_key))
+        if cached is not None and cached[0] is job.schedule:
+            return cached[1]
+        tick = tick_of(run_key)
+        after = None if tick is None else job.schedule.next_after(tick)
+        if len(self._after) >= self.MAX_TICKS:
+            self._after.clear()  # crude, and enough: it refills from the next request
+        self._after[(job.code, run_key)] = (job.schedule, after)
+        return after
+
+
+@dataclass(frozen=True)
+class View:
+    """What one request shows: its data (the JSON) and how to draw it (the HTML)."""
+
+    title: str
+    json_path: str
+    data: dict[str, Any]
+    body: str
+
+
+class StatusPage:
+    """Answers ``GET`` under ``/status`` from the config and the lease table.
+
+    ``config`` and ``store`` are callables: the daemon reloads its config and
+    opens its store after the HTTP server starts.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: Callable[[], Config],
+        store: Callable[[], LeaseStore | None],
+        replica: str,
+        version: str = __version__,
+        query_timeout: float = QUERY_TIMEOUT_S,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self.replica = replica
+        self.version = version
+        self._query_timeout = query_timeout
+        # One request at a time: the page shares the daemon's small pool with
+        # claims and heartbeats, and must never take more than one connection.
+        self._one_at_a_time = asyncio.Semaphore(1)
+        self._memo = ScheduleMemo()
+
+    @staticmethod
+    def serves(path: str) -> bool:
+        return path in ("/", PREFIX, f"{PREFIX}.json") or path.startswith(f"{PREFIX}/")
+
+    async def answer(self, path: str, accept: str) -> Answer:
+        """(status, content type, body) of a GET (the HTTP layer drops the body for HEAD)."""
+        if path == STYLESHEET:
+            return 200, CSS, _stylesheet()
+        as_json = self._json_suffix(path) or _prefers_json(accept)
+        started = time.perf_counter()
+        try:
+            view = await asyncio.wait_for(self._view(path), self._query_timeout)
+        except _NotFound as exc:
+            return self._error(404, "Not found", str(exc), as_json)
+        except TimeoutError:
+            return self._error(
+                503, "Database too slow", f"no answer within {self._query_timeout:g}s", as_json
+            )
+        except PgcrondError as exc:
+            # Database errors are translated and redacted at the storage boundary.
+            log.warning("status_page_failed", path=path, error=str(exc))
+            return self._error(503, "Database unavailable", str(exc), as_json)
+        if as_json:
+            return 200, JSON, to_json(view.data).encode()
+        took_ms = (time.perf_counter() - started) * 1000
+        return 200, HTML, self._page(view.title, view.body, view.json_path, took_ms).encode()
+
+    def _json_suffix(self, path: str) -> bool:
+        """Whether ``path`` ends in ``.json`` that is not part of a job's code."""
+        if not path.endswith(".json"):
+            return False
+        job_prefix = f"{PREFIX}/jobs/"
+        return not (
+            path.startswith(job_prefix) and unquote(path[len(job_prefix) :]) in self._config().jobs
+        )
+
+    async def _view(self, path: str) -> View:
+        route = path[: -len(".json")] if path.endswith(".json") else path
+        async with self._one_at_a_time:
+            store = self._store()
+            if store is None:
+                raise records_unavailable()
+            config = self._config()
+            now = datetime.now(UTC)
+            if route in ("/", PREFIX):
+                return await self._overview(store, config, now)
+            if route == f"{PREFIX}/running":
+                return await self._running_view(store, config, now)
+            if route == f"{PREFIX}/replicas":
+                return await self._replicas_view(store, now)
+            if path.startswith(f"{PREFIX}/jobs/"):
+                return await self._job_view(store, config, path, now)
+        raise _NotFound(f"nothing at {path}; the status page is at {PREFIX}")
+
+    # -- views ------------------------------------------------------------------------------
+
+    async def _overview(self, store: LeaseStore, config: Config, now: datetime) -> View:
+        jobs = list(config.jobs.values())
+        entries = await self._job_entries(store, jobs, now, next_fires=1)
+        running = [running_entry(row) for row in await reads.running(store)]
+        replicas = [self._replica_entry(seen) for seen in await reads.replicas(store)]
+        data = {
+            "generated_at": now,
+            "replica": self.replica,
+            "version": self.version,
+            "jobs": entries,
+            "running": running,
+            "replicas": replicas,
+        }
+        failing = sum(
+            1 for e in entries if e["last_run"] is not None and e["last_run"]["status"] == "FAIL"
+        )
+        cards = (
+            _card("jobs", str(len(entries)), f"{PREFIX}#jobs")
+            + _card("running now", str(len(running)), f"{PREFIX}/running", "run" if running else "")
+            + _card("last run failed", str(failing), f"{PREFIX}#jobs", "fail" if failing else "")
+            + _card("replicas seen (1h)", str(len(replicas)), f"{PREFIX}/replicas")
+        )
+        body = (
+            f'<section class="cards">{cards}</section>'
+            f"<h2>Running now</h2>{_running_table(running, now)}"
+            f'<h2 id="jobs">Jobs</h2>{_legend()}{self._jobs_table(entries, jobs, now)}'
+        )
+        return View("Status", f"{PREFIX}.json", data, body)
+
+    async def _running_view(self, store: LeaseStore, config: Config, now: datetime) -> View:
+        running = [running_entry(row) for row in await reads.running(store)]
+        data = {"generated_at": now, "replica": self.replica, "running": running}
+        body = f"<h2>Running now</h2>{_running_table(running, now)}"
+        return View("Running now", f"{PREFIX}/running.json", data, body)
+
+    async def _replicas_view(self, store: LeaseStore, now: datetime) -> View:
+        replicas = [self._replica_entry(seen) for seen in await reads.replicas(store)]
+        data = {"generated_at": now, "replica": self.replica, "replicas": replicas}
+        window = format_duration(reads.REPLICAS_WITHIN)
+        body = (
+            f"<h2>Replicas seen in the last {esc(window)}</h2>"
+            f'<p class="note">From the rows they claimed: a replica that ran nothing in the last '
+            f"{esc(window)} is not listed. The version is known for the answering replica only; "
+            "the lease table does not record it.</p>"
+            f"{_replicas_table(replicas, now)}"
+        )
+        return View("Replicas", f"{PREFIX}/replicas.json", data, body)
+
+    async def _job_view(self, store: LeaseStore, config: Config, path: str, now: datetime) -> View:
+        tail = path[len(f"{PREFIX}/jobs/") :]
+        code = unquote(tail)
+        # A job's code may itself end in ".json": the longest match wins.
+        if code not in config.jobs and code.endswith(".json"):
+            code = code[: -len(".json")]
+        job = config.jobs.get(code)
+        if job is None:
+            raise _NotFound(f"no job {code!r} in this replica's config")
+        [entry] = await self._job_entries(store, [job], now, next_fires=NEXT_FIRES)
+        rows = [tick_entry(row) for row in await reads.ticks(store, job.code)]
+        data = {"generated_at": now, "replica": self.replica, "job": entry, "ticks": rows}
+        body = _job_body(job, entry, rows, now)
+        return View(f"Job {job.code}", job_path(job.code, ".json"), data, body)
+
+    # -- data -------------------------------------------------------------------------------
+
+    async def _job_entries(
+        self, store: LeaseStore, jobs: Sequence[JobConfig], now: datetime, *, next_fires: int
+    ) -> list[dict[str, Any]]:
+        codes = [job.code for job in jobs]
+        statuses = await records.job_status(store, codes)
+        ticks = await reads.job_ticks(store, codes)
+        return [
+            self._job_entry(job, row, job_ticks, now, next_fires)
+            for job, row, job_ticks in zip(jobs, statuses, ticks, strict=True)
+        ]
+
+    def _job_entry(
+        self,
+        job: JobConfig,
+        row: Mapping[str, Any],
+        ticks: reads.JobTicks,
+        now: datetime,
+        next_fires: int,
+    ) -> dict[str, Any]:
+        entry = status_entry(job, row, now)
+        fires = self._memo.next_fires(job, now, next_fires)
+        entry.update(
+            {
+                "description": job.description,
+                "timezone": job.timezone.key,
+                "next_fires": [
+                    {"at": fire, "local": _local(fire, job)} for fire in fires[:next_fires]
+                ],
+                "last_success": ticks.last_success,
+                "last_failure": ticks.last_failure,
+                "ticks": strip_cells(job, ticks.strip, now, self._memo),
+            }
+        )
+        return entry
+
+    def _replica_entry(self, seen: reads.ReplicaSeen) -> dict[str, Any]:
+        this = seen.owner == self.replica
+        return {
+            "owner": seen.owner,
+            "this_replica": this,
+            "version": self.version if this else None,
+            "first_seen": seen.first_seen,
+            "last_seen": seen.last_seen,
+            "runs": seen.runs,
+            "running": seen.running,
+            "successes": seen.successes,
+            "failures": seen.failures,
+        }
+
+    # -- HTML -------------------------------------------------------------------------------
+
+    def _jobs_table(
+        self, entries: list[dict[str, Any]], jobs: list[JobConfig], now: datetime
+    ) -> str:
+        if not entries:
+            return '<p class="empty">This replica\'s config has no jobs.</p>'
+        rows = "".join(_job_row(entry, now) for entry in entries)
+        return (
+            '<div class="scroll"><table class="jobs cards-on-phone"><thead><tr>'
+            "<th>Job</th><th>Schedule</th><th>Next fire</th><th>Last success</th>"
+            "<th>Last failure</th><th>Recent ticks (oldest → newest)</th><th>Fails</th>"
+            f"</tr></thead><tbody>{rows}</tbody></table></div>"
+        )
+
+    def _page(self, title: str, body: str, json_path: str, took_ms: float) -> str:
+        nav = "".join(
+            f'<a href="{href}">{label}</a>'
+            for href, label in (
+                (PREFIX, "Jobs"),
+                (f"{PREFIX}/running", "Running"),
+                (f"{PREFIX}/replicas", "Replicas"),
+            )
+        )
+        return (
+            "<!doctype html>\n"
+            '<html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+            '<meta name="referrer" content="no-referrer">'
+            '<meta name="robots" content="noindex">'
+            f"<title>{esc(title)} · pgcrond</title>"
+            '<link rel="icon" href="data:,">'
+            f'<link rel="stylesheet" href="{STYLESHEET}?v={esc(self.version)}">'
+            "</head><body>"
+            f'<header class="top"><a class="brand" href="{PREFIX}">pgcrond</a>'
+            f'<nav>{nav}</nav><span class="who">answered by <b>{esc(self.replica)}</b>'
+            f" · v{esc(self.version)}</span></header>"
+            f"<main><h1>{esc(title)}</h1>{body}</main>"
+            f'<footer>Read-only. <a href="{esc(json_path)}">This view as JSON</a> '
+            "(or <code>Accept: application/json</code>). "
+            f"Answered in {took_ms:.0f} ms at {esc(report.when(datetime.now(UTC)))}; "
+            "reload to refresh.</footer>"
+            "</body></html>\n"
+        )
+
+    def _error(self, status: int, title: str, message: str, as_json: bool) -> Answer:
+        if as_json:
+            body = json.dumps({"error": message}, ensure_ascii=False) + "\n"
+            return status, JSON, body.encode()
+        page = self._page(title, f'<p class="error">{esc(message)}</p>', PREFIX + ".json", 0)
+        return status, HTML, page.encode()
+
+
+class _NotFound(Exception):
+    pass
+
+
+def records_unavailable() -> PgcrondError:
+    return PgcrondError("the daemon is still starting: connecting to and migrating its database")
+
+
+def to_json(value: Mapping[str, Any]) -> str:
+    """The JSON of a view: instants as ``report.iso`` spells them (UTC, ``Z``)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=_json_default) + "\n"
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, datetime):
+        return report.iso(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _prefers_json(accept: str) -> bool:
+    """JSON when asked for and HTML is not: a browser's ``text/html,…,*/*`` gets HTML."""
+    kinds = [part.split(";", 1)[0].strip().lower() for part in accept.split(",")]
+    return "application/json" in kinds and "text/html" not in kinds
+
+
+@lru_cache(maxsize=1)
+def _stylesheet() -> bytes:
+    return resources.files(__package__).joinpath("static/status.css").read_bytes()
+
+
+# -- entries: the JSON, with `pgcrond status --json` / `history --json` field names ---------
+
+
+def status_entry(job: JobConfig, row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """A job as ``pgcrond status --json`` prints it, from a ``job_status`` row."""
+    run_once = isinstance(job.schedule, OnceSchedule)
+    last = None
+    if row["last_status"] is not None:
+        last = {
+            "run_key": row["last_run_key"],
+            "status": row["last_status"],
+            "reason": row["last_reason"],
+            "attempt": row["last_attempt"],
+            "owner": row["last_owner"],
+            "acquired_at": row["last_acquired_at"],
+            "finished_at": row["last_finished_at"],
+            "duration_s": report.seconds(row["last_finished_at"] - row["last_acquired_at"]),
+            "retry_at": row["last_retry_at"],
+            "error": row["last_error"],
+        }
+    running = None
+    if row["running_owner"] is not None:
+        running = {
+            "run_key": row["running_run_key"],
+            "owner": row["running_owner"],
+            "attempt": row["running_attempt"],
+            "since": row["running_acquired_at"],
+            "expires_at": row["running_expires_at"],
+            "stale": row["running_stale"],
+        }
+    once_done = last is not None and (last["status"] == "SUCCESS" or last["retry_at"] is None)
+    return {
+        "job": job.code,
+        "schedule": job.schedule.describe(),
+        "guard": job.guard,
+        "next_fire": None if run_once else job.schedule.next_after(now),
+        "runs_at_start": run_once and not once_done,
+        "last_run": last,
+        "running": running,
+        "consecutive_failures": row["consecutive_failures"],
+    }
+
+
+def running_entry(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A RUNNING row: the ``running`` fields of ``status --json``, and the job's own."""
+    return {
+        "job": row["code"],
+        "type": row["type"],
+        "run_key": row["run_key"],
+        "owner": row["owner"],
+        "attempt": row["attempt"],
+        "since": row["acquired_at"],
+        "heartbeat_at": row["heartbeat_at"],
+        "expires_at": row["expires_at"],
+        "stale": row["stale"],
+        "fencing_token": row["fencing_token"],
+        "idempotency_key": row["lock_key"],
+    }
+
+
+def tick_entry(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row as ``pgcrond history --json`` prints it, with its idempotency key."""
+    finished = row["finished_at"]
+    return {
+        "id": row["id"],
+        "job": row["code"],
+        "type": row["type"],
+        "run_key": row["run_key"],
+        "status": row["status"],
+        "reason": row["reason"],
+        "attempt": row["attempt"],
+        "owner": row["owner"],
+        "fencing_token": row["fencing_token"],
+        "acquired_at": row["acquired_at"],
+        "finished_at": finished,
+        "expires_at": row["expires_at"],
+        "retry_at": row["retry_at"],
+        "duration_s": None if finished is None else report.seconds(finished - row["acquired_at"]),
+        "error": row["error"],
+        "idempotency_key": row["lock_key"],
+        "stale": row["stale"],
+    }
+
+
+def strip_cells(
+    job: JobConfig, strip: list[reads.StripTick], now: datetime, memo: ScheduleMemo
+) -> list[dict[str, Any]]:
+    """The strip in tick order, oldest first, with a ``NO_ROW`` cell where ticks left no row.
+
+    A tick that no replica claimed leaves no row: by the schedule, the tick
+    after one row's should be the next row's. Ticks after the newest row count
+    once their ``misfire_grace`` is over (until then a replica may still claim
+    them). A manual run (``manual:…``) sits where it was claimed.
+    """
+    placed = sorted(
+        ((tick_of(t.run_key) if t.run_key else None, t) for t in strip),
+        key=lambda pair: pair[0] or pair[1].acquired_at,
+    )
+    ticks = [at for at, _ in placed if at is not None]
+    cells: list[dict[str, Any]] = []
+    seen = 0
+    for at, row in placed:
+        cells.append({"run_key": row.run_key, "status": row.status, "reason": row.reason})
+        if at is None or row.run_key is None:
+            continue
+        seen += 1
+        expected = memo.tick_after(job, row.run_key)
+        if expected is None:
+            continue
+        following = ticks[seen] if seen < len(ticks) else None
+        if following is not None and expected < following:
+            cells.append(_no_row(expected, following))
+        elif following is None and expected + job.misfire_grace < now:
+            cells.append(_no_row(expected, None))
+    return cells[-reads.STRIP_TICKS :]
+
+
+def _no_row(first: datetime, until: datetime | None) -> dict[str, Any]:
+    return {
+        "run_key": report.iso(first, precise=False),
+        "status": "NO_ROW",
+        "reason": "missed",
+        "until": report.iso(until, precise=False),
+    }
+
+
+# -- HTML pieces ----------------------------------------------------------------------------
+
+
+def _local(fire: datetime, job: JobConfig) -> str:
+    return fire.astimezone(job.timezone).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def _time(value: datetime | None, now: datetime) -> str:
+    """``<time>`` with the UTC instant and, beneath, how long ago / until."""
+    if value is None:
+        return '<span class="none">–</span>'
+    return (
+        f'<time datetime="{esc(report.iso(value))}">{esc(report.when(value))}</time>'
+        f"<small>{esc(report.relative(value - now))}</small>"
+    )
+
+
+def _outcome(status: str, reason: str | None) -> str:
+    css = OUTCOME_CLASSES.get(status, "other")
+    label = "NO ROW" if status == "NO_ROW" else status
+    text = label + (f"/{reason}" if reason and status != "NO_ROW" else "")
+    return f'<span class="badge {css}">{esc(text)}</span>'
+
+
+def _card(label: str, value: str, href: str, css: str = "") -> str:
+    return (
+        f'<a class="card {css}" href="{esc(href)}"><b>{esc(value)}</b><span>{esc(label)}</span></a>'
+    )
+
+
+def _legend() -> str:
+    items = [
+        ("ok", "success"),
+        ("fail", "failed"),
+        ("skip", "skipped"),
+        ("miss", "missed / no row"),
+        ("run", "running"),
+    ]
+    return (
+        '<p class="legend">'
+        + "".join(f'<span><i class="cell {css}"></i>{esc(label)}</span>' for css, label in items)
+        + "</p>"
+    )
+
+
+def _strip(cells: list[dict[str, Any]]) -> str:
+    if not cells:
+        return '<span class="none">no ticks yet</span>'
+    out = []
+    for cell in cells:
+        status, reason = cell["status"], cell["reason"]
+        if status == "NO_ROW":
+            until = f" until {cell['until']}" if cell["until"] else " until now"
+            title = f"{cell['run_key']}{until}: no replica ran these ticks (no row)"
+        else:
+            title = f"{cell['run_key'] or '(initial)'}: {status}" + (f"/{reason}" if reason else "")
+        css = OUTCOME_CLASSES.get(status, "other")
+        out.append(f'<i class="cell {css}" title="{esc(title)}"></i>')
+    return f'<span class="strip">{"".join(out)}</span>'
+
+
+def _job_row(entry: dict[str, Any], now: datetime) -> str:
+    code = entry["job"]
+    description = entry["description"]
+    desc_html = f'<small class="desc">{esc(description)}</small>' if description else ""
+    if entry["runs_at_start"]:
+        next_html = '<span class="none">at the next start</span>'
+    elif entry["next_fires"]:
+        fire = entry["next_fires"][0]
+        next_html = f'{_time(fire["at"], now)}<small class="local">{esc(fire["local"])}</small>'
+    else:
+        next_html = '<span class="none">never</span>'
+    ok = entry["last_success"]
+    ok_html = (
+        f"{_time(ok['finished_at'], now)}<small>on {esc(ok['owner'])}</small>"
+        if ok
+        else '<span class="none">none recently</span>'
+    )
+    bad = entry["last_failure"]
+    bad_html = '<span class="none">none recently</span>'
+    if bad:
+        bad_html = (
+            f"{_time(bad['finished_at'] or bad['acquired_at'], now)}"
+            f"{_outcome('FAIL', bad['reason'])}"
+            f'<small class="err">{esc(report.first_line(bad["error"], ERROR_WIDTH))}</small>'
+        )
+    fails = entry["consecutive_failures"]
+    return (
+        "<tr>"
+        f'<td data-label="Job"><div><a class="code" href="{esc(job_path(code))}">{esc(code)}</a>'
+        f"{desc_html}</div></td>"
+        f'<td data-label="Schedule"><div>{esc(entry["schedule"])}'
+        f'<small><span class="guard">{esc(entry["guard"])}</span></small></div></td>'
+        f'<td data-label="Next fire"><div>{next_html}</div></td>'
+        f'<td data-label="Last success"><div>{ok_html}</div></td>'
+        f'<td data-label="Last failure"><div>{bad_html}</div></td>'
+        f'<td data-label="Recent ticks"><div>{_strip(entry["ticks"])}</div></td>'
+        f'<td data-label="Fails" class="num{" bad" if fails else ""}"><div>{esc(fails)}</div></td>'
+        "</tr>"
+    )
+
+
+def _running_table(running: list[dict[str, Any]], now: datetime) -> str:
+    if not running:
+        return '<p class="empty">Nothing is running.</p>'
+    rows = "".join(
+        "<tr>"
+        f'<td data-label="Job"><div><a class="code" href="{esc(job_path(r["job"]))}">'
+        f"{esc(r['job'])}</a></div></td>"
+        f'<td data-label="Run key"><div><code>{esc(r["run_key"] or "(initial)")}</code></div></td>'
+        f'<td data-label="Replica"><div>{esc(r["owner"])}</div></td>'
+        f'<td data-label="Attempt" class="num"><div>{esc(r["attempt"])}</div></td>'
+        f'<td data-label="Since"><div>{_time(r["since"], now)}</div></td>'
+        f'<td data-label="Lease expiry"><div>{_time(r["expires_at"], now)}'
+        + ('<span class="badge fail">STALE</span>' if r["stale"] else "")
+        + "</div></td>"
+        f'<td data-label="Fencing token" class="num"><div><code>{esc(r["fencing_token"])}'
+        "</code></div></td>"
+        "</tr>"
+        for r in running
+    )
+    return (
+        '<div class="scroll"><table class="cards-on-phone"><thead><tr><th>Job</th>'
+        "<th>Run key</th><th>Replica</th><th>Attempt</th><th>Since</th><th>Lease expiry</th>"
+        f"<th>Fencing token</th></tr></thead><tbody>{rows}</tbody></table></div>"
+    )
+
+
+def _replicas_table(replicas: list[dict[str, Any]], now: datetime) -> str:
+    if not replicas:
+        return '<p class="empty">No replica claimed anything recently.</p>'
+    rows = "".join(
+        "<tr>"
+        f'<td data-label="Replica"><div>{esc(r["owner"])}'
+        + (' <span class="badge run">this one</span>' if r["this_replica"] else "")
+        + "</div></td>"
+        f'<td data-label="Version"><div>{esc(r["version"] or "–")}</div></td>'
+        f'<td data-label="Last seen"><div>{_time(r["last_seen"], now)}</div></td>'
+        f'<td data-label="Running" class="num"><div>{esc(r["running"])}</div></td>'
+        f'<td data-label="Runs" class="num"><div>{esc(r["runs"])}</div></td>'
+        f'<td data-label="Failures" class="num{" bad" if r["failures"] else ""}"><div>'
+        f"{esc(r['failures'])}</div></td>"
+        "</tr>"
+        for r in replicas
+    )
+    return (
+        '<div class="scroll"><table class="cards-on-phone"><thead><tr><th>Replica</th>'
+        "<th>Version</th><th>Last seen</th><th>Running</th><th>Runs (finished)</th>"
+        f"<th>Failures</th></tr></thead><tbody>{rows}</tbody></table></div>"
+    )
+
+
+def _job_body(
+    job: JobConfig, entry: dict[str, Any], rows: list[dict[str, Any]], now: datetime
+) -> str:
+    facts = [
+        ("Schedule", esc(entry["schedule"])),
+        ("Guard", esc(job.guard)),
+        ("Time zone", esc(job.timezone.key)),
+        ("Timeout", esc(format_duration(job.timeout)) if job.timeout else "none"),
+        ("Retries", esc(job.retries)),
+        ("Concurrency", esc(job.concurrency)),
+        ("Misfire grace", esc(format_duration(job.misfire_grace))),
+        ("Consecutive failures", esc(entry["consecutive_failures"])),
+    ]
+    description = f'<p class="description">{esc(job.description)}</p>' if job.description else ""
+    facts_html = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
+    if entry["runs_at_start"]:
+        fires_html = '<p class="empty">Runs at the next start of a replica.</p>'
+    elif entry["next_fires"]:
+        fires_html = (
+            '<table class="fires"><thead><tr><th>UTC</th><th>'
+            f"{esc(job.timezone.key)}</th><th>In</th></tr></thead><tbody>"
+            + "".join(
+                f"<tr><td><div><code>{esc(report.when(f['at']))}</code></div></td>"
+                f"<td><div>{esc(f['local'])}</div></td>"
+                f"<td><div>{esc(report.relative(f['at'] - now))}</div></td></tr>"
+                for f in entry["next_fires"]
+            )
+            + "</tbody></table>"
+        )
+    else:
+        fires_html = '<p class="empty">No more ticks.</p>'
+    return (
+        f"{description}"
+        f'<div class="split"><dl class="facts">{facts_html}</dl>'
+        f"<div><h2>Next fires</h2>{fires_html}</div></div>"
+        f"<h2>Recent ticks</h2>{_legend()}{_strip(entry['ticks'])}"
+        f"<h2>Duration of recent runs</h2>{duration_chart(rows, now)}"
+        f"<h2>History (newest first, {len(rows)} rows)</h2>{_ticks_table(rows, now)}"
+    )
+
+
+def _ticks_table(rows: list[dict[str, Any]], now: datetime) -> str:
+    if not rows:
+        return '<p class="empty">No ticks recorded yet.</p>'
+    out = []
+    for r in rows:
+        error = r["error"]
+        if error and ("\n" in error.strip() or len(error) > ERROR_WIDTH):
+            error_html = (
+                f"<details><summary>{esc(report.first_line(error, ERROR_WIDTH))}</summary>"
+                f"<pre>{esc(error)}</pre></details>"
+            )
+        elif error:
+            error_html = f'<span class="err">{esc(error)}</span>'
+        else:
+            error_html = '<span class="none">–</span>'
+        stale = ' <span class="badge fail">STALE</span>' if r["stale"] else ""
+        out.append(
+            "<tr>"
+            f'<td data-label="Run key"><div><code>{esc(r["run_key"] or "(initial)")}</code>'
+            "</div></td>"
+            f'<td data-label="Outcome"><div>{_outcome(r["status"], r["reason"])}{stale}</div></td>'
+            f'<td data-label="Duration" class="num"><div>{esc(report.took(r["duration_s"]))}'
+            "</div></td>"
+            f'<td data-label="Replica"><div>{esc(r["owner"])}</div></td>'
+            f'<td data-label="Attempt" class="num"><div>{esc(r["attempt"])}</div></td>'
+            f'<td data-label="Claimed"><div>{_time(r["acquired_at"], now)}</div></td>'
+            f'<td data-label="Error"><div>{error_html}</div></td>'
+            f'<td data-label="Idempotency key"><div><code class="key">{esc(r["idempotency_key"])}'
+            "</code></div></td>"
+            "</tr>"
+        )
+    return (
+        '<div class="scroll"><table class="ticks cards-on-phone"><thead><tr><th>Run key</th>'
+        "<th>Outcome</th><th>Duration</th><th>Replica</th><th>Attempt</th><th>Claimed</th>"
+        f"<th>Error</th><th>Idempotency key</th></tr></thead><tbody>{''.join(out)}</tbody>"
+        "</table></div>"
+    )
+
+
+CHART_W, CHART_H = 720, 200
+CHART_LEFT, CHART_BOTTOM, CHART_TOP = 56, 28, 12
+
+
+def duration_chart(rows: list[dict[str, Any]], now: datetime) -> str:
+    """An SVG bar per run (oldest left), its height the run's duration, coloured by outcome.
+
+    A running row's bar is its time so far; a row without a run (SKIPPED) has no bar.
+    """
+    bars: list[tuple[dict[str, Any], float]] = []
+    for row in reversed(rows):
+        if row["status"] == "RUNNING":
+            bars.append((row, max(0.0, (now - row["acquired_at"]).total_seconds())))
+        elif row["duration_s"] is not None and row["status"] != "SKIPPED":
+            bars.append((row, float(row["duration_s"])))
+    if not bars:
+        return '<p class="empty">No finished runs to chart yet.</p>'
+    top = _nice_ceiling(max(seconds for _, seconds in bars))
+    plot_w = CHART_W - CHART_LEFT - 8
+    plot_h = CHART_H - CHART_BOTTOM - CHART_TOP
+    step = plot_w / len(bars)
+    width = max(1.0, step * 0.8)
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {CHART_W} {CHART_H}" role="img" '
+        f'aria-label="Duration of the last {len(bars)} runs, up to {esc(report.took(top))}" '
+        'xmlns="http://www.w3.org/2000/svg">'
+    ]
+    for fraction in (0.0, 0.5, 1.0):
+        y = CHART_TOP + plot_h * (1 - fraction)
+        parts.append(
+            f'<line class="grid" x1="{CHART_LEFT}" x2="{CHART_W - 8}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<text class="axis" x="{CHART_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">'
+            f"{esc(report.took(top * fraction))}</text>"
+        )
+    for index, (row, seconds) in enumerate(bars):
+        height = max(1.5, plot_h * seconds / top) if top else 1.5
+        x = CHART_LEFT + index * step + (step - width) / 2
+        y = CHART_TOP + plot_h - height
+        css = OUTCOME_CLASSES.get(row["status"], "other")
+        label = (
+            f"{row['run_key'] or '(initial)'}: {row['status']}"
+            + (f"/{row['reason']}" if row["reason"] else "")
+            + f", {report.took(seconds)}, attempt {row['attempt']} on {row['owner']}"
+        )
+        parts.append(
+            f'<rect class="bar {css}" x="{x:.1f}" y="{y:.1f}" width="{width:.1f}" '
+            f'height="{height:.1f}"><title>{esc(label)}</title></rect>'
+        )
+    first, last = bars[0][0], bars[-1][0]
+    baseline = CHART_H - 8
+    parts.append(
+        f'<text class="axis" x="{CHART_LEFT}" y="{baseline}">'
+        f"{esc(first['run_key'] or '(initial)')}</text>"
+        f'<text class="axis" x="{CHART_W - 8}" y="{baseline}" text-anchor="end">'
+        f"{esc(last['run_key'] or '(initial)')}</text></svg>"
+    )
+    return "".join(parts)
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest 1, 2 or 5 times a power of ten at or above ``value`` (0 stays 0)."""
+    if value <= 0:
+        return 0.0
+    scale = 10 ** _floor_log10(value)
+    for factor in (1, 2, 5, 10):
+        if value <= factor * scale:
+            return float(factor * scale)
+    return float(10 * scale)
+
+
+def _floor_log10(value: float) -> int:
+    exponent = 0
+    while value >= 10:
+        value /= 10
+        exponent += 1
+    while value < 1:
+        value *= 10
+        exponent -= 1
+    return exponent

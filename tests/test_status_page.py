@@ -1,0 +1,638 @@
+"""The status page, every view, rendered from a real PostgreSQL holding a known history.
+
+The history is written with SQL (past ticks at known instants) and with the
+lease store itself (a live claim, a failure with a hostile error text). The
+page is fetched over HTTP from the daemon's real HTTP server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+import pytest
+
+import pgcrond
+from pgcrond.cli import main
+from pgcrond.config.loader import Config, load_config
+from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import run_key_for
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.daemon.http import HealthServer
+from pgcrond.daemon.metrics import Metrics
+from pgcrond.daemon.status_page import StatusPage, job_path
+from pgcrond.storage.leases import Acquired, LeaseStore
+from tests.store_helpers import open_store
+
+HOSTILE_DESCRIPTION = """<script>alert("description")</script> & it's 'quoted'"""
+HOSTILE_ERROR = """Traceback (most recent call last):
+  File "report.py", line 3
+<script>alert('error')</script> "double" & 'single'"""
+ODD_CODE = 'odd/<b>"code"'
+THIS_REPLICA = "replica-a:101"
+OTHER_REPLICA = "replica-b:202"
+
+
+def write_config(directory: Path, schema: str) -> Path:
+    """Five jobs: per-minute (UTC), daily (Berlin, hostile description), an odd code,
+    run-once, advisory."""
+    path = directory / "pgcrond.yaml"
+    description = HOSTILE_DESCRIPTION.replace("'", "''")
+    path.write_text(
+        f"""\
+database: {{schema: {schema}}}
+defaults:
+  timezone: Europe/Berlin
+jobs:
+  sync-invoices:
+    cron: "* * * * *"
+    timezone: UTC
+    command: ["/bin/true"]
+    description: Pushes yesterday's invoices to the ledger.
+  nightly-report:
+    cron: "30 2 * * *"
+    command: ["/bin/true"]
+    retries: 2
+    timeout: 30m
+    description: '{description}'
+  '{ODD_CODE}':
+    cron: "0 * * * *"
+    command: ["/bin/true"]
+  seed-settings:
+    once: true
+    command: ["/bin/true"]
+  cache-warm:
+    cron: "*/5 * * * *"
+    guard: advisory
+    command: ["/bin/true"]
+"""
+    )
+    return path
+
+
+@dataclass
+class History:
+    """What was written, to assert on."""
+
+    now: datetime
+    minute: datetime
+    # sync-invoices: the minute with no row (a gap), the failed one, the skipped one.
+    gap: datetime
+    failed: datetime
+    skipped: datetime
+    running: Acquired
+    nightly_failed: Acquired
+    finished_sync: int
+
+
+def insert(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    code: str,
+    run_key: str | None,
+    status: str,
+    *,
+    owner: str,
+    acquired: datetime,
+    took: timedelta = timedelta(seconds=1),
+    attempt: int = 1,
+    reason: str | None = None,
+    error: str | None = None,
+) -> None:
+    identity = Identity.initial(code) if run_key is None else Identity.schedule(code, run_key)
+    finished = None if status == "RUNNING" else acquired + took
+    conn.execute(
+        f"""INSERT INTO "{schema}".leases (lock_key, type, code, run_key, status, owner_token,
+            owner, attempt, fencing_token, lease_ms, created_at, acquired_at, heartbeat_at,
+            expires_at, finished_at, reason, error)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, nextval('"{schema}".leases_fencing_seq'), 60000,
+                %s, %s, %s, %s, %s, %s, %s)""",
+        (
+            identity.idempotency_key,
+            identity.type,
+            code,
+            run_key,
+            status,
+            uuid.uuid4(),
+            owner,
+            attempt,
+            acquired,
+            acquired,
+            acquired,
+            acquired + timedelta(minutes=1),
+            finished,
+            reason,
+            error,
+        ),
+    )
+
+
+async def seed(dsn: str, schema: str, store: LeaseStore, other: LeaseStore) -> History:
+    """A known history: twelve minutes of sync-invoices with a gap, a failure and a skip;
+    four nights of nightly-report, the last failed through the store with a hostile error;
+    three hours of the odd code; the run-once job done; a live claim by another replica."""
+    now = datetime.now(UTC)
+    minute = now.replace(second=0, microsecond=0)
+    gap, failed, skipped = (minute - timedelta(minutes=k) for k in (5, 7, 3))
+    finished_sync = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for k in range(12, 0, -1):
+            tick = minute - timedelta(minutes=k)
+            if tick == gap:
+                continue
+            owner = THIS_REPLICA if k % 2 else OTHER_REPLICA
+            at = tick + timedelta(milliseconds=40)
+            if tick == failed:
+                insert(
+                    conn,
+                    schema,
+                    "sync-invoices",
+                    run_key_for(tick),
+                    "FAIL",
+                    owner=owner,
+                    acquired=at,
+                    took=timedelta(milliseconds=300),
+                    attempt=2,
+                    reason="error",
+                    error="exit status 3",
+                )
+            elif tick == skipped:
+                insert(
+                    conn,
+                    schema,
+                    "sync-invoices",
+                    run_key_for(tick),
+                    "SKIPPED",
+                    owner=owner,
+                    acquired=at,
+                    took=timedelta(0),
+                    reason="overlap",
+                )
+            else:
+                insert(
+                    conn,
+                    schema,
+                    "sync-invoices",
+                    run_key_for(tick),
+                    "SUCCESS",
+                    owner=owner,
+                    acquired=at,
+                    took=timedelta(milliseconds=400 + 150 * k),
+                )
+            finished_sync += tick != skipped
+        nights = []
+        day = now.astimezone(UTC).replace(hour=1, minute=30, second=0, microsecond=0)
+        for k in range(4, 0, -1):
+            nights.append(day - timedelta(days=k))
+        for night in nights[:-1]:
+            insert(
+                conn,
+                schema,
+                "nightly-report",
+                run_key_for(night),
+                "SUCCESS",
+                owner=THIS_REPLICA,
+                acquired=night,
+                took=timedelta(minutes=4, seconds=10),
+            )
+        hour = now.replace(minute=0, second=0, microsecond=0)
+        for k in range(3, 0, -1):
+            insert(
+                conn,
+                schema,
+                ODD_CODE,
+                run_key_for(hour - timedelta(hours=k)),
+                "SUCCESS",
+                owner=OTHER_REPLICA,
+                acquired=hour - timedelta(hours=k),
+            )
+        insert(
+            conn,
+            schema,
+            "seed-settings",
+            None,
+            "SUCCESS",
+            owner=THIS_REPLICA,
+            acquired=now - timedelta(days=3),
+        )
+    # Through the store: the newest night fails for good with a hostile error ...
+    claimed = await store.claim(Identity.schedule("nightly-report", run_key_for(nights[-1])))
+    assert isinstance(claimed, Acquired)
+    assert await store.fail(claimed, HOSTILE_ERROR, retry_after=None)
+    # ... and another replica holds this minute's tick of sync-invoices right now.
+    running = await other.claim(
+        Identity.schedule("sync-invoices", run_key_for(minute)),
+        LeaseTiming.build(timedelta(minutes=10)),
+    )
+    assert isinstance(running, Acquired)
+    return History(now, minute, gap, failed, skipped, running, claimed, finished_sync)
+
+
+@dataclass
+class Site:
+    port: int
+    config: Config
+    config_path: Path
+    history: History
+    dsn: str
+    schema: str
+
+
+async def fetch(port: int, path: str, accept: str = "text/html") -> tuple[int, dict[str, str], str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: t\r\nAccept: {accept}\r\n\r\n".encode())
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    head, _, body = response.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in header_lines)
+    return int(status_line.split()[1]), headers, body.decode()
+
+
+async def fetch_json(port: int, path: str) -> Any:
+    status, headers, body = await fetch(port, path, accept="application/json")
+    assert (200, "application/json; charset=utf-8") == (status, headers["Content-Type"])
+    return json.loads(body)
+
+
+@asynccontextmanager
+async def site(pg_dsn: str, schema: str, directory: Path) -> AsyncIterator[Site]:
+    config_path = write_config(directory, schema)
+    config = load_config([str(config_path)], database_url=pg_dsn)
+    async with (
+        open_store(pg_dsn, schema, owner=THIS_REPLICA) as store,
+        open_store(pg_dsn, schema, owner=OTHER_REPLICA, migrate=False) as other,
+    ):
+        history = await seed(pg_dsn, schema, store, other)
+        page = StatusPage(config=lambda: config, store=lambda: store, replica=THIS_REPLICA)
+        server = HealthServer(
+            "127.0.0.1:0",
+            health=lambda: True,
+            ready=lambda: asyncio.sleep(0, True),
+            registry=Metrics().registry,
+            status_page=page,
+        )
+        await server.start()
+        try:
+            yield Site(server.port, config, config_path, history, pg_dsn, schema)
+        finally:
+            await server.stop()
+
+
+@pytest.fixture
+async def served(pg_dsn: str, schema: str, tmp_path: Path) -> AsyncIterator[Site]:
+    async with site(pg_dsn, schema, tmp_path) as s:
+        yield s
+
+
+class Page(HTMLParser):
+    """Parses a page: its text, tags, attribute values and the elements a test looks for."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[str] = []
+        self.attrs: list[tuple[str, str, str]] = []
+        self.text: list[str] = []
+        self.cells: list[str] = []
+        self.bars: list[dict[str, str]] = []
+        self._in_title = False
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        values = {name: value or "" for name, value in attrs}
+        for name, value in values.items():
+            self.attrs.append((tag, name, value))
+        css = values.get("class", "").split()
+        if tag == "i" and "cell" in css and "title" in values:
+            self.cells.append(css[1] + " " + values["title"])
+        if tag == "rect" and "bar" in css:
+            self.bars.append(values)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+    @property
+    def all_text(self) -> str:
+        return " ".join(" ".join(self.text).split())
+
+
+def assert_self_contained(html: str) -> None:
+    """No script, no form, nothing loaded from elsewhere; a CSP that says so."""
+    page = Page(html)
+    assert "script" not in page.tags
+    assert "form" not in page.tags
+    assert "iframe" not in page.tags
+    for tag, name, value in page.attrs:
+        if name in ("href", "src", "action"):
+            assert value.startswith(("/", "data:")), (tag, name, value)
+        assert not name.startswith("on"), (tag, name)
+        assert name != "style", tag
+    assert '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'' in html
+
+
+async def test_the_overview_shows_every_job_running_now_and_replicas_with_job_text_escaped(
+    served: Site,
+) -> None:
+    status, headers, html = await fetch(served.port, "/status")
+    assert (200, "text/html; charset=utf-8") == (status, headers["Content-Type"])
+    assert_self_contained(html)
+    page = Page(html)
+    text = page.all_text
+    for code in served.config.jobs:
+        assert code in text
+    # The hostile description is shown as text: escaped in the HTML, intact as text.
+    assert HOSTILE_DESCRIPTION in text
+    assert "&lt;script&gt;alert(&quot;description&quot;)&lt;/script&gt; &amp; it&#x27;s" in html
+    assert "<script>" not in html
+    # The odd code's link is URL-quoted, its text escaped.
+    assert f'href="/status/jobs/{quote(ODD_CODE, safe="")}"' in html
+    assert "odd/&lt;b&gt;&quot;code&quot;" in html
+    # Schedules in words and the next fire in the job's zone and in UTC.
+    nightly = served.config.jobs["nightly-report"]
+    assert "cron '30 2 * * *': at 02:30 every day (Europe/Berlin)" in text
+    fire = nightly.schedule.next_after(datetime.now(UTC))
+    assert fire is not None
+    assert fire.astimezone(nightly.timezone).strftime("%Y-%m-%d %H:%M:%S %Z") in text
+    assert fire.strftime("%Y-%m-%dT%H:%M:%SZ") in text
+    assert "at the next start" not in text  # the run-once job is done
+    # Running now: job, run key, replica, attempt, lease expiry, fencing token.
+    running = served.history.running
+    assert run_key_for(served.history.minute) in text
+    assert OTHER_REPLICA in text
+    assert str(running.fencing_token) in text
+    # Last failure of nightly-report: its first line, escaped.
+    assert "Traceback (most recent call last):" in text
+    # The summary cards: 5 jobs, 1 running, 1 whose last run failed, 2 replicas.
+    cards = re.findall(r'<a class="card[^"]*" href="[^"]*"><b>(\d+)</b><span>([^<]+)</span>', html)
+    assert [
+        ("5", "jobs"),
+        ("1", "running now"),
+        ("1", "last run failed"),
+        ("2", "replicas seen (1h)"),
+    ] == cards
+
+
+async def test_the_tick_strip_is_in_tick_order_and_shows_the_gap_the_failure_and_the_skip(
+    served: Site,
+) -> None:
+    data = await fetch_json(served.port, "/status.json")
+    [sync] = [job for job in data["jobs"] if job["job"] == "sync-invoices"]
+    h = served.history
+    expected: list[tuple[str, str | None, str | None]] = []
+    for k in range(12, -1, -1):
+        tick = h.minute - timedelta(minutes=k)
+        key = run_key_for(tick)
+        if tick == h.gap:
+            expected.append(("NO_ROW", "missed", key))
+        elif tick == h.failed:
+            expected.append(("FAIL", "error", key))
+        elif tick == h.skipped:
+            expected.append(("SKIPPED", "overlap", key))
+        elif k == 0:
+            expected.append(("RUNNING", None, key))
+        else:
+            expected.append(("SUCCESS", None, key))
+    assert expected == [(t["status"], t["reason"], t["run_key"]) for t in sync["ticks"]]
+    # The HTML strip says the same, one cell per entry, coloured by outcome.
+    _, _, html = await fetch(served.port, "/status")
+    cells = Page(html).cells  # the legend's cells have no title, so are not counted
+    assert len(expected) + len(
+        [job for job in data["jobs"] for _ in job["ticks"] if job["job"] != "sync-invoices"]
+    ) == len(cells)
+    gap_key = run_key_for(h.gap)
+    assert (
+        f"miss {gap_key} until {run_key_for(h.gap + timedelta(minutes=1))}: "
+        "no replica ran these ticks (no row)"
+    ) in cells
+    assert f"fail {run_key_for(h.failed)}: FAIL/error" in cells
+    assert f"skip {run_key_for(h.skipped)}: SKIPPED/overlap" in cells
+    assert f"run {run_key_for(h.minute)}: RUNNING" in cells
+
+
+async def test_the_jobs_json_has_the_field_names_and_values_of_pgcrond_status_json(
+    served: Site, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = await fetch_json(served.port, "/status.json")
+    # The CLI runs its own event loop: in a thread, next to the page's server.
+    argv = ["status", "-c", str(served.config_path), "--json", "--database-url", served.dsn]
+    assert 0 == await asyncio.to_thread(main, argv)
+    cli = json.loads(capsys.readouterr().out)
+    assert [e["job"] for e in cli] == [e["job"] for e in data["jobs"]]
+    for from_cli, from_page in zip(cli, data["jobs"], strict=True):
+        assert set(from_cli) <= set(from_page)
+        # next_fire moves on with the clock; everything else is the same row.
+        shared = {k: v for k, v in from_cli.items() if k != "next_fire"}
+        assert shared == {k: from_page[k] for k in shared}
+    [nightly] = [e for e in data["jobs"] if e["job"] == "nightly-report"]
+    assert HOSTILE_DESCRIPTION == nightly["description"]
+    assert HOSTILE_ERROR == nightly["last_run"]["error"]
+    assert HOSTILE_ERROR == nightly["last_failure"]["error"]
+    assert "Europe/Berlin" == nightly["timezone"]
+    assert 1 == len(nightly["next_fires"])
+    assert {"SCHEDULE"} == {r["type"] for r in data["running"]}
+    # The same view at /status with Accept: application/json and at /status.json.
+    again = await fetch_json(served.port, "/status")
+    assert [e["job"] for e in again["jobs"]] == [e["job"] for e in data["jobs"]]
+    assert pgcrond.__version__ == data["version"]
+
+
+async def test_a_jobs_page_lists_recent_ticks_with_keys_and_errors_and_charts_durations(
+    served: Site,
+) -> None:
+    status, _, html = await fetch(served.port, job_path("nightly-report"))
+    assert 200 == status
+    assert_self_contained(html)
+    page = Page(html)
+    text = page.all_text
+    # The hostile error text and description, shown as text and never as markup.
+    assert "<script>" not in html
+    assert HOSTILE_DESCRIPTION in text
+    assert "alert('error')" in text
+    assert "&lt;script&gt;alert(&#x27;error&#x27;)&lt;/script&gt; &quot;double&quot;" in html
+    # Every tick: outcome, duration, replica, attempt and its idempotency key.
+    failed = served.history.nightly_failed
+    assert failed.identity.idempotency_key in text
+    assert "FAIL/error" in text
+    assert "4m10s" in text  # the successful nights' duration
+    assert THIS_REPLICA in text
+    # Next fires: five, in Berlin time and UTC.
+    job = served.config.jobs["nightly-report"]
+    fire = job.schedule.next_after(datetime.now(UTC))
+    assert fire is not None
+    for _ in range(5):
+        assert fire.astimezone(job.timezone).strftime("%Y-%m-%d %H:%M:%S %Z") in text
+        assert fire.strftime("%Y-%m-%dT%H:%M:%SZ") in text
+        fire = job.schedule.next_after(fire)
+        assert fire is not None
+    # The chart: one bar per finished run, oldest first, coloured by outcome.
+    assert ["ok", "ok", "ok", "fail"] == [bar["class"].split()[1] for bar in page.bars]
+    heights = [float(bar["height"]) for bar in page.bars]
+    assert heights[0] == heights[1] == heights[2] > heights[3]
+    assert "svg" in page.tags
+
+    data = await fetch_json(served.port, job_path("nightly-report", ".json"))
+    assert ["FAIL", "SUCCESS", "SUCCESS", "SUCCESS"] == [t["status"] for t in data["ticks"]]
+    newest = data["ticks"][0]
+    assert HOSTILE_ERROR == newest["error"]
+    assert failed.identity.idempotency_key == newest["idempotency_key"]
+    assert 250.0 == data["ticks"][1]["duration_s"]
+    assert 5 == len(data["job"]["next_fires"])
+    history_fields = {
+        "id",
+        "job",
+        "type",
+        "run_key",
+        "status",
+        "reason",
+        "attempt",
+        "owner",
+        "fencing_token",
+        "acquired_at",
+        "finished_at",
+        "expires_at",
+        "retry_at",
+        "duration_s",
+        "error",
+    }
+    assert history_fields <= set(newest)
+
+
+async def test_a_job_with_an_odd_code_has_a_page_and_an_unknown_job_is_404(served: Site) -> None:
+    status, _, html = await fetch(served.port, job_path(ODD_CODE))
+    assert 200 == status
+    assert f"Job {ODD_CODE}" in Page(html).all_text
+    assert 3 == len(Page(html).bars)
+    status, _, html = await fetch(served.port, job_path("no-such-job"))
+    assert 404 == status
+    assert "no job &#x27;no-such-job&#x27; in this replica&#x27;s config" in html
+    status, _, body = await fetch(served.port, job_path("no-such-job", ".json"))
+    assert (404, {"error": "no job 'no-such-job' in this replica's config"}) == (
+        status,
+        json.loads(body),
+    )
+
+
+async def test_the_running_view_shows_run_key_replica_attempt_since_expiry_and_fencing_token(
+    served: Site,
+) -> None:
+    status, _, html = await fetch(served.port, "/status/running")
+    assert 200 == status
+    assert_self_contained(html)
+    running = served.history.running
+    text = Page(html).all_text
+    for value in (
+        "sync-invoices",
+        running.identity.run_key or "",
+        OTHER_REPLICA,
+        str(running.fencing_token),
+    ):
+        assert value in text
+    [entry] = (await fetch_json(served.port, "/status/running.json"))["running"]
+    assert {
+        "job": "sync-invoices",
+        "type": "SCHEDULE",
+        "run_key": running.identity.run_key,
+        "owner": OTHER_REPLICA,
+        "attempt": 1,
+        "stale": False,
+        "fencing_token": running.fencing_token,
+        "idempotency_key": running.identity.idempotency_key,
+    } == {
+        k: entry[k]
+        for k in (
+            "job",
+            "type",
+            "run_key",
+            "owner",
+            "attempt",
+            "stale",
+            "fencing_token",
+            "idempotency_key",
+        )
+    }
+    since = datetime.fromisoformat(entry["since"])
+    expires = datetime.fromisoformat(entry["expires_at"])
+    assert timedelta(minutes=10) == expires - since
+
+
+async def test_the_replicas_view_lists_the_owners_of_recent_rows_with_this_replicas_version(
+    served: Site,
+) -> None:
+    status, _, html = await fetch(served.port, "/status/replicas")
+    assert 200 == status
+    assert_self_contained(html)
+    text = Page(html).all_text
+    assert THIS_REPLICA in text and OTHER_REPLICA in text
+    data = await fetch_json(served.port, "/status/replicas.json")
+    seen = {r["owner"]: r for r in data["replicas"]}
+    assert {THIS_REPLICA, OTHER_REPLICA} == set(seen)
+    assert pgcrond.__version__ == seen[THIS_REPLICA]["version"]
+    assert seen[THIS_REPLICA]["this_replica"]
+    assert None is seen[OTHER_REPLICA]["version"]
+    assert 1 == seen[OTHER_REPLICA]["running"]
+    # This replica: sync-invoices' odd minutes (one of them the failure) and the failed night.
+    odd = [k for k in range(1, 13) if k % 2 and k != 5]
+    assert len(odd) + 1 == seen[THIS_REPLICA]["runs"]
+    assert 2 == seen[THIS_REPLICA]["failures"]
+
+
+async def test_the_page_changes_nothing_and_refuses_other_methods(served: Site) -> None:
+    def count() -> tuple[int, str]:
+        with psycopg.connect(served.dsn) as conn:
+            row = conn.execute(
+                f"""SELECT count(*), md5(string_agg(t::text, ',' ORDER BY id))
+                    FROM "{served.schema}".leases t"""
+            ).fetchone()
+            assert row is not None
+            return row[0], row[1]
+
+    before = count()
+    for path in ("/status", "/status/running", "/status/replicas", job_path("sync-invoices")):
+        status, _, _ = await fetch(served.port, path)
+        assert 200 == status
+    assert before == count()
+    for method in ("POST", "PUT", "DELETE"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(f"{method} /status HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        await writer.drain()
+        response = await reader.read()
+        writer.close()
+        assert response.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
+        assert b"Allow: GET, HEAD\r\n" in response
+
+
+async def test_the_stylesheet_is_served_from_the_package_and_the_root_is_the_overview(
+    served: Site,
+) -> None:
+    status, headers, css = await fetch(served.port, "/status/status.css")
+    assert (200, "text/css; charset=utf-8") == (status, headers["Content-Type"])
+    assert "@media (max-width: 760px)" in css
+    assert "url(" not in css  # no fonts or images from anywhere
+    status, _, html = await fetch(served.port, "/")
+    assert 200 == status
+    assert "sync-invoices" in html
+
+
+async def test_before_the_store_is_ready_the_page_answers_503_and_says_why(tmp_path: Path) -> None:
+    config = load_config([str(write_config(tmp_path, "unused"))], database_url="postgresql://x")
+    page = StatusPage(config=lambda: config, store=lambda: None, replica=THIS_REPLICA)
+    status, content_type, body = await page.answer("/status", "text/html")
+    assert (503, "text/html; charset=utf-8") == (status, content_type)
+    assert "still starting" in body.decode()
+    status, content_type, body = await page.answer("/status.json", "*/*")
+    assert 503 == status
+    assert "still starting" in json.loads(body)["error"]
