@@ -74,3 +74,11 @@ class Cancelled(PgcrondError):
 
 class EmbeddedServerError(PgcrondError):
     """The embedded PostgreSQL server could not be started."""
+
+
+class SqlJobFailed(PgcrondError):
+    """An sql: job's statement failed; its transaction was rolled back."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        self.sqlstate = sqlstate
+        super().__init__(message)

@@ -244,7 +244,7 @@ class Firing:
         if held.claimed_from == "takeover":
             self.metrics.takeovers.labels(job.code).inc()
         async with guard.hold(held):
-            result = await self._execute(job, tick, held)
+            result = await self._execute(job, tick, held, guard)
         # Keep-alive ends with the run: a heartbeat racing the finalize would
         # find the row finished and cry "lease lost".
         return await self._record(job, guard, held, result)
@@ -267,8 +267,11 @@ class Firing:
             kind = "released"
         else:
             kind = "timeout" if result.outcome == "timeout" else "fail"
-            if held.attempt <= job.retries:
-                retry_after = retry_delay(held.attempt, job.retry_delay)
+            if held.attempt <= job.retries and not result.permanent:
+                # Not before the run asked (an HTTP Retry-After), if it did.
+                retry_after = max(
+                    retry_delay(held.attempt, job.retry_delay), result.retry_after or timedelta(0)
+                )
             elif held.identity.type == "INITIAL" and guard.remembers:
                 # A run-once job is never given up on for good: the next start
                 # of any replica tries it again.
@@ -356,7 +359,9 @@ class Firing:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), seconds)
 
-    async def _execute(self, job: JobConfig, tick: datetime, held: Held) -> RunResult:
+    async def _execute(
+        self, job: JobConfig, tick: datetime, held: Held, guard: Guard
+    ) -> RunResult:
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation
         fencing_token, claimed_from = held.fencing_token, held.claimed_from
         run_key = identity.run_key or ""
@@ -391,6 +396,8 @@ class Firing:
             cwd=job.cwd,
             timeout=job.timeout,
             stop_grace=held.stop_grace,
+            # An sql: action's statements commit with SUCCESS through the guard.
+            commit=functools.partial(guard.commit_with, held),
         )
         run_id = f"{identity}#{attempt}"
         self.running[run_id] = cancellation

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
@@ -21,8 +22,10 @@ import yaml
 
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.yamlnodes import construct, kind
+from pgcrond.core.actions import HttpAction
 from pgcrond.core.durations import parse_duration
 from pgcrond.core.keys import BIGINT_MAX, BIGINT_MIN
+from pgcrond.core.sqlscript import compile_script
 from pgcrond.errors import ValidationError
 
 T = TypeVar("T")
@@ -273,3 +276,148 @@ lock_key = Converter(
 # YAML may read an unquoted ISO instant as a timestamp; both spellings are accepted.
 iso_datetime = Converter(_datetime, {"type": "string", "format": "date-time"})
 once = Converter(_bool, {"const": True})
+
+
+def _sql(node: yaml.Node) -> str:
+    text = _nonempty_string(node)
+    compile_script(text)  # its ValueError names what is wrong
+    return text
+
+
+sql = Converter(_sql, {"type": "string", "minLength": 1})
+
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+_HTTP_KEYS = (
+    "url",
+    "method",
+    "headers",
+    "body",
+    "timeout",
+    "expect",
+    "idempotency_header",
+    "fencing_header",
+)
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def _header_name(node: yaml.Node) -> str:
+    value = _nonempty_string(node)
+    if not _HEADER_NAME.match(value):
+        raise ValueError(f"{value!r} is not an HTTP header name")
+    return value
+
+
+def _http(node: yaml.Node) -> HttpAction:
+    """``http: {url, method, headers, body, timeout, expect, …}``; each problem at its node."""
+    if not isinstance(node, yaml.MappingNode):
+        raise ValueError(f"must be a mapping like {{url: https://…}}, got {kind(node)}")
+    values: dict[str, yaml.Node] = {}
+    problems: list[tuple[yaml.Node, str]] = []
+    for key_node, value_node in node.value:
+        name = str(key_node.value)
+        if name not in _HTTP_KEYS:
+            close = difflib.get_close_matches(name, _HTTP_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(_HTTP_KEYS)}"
+            problems.append((key_node, f"unknown key {name!r}; {hint}"))
+        elif name in values:
+            problems.append((key_node, f"duplicate key {name!r}"))
+        else:
+            values[name] = value_node
+    if "url" not in values:
+        problems.append((node, "url: is required"))
+    options: dict[str, Any] = {}
+
+    def read(name: str, convert: Callable[[yaml.Node], Any]) -> None:
+        if name in values:
+            try:
+                options[name] = convert(values[name])
+            except ValueError as exc:
+                problems.append((values[name], f"{name}: {exc}"))
+
+    read("url", _http_url)
+    read("method", _http_method)
+    read("headers", _headers)
+    read("body", _string)
+    read("timeout", _positive_duration)
+    read("expect", _expect)
+    read("idempotency_header", _header_name)
+    read("fencing_header", _header_name)
+    if problems:
+        raise Problems(problems)
+    return HttpAction(**options)
+
+
+def _http_url(node: yaml.Node) -> str:
+    value = _nonempty_string(node)
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"must start with http:// or https://, got {value[:40]!r}")
+    return value
+
+
+def _http_method(node: yaml.Node) -> str:
+    value = _string(node).upper()
+    if value not in HTTP_METHODS:
+        raise ValueError(f"{value!r} is not one of: {', '.join(HTTP_METHODS)}")
+    return value
+
+
+def _headers(node: yaml.Node) -> MappingProxyType[str, str]:
+    if not isinstance(node, yaml.MappingNode):
+        raise ValueError(f"must be a mapping of Name: value, got {kind(node)}")
+    headers: dict[str, str] = {}
+    for key_node, value_node in node.value:
+        name = _header_name(key_node)
+        value = scalar(value_node)
+        if not isinstance(value, str | int) or isinstance(value, bool):
+            raise ValueError(f"{name}: must be text, got {kind(value_node)}; quote it")
+        if any(ch in str(value) for ch in "\r\n\0"):
+            raise ValueError(f"{name}: must not contain a line break or NUL")
+        headers[name] = str(value)
+    return MappingProxyType(headers)
+
+
+def _expect(node: yaml.Node) -> frozenset[int]:
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    codes: set[int] = set()
+    for item in items:
+        value = scalar(item)
+        if isinstance(value, bool) or not isinstance(value, int) or not 100 <= value <= 599:
+            raise ValueError(f"must be HTTP status codes (100-599), got {kind(item)}")
+        codes.add(value)
+    if not codes:
+        raise ValueError("must name at least one status code")
+    return frozenset(codes)
+
+
+http = Converter(
+    _http,
+    {
+        "type": "object",
+        "required": ["url"],
+        "additionalProperties": False,
+        "properties": {
+            "url": {"type": "string", "pattern": "^https?://"},
+            "method": {"enum": list(HTTP_METHODS), "default": "POST"},
+            "headers": {
+                "type": "object",
+                "additionalProperties": {"type": ["string", "integer"]},
+                "description": "values may use ${VAR} from the run's environment",
+            },
+            "body": {"type": "string"},
+            "timeout": {"$ref": "#/$defs/duration", "default": "30s"},
+            "expect": {
+                "description": "status codes that mean success; default any 2xx",
+                "anyOf": [
+                    {"type": "integer", "minimum": 100, "maximum": 599},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": "integer", "minimum": 100, "maximum": 599},
+                    },
+                ],
+            },
+            "idempotency_header": {"type": "string", "default": "Idempotency-Key"},
+            "fencing_header": {"type": "string", "default": "X-Fencing-Token"},
+        },
+    },
+)

@@ -95,7 +95,7 @@ HTTP = _table(
 )
 
 SCHEDULE_KEYS = ("cron", "once", "at")
-ACTION_KEYS = ("command", "shell", "entrypoint")
+ACTION_KEYS = ("command", "shell", "entrypoint", "sql", "http")
 
 JOB = _table(
     Field("cron", c.string, REQUIRED, "cron(8) expression, 5 fields or 6 with seconds first"),
@@ -110,6 +110,20 @@ JOB = _table(
         c.nonempty_string,
         REQUIRED,
         "package.module:function, or a pgcrond.jobs entry point",
+    ),
+    Field(
+        "sql",
+        c.sql,
+        REQUIRED,
+        "statements committed with the run's SUCCESS; :idempotency_key, :run_key, "
+        ":fire_time, :attempt, :fencing_token are bound parameters",
+    ),
+    Field(
+        "http",
+        c.http,
+        REQUIRED,
+        "an HTTP request {url, method, headers, body, timeout, expect} carrying "
+        "Idempotency-Key and X-Fencing-Token",
     ),
     Field("guard", c.choice(Guard), "lease", "lease (a row per tick, fenced) or advisory", True),
     Field("timezone", c.zone, "UTC", "IANA zone the schedule is read in", True),
@@ -157,6 +171,19 @@ JOB = _table(
     Field("env", c.env, MappingProxyType({}), "extra environment variables (text values)", True),
     Field("cwd", c.path, None, "working directory of runs", True),
     Field("isolate", c.boolean, False, "entrypoint only: run in a child interpreter"),
+    Field(
+        "role",
+        c.nonempty_string,
+        None,
+        "sql only: SET LOCAL ROLE for the job's statements (least privilege)",
+    ),
+    Field(
+        "database",
+        c.nonempty_string,
+        None,
+        "sql only: must name the lease database (database.url); the statements commit "
+        "in the lease row's transaction",
+    ),
     Field("key_hash", c.choice(KeyHash), "pgcrond", "advisory only: how lock ids are derived"),
     Field(
         "lock_key",

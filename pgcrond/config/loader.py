@@ -56,7 +56,14 @@ from pgcrond.config.models import (
     min_history_retention,
 )
 from pgcrond.config.yamlnodes import Issues, Located, Section, compose, mapping_expected
-from pgcrond.core.actions import Action, CommandAction, EntrypointAction, ShellAction
+from pgcrond.core.actions import (
+    Action,
+    CommandAction,
+    EntrypointAction,
+    HttpAction,
+    ShellAction,
+    SqlAction,
+)
 from pgcrond.core.durations import format_duration
 from pgcrond.core.keys import Identity, KeyHash
 from pgcrond.core.redaction import url_problems
@@ -81,8 +88,10 @@ __all__ = [
     "Config",
     "DatabaseConfig",
     "EntrypointAction",
+    "HttpAction",
     "JobConfig",
     "ShellAction",
+    "SqlAction",
     "load_config",
     "min_history_retention",
 ]
@@ -160,6 +169,8 @@ class _Loader:
         self.url_unset = False
         # A file that cannot be read may hold the database section: do not also claim it is missing.
         self.unreadable = False
+        # The lease database's URL as the jobs will use it (an sql: job's database: must match).
+        self.lease_url: str | None = None
 
     def issue(
         self, file: str, line: int | None, job: str | None, name: str | None, message: str
@@ -302,6 +313,7 @@ class _Loader:
             return self.issues.section(value, value.line, None, f"{key}.", allowed)
 
         database = self.database(top_section("database", tuple(DATABASE)), database_url)
+        self.lease_url = None if database is None else database.url
         defaults = top_section("defaults", DEFAULTABLE)
         http = top_section("http", tuple(HTTP))
         top = Section(first_file, None, None, "", self.top)
@@ -529,8 +541,8 @@ class _Loader:
         else:
             timing = self.default_timing  # its problems were reported once, at the defaults
         schedule, zone = self.schedule(section, zone, "timezone" in own)
-        action = self.action(section)
         guard = cast(Guard, merged.get("guard", JOB["guard"].default))
+        action = self.action(section, merged, timing, guard)
         key_hash = self.read(section, "key_hash", JOB["key_hash"].convert)
         lock_key = self.read(section, "lock_key", JOB["lock_key"].convert)
         description = self.read(section, "description", JOB["description"].convert)
@@ -658,14 +670,32 @@ class _Loader:
             return None, zone
         return AtSchedule(instant), zone
 
-    def action(self, section: Section) -> Action | None:
+    def action(
+        self,
+        section: Section,
+        merged: Mapping[str, object],
+        timing: LeaseTiming | None,
+        guard: Guard,
+    ) -> Action | None:
         given = [k for k in ACTION_KEYS if k in section.values]
         isolate = self.read(section, "isolate", JOB["isolate"].convert)
         if isolate is not None and given != ["entrypoint"]:
             self.report(section, "isolate", "only used with entrypoint:")
+        for name in ("role", "database"):
+            if name in section.values and given != ["sql"]:
+                self.report(section, name, "only used with sql:")
         if len(given) != 1:
-            self.one_of(section, given, "action", "command: [argv...], shell: '...' or entrypoint:")
+            self.one_of(
+                section,
+                given,
+                "action",
+                "command: [argv...], shell: '...', entrypoint:, sql: '...' or http: {url: ...}",
+            )
             return None
+        if given == ["sql"]:
+            return self.sql_action(section, merged, timing, guard)
+        if given == ["http"]:
+            return self.read(section, "http", JOB["http"].convert)
         if given == ["command"]:
             argv = self.read(section, "command", JOB["command"].convert)
             return None if argv is None else CommandAction(argv)
@@ -681,6 +711,82 @@ class _Loader:
             self.report(section, "entrypoint", str(exc))
             return None
         return EntrypointAction(target, isolate=bool(isolate))
+
+    def sql_action(
+        self,
+        section: Section,
+        merged: Mapping[str, object],
+        timing: LeaseTiming | None,
+        guard: Guard,
+    ) -> SqlAction | None:
+        """``sql:``: only under the lease guard, on the lease database, within the lease.
+
+        The statements commit in the transaction that records the lease row's
+        SUCCESS, so they need that row (no advisory lock has one) and that
+        database. The row stays locked while they run, so the run's own
+        heartbeats wait: it must end within its lease, less the heartbeat
+        interval and the stop grace, which is also its default timeout.
+        """
+        text = self.read(section, "sql", JOB["sql"].convert)
+        role = self.read(section, "role", JOB["role"].convert)
+        database = self.read(section, "database", JOB["database"].convert)
+        ok = text is not None
+        if guard != "lease":
+            self.report(
+                section,
+                "guard" if "guard" in section.values else "sql",
+                "sql: needs guard: lease: its statements commit in the same transaction as the "
+                "lease row's SUCCESS, and an advisory lock has no row to commit with",
+            )
+            ok = False
+        if database is not None and not self.is_lease_database(database):
+            self.report(
+                section,
+                "database",
+                "an sql: job runs on the lease database only (database.url): its statements "
+                "commit in the transaction that records the run's SUCCESS, which is what makes "
+                "them exactly-once; leave database: out, or for another database use an "
+                "entrypoint keyed by the idempotency key (docs/exactly-once.md)",
+            )
+            ok = False
+        if timing is None or not ok or text is None:
+            return None
+        window = timing.lease - timing.heartbeat - timing.stop_budget
+        if window <= timedelta(0):
+            self.report(
+                section,
+                "lease",
+                f"lease {format_duration(timing.lease)} is too short for an sql: job: it must "
+                "exceed the heartbeat interval plus the stop grace",
+            )
+            return None
+        timeout = merged.get("timeout")
+        if isinstance(timeout, timedelta) and timeout > window:
+            self.report(
+                section,
+                "timeout" if "timeout" in section.values else "lease",
+                f"timeout {format_duration(timeout)} is longer than an sql: job can run: its "
+                "lease row stays locked while the statements run, so heartbeats wait and the "
+                f"run must end within lease - heartbeat - stop grace ({format_duration(window)}); "
+                "raise lease or lower timeout",
+            )
+            return None
+        limit = timeout if isinstance(timeout, timedelta) else window
+        return SqlAction(text, statement_timeout=limit, role=role)
+
+    def is_lease_database(self, text: str) -> bool:
+        """Whether a job's ``database:`` (``${VAR}``s read) is the lease database's URL."""
+        wanted = self.lease_url
+        if wanted is None:
+            return False
+
+        def substitute(match: re.Match[str]) -> str:
+            if match.group(0) == "$$":
+                return "$"
+            name, default = match.group(1), match.group(2)
+            return self.environ.get(name or "") or (default or "")
+
+        return wanted in (text, _INTERPOLATION.sub(substitute, text))
 
     def one_of(self, section: Section, given: list[str], what: str, allowed: str) -> None:
         if given:

@@ -1,4 +1,4 @@
-"""What a run executes: a command, a shell script or a Python entrypoint.
+"""What a run executes: a command, a shell script, a Python entrypoint, SQL or an HTTP call.
 
 These types live apart from ``config`` so that the runner, which executes them,
 does not depend on the YAML loader that builds them.
@@ -6,8 +6,14 @@ does not depend on the YAML loader that builds them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import MappingProxyType
+from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from pgcrond.core.sqlscript import SqlScript, compile_script
 from pgcrond.errors import ValidationError
 
 
@@ -40,4 +46,82 @@ class EntrypointAction:
     isolate: bool = False
 
 
-Action = CommandAction | ShellAction | EntrypointAction
+@dataclass(frozen=True)
+class SqlAction:
+    """Statements run in the same transaction as the SUCCESS record of the run's lease row.
+
+    ``text`` is the job's SQL as written (``:name`` placeholders, see
+    :mod:`pgcrond.core.sqlscript`); ``script`` its statements for the driver.
+    ``statement_timeout`` is sent as ``SET LOCAL statement_timeout``; ``role``
+    (optional) as ``SET LOCAL ROLE`` for the job's statements only.
+    """
+
+    text: str
+    statement_timeout: timedelta
+    role: str | None = None
+    script: SqlScript = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        try:
+            script = compile_script(self.text)
+        except ValueError as exc:
+            raise ValidationError("sql", str(exc)) from None
+        object.__setattr__(self, "script", script)
+        if self.statement_timeout <= timedelta(0):
+            raise ValidationError("timeout", "must be longer than 0")
+
+
+@dataclass(frozen=True)
+class SqlWork:
+    """One run's ``sql:`` statements with their bound values, for the guard to commit."""
+
+    statements: tuple[str, ...]
+    params: Mapping[str, Any]
+    statement_timeout: timedelta
+    role: str | None = None
+    # Server-side bounds for a client that vanishes mid-transaction (killed,
+    # paused, partitioned): its row lock must not outlive the lease for long.
+    idle_timeout: timedelta = timedelta(seconds=5)
+
+
+# What committing SQL work together with SUCCESS came to: both, or neither
+# because another replica holds the identity now.
+Committed = Literal["done", "fenced"]
+
+DEFAULT_EXPECT = frozenset(range(200, 300))
+
+
+@dataclass(frozen=True)
+class HttpAction:
+    """One HTTP request per attempt, carrying the run's idempotency key and fencing token.
+
+    A response whose status is in ``expect`` is a success. Connect errors,
+    timeouts, 5xx, 408 and 429 are transient (retried under the job's retry
+    policy, after ``Retry-After`` if the server sent one); any other status is
+    a failure no retry can fix. Header values may name ``${VAR}``s of the
+    run's environment (which never holds pgcrond's own secrets).
+    """
+
+    url: str
+    method: str = "POST"
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    body: str | None = None
+    timeout: timedelta = timedelta(seconds=30)
+    expect: frozenset[int] = DEFAULT_EXPECT
+    idempotency_header: str = "Idempotency-Key"
+    fencing_header: str = "X-Fencing-Token"
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValidationError("http.url", "must start with http:// or https://")
+
+    @property
+    def shown_url(self) -> str:
+        """The URL fit for logs: no user info, every query value replaced by ``***``."""
+        parts = urlsplit(self.url)
+        netloc = parts.netloc.rpartition("@")[2]
+        query = urlencode([(name, "***") for name, _ in parse_qsl(parts.query, True)], safe="*")
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+Action = CommandAction | ShellAction | EntrypointAction | SqlAction | HttpAction

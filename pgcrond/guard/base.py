@@ -30,6 +30,16 @@ Every guard fulfils these rules; the implementations only say how.
   arguments, which must be safe); no other error escapes.
 * **forget** ends the guard's interest in an identity (an advisory lock still
   held for retries is released); it is called once per fire, always.
+* **commit_with** (optional; for ``sql:`` jobs) runs the job's database work
+  and records SUCCESS in one transaction, after checking under a row lock that
+  ``held`` is still the current holder: ``"done"`` both committed, ``"fenced"``
+  neither ran. A failing statement raises
+  :class:`~pgcrond.errors.SqlJobFailed` (nothing committed); an outage raises
+  :class:`~pgcrond.errors.DatabaseUnavailable`, and whether it committed is
+  unknown, so only a failure may be recorded after it (a SUCCESS that did land
+  fences it). A later ``record(held, "success")`` answers ``"done"`` at once.
+  Guards without a row to commit with raise :class:`Unsupported`; the config
+  refuses ``sql:`` under them.
 """
 
 from __future__ import annotations
@@ -41,8 +51,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import MAX_STOP_GRACE
+from pgcrond.errors import PgcrondError
 from pgcrond.run.cancel import Cancellation
 
 RefusalReason = Literal[
@@ -137,6 +149,19 @@ class Guard(abc.ABC):
 
     async def forget(self, identity: Identity) -> None:  # noqa: B027 - optional hook
         """The fire of ``identity`` is over on this replica."""
+
+    async def commit_with(self, held: Held, work: SqlWork) -> Committed:
+        """Run ``work`` and record SUCCESS in one transaction; see the module docstring."""
+        raise Unsupported(f"{type(self).__name__} cannot commit database work with an outcome")
+
+
+class Unsupported(PgcrondError):
+    """This guard cannot do that."""
+
+
+def pausable(identity: Identity) -> bool:
+    """Pause stops ticks and run-once jobs; a manual run key is the operator's own ask."""
+    return identity.type == "INITIAL" or tick_of(identity.run_key or "") is not None
 
 
 @contextlib.asynccontextmanager

@@ -26,6 +26,7 @@ from typing import TypeVar
 
 import structlog
 
+from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
@@ -47,6 +48,8 @@ UNSTORABLE_ERROR = "the error text could not be stored"
 class _Open:
     lease: Acquired
     held: Held
+    # SUCCESS already committed with the job's own SQL (commit_with).
+    committed: bool = False
 
 
 class LeaseGuard(Guard):
@@ -176,6 +179,8 @@ class LeaseGuard(Guard):
         retry_after: timedelta | None = None,
     ) -> Recorded:
         lease = self._open[held.identity].lease
+        if outcome == "success" and self._open[held.identity].committed:
+            return "done"  # recorded in the job's own transaction
         pending: Awaitable[bool]
         if outcome == "success":
             pending = self.store.complete(lease)
@@ -210,6 +215,24 @@ class LeaseGuard(Guard):
             return "fenced"
         if outcome in ("fail", "timeout") and retry_after is not None:
             return "retry"
+        return "done"
+
+    async def commit_with(self, held: Held, work: SqlWork) -> Committed:
+        opened = self._open[held.identity]
+        # Bounded like every statement on the run path: the job's statements by
+        # their timeout, the lock and the finalize by the finalize's.
+        bound = work.statement_timeout.total_seconds() * len(work.statements)
+        task = asyncio.ensure_future(self.store.complete_with(opened.lease, work))
+        try:
+            committed = await _bounded(task, bound + 2 * FINALIZE_TIMEOUT_S, "sql job")
+        except asyncio.CancelledError:
+            # The run is being stopped: the transaction must end too (rolled
+            # back), not go on behind the caller's back.
+            task.cancel()
+            raise
+        if not committed:
+            return "fenced"
+        opened.committed = True
         return "done"
 
     async def forget(self, identity: Identity) -> None:

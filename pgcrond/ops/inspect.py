@@ -14,7 +14,7 @@ from typing import Any
 
 from pgcrond.cli import ExitCode
 from pgcrond.config.loader import Config, JobConfig, load_config
-from pgcrond.core.actions import Action, CommandAction, ShellAction
+from pgcrond.core.actions import Action, CommandAction, HttpAction, ShellAction, SqlAction
 from pgcrond.core.durations import format_duration
 from pgcrond.core.redaction import redact
 from pgcrond.core.schedule import run_key_for
@@ -170,6 +170,10 @@ def _action_summary(action: Action) -> str:
         return "command: " + " ".join(action.argv)
     if isinstance(action, ShellAction):
         return f"shell: {action.script}"
+    if isinstance(action, SqlAction):
+        return "sql: " + " ".join(action.text.split())
+    if isinstance(action, HttpAction):
+        return f"http: {action.method} {action.shown_url}"
     return f"entrypoint: {action.target}" + (" (isolated)" if action.isolate else "")
 
 
@@ -179,6 +183,10 @@ def _job_json(job: JobConfig) -> dict[str, Any]:
         action = {"type": "command", "argv": list(job.action.argv)}
     elif isinstance(job.action, ShellAction):
         action = {"type": "shell", "script": job.action.script}
+    elif isinstance(job.action, SqlAction):
+        action = {"type": "sql", "sql": job.action.text, "role": job.action.role}
+    elif isinstance(job.action, HttpAction):
+        action = {"type": "http", "method": job.action.method, "url": job.action.shown_url}
     else:
         action = {"type": "entrypoint", "target": job.action.target, "isolate": job.action.isolate}
     return {

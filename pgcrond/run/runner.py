@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,7 +36,16 @@ from typing import Any, Literal, assert_never
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from pgcrond.core.actions import Action, CommandAction, EntrypointAction, ShellAction
+from pgcrond.core.actions import (
+    Action,
+    CommandAction,
+    Committed,
+    EntrypointAction,
+    HttpAction,
+    ShellAction,
+    SqlAction,
+    SqlWork,
+)
 from pgcrond.run.cancel import Cancellation
 from pgcrond.run.context import ENV_PREFIX, RunContext
 from pgcrond.run.entrypoints import resolve
@@ -75,6 +84,11 @@ class RunRequest:
     cwd: Path | None = None
     timeout: timedelta | None = None
     stop_grace: timedelta = timedelta(seconds=10)
+    # How an sql: action's statements are committed together with SUCCESS
+    # (the guard's commit_with, bound to the held claim); None: not possible.
+    commit: Callable[[SqlWork], Awaitable[Committed]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         # A naive time would silently be read as the host's local time.
@@ -88,6 +102,10 @@ class RunResult:
     error: str | None
     exit_code: int | None
     duration_s: float
+    # A failure's hints for its retry: not before this long (an HTTP
+    # Retry-After), or never (a failure no retry can fix).
+    retry_after: timedelta | None = None
+    permanent: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,8 @@ class _Ending:
     outcome: Outcome
     error: str | None = None
     exit_code: int | None = None
+    retry_after: timedelta | None = None
+    permanent: bool = False
 
 
 def job_environ(
@@ -129,6 +149,8 @@ async def execute(request: RunRequest, cancellation: Cancellation) -> RunResult:
         error=ending.error,
         exit_code=ending.exit_code,
         duration_s=time.monotonic() - started,
+        retry_after=ending.retry_after,
+        permanent=ending.permanent,
     )
 
 
@@ -162,6 +184,15 @@ async def _execute(
         case EntrypointAction(target=target):
             context = dataclasses.replace(context, env=MappingProxyType(environ))
             return await _run_entrypoint(target, context, request, watch, log)
+        case SqlAction():
+            # Imported here: the runner itself needs neither, nor does `check`.
+            from pgcrond.run.sql_action import run_sql
+
+            return await run_sql(action, request, watch, log)
+        case HttpAction():
+            from pgcrond.run.http_action import run_http
+
+            return await run_http(action, request, environ, watch, log)
         case _:
             assert_never(action)
 

@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
+import psycopg
 import structlog
 
+from pgcrond.core.actions import SqlWork
 from pgcrond.core.keys import Identity, lock_id
 from pgcrond.core.timing import LeaseTiming, to_ms
-from pgcrond.errors import LeaseLost, PgcrondError
+from pgcrond.errors import LeaseLost, PgcrondError, SqlJobFailed
 from pgcrond.run.cancel import Cancellation
 from pgcrond.storage.db import Database
 from pgcrond.storage.sql import Queries, migrations
@@ -36,6 +38,11 @@ NotAcquiredReason = Literal[
     "held", "done", "failed", "retry_pending", "overlap", "not_due", "late"
 ]
 MAX_ERROR_LENGTH = 4000
+# An sql: job's transaction: how often the server checks that the client is
+# still there while a statement runs (PostgreSQL 14+), and the statement
+# timeout of the SUCCESS finalize that ends it.
+_CONNECTION_CHECK_MS = 1000
+_FINALIZE_TIMEOUT_S = 5
 
 
 def storable(text: str) -> str:
@@ -301,6 +308,58 @@ class LeaseStore:
         """Record SUCCESS; False when fenced. A SUCCESS row is never claimed again."""
         return await self._finalize(lease, "SUCCESS", None, None, None)
 
+    async def complete_with(self, lease: Acquired, work: SqlWork) -> bool:
+        """Run an sql: job's statements and record SUCCESS in one transaction; False when fenced.
+
+        The lease row is locked first, by id and owner token (``sql_job_lock``):
+        fenced or lapsed, nothing runs. The job's statements follow under its
+        role, then the SUCCESS finalize (``sql_job_success``), then COMMIT: the
+        effects and the SUCCESS land together or not at all. A failing statement rolls it all
+        back and raises :class:`SqlJobFailed`; an outage raises
+        DatabaseUnavailable, and then it is unknown whether the COMMIT landed,
+        so the caller must never record a plain SUCCESS after it (a FAIL is
+        safe: it is fenced by a SUCCESS that did land). One connection, one
+        transaction, nothing prepared or session-scoped: works behind PgBouncer.
+        """
+        async with self.db.connection() as conn, conn.transaction():
+            cursor = await conn.execute(
+                self.queries.get("sql_job_lock"),
+                {
+                    "id": lease.id,
+                    "owner_token": lease.owner_token,
+                    "statement_timeout_ms": to_ms(work.statement_timeout),
+                    "idle_timeout_ms": to_ms(work.idle_timeout),
+                    "check_interval_ms": _CONNECTION_CHECK_MS,
+                },
+            )
+            if await cursor.fetchone() is None:
+                return False
+            if work.role is not None:
+                await conn.execute(self.queries.get("sql_job_role"), {"role": work.role})
+            for statement in work.statements:
+                try:
+                    await conn.execute(statement, work.params)
+                except psycopg.Error as exc:
+                    if _is_outage(exc):
+                        raise  # translated by the connection
+                    # The job's own error (psycopg files a statement_timeout,
+                    # a deadlock or a lock timeout under OperationalError too).
+                    raise SqlJobFailed(
+                        f"{type(exc).__name__}: {exc}".strip(), exc.sqlstate
+                    ) from exc
+            await conn.execute(
+                self.queries.get("sql_job_done"),
+                {"statement_timeout_ms": to_ms(timedelta(seconds=_FINALIZE_TIMEOUT_S))},
+            )
+            cursor = await conn.execute(
+                self.queries.get("sql_job_success"),
+                {"id": lease.id, "owner_token": lease.owner_token},
+            )
+            # Locked by us above, so it is still ours; checked all the same.
+            if await cursor.fetchone() is None:
+                raise LeaseLost(f"lease of {lease.identity} changed under its row lock")
+        return True
+
     async def fail(
         self,
         lease: Acquired,
@@ -460,6 +519,16 @@ class LeaseStore:
         if not await self.complete(lease):
             raise LeaseLost(f"lease of {identity} was taken over before it completed")
         return value
+
+
+def _is_outage(exc: psycopg.Error) -> bool:
+    """The connection or server failed (no SQLSTATE, class 08, 57P0x, read-only), not the SQL."""
+    state = exc.sqlstate
+    return (
+        state is None
+        or state.startswith("08")
+        or state in ("57P01", "57P02", "57P03", "25006")
+    )
 
 
 def _abandon(task: asyncio.Task[Any]) -> None:

@@ -24,6 +24,14 @@ Inputs, all read after the cluster settled, every time by the database clock:
     an owner that was still current when it wrote (its outcome was lost or
     never recorded, and the tick ran again), or by a fenced owner (a newer
     claim, with a larger fencing token, had been made before it wrote).
+``duplicate_lapsed`` / ``outcome_lapsed``
+    the inherent lease limit of a network fault, told apart from the defects
+    above: the owner wrote its effect while current, but its lease then lapsed
+    at the database (no heartbeat or outcome got through: the statements were
+    held by a partition) and the next claim came only after that expiry. The
+    outcome was lost in flight and the tick ran again under the same
+    idempotency key: what the key exists for. Without history these count as
+    the defects.
 ``fenced_outcome``
     an outcome (SUCCESS/FAIL) recorded for an attempt that was not the
     current one: a newer claim of the tick exists, the history shows a
@@ -65,15 +73,21 @@ from typing import Any
 KINDS = (
     "lost_tick",
     "duplicate_current",
+    "duplicate_lapsed",
     "duplicate_fenced",
     "fenced_outcome",
     "lost_outcome",
+    "outcome_lapsed",
     "stuck_running",
     "once_rerun",
     "forbid_overlap",
     "started_late",
     "started_early",
 )
+# The lease's inherent limit, reported but not a defect: an effect written by
+# an owner that was fenced before it wrote, or whose lease lapsed at the
+# database before its outcome landed (the tick then runs again, same key).
+INHERENT = frozenset({"duplicate_fenced", "duplicate_lapsed", "outcome_lapsed"})
 # Faults during which the daemon cannot reach its database.
 UNREACHABLE = frozenset({"pg_restart", "partition", "blackhole"})
 INITIAL = "INITIAL"
@@ -134,6 +148,8 @@ class LeaseVersion:
     reason: str | None
     at: datetime
     op: str = "UPDATE"
+    # The lease's expiry as this version left it (the database's clock).
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -264,7 +280,7 @@ def check(
                 ticks_checked += 1
                 found += _lost(job, key, rows, lease, faults)
                 found += _stuck(job, key, rows, lease, window)
-            found += _duplicates(job, key, rows, lease, tick_claims)
+            found += _duplicates(job, key, rows, lease, tick_claims, versions.get((job.code, key)))
             found += _outcomes(job, key, rows, lease, tick_claims, versions.get((job.code, key)))
             if not job.once:
                 found += _timing(job, key, rows, start_slack)
@@ -348,6 +364,7 @@ def _duplicates(
     rows: list[LedgerRow],
     lease: LeaseRow | None,
     claims: list[tuple[int, datetime]],
+    versions: list[LeaseVersion] | None = None,
 ) -> list[Violation]:
     effects = [r for r in rows if r.phase == "end"]
     if len(effects) < 2:
@@ -370,7 +387,15 @@ def _duplicates(
             )
         else:
             newer = _newer_claim(effect, claims)
-            if newer is None:
+            if newer is None and _lapsed(effect, claims, versions):
+                kind = "duplicate_lapsed"
+                detail = (
+                    f"effect at {_iso(effect.at)} by attempt {effect.attempt} token "
+                    f"{effect.fencing_token} (pid {effect.pid}) while current; its lease lapsed "
+                    "at the database before its outcome landed and the tick was claimed again: "
+                    f"kept effect attempt {keep.attempt} token {keep.fencing_token}"
+                )
+            elif newer is None:
                 kind = "duplicate_current"
                 detail = (
                     f"effects by attempt {effect.attempt} token {effect.fencing_token} "
@@ -415,9 +440,10 @@ def _outcomes(
             else f"lease {lease.status}/{lease.reason} by attempt {lease.attempt} token "
             f"{lease.fencing_token} ({lease.owner})"
         )
+        lapsed = _lapsed(effect, claims, versions)
         found.append(
             _violation(
-                "lost_outcome",
+                "outcome_lapsed" if lapsed else "lost_outcome",
                 job,
                 key,
                 f"attempt {effect.attempt} token {effect.fencing_token} (pid {effect.pid}) "
@@ -637,6 +663,29 @@ def _claims(
                 earliest[row.fencing_token] = row.at if at is None else min(at, row.at)
         result[tick] = sorted(earliest.items())
     return result
+
+
+def _lapsed(
+    effect: LedgerRow,
+    claims: list[tuple[int, datetime]],
+    versions: list[LeaseVersion] | None,
+) -> bool:
+    """Whether ``effect``'s owner lost its lease by expiry, before anyone claimed again.
+
+    Its last version's expiry (the database's clock) came after the effect
+    and before the next claim of the tick: nothing of the owner's got through
+    in time (a partition held its heartbeats and its outcome), so the next
+    claim was a legitimate takeover.
+    """
+    token = effect.fencing_token
+    if token is None or not versions:
+        return False
+    expiries = [v.expires_at for v in versions if v.fencing_token == token and v.expires_at]
+    if not expiries:
+        return False
+    expiry = max(expiries)
+    later = [at for t, at in claims if t > token]
+    return effect.at <= expiry and (not later or min(later) >= expiry)
 
 
 def _newer_claim(

@@ -491,7 +491,13 @@ def _version(history: dict[str, Any]) -> checker.LeaseVersion:
         row.get("reason"),
         history["at"],
         history["op"],
+        _instant(row.get("expires_at")),
     )
+
+
+def _instant(value: str | None) -> datetime | None:
+    """A timestamptz as to_jsonb wrote it."""
+    return None if value is None else datetime.fromisoformat(value)
 
 
 def _key(moment: datetime) -> str:

@@ -72,9 +72,25 @@ def lease(
 
 
 def claim(
-    job: JobSpec, tick: int, when: float, *, token: int, status: str = "RUNNING", pid: int = 100
+    job: JobSpec,
+    tick: int,
+    when: float,
+    *,
+    token: int,
+    status: str = "RUNNING",
+    pid: int = 100,
+    expires: float | None = None,
 ) -> LeaseVersion:
-    return LeaseVersion(job.code, key(tick), status, token, f"host:{pid}", None, at(when))
+    return LeaseVersion(
+        job.code,
+        key(tick),
+        status,
+        token,
+        f"host:{pid}",
+        None,
+        at(when),
+        expires_at=None if expires is None else at(expires),
+    )
 
 
 def clean(job: JobSpec = TICK, ticks: range = range(3)) -> tuple[list[LedgerRow], list[LeaseRow]]:
@@ -169,6 +185,28 @@ def test_a_second_effect_by_a_still_current_owner() -> None:
     assert sorted(["duplicate_current", "lost_outcome"]) == sorted(kinds(report))
     duplicate = next(v for v in report.violations if v.kind == "duplicate_current")
     assert "token 11" in duplicate.detail and {100, 200} == duplicate.pids
+
+
+def test_an_effect_whose_lease_lapsed_before_its_outcome_landed_is_the_inherent_limit() -> None:
+    """Token 11 wrote at 1.1, its lease lapsed at 2.0 (nothing got through), 21 claimed at 3.9."""
+    ledger, leases = clean()
+    ledger += [
+        row(TICK, 1, "start", 4.0, token=21, attempt=2, pid=200),
+        row(TICK, 1, "end", 4.1, token=21, attempt=2, pid=200),
+    ]
+    leases = [x for x in leases if x.run_key != key(1)] + [
+        lease(TICK, 1, "SUCCESS", token=21, attempt=2, pid=200)
+    ]
+    history = [
+        claim(TICK, 1, 1.0, token=11, expires=2.0),
+        claim(TICK, 1, 3.9, token=21, pid=200, expires=6.0),
+    ]
+    report = check([TICK], ledger, leases, [], WINDOW, history)
+    assert sorted(["duplicate_lapsed", "outcome_lapsed"]) == sorted(kinds(report))
+    # Taken over while the first owner's lease still held: the defect again.
+    history[1] = claim(TICK, 1, 1.5, token=21, pid=200, expires=6.0)
+    report = check([TICK], ledger, leases, [], WINDOW, history)
+    assert "duplicate_lapsed" not in kinds(report)
 
 
 def test_a_second_effect_by_a_fenced_owner_shows_its_older_token() -> None:

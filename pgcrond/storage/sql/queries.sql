@@ -401,3 +401,51 @@ SELECT owner, max(at) AS last_seen, min(at) AS first_seen, count(*) AS runs,
 FROM seen
 GROUP BY owner
 ORDER BY max(at) DESC, owner
+
+-- name: sql_job_lock
+-- The first statement of an sql: job's transaction, its fencing check: the
+-- lease row, still ours by owner token and live, locked FOR UPDATE until the
+-- transaction ends, so nobody can take the tick over while the job's own
+-- statements run and the SUCCESS recorded after them cannot be fenced. No row:
+-- fenced (or lapsed), and nothing runs. The settings last as long as the
+-- transaction (nothing session-scoped, so PgBouncer in transaction pooling
+-- works): the job's statement_timeout, and server-side bounds for a client
+-- that vanishes mid-transaction (killed, paused, partitioned), whose row lock
+-- must not outlive it for long.
+SELECT l.id,
+       set_config('statement_timeout', %(statement_timeout_ms)s::text, true) AS statement_timeout,
+       set_config('idle_in_transaction_session_timeout', %(idle_timeout_ms)s::text, true)
+         AS idle_timeout,
+       CASE WHEN current_setting('server_version_num')::int >= 140000
+            THEN set_config('client_connection_check_interval', %(check_interval_ms)s::text, true)
+       END AS check_interval
+FROM (SELECT id FROM {table}
+      WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
+        AND expires_at > clock_timestamp()
+      FOR UPDATE) l
+
+-- name: sql_job_role
+-- The job's role (SET LOCAL ROLE) for its own statements only.
+SELECT set_config('role', %(role)s, true) AS role
+
+-- name: sql_job_done
+-- After the job's statements: back to the daemon's own role and a short
+-- statement timeout for the SUCCESS finalize that follows in the same transaction.
+SELECT set_config('role', 'none', true) AS role,
+       set_config('statement_timeout', %(statement_timeout_ms)s::text, true) AS statement_timeout
+
+-- name: status_page_no_jit
+-- Sent before a status page statement, in the same message and implicit
+-- transaction: the planner's cost of a lateral per job (a thousand jobs) passes
+-- jit_above_cost, and compiling takes longer than the statement itself runs.
+SELECT set_config('jit', 'off', true) AS jit
+
+-- name: sql_job_success
+-- The SUCCESS finalize of an sql: job, in its own transaction after its
+-- statements: by the current owner only (the row is locked by sql_job_lock
+-- since the start of the transaction, so it is still ours).
+UPDATE {table}
+SET status = 'SUCCESS', finished_at = clock_timestamp(), reason = NULL, error = NULL,
+    retry_at = NULL
+WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
+RETURNING id

@@ -1,0 +1,178 @@
+"""Running an ``http:`` action: one request per attempt, deduplicable downstream.
+
+Every attempt of a tick (a retry, a takeover, on any replica) sends the same
+``Idempotency-Key`` (the run's idempotency key; the header name is
+configurable) and the claim's fencing token (``X-Fencing-Token``), so the
+receiving service can do the work once and refuse a stale holder. pgcrond adds
+nothing else: no environment, no DSN. ``${VAR}`` in a header value reads the
+run's environment, the one a command would get (pgcrond's own secrets are not
+in it).
+
+An attempt fails *transiently* on a connect error, a timeout, a 5xx, a 408 or
+a 429 (the job's retry policy then claims the tick again, under the same key,
+not before the ``Retry-After`` the server asked for), and *permanently* on any
+other status outside ``expect``. The log shows method, URL (credentials and
+query values removed), status and duration, and the request's headers with
+every secret-looking value redacted by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING
+
+import httpx
+from structlog.typing import FilteringBoundLogger
+
+from pgcrond.core.actions import HttpAction
+
+if TYPE_CHECKING:
+    from pgcrond.run.runner import RunRequest, _Ending, _Watch
+
+REDACTED = "***"
+# Redacted by name, whatever the value.
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
+SECRET_WORDS = ("token", "key", "secret", "password", "auth", "session", "credential")
+TRANSIENT_STATUSES = frozenset({408, 429})
+# A Retry-After further away than this is not waited for (the tick's retries
+# would outlive any sensible schedule); the job's own delay applies then.
+MAX_RETRY_AFTER = timedelta(hours=1)
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class _Unset(ValueError):
+    """A ``${VAR}`` in a header is not set in the run's environment."""
+
+
+def redact_headers(headers: Mapping[str, str], keep: tuple[str, ...] = ()) -> dict[str, str]:
+    """``headers`` fit for a log: secret-looking values (by name) replaced by ``***``.
+
+    ``keep`` names headers shown as they are (the idempotency key and fencing
+    token, which are logged with every run anyway).
+    """
+    kept = {name.lower() for name in keep}
+    shown = {}
+    for name, value in headers.items():
+        lower = name.lower()
+        secret = lower in SECRET_HEADERS or any(word in lower for word in SECRET_WORDS)
+        shown[name] = REDACTED if secret and lower not in kept else value
+    return shown
+
+
+def retry_after(response: httpx.Response, now: datetime | None = None) -> timedelta | None:
+    """A response's ``Retry-After`` (seconds or an HTTP date), capped; None if absent or bad."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    value = value.strip()
+    delay: timedelta
+    if value.isdigit():
+        delay = timedelta(seconds=int(value))
+    else:
+        try:
+            moment = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        delay = max(moment - (now or datetime.now(UTC)), timedelta(0))
+    return min(delay, MAX_RETRY_AFTER)
+
+
+def request_headers(
+    action: HttpAction, request: RunRequest, environ: Mapping[str, str]
+) -> dict[str, str]:
+    """The configured headers (``${VAR}``s read), then the key and the fencing token."""
+
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise _Unset(f"${{{name}}} is not set in the run's environment")
+        return environ[name]
+
+    headers = {name: _VARIABLE.sub(substitute, value) for name, value in action.headers.items()}
+    # Ours win: a configured header of the same name would describe another run.
+    ours = {action.idempotency_header.lower(), action.fencing_header.lower()}
+    headers = {name: value for name, value in headers.items() if name.lower() not in ours}
+    headers[action.idempotency_header] = request.idempotency_key
+    if request.fencing_token is not None:
+        headers[action.fencing_header] = str(request.fencing_token)
+    return headers
+
+
+async def run_http(
+    action: HttpAction,
+    request: RunRequest,
+    environ: Mapping[str, str],
+    watch: _Watch,
+    log: FilteringBoundLogger,
+) -> _Ending:
+    from pgcrond.run.runner import _Ending
+
+    try:
+        headers = request_headers(action, request, environ)
+    except _Unset as exc:
+        return _Ending("fail", f"http: {exc}", permanent=True)
+    shown_url = action.shown_url
+    log.debug(
+        "http_request",
+        method=action.method,
+        url=shown_url,
+        headers=redact_headers(headers, (action.idempotency_header, action.fencing_header)),
+    )
+    started = time.monotonic()
+    task = asyncio.ensure_future(_send(action, headers))
+    stop = await watch.until_stop(task)
+    if stop is not None:
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return stop
+    duration_ms = round((time.monotonic() - started) * 1000, 1)
+    try:
+        response = task.result()
+    except httpx.HTTPError as exc:
+        # Connect errors, timeouts, a broken connection: the request may or may
+        # not have arrived; the retry carries the same key.
+        error = f"http: {type(exc).__name__}: {exc}".strip().rstrip(":")
+        log.warning(
+            "http_failed",
+            method=action.method,
+            url=shown_url,
+            error=error,
+            duration_ms=duration_ms,
+        )
+        return _Ending("fail", error)
+    status = response.status_code
+    success = status in action.expect
+    level = log.info if success else log.warning
+    level(
+        "http_response",
+        method=action.method,
+        url=shown_url,
+        status=status,
+        duration_ms=duration_ms,
+    )
+    if success:
+        return _Ending("success")
+    error = f"http: {status} {response.reason_phrase}".rstrip()
+    if status >= 500 or status in TRANSIENT_STATUSES:
+        return _Ending("fail", error, retry_after=retry_after(response))
+    return _Ending("fail", f"{error} (not retried: not a transient status)", permanent=True)
+
+
+async def _send(action: HttpAction, headers: dict[str, str]) -> httpx.Response:
+    timeout = action.timeout.total_seconds()
+    # No redirects followed (a 3xx outside expect is a failure), no proxies or
+    # credentials from the environment (trust_env=False).
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+        return await client.request(
+            action.method,
+            action.url,
+            headers=headers,
+            content=None if action.body is None else action.body.encode("utf-8"),
+        )
