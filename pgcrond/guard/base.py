@@ -159,10 +159,6 @@ class Unsupported(PgcrondError):
     """This guard cannot do that."""
 
 
-def pausable(identity: Identity) -> bool:
-    """Pause stops ticks and run-once jobs; a manual run key is the operator's own ask."""
-    return identity.type == "INITIAL" or tick_of(identity.run_key or "") is not None
-
 
 @contextlib.asynccontextmanager
 async def held_as_is(held: Held) -> AsyncIterator[Held]:
