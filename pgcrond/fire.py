@@ -60,6 +60,8 @@ _BACKOFF_MAX = 1.0
 # last heartbeat and clock jitter do not make the check land just before it.
 _FOLLOW_MARGIN = timedelta(milliseconds=100)
 _LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
+# A FAIL record's reasons after which a retry is due (not "released", "late").
+_FAILED = frozenset({"error", "timeout"})
 # Re-checks wake together on a grid of the loop's clock, so that the re-checks
 # of co-firing ticks (whose leases expire a few ms apart) share one claim.
 _RECHECK_GRID_S = 0.25
@@ -76,6 +78,15 @@ class Firing:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     running: dict[str, Any] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    # Told of every tick no replica may run any more, (job, identity, tick,
+    # cause, recorded): recorded says the guard already stored it (MISSED).
+    on_miss: Callable[[JobConfig, Identity, datetime, str, bool], None] | None = None
+    # Told whether each database call got through (True) or found it
+    # unreachable (False): the daemon's outage window, for MISSED rows.
+    on_database: Callable[[bool], None] | None = None
+    # Told of every run that failed for good here (no retry follows): the
+    # daemon's on_failure hooks. Must not block: it is called on the loop.
+    on_failure: Callable[[JobConfig, Held, RunResult], None] | None = None
     _slots: dict[float, asyncio.Future[None]] = field(default_factory=dict, repr=False)
 
     async def fire(
@@ -97,7 +108,7 @@ class Firing:
         self.metrics.fires.labels(job.code).inc()
         bound = log.bind(job=job.code, run_key=identity.run_key)
         if identity.type == "SCHEDULE" and not started and self._too_late(job, tick):
-            return self._misfire(job, bound, tick, "late")
+            return self._misfire(job, bound, identity, tick, "late")
         guard = self.guards(job)
         try:
             return await self._fire(
@@ -113,10 +124,14 @@ class Firing:
         self,
         job: JobConfig,
         bound: structlog.typing.FilteringBoundLogger,
+        identity: Identity,
         tick: datetime,
         cause: str,
+        recorded: bool = False,
     ) -> FireOutcome:
         self.metrics.misfires.labels(job.code).inc()
+        if self.on_miss is not None:
+            self.on_miss(job, identity, tick, cause, recorded)
         bound.warning(
             "tick_missed",
             cause=cause,
@@ -150,6 +165,7 @@ class Firing:
                 job.timing.heartbeat,
                 forbid_overlap=job.concurrency == "forbid",
                 deadline=deadline,
+                suspended=f"suspended: true in {job.source}" if job.suspended else None,
             )
             answer = await self._with_outage_retry(
                 job, "claim", functools.partial(guard.claim, request), deadline
@@ -158,12 +174,13 @@ class Firing:
                 # Still unreachable at the end of the misfire window. A tick
                 # this replica already ran or lost is not a miss of its own.
                 if outcome is None:
-                    return self._misfire(job, bound, tick, "database_unavailable")
+                    return self._misfire(job, bound, identity, tick, "database_unavailable")
                 return outcome
             if isinstance(answer, Held):
                 outcome, retry = await self._run(job, guard, tick, answer)
-                if retry or answer.attempt > 1:
-                    # A started tick's retries are not misfires.
+                if retry:
+                    # A failed run's retries are not misfires; a takeover or
+                    # the re-run of a released claim still is one.
                     deadline = None
                 if retry or outcome == "lease_lost":
                     # Followed like any replica follows it: the next claim says
@@ -176,14 +193,18 @@ class Firing:
                 continue
             if answer.reason == "late":
                 if outcome is None:
-                    return self._misfire(job, bound, tick, "late")
+                    # A guard with history stored the tick (MISSED/late or FAIL/late).
+                    recorded = answer.status is not None
+                    return self._misfire(job, bound, identity, tick, "late", recorded)
                 return outcome
-            if answer.reason == "overlap":
-                self.metrics.skips.labels(job.code, "overlap").inc()
+            if answer.reason in ("overlap", "paused"):
+                self.metrics.skips.labels(job.code, answer.reason).inc()
                 bound.info(
                     "tick_skipped",
-                    reason="overlap",
-                    detail="the previous tick of this job is still running",
+                    reason=answer.reason,
+                    detail=answer.detail
+                    if answer.reason == "paused"
+                    else "the previous tick of this job is still running",
                 )
                 return outcome or "skip"
             if outcome is None:
@@ -196,7 +217,7 @@ class Firing:
                     owner=answer.owner,
                     recheck_in_s=None if answer.wait is None else answer.wait.total_seconds(),
                 )
-            if answer.reason == "retry_pending" or (answer.attempt or 0) > 1:
+            if answer.reason == "retry_pending" and answer.cause in _FAILED:
                 deadline = None
             # Without follow (`pgcrond trigger`) only this replica's own retries
             # are followed: a tick it lost is left to the daemons.
@@ -303,6 +324,8 @@ class Firing:
             self.metrics.last_success.labels(job.code).set(time.time())
         # A run-once job out of retries is retried by the next start, not now.
         retry = recorded == "retry" and held.attempt <= job.retries
+        if kind in ("fail", "timeout") and not retry and self.on_failure is not None:
+            self.on_failure(job, held, result)
         return result.outcome, retry
 
     async def _with_outage_retry(
@@ -320,8 +343,10 @@ class Firing:
         delay = _BACKOFF_FIRST
         while True:
             try:
-                return await call()
+                answer = await call()
             except DatabaseUnavailable as exc:
+                if self.on_database is not None:
+                    self.on_database(False)
                 self.metrics.database_errors.labels(operation).inc()
                 log.warning(
                     "database_unavailable",
@@ -330,6 +355,10 @@ class Firing:
                     error=str(exc),
                     retry_in_s=delay,
                 )
+            else:
+                if self.on_database is not None:
+                    self.on_database(True)
+                return answer
             if deadline is not None and self.clock() + timedelta(seconds=delay) > deadline:
                 return None
             if operation == "claim" and self.stopping.is_set():

@@ -143,7 +143,9 @@ async def test_a_late_answer_is_a_miss_not_a_run(tmp_path: Path) -> None:
 async def test_a_pending_retry_is_followed_past_the_misfire_window(tmp_path: Path) -> None:
     """Hole 7: a retry scheduled by another replica is taken by whoever follows the tick."""
     tick, identity = now_tick(-0.5)
-    pending = Refused(identity, "retry_pending", "FAIL", wait=timedelta(seconds=0.7), attempt=1)
+    pending = Refused(
+        identity, "retry_pending", "FAIL", wait=timedelta(seconds=0.7), attempt=1, cause="error"
+    )
     guard = MemoryGuard(script=deque([pending]))
     outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
     assert "success" == outcome
@@ -157,5 +159,17 @@ async def test_a_lost_tick_is_not_followed_by_trigger(tmp_path: Path) -> None:
     outcome = await firing(guard).fire(
         job(tmp_path, "command: ['true']"), tick, identity, follow=False
     )
+    assert "lose" == outcome
+    assert ["claim"] == guard.calls
+
+
+async def test_a_released_claim_is_rerun_only_inside_the_misfire_window(tmp_path: Path) -> None:
+    """A claim given back (shutdown, a late answer) is no failure: its re-run is bounded."""
+    tick, identity = now_tick(-0.5)
+    released = Refused(
+        identity, "retry_pending", "FAIL", wait=timedelta(seconds=0.7), attempt=1, cause="released"
+    )
+    guard = MemoryGuard(script=deque([released]))
+    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
     assert "lose" == outcome
     assert ["claim"] == guard.calls

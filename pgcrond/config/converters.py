@@ -24,6 +24,7 @@ from pgcrond.config.listen import parse_listen
 from pgcrond.config.yamlnodes import construct, kind
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.durations import parse_duration
+from pgcrond.core.hooks import FailureHook
 from pgcrond.core.keys import BIGINT_MAX, BIGINT_MIN
 from pgcrond.core.sqlscript import compile_script
 from pgcrond.errors import ValidationError
@@ -418,6 +419,59 @@ http = Converter(
             },
             "idempotency_header": {"type": "string", "default": "Idempotency-Key"},
             "fencing_header": {"type": "string", "default": "X-Fencing-Token"},
+        },
+    },
+)
+
+
+_HOOK_KEYS = ("webhook", "command", "timeout", "retries")
+
+
+def _on_failure(node: yaml.Node) -> FailureHook:
+    """``on_failure: {webhook, command, timeout, retries}``; each problem at its node."""
+    if not isinstance(node, yaml.MappingNode):
+        raise ValueError(f"must be a mapping like {{webhook: https://…}}, got {kind(node)}")
+    values: dict[str, yaml.Node] = {}
+    problems: list[tuple[yaml.Node, str]] = []
+    for key_node, value_node in node.value:
+        name = str(key_node.value)
+        if name not in _HOOK_KEYS:
+            close = difflib.get_close_matches(name, _HOOK_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(_HOOK_KEYS)}"
+            problems.append((key_node, f"unknown key {name!r}; {hint}"))
+        else:
+            values[name] = value_node
+    options: dict[str, Any] = {}
+    readers: dict[str, Callable[[yaml.Node], Any]] = {
+        "webhook": _http_url,
+        "command": lambda n: tuple(_argv(n)),
+        "timeout": _positive_duration,
+        "retries": _count,
+    }
+    for name, convert in readers.items():
+        if name in values:
+            try:
+                options[name] = convert(values[name])
+            except ValueError as exc:
+                problems.append((values[name], f"{name}: {exc}"))
+    if not problems and "webhook" not in options and "command" not in options:
+        problems.append((node, "set webhook:, command:, or both"))
+    if problems:
+        raise Problems(problems)
+    return FailureHook(**options)
+
+
+on_failure = Converter(
+    _on_failure,
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "minProperties": 1,
+        "properties": {
+            "webhook": {"type": "string", "pattern": "^https?://"},
+            "command": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            "timeout": {"$ref": "#/$defs/duration", "default": "10s"},
+            "retries": {"type": "integer", "minimum": 0, "default": 2},
         },
     },
 )

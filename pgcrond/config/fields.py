@@ -19,6 +19,7 @@ from pgcrond.core.keys import KeyHash
 
 Guard = Literal["lease", "advisory"]
 Concurrency = Literal["forbid", "allow"]
+CatchUp = Literal["none", "latest", "all"]
 
 DATABASE_URL_ENV = "PGCROND_DATABASE_URL"
 # The floor of history_retention whatever the jobs say; see models.min_history_retention.
@@ -63,6 +64,13 @@ TOP = _table(
         timedelta(days=30),
         "finished runs older than this are pruned; at least max(1h, misfire_grace + lease)",
     ),
+    Field(
+        "catch_up_window",
+        c.positive_duration,
+        timedelta(hours=24),
+        "how far back a starting replica looks for ticks no replica ran (recorded MISSED, "
+        "or run by catch_up)",
+    ),
 )
 # Sections of the top level; their fields are in the tables below.
 TOP_SECTIONS = ("database", "defaults", "jobs", "http")
@@ -83,6 +91,12 @@ DATABASE = _table(
     ),
     Field("schema", c.identifier, "pgcrond", "schema of the lease table"),
     Field("table", c.identifier, "leases", "name of the lease table"),
+    Field(
+        "prepared_statements",
+        c.boolean,
+        False,
+        "server-side prepared claims: only direct, session pooling or PgBouncer >= 1.21",
+    ),
 )
 
 HTTP = _table(
@@ -146,6 +160,13 @@ JOB = _table(
     ),
     Field("timeout", c.timeout, None, "stop a run after this long; null = none", True),
     Field("retries", c.count, 0, "extra attempts after a failure", True),
+    Field(
+        "on_failure",
+        c.on_failure,
+        None,
+        "when a run fails for good: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
     Field("retry_delay", c.positive_duration, timedelta(seconds=30), "wait between attempts", True),
     Field(
         "min_hold",
@@ -190,6 +211,42 @@ JOB = _table(
         c.lock_key,
         None,
         "advisory only: text or a 64-bit integer; default the job code",
+    ),
+    Field(
+        "suspended",
+        c.boolean,
+        False,
+        "true: no tick runs; each is recorded SKIPPED/suspended (like `pgcrond pause`)",
+    ),
+    Field(
+        "catch_up",
+        c.choice(CatchUp),
+        "none",
+        "ticks missed while no replica could run them: none (record MISSED), latest "
+        "(run the newest once), all (run each, in order)",
+        True,
+    ),
+    Field(
+        "max_catch_up",
+        c.count,
+        10,
+        "catch_up: all: run at most this many missed ticks (the newest); older ones are MISSED",
+        True,
+    ),
+    Field(
+        "alert_after",
+        c.timeout,
+        None,
+        "the job is stale when it has not succeeded for this long (gauge, /readyz detail)",
+        True,
+    ),
+    Field(
+        "jitter",
+        c.duration,
+        timedelta(0),
+        "fire up to this long after each tick, by a stable hash of (job, tick); "
+        "the run key stays the tick's",
+        True,
     ),
     Field("description", c.string, None, "free text"),
 )

@@ -38,10 +38,12 @@ from pgcrond.config.fields import (
     SCHEDULE_KEYS,
     TOP,
     TOP_SECTIONS,
+    CatchUp,
     Concurrency,
     Guard,
 )
 from pgcrond.config.models import (
+    DEFAULT_CATCH_UP_WINDOW,
     DEFAULT_HISTORY_RETENTION,
     DEFAULT_HTTP_LISTEN,
     DEFAULT_JOB_LEASE,
@@ -65,6 +67,7 @@ from pgcrond.core.actions import (
     SqlAction,
 )
 from pgcrond.core.durations import format_duration
+from pgcrond.core.hooks import FailureHook
 from pgcrond.core.keys import Identity, KeyHash
 from pgcrond.core.redaction import url_problems
 from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule, Schedule, local_to_instant
@@ -142,6 +145,10 @@ def _sorted(issues: list[ConfigIssue], files: Sequence[str]) -> list[ConfigIssue
     order = {name: index for index, name in enumerate(files)}
     return sorted(issues, key=lambda i: (order.get(i.file, -1), i.line or 0))
 
+
+# libpq variables that name a server or a service: any of them set, and no URL
+# given, means "connect the way libpq would".
+LIBPQ_TARGET_ENV = ("PGHOST", "PGHOSTADDR", "PGSERVICE", "PGSERVICEFILE")
 
 class _Invalid:
     """Marks a value that was wrong and has been reported: no default may hide it."""
@@ -322,6 +329,7 @@ class _Loader:
             http_listen = self.read(http, "listen", HTTP["listen"].convert) or ""
         shutdown_grace = self.read(top, "shutdown_grace", TOP["shutdown_grace"].convert)
         history_retention = self.read(top, "history_retention", TOP["history_retention"].convert)
+        catch_up_window = self.read(top, "catch_up_window", TOP["catch_up_window"].convert)
 
         self.defaults = defaults
         if defaults is not None:
@@ -348,6 +356,7 @@ class _Loader:
             http_listen=http_listen,
             shutdown_grace=DEFAULT_SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
             history_retention=history_retention or DEFAULT_HISTORY_RETENTION,
+            catch_up_window=catch_up_window or DEFAULT_CATCH_UP_WINDOW,
             warnings=tuple(_sorted(self.issues.warnings, self.names)),
         )
 
@@ -386,6 +395,9 @@ class _Loader:
         schema = self.read(section, "schema", DATABASE["schema"].convert)
         table = self.read(section, "table", DATABASE["table"].convert)
         state_dir = self.read(section, "state_dir", DATABASE["state_dir"].convert)
+        prepared = self.read(
+            section, "prepared_statements", DATABASE["prepared_statements"].convert
+        )
         # An override wins over the whole file choice, embedded included: the
         # same config then serves a laptop (embedded) and production (URL in env).
         flag_url = database_url or None
@@ -402,6 +414,15 @@ class _Loader:
             override is None
             and not embedded
             and "url" not in section.values
+            and any(self.environ.get(name) for name in LIBPQ_TARGET_ENV)
+        ):
+            # No URL anywhere, but libpq's own variables say where to connect
+            # (PGHOST, PGSERVICE, ...): an empty conninfo lets libpq read them.
+            url = ""
+        elif (
+            override is None
+            and not embedded
+            and "url" not in section.values
             and not self.unreadable
         ):
             self.issue(
@@ -410,8 +431,8 @@ class _Loader:
                 None,
                 "database",
                 f"no database: set database.url (e.g. url: ${{{DATABASE_URL_ENV}}}), "
-                f"set {DATABASE_URL_ENV}, pass --database-url, or use embedded: true "
-                "for a local server pgcrond starts itself",
+                f"set {DATABASE_URL_ENV}, pass --database-url, set libpq's PGHOST or "
+                "PGSERVICE, or use embedded: true for a local server pgcrond starts itself",
             )
         if flag_url is not None:
             self.check_url(None, flag_url, source="--database-url")
@@ -423,6 +444,7 @@ class _Loader:
             state_dir=DatabaseConfig.state_dir if state_dir is None else state_dir,
             schema=schema or DatabaseConfig.schema,
             table=table or DatabaseConfig.table,
+            prepared_statements=bool(prepared),
         )
 
     def check_url(
@@ -546,6 +568,17 @@ class _Loader:
         key_hash = self.read(section, "key_hash", JOB["key_hash"].convert)
         lock_key = self.read(section, "lock_key", JOB["lock_key"].convert)
         description = self.read(section, "description", JOB["description"].convert)
+        suspended = self.read(section, "suspended", JOB["suspended"].convert)
+        jitter = merged.get("jitter", JOB["jitter"].default)
+        grace = merged.get("misfire_grace", DEFAULT_MISFIRE_GRACE)
+        if isinstance(jitter, timedelta) and isinstance(grace, timedelta) and jitter >= grace:
+            # A fire moved past the misfire window would never run.
+            self.report(
+                section if "jitter" in own else (defaults or section),
+                "jitter",
+                f"must be shorter than misfire_grace ({format_duration(grace)})",
+                job=code,
+            )
         if guard != "advisory":
             for name in ("key_hash", "lock_key"):
                 if name in section.values:
@@ -576,6 +609,7 @@ class _Loader:
             timing=timing,
             timeout=cast(timedelta | None, merged.get("timeout", JOB["timeout"].default)),
             retries=cast(int, merged.get("retries", JOB["retries"].default)),
+            on_failure=cast(FailureHook | None, merged.get("on_failure")),
             retry_delay=cast(timedelta, merged.get("retry_delay", DEFAULT_RETRY_DELAY)),
             min_hold=cast(timedelta, merged.get("min_hold", DEFAULT_MIN_HOLD)),
             misfire_grace=cast(timedelta, misfire_grace),
@@ -585,6 +619,13 @@ class _Loader:
             key_hash=cast(KeyHash, key_hash or JOB["key_hash"].default),
             lock_key=code if lock_key is None else lock_key,
             description=description,
+            suspended=bool(suspended),
+            catch_up=cast(CatchUp, merged.get("catch_up", JOB["catch_up"].default)),
+            max_catch_up=cast(int, merged.get("max_catch_up", JOB["max_catch_up"].default)),
+            alert_after=cast(
+                timedelta | None, merged.get("alert_after", JOB["alert_after"].default)
+            ),
+            jitter=cast(timedelta, jitter),
             source=f"{key.file}:{key.line}",
         )
 

@@ -23,11 +23,13 @@ from pgcrond.config.fields import (
     JOB,
     MIN_HISTORY_RETENTION,
     TOP,
+    CatchUp,
     Concurrency,
     Guard,
     default,
 )
 from pgcrond.core.actions import Action
+from pgcrond.core.hooks import FailureHook
 from pgcrond.core.keys import KeyHash
 from pgcrond.core.redaction import redact, remember
 from pgcrond.core.schedule import OnceSchedule, Schedule
@@ -37,6 +39,7 @@ from pgcrond.errors import ConfigIssue
 DEFAULT_HTTP_LISTEN: str = default(HTTP, "listen")
 DEFAULT_SHUTDOWN_GRACE: timedelta = default(TOP, "shutdown_grace")
 DEFAULT_HISTORY_RETENTION: timedelta = default(TOP, "history_retention")
+DEFAULT_CATCH_UP_WINDOW: timedelta = default(TOP, "catch_up_window")
 DEFAULT_RETRY_DELAY: timedelta = default(JOB, "retry_delay")
 DEFAULT_MIN_HOLD: timedelta = default(JOB, "min_hold")
 DEFAULT_JOB_LEASE: timedelta = default(JOB, "lease")
@@ -53,6 +56,7 @@ class DatabaseConfig:
     state_dir: Path = default(DATABASE, "state_dir")
     schema: str = default(DATABASE, "schema")
     table: str = default(DATABASE, "table")
+    prepared_statements: bool = default(DATABASE, "prepared_statements")
 
     def __post_init__(self) -> None:
         # Every later redact() scrubs this password, also the fragments libpq may
@@ -68,7 +72,8 @@ class DatabaseConfig:
         # The default repr would print the password into any log or traceback.
         return (
             f"DatabaseConfig(url={self.redacted_url!r}, embedded={self.embedded!r}, "
-            f"state_dir={self.state_dir!r}, schema={self.schema!r}, table={self.table!r})"
+            f"state_dir={self.state_dir!r}, schema={self.schema!r}, table={self.table!r}, "
+            f"prepared_statements={self.prepared_statements!r})"
         )
 
 
@@ -84,6 +89,7 @@ class JobConfig:
     timing: LeaseTiming = field(default_factory=lambda: LeaseTiming.build(DEFAULT_JOB_LEASE))
     timeout: timedelta | None = default(JOB, "timeout")
     retries: int = default(JOB, "retries")
+    on_failure: FailureHook | None = default(JOB, "on_failure")
     retry_delay: timedelta = DEFAULT_RETRY_DELAY
     min_hold: timedelta = DEFAULT_MIN_HOLD
     misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE
@@ -94,6 +100,11 @@ class JobConfig:
     # None means "the job code"; filled in below so that users of the field never see None.
     lock_key: str | int | None = default(JOB, "lock_key")
     description: str | None = default(JOB, "description")
+    suspended: bool = default(JOB, "suspended")
+    catch_up: CatchUp = default(JOB, "catch_up")
+    max_catch_up: int = default(JOB, "max_catch_up")
+    alert_after: timedelta | None = default(JOB, "alert_after")
+    jitter: timedelta = default(JOB, "jitter")
     source: str = "<code>"
 
     def __post_init__(self) -> None:
@@ -114,6 +125,7 @@ class Config:
     http_listen: str = DEFAULT_HTTP_LISTEN
     shutdown_grace: timedelta = DEFAULT_SHUTDOWN_GRACE
     history_retention: timedelta = DEFAULT_HISTORY_RETENTION
+    catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
     # What `check` shows but does not refuse: ${VAR}s left unset when linting.
     warnings: tuple[ConfigIssue, ...] = ()
 

@@ -38,6 +38,7 @@ from pgcrond.core.redaction import redact
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for, tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE
 from pgcrond.daemon import notify
+from pgcrond.daemon.hooks import FailureHooks
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
@@ -65,6 +66,8 @@ PRUNE_EVERY = timedelta(hours=1)
 # How far back a starting replica looks for ticks left open (bounded by the
 # query's LIMIT too): retries are followed past the misfire window.
 RESUME_WITHIN = timedelta(hours=24)
+# At shutdown, on_failure hooks still sending get this long.
+HOOK_DRAIN_S = 3.0
 PRUNE_CODE = "pgcrond:prune"
 
 
@@ -135,6 +138,7 @@ class Daemon:
         self._db: Database | None = None
         self._advisory_db: Database | None = None
         self._firing: Firing | None = None
+        self._hooks = FailureHooks(self.replica)
         self._store: LeaseStore | None = None
         self._started = False
 
@@ -166,13 +170,22 @@ class Daemon:
 
     async def _start(self) -> bool:
         dsn = self._dsn()
-        self._db = Database(dsn, min_size=1, max_size=4)
+        # The advisory pool is never prepared: its guard sends several
+        # statements in one simple-protocol message.
+        # Named so that operators find the replicas in pg_stat_activity.
+        self._db = Database(
+            dsn,
+            min_size=1,
+            max_size=4,
+            application_name=f"pgcrond/{self.replica}",
+            prepared=self.config.database.prepared_statements,
+        )
         # One connection per running advisory-guarded job, held for the run.
         self._advisory_db = Database(
             dsn,
             min_size=0,
             max_size=_advisory_pool_size(self.config),
-            application_name="pgcrond-advisory",
+            application_name=f"pgcrond-advisory/{self.replica}",
         )
         await self._db.open()
         await self._advisory_db.open()
@@ -189,6 +202,7 @@ class Daemon:
             ).for_job,
             metrics=self.metrics,
             replica=self.replica,
+            on_failure=self._hooks,
         )
         self._start_beat()
         await self._start_http()
@@ -203,8 +217,9 @@ class Daemon:
 
     def _dsn(self) -> str:
         database = self.config.database
-        if database.url:
-            log.info("database", url=redact(database.url))
+        if not database.embedded and database.url is not None:
+            # "" is libpq's own defaults: PGHOST, PGSERVICE, ... from the environment.
+            log.info("database", url=redact(database.url) or "(libpq environment)")
             return database.url
         dsn, self._server = attach(database.state_dir)
         log.warning(
@@ -296,8 +311,8 @@ class Daemon:
         now = datetime.now(UTC)
         for open_tick in ticks:
             job, tick = jobs[open_tick.code], tick_of(open_tick.run_key)
-            if tick is None or (open_tick.status == "RUNNING" and now > tick + job.misfire_grace):
-                continue  # a manual run, or a takeover out of reach (closed as abandoned)
+            if tick is None or (not open_tick.retry_pending and now > tick + job.misfire_grace):
+                continue  # a manual run, or a takeover / re-run out of reach
             log.info(
                 "tick_resumed", job=job.code, run_key=open_tick.run_key, status=open_tick.status
             )
@@ -305,7 +320,7 @@ class Daemon:
                 job,
                 tick,
                 Identity.schedule(job.code, open_tick.run_key),
-                started=open_tick.status == "FAIL",
+                started=open_tick.retry_pending,
             )
 
     async def _fire(
@@ -427,6 +442,8 @@ class Daemon:
             _, pending = await asyncio.wait(pending, timeout=STOP_WAIT_S)
         for task in pending:
             task.cancel()
+        # Failure hooks of the last runs: bounded, inside the supervisor's wait.
+        await self._hooks.drain(HOOK_DRAIN_S)
         log.info("daemon_stopped", replica=self.replica)
 
     async def _drain(self, grace: float) -> None:

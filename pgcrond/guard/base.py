@@ -53,6 +53,7 @@ from typing import Literal
 
 from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE
 from pgcrond.errors import PgcrondError
 from pgcrond.run.cancel import Cancellation
@@ -69,8 +70,12 @@ RefusalReason = Literal[
     "overlap",
     # The tick is not due yet by the database clock (wait: until it is).
     "not_due",
-    # The claim arrived, or would start, later than the tick's misfire window.
+    # The claim arrived, or would start, later than the tick's misfire window
+    # (a guard that keeps history records the tick MISSED/late).
     "late",
+    # The job is paused (`pgcrond pause`) or suspended (YAML): a guard that
+    # keeps history records the tick SKIPPED; detail says who, when, why.
+    "paused",
 ]
 # What recording an outcome came to.
 Recorded = Literal["done", "retry", "fenced"]
@@ -90,6 +95,9 @@ class ClaimRequest:
     forbid_overlap: bool = False
     # The end of the misfire window, or None (run-once jobs, retries).
     deadline: datetime | None = None
+    # suspended: true in the YAML (the text says where): refused "paused" like
+    # a pause in the database. Manual run keys are never paused.
+    suspended: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,11 @@ class Refused:
     owner: str | None = None
     wait: timedelta | None = None
     attempt: int | None = None
+    # paused: who paused the job, when and why; late: what was recorded.
+    detail: str | None = None
+    # The refusing record's own reason: a retry_pending after "error" or
+    # "timeout" is a real retry (no misfire bound); after "released" it is not.
+    cause: str | None = None
 
 
 class Guard(abc.ABC):
@@ -158,6 +171,10 @@ class Guard(abc.ABC):
 class Unsupported(PgcrondError):
     """This guard cannot do that."""
 
+
+def pausable(identity: Identity) -> bool:
+    """Pause stops ticks and run-once jobs; a manual run key is the operator's own ask."""
+    return identity.type == "INITIAL" or tick_of(identity.run_key or "") is not None
 
 
 @contextlib.asynccontextmanager

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,6 +43,8 @@ FINALIZE_TIMEOUT_S = 5.0
 # A claim with no misfire deadline (run-once jobs, retries) is bounded too.
 CLAIM_TIMEOUT_S = 5.0
 UNSTORABLE_ERROR = "the error text could not be stored"
+# A claim answered slower than this is re-checked before anything runs.
+SLOW_ANSWER_S = 0.25
 
 
 @dataclass
@@ -92,6 +95,7 @@ class LeaseGuard(Guard):
                 owner_token=token,
                 fire_time=request.tick if identity.type == "SCHEDULE" else None,
                 late_after=request.deadline,
+                suspended=request.suspended,
             ),
             bound,
             "claim",
@@ -100,9 +104,45 @@ class LeaseGuard(Guard):
         self._tokens.pop(identity, None)
         if isinstance(answer, NotAcquired):
             return Refused(
-                identity, answer.reason, answer.status, answer.owner, answer.wait, answer.attempt
+                identity,
+                answer.reason,
+                answer.status,
+                answer.owner,
+                answer.wait,
+                answer.attempt,
+                answer.detail,
+                answer.cause,
             )
+        if answer.received_at - answer.sent_at > SLOW_ANSWER_S:
+            fresh = await self._recheck(answer)
+            if fresh is None:
+                # Lapsed or taken over while the answer was on its way.
+                return Refused(identity, "held", "RUNNING", wait=timedelta(0))
+            answer = fresh
         return await self._on_arrival(request, answer)
+
+    async def _recheck(self, lease: Acquired) -> Acquired | None:
+        """A slow answer's age is anywhere in its round trip: ask the database again.
+
+        A heartbeat (one fast round trip, if the network is back) gives fresh
+        numbers for both decisions on arrival: is the lease live, and is the
+        tick still inside its window. None: the lease is gone or no quick answer.
+        """
+        sent = self._clock()
+        try:
+            renewal = await _bounded(self.store.renew(lease), SLOW_ANSWER_S, "heartbeat")
+        except PgcrondError:
+            await self._quietly(self.store.release(lease), lease)
+            return None
+        if renewal is None:
+            return None
+        return dataclasses.replace(
+            lease,
+            sent_at=sent,
+            remaining=renewal.remaining,
+            db_now=renewal.db_now,
+            received_at=self._clock(),
+        )
 
     async def _on_arrival(self, request: ClaimRequest, lease: Acquired) -> Held | Refused:
         """Run nothing on a lease that is not live now, or for a tick past its window."""

@@ -17,7 +17,15 @@ from datetime import UTC, datetime, timedelta
 
 from pgcrond.core.keys import Identity
 from pgcrond.errors import DatabaseUnavailable
-from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Recorded, Refused
+from pgcrond.guard.base import (
+    ClaimRequest,
+    Guard,
+    Held,
+    Outcome,
+    Recorded,
+    Refused,
+    pausable,
+)
 
 
 @dataclass
@@ -63,6 +71,8 @@ class MemoryGuard(Guard):
             return scripted
         now = self.clock()
         identity = request.identity
+        if request.suspended is not None and pausable(identity):
+            return Refused(identity, "paused", detail=request.suspended)
         if identity.type == "SCHEDULE" and now < request.tick:
             return Refused(identity, "not_due", wait=request.tick - now)
         if request.deadline is not None and now > request.deadline:
@@ -124,7 +134,7 @@ def _refusal(identity: Identity, row: Row, now: datetime) -> Refused:
                        attempt=row.attempt)
     if row.status == "FAIL" and row.retry_at is not None:
         return Refused(identity, "retry_pending", row.status, wait=row.retry_at - now,
-                       attempt=row.attempt)
+                       attempt=row.attempt, cause=row.reason)
     if row.status == "FAIL":
         return Refused(identity, "failed", row.status, attempt=row.attempt)
     return Refused(identity, "done", row.status, attempt=row.attempt)

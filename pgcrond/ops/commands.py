@@ -157,7 +157,9 @@ def _error(message: str) -> int:
 def _target(args: argparse.Namespace) -> Target:
     if args.config:
         config = load_config(args.config, database_url=args.database_url)
-        url = config.database.url or running_dsn(config.database.state_dir / "data")
+        url = config.database.url
+        if config.database.embedded:
+            url = running_dsn(config.database.state_dir / "data")
         if url is None:
             raise CommandError(
                 "the config uses an embedded server, and it is not running: start "

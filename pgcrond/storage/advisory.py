@@ -31,7 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 from pgcrond.core.keys import KeyHash, lock_id
 from pgcrond.errors import LeaseLost, ValidationError
 from pgcrond.run.cancel import Cancellation
-from pgcrond.storage.db import CONNECTION_SETTINGS, Database, translate
+from pgcrond.storage.db import Database, connection_settings, translate
 from pgcrond.storage.portal import Portal
 from pgcrond.storage.sql import Queries
 
@@ -179,7 +179,7 @@ async def _connection(source: Source) -> AsyncIterator[psycopg.AsyncConnection[A
             yield conn
     elif isinstance(source, str):
         try:
-            conn = await psycopg.AsyncConnection.connect(source, **CONNECTION_SETTINGS)
+            conn = await psycopg.AsyncConnection.connect(source, **connection_settings(source))
         except psycopg.Error as exc:
             raise translate(exc) from exc
         try:

@@ -8,12 +8,14 @@ instead of at the kernel's two-hour default.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.errors import ReadOnlySqlTransaction
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -25,19 +27,51 @@ from pgcrond.errors import DatabaseUnavailable, PgcrondError
 Query = str | sql.Composed | sql.SQL
 Params = Mapping[str, Any] | None
 
-CONNECTION_SETTINGS: dict[str, Any] = {
+# How pgcrond uses a connection (driver settings, not libpq parameters).
+DRIVER_SETTINGS: dict[str, Any] = {
     "autocommit": True,
     "row_factory": dict_row,
+    # Never server-side prepared by default: behind PgBouncer in transaction
+    # pooling the next statement may land on a server connection that never saw it.
+    "prepare_threshold": None,
+}
+# libpq parameters pgcrond sets only where the user set nothing (in the URL or
+# conninfo, or through libpq's own environment variable): a bounded connect,
+# and TCP keepalives so that a dead server or a cut network shows up within
+# seconds instead of at the kernel's two-hour default.
+LIBPQ_DEFAULTS: dict[str, Any] = {
     "connect_timeout": 5,
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 5,
     "keepalives_count": 3,
     "application_name": "pgcrond",
-    # Never server-side prepared: behind PgBouncer in transaction pooling the
-    # next statement may land on a server connection that never saw it.
-    "prepare_threshold": None,
 }
+# libpq's environment variable for each default that has one.
+_LIBPQ_ENV = {"connect_timeout": "PGCONNECT_TIMEOUT", "application_name": "PGAPPNAME"}
+
+
+def connection_settings(
+    conninfo: str, *, application_name: str = "pgcrond", environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Keyword arguments for a connection to ``conninfo``: ours, under the user's.
+
+    The URL or conninfo goes to libpq as written; a parameter the user set
+    there, or through its PG* variable, is never replaced.
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        given = set(conninfo_to_dict(conninfo))
+    except psycopg.ProgrammingError:
+        given = set()  # libpq reports the malformed conninfo itself, at connect
+    defaults = {**LIBPQ_DEFAULTS, "application_name": application_name}
+    added = {
+        name: value
+        for name, value in defaults.items()
+        if name not in given and not environ.get(_LIBPQ_ENV.get(name, ""))
+    }
+    return {**DRIVER_SETTINGS, **added}
+
 
 
 # The pool reconnects after a failure with exponential backoff (1 s, 2 s, 4 s,
@@ -78,13 +112,20 @@ class Database:
         max_size: int = 4,
         timeout: float = 5.0,
         application_name: str = "pgcrond",
+        prepared: bool = False,
     ) -> None:
+        """``prepared``: let psycopg prepare statements server-side (see CONNECTION_SETTINGS)."""
         self.conninfo = conninfo
         self.timeout = timeout
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[DictRow]] = AsyncConnectionPool(
             conninfo,
             connection_class=psycopg.AsyncConnection[DictRow],
-            kwargs={**CONNECTION_SETTINGS, "application_name": application_name},
+            kwargs={
+                **connection_settings(conninfo, application_name=application_name),
+                # Prepared at first use: worth it where the server keeps them
+                # for the session (no pooler, session pooling, PgBouncer >= 1.21).
+                **({"prepare_threshold": 0} if prepared else {}),
+            },
             min_size=min_size,
             max_size=max_size,
             timeout=timeout,

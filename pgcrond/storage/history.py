@@ -32,6 +32,13 @@ class OpenTick:
     run_key: str
     # RUNNING (its owner may be dead) or FAIL (a retry is pending).
     status: str
+    # A FAIL row's reason: "error"/"timeout" (a real retry), "released", ...
+    reason: str | None
+
+    @property
+    def retry_pending(self) -> bool:
+        """A failed run's retry: followed without the tick's misfire bound."""
+        return self.status == "FAIL" and self.reason in ("error", "timeout")
 
 
 async def open_ticks(
@@ -42,7 +49,7 @@ async def open_ticks(
         store.queries.get("open_ticks"),
         {"codes": codes, "within_ms": to_ms(within), "limit": limit},
     )
-    return [OpenTick(row["code"], row["run_key"], row["status"]) for row in rows]
+    return [OpenTick(row["code"], row["run_key"], row["status"], row["reason"]) for row in rows]
 
 
 async def abandon_stale(store: LeaseStore, after: timedelta) -> int:

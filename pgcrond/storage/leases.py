@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import socket
 import time
@@ -25,9 +26,11 @@ import structlog
 
 from pgcrond.core.actions import SqlWork
 from pgcrond.core.keys import Identity, lock_id
+from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import LeaseTiming, to_ms
 from pgcrond.errors import LeaseLost, PgcrondError, SqlJobFailed
 from pgcrond.run.cancel import Cancellation
+from pgcrond.storage.batch import Pending, TurnBatch
 from pgcrond.storage.db import Database
 from pgcrond.storage.sql import Queries, migrations
 
@@ -35,7 +38,7 @@ T = TypeVar("T")
 log = structlog.get_logger("pgcrond.storage.leases")
 
 NotAcquiredReason = Literal[
-    "held", "done", "failed", "retry_pending", "overlap", "not_due", "late"
+    "held", "done", "failed", "retry_pending", "overlap", "not_due", "late", "paused"
 ]
 MAX_ERROR_LENGTH = 4000
 # An sql: job's transaction: how often the server checks that the client is
@@ -111,6 +114,14 @@ class Acquired:
 
 
 @dataclass(frozen=True)
+class Renewal:
+    """A heartbeat's answer: how long the lease has left, and the database's clock then."""
+
+    remaining: timedelta
+    db_now: datetime
+
+
+@dataclass(frozen=True)
 class NotAcquired:
     """A lost claim, and why: held by a live lease, done, failed for good, or a skip."""
 
@@ -123,6 +134,10 @@ class NotAcquired:
     wait: timedelta | None = None
     # Attempts made so far (None when the refusing row was not visible yet).
     attempt: int | None = None
+    # paused: who paused the job, when and why; late: the MISSED row's text.
+    detail: str | None = None
+    # The refusing row's own reason (a FAIL row's "error", "timeout", "released", ...).
+    cause: str | None = None
 
 
 class LeaseStore:
@@ -139,8 +154,11 @@ class LeaseStore:
         self.db = db
         self.queries = Queries(schema, table)
         self.owner = owner or default_owner()
-        self._pending_claims: list[_ClaimRequest] = []
-        self._claim_tasks: set[asyncio.Task[None]] = set()
+        self._claims: TurnBatch[Acquired | NotAcquired] = TurnBatch(
+            self._claim, keys=_claim_keys
+        )
+        self._finalizes: TurnBatch[bool] = TurnBatch(self._finalize_batch, keys=_lease_id)
+        self._beats: TurnBatch[Renewal | None] = TurnBatch(self._heartbeat_batch, keys=_lease_id)
 
     async def migrate(self) -> list[int]:
         """Create or upgrade the table; safe when many replicas migrate at once.
@@ -197,6 +215,7 @@ class LeaseStore:
         owner_token: uuid.UUID | None = None,
         fire_time: datetime | None = None,
         late_after: datetime | None = None,
+        suspended: str | None = None,
     ) -> Acquired | NotAcquired:
         """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row.
 
@@ -206,48 +225,24 @@ class LeaseStore:
         that did commit is then recognised as won, not as held by a stranger.
         ``fire_time`` / ``late_after``: by the database clock, a claim before
         the first is refused ``not_due`` (with the wait), after the second
-        ``late``; neither touches a row.
+        ``late`` (and the tick, if it has no row, recorded MISSED/late).
+        A tick of a paused job (``pgcrond pause``), or of a ``suspended`` one
+        (the text says where it is suspended), is recorded SKIPPED and refused
+        ``paused``; a manual run key (not a tick's) is never paused.
         """
         request = _ClaimRequest(
             identity,
             timing or LeaseTiming.build(),
             owner_token or uuid.uuid4(),
             forbid_overlap and identity.type == "SCHEDULE",
-            asyncio.get_running_loop().create_future(),
             fire_time,
             late_after,
+            suspended,
         )
-        if not self._pending_claims:
-            asyncio.get_running_loop().call_soon(self._send_claims)
-        self._pending_claims.append(request)
-        return await request.result
+        return await self._claims.submit(request)
 
-    def _send_claims(self) -> None:
-        batch, self._pending_claims = self._pending_claims, []
-        # One identity at most once per statement (ON CONFLICT cannot touch a
-        # row twice), and one tick per forbid job (a statement cannot see the
-        # rows it inserts itself, so a second tick would not find the first
-        # running): a repeat waits for the next batch, which is decided after
-        # this one, in order.
-        seen: set[str] = set()
-        now: list[_ClaimRequest] = []
-        for request in batch:
-            key = request.identity.idempotency_key
-            forbid_key = f"forbid:{request.identity.code}" if request.forbid_overlap else None
-            if key in seen or forbid_key in seen:
-                if not self._pending_claims:
-                    asyncio.get_running_loop().call_soon(self._send_claims)
-                self._pending_claims.append(request)
-            else:
-                seen.add(key)
-                if forbid_key is not None:
-                    seen.add(forbid_key)
-                now.append(request)
-        task = asyncio.create_task(self._claim(now))
-        self._claim_tasks.add(task)
-        task.add_done_callback(self._claim_tasks.discard)
-
-    async def _claim(self, batch: list[_ClaimRequest]) -> None:
+    async def _claim(self, pending: list[Pending[Acquired | NotAcquired]]) -> None:
+        batch: list[_ClaimRequest] = [p.request for p in pending]
         # The send time, not the time the batch started waiting for a
         # connection: the answer's age is judged from it.
         sent = [time.monotonic()]
@@ -258,16 +253,18 @@ class LeaseStore:
         forbid_codes = sorted({r.identity.code for r in batch if r.forbid_overlap})
         try:
             params = {
-                    "lock_keys": [r.identity.idempotency_key for r in batch],
-                    "types": [r.identity.type for r in batch],
-                    "codes": [r.identity.code for r in batch],
-                    "run_keys": [r.identity.run_key for r in batch],
-                    "owner_tokens": [r.token for r in batch],
-                    "lease_ms": [r.timing.lease_ms for r in batch],
-                    "forbid_overlap": [r.forbid_overlap for r in batch],
-                    "fire_times": [r.fire_time for r in batch],
-                    "late_after": [r.late_after for r in batch],
-                    "owner": self.owner,
+                "lock_keys": [r.identity.idempotency_key for r in batch],
+                "types": [r.identity.type for r in batch],
+                "codes": [r.identity.code for r in batch],
+                "run_keys": [r.identity.run_key for r in batch],
+                "owner_tokens": [r.token for r in batch],
+                "lease_ms": [r.timing.lease_ms for r in batch],
+                "forbid_overlap": [r.forbid_overlap for r in batch],
+                "fire_times": [r.fire_time for r in batch],
+                "late_after": [r.late_after for r in batch],
+                "pausable": [r.pausable for r in batch],
+                "suspended": [r.suspended if r.pausable else None for r in batch],
+                "owner": self.owner,
             }
             if forbid_codes:
                 # Same round trip, same transaction: the per-job lock first.
@@ -280,29 +277,40 @@ class LeaseStore:
                 )
             else:
                 rows = await self.db.fetchall(self.queries.get("claim"), params, on_send=on_send)
-        except BaseException as exc:
-            for request in batch:
-                if not request.result.done():
-                    request.result.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        received_at = time.monotonic()
+        finally:
+            received_at = time.monotonic()
         by_key = {row["lock_key"]: row for row in rows}
-        for request in batch:
-            if not request.result.done():
-                row = by_key.get(request.identity.idempotency_key)
-                request.result.set_result(request.outcome(row, sent[0], received_at))
+        for waiting, request in zip(pending, batch, strict=True):
+            row = by_key.get(request.identity.idempotency_key)
+            waiting.result.set_result(request.outcome(row, sent[0], received_at))
 
     async def heartbeat(self, lease: Acquired) -> timedelta | None:
-        """Extend a live lease; how long it now has left, or None when fenced or lapsed."""
-        row = await self.db.fetchone(
-            self.queries.get("heartbeat"), {"id": lease.id, "owner_token": lease.owner_token}
+        """Extend a live lease; how long it now has left, or None when fenced or lapsed.
+
+        Heartbeats of co-running leases in one loop turn share one statement;
+        each row is still matched by its own owner token.
+        """
+        renewal = await self.renew(lease)
+        return None if renewal is None else renewal.remaining
+
+    async def renew(self, lease: Acquired) -> Renewal | None:
+        """As :meth:`heartbeat`, with the database's clock at the answer."""
+        return await self._beats.submit(lease)
+
+    async def _heartbeat_batch(self, pending: list[Pending[Renewal | None]]) -> None:
+        leases: list[Acquired] = [p.request for p in pending]
+        rows = await self.db.fetchall(
+            self.queries.get("heartbeat"),
+            {
+                "ids": [lease.id for lease in leases],
+                "owner_tokens": [lease.owner_token for lease in leases],
+            },
         )
-        if row is None:
-            return None
-        remaining: timedelta = row["expires_at"] - row["db_now"]
-        return remaining
+        renewed = {
+            row["id"]: Renewal(row["expires_at"] - row["db_now"], row["db_now"]) for row in rows
+        }
+        for waiting, lease in zip(pending, leases, strict=True):
+            waiting.result.set_result(renewed.get(lease.id))
 
     async def complete(self, lease: Acquired) -> bool:
         """Record SUCCESS; False when fenced. A SUCCESS row is never claimed again."""
@@ -385,18 +393,33 @@ class LeaseStore:
         error: str | None,
         retry_after: timedelta | None,
     ) -> bool:
-        row = await self.db.fetchone(
+        """Record an outcome; co-finishing runs in one loop turn share one statement."""
+        return await self._finalizes.submit(
+            _Outcome(
+                lease,
+                status,
+                reason,
+                None if error is None else storable(error),
+                None if retry_after is None else to_ms(retry_after),
+            )
+        )
+
+    async def _finalize_batch(self, pending: list[Pending[bool]]) -> None:
+        outcomes: list[_Outcome] = [p.request for p in pending]
+        rows = await self.db.fetchall(
             self.queries.get("finalize"),
             {
-                "id": lease.id,
-                "owner_token": lease.owner_token,
-                "status": status,
-                "reason": reason,
-                "error": None if error is None else storable(error),
-                "retry_ms": None if retry_after is None else to_ms(retry_after),
+                "ids": [o.lease.id for o in outcomes],
+                "owner_tokens": [o.lease.owner_token for o in outcomes],
+                "statuses": [o.status for o in outcomes],
+                "reasons": [o.reason for o in outcomes],
+                "errors": [o.error for o in outcomes],
+                "retry_ms": [o.retry_ms for o in outcomes],
             },
         )
-        return row is not None
+        recorded = {row["id"] for row in rows}
+        for waiting, outcome in zip(pending, outcomes, strict=True):
+            waiting.result.set_result(outcome.lease.id in recorded)
 
     async def keep_alive(
         self, lease: Acquired, on_failure: Callable[[Exception], None] | None = None
@@ -430,7 +453,8 @@ class LeaseStore:
                     )
                     return
                 if pending is None:
-                    await asyncio.sleep(min(pause, remaining) if interval else remaining)
+                    beat_soon = interval and pause < remaining - _BEAT_GRID_S
+                    await asyncio.sleep(_on_grid(pause) if beat_soon else remaining)
                     if not interval or time.monotonic() >= stop_at:
                         continue
                     sent = time.monotonic()
@@ -521,6 +545,42 @@ class LeaseStore:
         return value
 
 
+# Heartbeats wake on a grid of the loop's clock, so that co-running leases
+# (claimed together, renewed at the same interval) beat in the same loop turn
+# and share one statement. The stop deadline itself is never moved onto the grid.
+_BEAT_GRID_S = 0.05
+
+
+def _on_grid(seconds: float) -> float:
+    now = asyncio.get_running_loop().time()
+    wake = math.ceil((now + seconds) / _BEAT_GRID_S) * _BEAT_GRID_S
+    return max(wake - now, 0.0)
+
+
+def _claim_keys(request: _ClaimRequest) -> list[str]:
+    # One identity per statement, and one tick per forbid job (a statement
+    # cannot see the rows it inserts itself, so a second tick would not find
+    # the first one running).
+    keys = [request.identity.idempotency_key]
+    if request.forbid_overlap:
+        keys.append(f"forbid:{request.identity.code}")
+    return keys
+
+
+def _lease_id(request: Acquired | _Outcome) -> list[int]:
+    lease = request.lease if isinstance(request, _Outcome) else request
+    return [lease.id]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    lease: Acquired
+    status: str
+    reason: str | None
+    error: str | None
+    retry_ms: int | None
+
+
 def _is_outage(exc: psycopg.Error) -> bool:
     """The connection or server failed (no SQLSTATE, class 08, 57P0x, read-only), not the SQL."""
     state = exc.sqlstate
@@ -543,9 +603,14 @@ class _ClaimRequest:
     timing: LeaseTiming
     token: uuid.UUID
     forbid_overlap: bool
-    result: asyncio.Future[Acquired | NotAcquired] = field(compare=False)
     fire_time: datetime | None = None
     late_after: datetime | None = None
+    suspended: str | None = None
+
+    @property
+    def pausable(self) -> bool:
+        """Pause stops ticks and run-once jobs; a manual run key is the operator's own ask."""
+        return self.identity.type == "INITIAL" or tick_of(self.identity.run_key or "") is not None
 
     def outcome(
         self, row: dict[str, Any] | None, sent_at: float, received_at: float
@@ -583,10 +648,21 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
         return NotAcquired(identity, "not_due", None, None, row["expires_at"] - db_now)
     if status == "LATE":
         return NotAcquired(identity, "late", None, None)
+    if status == "PAUSED":
+        # A run-once job while paused: no row, so it runs once resumed.
+        return NotAcquired(identity, "paused", None, None, detail=row["detail"])
+    if status == "MISSED" and row["claimed"]:
+        # Past its window, and this claim recorded the tick MISSED/late.
+        return NotAcquired(identity, "late", status, owner, attempt=attempt, detail=row["detail"])
     if status == "SKIPPED" and row["claimed"]:
-        return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
+        reason = "overlap" if row["reason"] == "overlap" else "paused"
+        return NotAcquired(identity, reason, status, owner, attempt=attempt, detail=row["detail"])
+    paused: str | None = row["paused"]
     if status == "RUNNING":
         wait = max(row["expires_at"] - db_now, timedelta())
+        if paused and not wait:
+            # Expired while the job is paused: no takeover until it is resumed.
+            return NotAcquired(identity, "paused", status, owner, attempt=attempt)
         if row["busy"] and not wait:
             # Expired, but another tick of the job runs: no takeover under forbid.
             return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
@@ -596,10 +672,15 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
         if retry_at is None:
             return NotAcquired(identity, "failed", status, owner, attempt=attempt)
         wait = max(retry_at - db_now, timedelta())
+        if paused and not wait:
+            # Due for a retry, but the job is paused: the retry waits for resume.
+            return NotAcquired(identity, "paused", status, owner, attempt=attempt)
         if row["busy"] and not wait:
             # Due for a retry, but another tick of the job runs: no retry under forbid.
             return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
-        return NotAcquired(identity, "retry_pending", status, owner, wait, attempt)
+        return NotAcquired(
+            identity, "retry_pending", status, owner, wait, attempt, cause=row["reason"]
+        )
     return NotAcquired(identity, "done", status, owner, attempt=attempt)
 
 

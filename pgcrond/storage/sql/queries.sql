@@ -17,17 +17,24 @@ FROM (SELECT DISTINCT id FROM unnest(%(forbid_lock_ids)s::bigint[]) AS id ORDER 
 -- is returned instead, to say why. With forbid_overlap, while another tick of
 -- the job holds a live lease, a new tick is recorded SKIPPED and a retry or
 -- takeover of an older one is refused (busy says so). The database clock also
--- decides when a tick is due: a claim before its fire time or after its misfire
--- deadline touches no row and comes back as NOT_DUE / LATE (expires_at then
--- carries the fire time, so the caller knows how long to wait).
+-- decides when a tick is due: a claim before its fire time touches no row and
+-- comes back as NOT_DUE (expires_at then carries the fire time, so the caller
+-- knows how long to wait); one after its misfire deadline records the tick
+-- MISSED/late when it has no row yet (else touches nothing) and comes back LATE.
+-- A paused job (a row of the job-state table for its code or '*') or a
+-- suspended one (suspended: true, sent with the claim) has a new tick recorded
+-- SKIPPED with who, when and why, and its retries and takeovers refused
+-- (paused says so); a run-once job is refused without a row (PAUSED), so it
+-- runs once resumed. Pause is read here, in the claim's own round trip.
 WITH request AS (
     SELECT *
     FROM unnest(
         %(lock_keys)s::text[], %(types)s::text[], %(codes)s::text[], %(run_keys)s::text[],
         %(owner_tokens)s::uuid[], %(lease_ms)s::bigint[], %(forbid_overlap)s::boolean[],
-        %(fire_times)s::timestamptz[], %(late_after)s::timestamptz[]
+        %(fire_times)s::timestamptz[], %(late_after)s::timestamptz[],
+        %(pausable)s::boolean[], %(suspended)s::text[]
     ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap,
-            fire_time, late_after)
+            fire_time, late_after, pausable, suspended)
 ), checked AS (
     SELECT r.*, EXISTS (
         SELECT 1 FROM {table} o
@@ -36,22 +43,52 @@ WITH request AS (
           AND o.lock_key <> r.lock_key
     ) AS busy,
     (r.fire_time IS NULL OR r.fire_time <= clock_timestamp())
-      AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after) AS timely
+      AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after) AS timely,
+    r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
+      AND clock_timestamp() > r.late_after AS missed,
+    CASE WHEN r.suspended IS NOT NULL THEN 'suspended'
+         WHEN p.code IS NOT NULL THEN 'paused' END AS pause_reason,
+    CASE WHEN r.suspended IS NOT NULL THEN r.suspended
+         WHEN p.code IS NOT NULL THEN
+             'paused by ' || p.paused_by || ' at ' || p.paused_at
+             || coalesce(': ' || p.reason, '') END AS pause_detail
     FROM request r
+    -- The primary key holds at most two rows here: the job's and '*'.
+    LEFT JOIN LATERAL (
+        SELECT s.code, s.paused_by, s.paused_at, s.reason
+        FROM {job_state} s
+        WHERE r.pausable AND s.code IN (r.code, '*')
+        ORDER BY s.code = r.code DESC
+        LIMIT 1
+    ) p ON true
 ), claim AS (
     INSERT INTO {table} AS l (
         lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
-        lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, reason
+        lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, reason, error
     )
     SELECT c.lock_key, c.type, c.code, c.run_key,
-           CASE WHEN c.busy THEN 'SKIPPED' ELSE 'RUNNING' END,
-           c.owner_token, %(owner)s, 1, nextval({fencing_seq_name}), c.lease_ms,
-           clock_timestamp(), clock_timestamp(), clock_timestamp(),
-           clock_timestamp() + c.lease_ms * interval '1 millisecond',
-           CASE WHEN c.busy THEN clock_timestamp() END,
-           CASE WHEN c.busy THEN 'overlap' END
+           CASE WHEN c.missed THEN 'MISSED'
+                WHEN c.pause_reason IS NOT NULL OR c.busy THEN 'SKIPPED'
+                ELSE 'RUNNING' END,
+           c.owner_token, %(owner)s, CASE WHEN c.missed THEN 0 ELSE 1 END,
+           nextval({fencing_seq_name}), c.lease_ms,
+           clock_timestamp(),
+           -- A MISSED row was never acquired: it sorts at its tick.
+           CASE WHEN c.missed THEN c.fire_time ELSE clock_timestamp() END,
+           clock_timestamp(),
+           CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp()
+                ELSE clock_timestamp() + c.lease_ms * interval '1 millisecond' END,
+           CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp() END,
+           CASE WHEN c.missed THEN 'late' WHEN c.pause_reason IS NOT NULL THEN c.pause_reason
+                WHEN c.busy THEN 'overlap' END,
+           CASE WHEN c.missed THEN
+                    'replica too late: ' || %(owner)s || ' claimed it '
+                    || date_trunc('milliseconds', clock_timestamp() - c.fire_time)
+                    || ' after the tick, past misfire_grace '
+                    || (c.late_after - c.fire_time)
+                WHEN c.pause_reason IS NOT NULL THEN c.pause_detail END
     FROM checked c
-    WHERE c.timely
+    WHERE (c.timely AND NOT (c.pause_reason IS NOT NULL AND c.type = 'INITIAL')) OR c.missed
     -- One insertion order on every replica, so two batches never wait on each
     -- other's uncommitted keys in a cycle.
     ORDER BY c.lock_key
@@ -71,52 +108,82 @@ WITH request AS (
         error = NULL
     WHERE ((l.status = 'FAIL' AND l.retry_at <= clock_timestamp())
            OR (l.status = 'RUNNING' AND l.expires_at <= clock_timestamp()))
-      -- EXCLUDED.status is SKIPPED exactly when another tick is busy.
+      -- EXCLUDED.status is RUNNING exactly when no other tick is busy, the job
+      -- is not paused and the claim is inside its window.
       AND EXCLUDED.status = 'RUNNING'
     RETURNING l.lock_key, l.id, l.status, l.owner, l.owner_token, l.attempt, l.fencing_token,
-              l.expires_at, l.retry_at, l.reason
+              l.expires_at, l.retry_at, l.reason, l.error
 )
 SELECT true AS claimed, lock_key, id, status, owner, owner_token, attempt, fencing_token,
-       expires_at, retry_at, reason, false AS busy, clock_timestamp() AS db_now
+       expires_at, retry_at, reason, false AS busy, NULL::text AS paused, error AS detail,
+       clock_timestamp() AS db_now
 FROM claim
 UNION ALL
 SELECT false, e.lock_key, e.id, e.status, e.owner, e.owner_token, e.attempt, e.fencing_token,
-       e.expires_at, e.retry_at, e.reason, c.busy, clock_timestamp()
+       e.expires_at, e.retry_at, e.reason, c.busy, c.pause_reason, c.pause_detail,
+       clock_timestamp()
 FROM {table} e
 JOIN checked c ON c.lock_key = e.lock_key
 WHERE c.timely AND NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = e.lock_key)
 UNION ALL
-SELECT false, c.lock_key, NULL, CASE WHEN c.fire_time > clock_timestamp() THEN 'NOT_DUE'
-                                     ELSE 'LATE' END,
-       NULL, NULL, NULL, NULL, c.fire_time, NULL, NULL, false, clock_timestamp()
+SELECT false, c.lock_key, NULL,
+       CASE WHEN c.timely THEN 'PAUSED' WHEN c.fire_time > clock_timestamp() THEN 'NOT_DUE'
+            ELSE 'LATE' END,
+       NULL, NULL, NULL, NULL, c.fire_time, NULL, NULL, false, c.pause_reason, c.pause_detail,
+       clock_timestamp()
 FROM checked c
-WHERE NOT c.timely
+WHERE NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = c.lock_key)
+  AND (NOT c.timely
+       OR (c.pause_reason IS NOT NULL AND c.type = 'INITIAL'
+           AND NOT EXISTS (SELECT 1 FROM {table} e WHERE e.lock_key = c.lock_key)))
 
 -- name: heartbeat
--- Extend a held lease by the lease it was granted; only the current owner can,
--- and only while it is live: a heartbeat arriving after the expiry must not
--- revive a lease that a follower may already be taking over.
-UPDATE {table}
+-- Extend held leases by the lease each was granted (co-running leases share the
+-- statement); only each row's current owner can, and only while it is live: a
+-- heartbeat arriving after the expiry must not revive a lease that a follower
+-- may already be taking over. Rows are locked in lock-key order, the order the
+-- claim inserts in, so a batch never waits on another in a cycle.
+WITH beat AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(owner_tokens)s::uuid[]) AS h (id, owner_token)
+), mine AS (
+    SELECT l.id FROM {table} l JOIN beat h ON l.id = h.id AND l.owner_token = h.owner_token
+    ORDER BY l.lock_key
+    FOR UPDATE OF l
+)
+UPDATE {table} AS l
 SET heartbeat_at = clock_timestamp(),
-    expires_at = clock_timestamp() + lease_ms * interval '1 millisecond'
-WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
-  AND expires_at > clock_timestamp()
-RETURNING expires_at, clock_timestamp() AS db_now
+    expires_at = clock_timestamp() + l.lease_ms * interval '1 millisecond'
+FROM mine
+WHERE l.id = mine.id AND l.status = 'RUNNING' AND l.expires_at > clock_timestamp()
+RETURNING l.id, l.expires_at, clock_timestamp() AS db_now
 
 -- name: finalize
--- Record SUCCESS or FAIL, by the current owner only. A FAIL row with a retry
--- time can be reclaimed from then on; without one it is final. Repeating the
--- same finalize (its reply was lost in an outage) succeeds again: the owner
--- token only changes on a claim, so this stays fenced.
-UPDATE {table}
-SET status = %(status)s,
+-- Record SUCCESS or FAIL for a batch of runs (co-finishing runs share the
+-- statement), each row by its current owner only. A FAIL row with a retry time
+-- can be reclaimed from then on; without one it is final. Repeating the same
+-- finalize (its reply was lost in an outage) succeeds again: the owner token
+-- only changes on a claim, so this stays fenced. Locked in lock-key order.
+WITH outcome AS (
+    SELECT *
+    FROM unnest(
+        %(ids)s::bigint[], %(owner_tokens)s::uuid[], %(statuses)s::text[],
+        %(reasons)s::text[], %(errors)s::text[], %(retry_ms)s::bigint[]
+    ) AS f (id, owner_token, status, reason, error, retry_ms)
+), mine AS (
+    SELECT l.id FROM {table} l JOIN outcome f ON l.id = f.id AND l.owner_token = f.owner_token
+    ORDER BY l.lock_key
+    FOR UPDATE OF l
+)
+UPDATE {table} AS l
+SET status = f.status,
     finished_at = clock_timestamp(),
-    reason = %(reason)s,
-    error = left(%(error)s, 4000),
-    retry_at = clock_timestamp() + %(retry_ms)s * interval '1 millisecond'
-WHERE id = %(id)s AND owner_token = %(owner_token)s
-  AND (status = 'RUNNING' OR (status = %(status)s AND finished_at IS NOT NULL))
-RETURNING id
+    reason = f.reason,
+    error = left(f.error, 4000),
+    retry_at = clock_timestamp() + f.retry_ms * interval '1 millisecond'
+FROM outcome f
+WHERE l.id = f.id AND l.id IN (SELECT id FROM mine)
+  AND (l.status = 'RUNNING' OR (l.status = f.status AND l.finished_at IS NOT NULL))
+RETURNING l.id
 
 -- name: schema_exists
 SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s) AS present
@@ -283,13 +350,111 @@ RETURNING id
 -- due) or FAIL with a retry time (a retry is due or pending). A replica that
 -- starts follows them, so a tick whose last owner died is not left to chance.
 -- Uses the partial running index and the (code, acquired_at) index; bounded.
-SELECT code, run_key, status, retry_at, expires_at
+SELECT code, run_key, status, reason, retry_at, expires_at
 FROM {table}
 WHERE type = 'SCHEDULE' AND code = ANY(%(codes)s::text[])
   AND (status = 'RUNNING' OR (status = 'FAIL' AND retry_at IS NOT NULL))
   AND acquired_at > clock_timestamp() - %(within_ms)s * interval '1 millisecond'
 ORDER BY acquired_at
 LIMIT %(limit)s
+
+-- name: pause_jobs
+-- Pause jobs cluster-wide (code '*' is every job): the claim reads these rows.
+-- Pausing again keeps the first pause's who and when, and takes the new reason.
+INSERT INTO {job_state} AS s (code, paused_by, paused_at, reason)
+SELECT code, %(by)s, clock_timestamp(), %(reason)s
+FROM unnest(%(codes)s::text[]) AS code
+ON CONFLICT (code) DO UPDATE SET reason = coalesce(EXCLUDED.reason, s.reason)
+RETURNING code, paused_by, paused_at, reason
+
+-- name: resume_jobs
+-- Resume jobs: their rows go (with all_jobs, every row, '*' included).
+DELETE FROM {job_state}
+WHERE %(all_jobs)s OR code = ANY(%(codes)s::text[])
+RETURNING code
+
+-- name: paused_jobs
+-- Every pause in force, for status, the metric and the daemon's start.
+SELECT code, paused_by, paused_at, reason FROM {job_state} ORDER BY code
+
+-- name: last_ticks
+-- Per job, the newest tick that has a row (any status), from the job's newest
+-- rows by the (code, acquired_at) index: a starting replica computes the
+-- expected ticks after it. Manual run keys are not ticks. Bounded: jobs x 20 rows.
+WITH jobs AS (
+    SELECT code FROM unnest(%(codes)s::text[]) AS code
+)
+SELECT jobs.code, newest.run_key AS last_run_key
+FROM jobs
+LEFT JOIN LATERAL (
+    SELECT max(t.run_key) AS run_key
+    FROM (
+        SELECT l.run_key
+        FROM {table} l
+        WHERE l.code = jobs.code AND l.type = 'SCHEDULE' AND l.run_key NOT LIKE 'manual:%%'
+          AND l.acquired_at > clock_timestamp() - %(within_ms)s * interval '1 millisecond'
+        ORDER BY l.acquired_at DESC
+        LIMIT 20
+    ) t
+) newest ON true
+
+-- name: record_missed
+-- Record ticks MISSED, each with its reason and why; a tick that has a row
+-- (it ran, runs, or was recorded already) is left alone, so any replica may
+-- record the same tick and the first record stands. In lock-key order, like
+-- the claim, so it never deadlocks with one. A MISSED row was never acquired:
+-- acquired_at is its tick, so history sorts it where it belongs.
+INSERT INTO {table} (
+    lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
+    lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, reason, error
+)
+SELECT m.lock_key, 'SCHEDULE', m.code, m.run_key, 'MISSED', gen_random_uuid(), %(owner)s, 0,
+       nextval({fencing_seq_name}), 1000, clock_timestamp(), m.fire_time, clock_timestamp(),
+       clock_timestamp(), clock_timestamp(), m.reason, left(m.error, 4000)
+FROM unnest(
+    %(lock_keys)s::text[], %(codes)s::text[], %(run_keys)s::text[],
+    %(fire_times)s::timestamptz[], %(reasons)s::text[], %(errors)s::text[]
+) AS m (lock_key, code, run_key, fire_time, reason, error)
+ORDER BY m.lock_key
+ON CONFLICT (lock_key) DO NOTHING
+RETURNING code, run_key
+
+-- name: job_ticks
+-- Per job, for status and the alert gauges: the newest tick with a row, the
+-- newest SUCCESS and FAIL (with the failures since that SUCCESS), and the
+-- MISSED ticks of the last %(misses_within_ms)s. Each lateral walks the
+-- (code, acquired_at) index and stops at its LIMIT, or counts a bounded range.
+WITH jobs AS (
+    SELECT code, ord FROM unnest(%(codes)s::text[]) WITH ORDINALITY AS j (code, ord)
+)
+SELECT jobs.code,
+       tick.run_key AS last_tick, tick.status AS last_tick_status,
+       ok.finished_at AS last_success_at, ok.run_key AS last_success_run_key,
+       bad.finished_at AS last_failure_at, bad.run_key AS last_failure_run_key,
+       (SELECT count(*) FROM {table} f
+        WHERE f.code = jobs.code AND f.status = 'FAIL' AND f.retry_at IS NULL
+          AND f.acquired_at > coalesce(ok.acquired_at, '-infinity')) AS consecutive_failures,
+       (SELECT count(*) FROM {table} m
+        WHERE m.code = jobs.code AND m.status = 'MISSED'
+          AND m.acquired_at > clock_timestamp() - %(misses_within_ms)s * interval '1 millisecond'
+       ) AS recent_misses
+FROM jobs
+LEFT JOIN LATERAL (
+    SELECT t.run_key, t.status FROM {table} t
+    WHERE t.code = jobs.code AND t.type = 'SCHEDULE' AND t.run_key NOT LIKE 'manual:%%'
+    ORDER BY t.acquired_at DESC, t.id DESC LIMIT 1
+) tick ON true
+LEFT JOIN LATERAL (
+    SELECT s.run_key, s.acquired_at, s.finished_at FROM {table} s
+    WHERE s.code = jobs.code AND s.status = 'SUCCESS'
+    ORDER BY s.acquired_at DESC, s.id DESC LIMIT 1
+) ok ON true
+LEFT JOIN LATERAL (
+    SELECT b.run_key, b.finished_at FROM {table} b
+    WHERE b.code = jobs.code AND b.status = 'FAIL' AND b.reason NOT IN ('released')
+    ORDER BY b.acquired_at DESC, b.id DESC LIMIT 1
+) bad ON true
+ORDER BY jobs.ord
 
 -- name: ping
 -- Readiness: the database answers.
@@ -385,7 +550,8 @@ WITH seen AS (
     (SELECT owner, finished_at AS at, status
      FROM {table}
      WHERE type = 'SCHEDULE'
-       AND finished_at > clock_timestamp() - %(within_ms)s * interval '1 millisecond'
+       -- statement_timestamp(), not clock_timestamp(): a stable bound is an index condition.
+       AND finished_at > statement_timestamp() - %(within_ms)s * interval '1 millisecond'
      ORDER BY finished_at DESC
      LIMIT %(limit)s)
     UNION ALL
@@ -449,3 +615,19 @@ SET status = 'SUCCESS', finished_at = clock_timestamp(), reason = NULL, error = 
     retry_at = NULL
 WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
 RETURNING id
+
+-- name: status_page_failing
+-- The codes, in the order given, whose newest finished run (SUCCESS or FAIL) is
+-- a FAIL: one probe per job down the (code, acquired_at) index, stopping at the
+-- first finished row, so every page of the jobs view can say what is failing.
+SELECT j.code
+FROM unnest(%(codes)s::text[]) WITH ORDINALITY AS j (code, ord)
+CROSS JOIN LATERAL (
+    SELECT t.status
+    FROM {table} t
+    WHERE t.code = j.code AND t.status IN ('SUCCESS', 'FAIL')
+    ORDER BY t.acquired_at DESC
+    LIMIT 1
+) last
+WHERE last.status = 'FAIL'
+ORDER BY j.ord
