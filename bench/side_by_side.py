@@ -57,6 +57,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,15 +132,18 @@ def spawn(argv: Sequence[str], env: dict[str, str], log: Path) -> Replica:
 
 
 def wait_ready(replicas: Sequence[Replica], marker: str, timeout: float = 120) -> None:
+    """Until every replica has logged ``marker``; each one's ``ready`` is when it was seen."""
     deadline = time.monotonic() + timeout
-    for replica in replicas:
-        while marker not in replica.log.read_text(errors="replace"):
-            if replica.process.poll() is not None or time.monotonic() > deadline:
+    waiting = [r for r in replicas if not r.ready]
+    while waiting:
+        for replica in list(waiting):
+            if marker in replica.log.read_text(errors="replace"):
+                replica.ready = time.time()
+                waiting.remove(replica)
+            elif replica.process.poll() is not None or time.monotonic() > deadline:
                 tail = replica.log.read_text(errors="replace")[-3000:]
                 raise SystemExit(f"replica {replica.pid} did not get ready:\n{tail}")
-            time.sleep(0.02)
-        if not replica.ready:
-            replica.ready = time.time()
+        time.sleep(0.02)
 
 
 def stop(replicas: Sequence[Replica], timeout: float = 60) -> None:
@@ -232,6 +236,7 @@ class Scenario:
     fault: str | None
     lease: str | None
     idle: float
+    concurrency: str = "forbid"  # pgcrond's job concurrency (its default: forbid)
 
     def ticks(self, first: int) -> list[int]:
         """The window's ticks (epoch seconds) from ``first`` on."""
@@ -280,8 +285,9 @@ class Pgcrond(Scheduler):
 
     def config(self, tag: str, cron: str) -> Path:
         lines = ["database: {url: '${PGCROND_DATABASE_URL}'}"]
+        lines += ["defaults:", f"  concurrency: {self.scenario.concurrency}"]
         if self.scenario.lease:  # pgcrond's default is 1m
-            lines += ["defaults:", f"  lease: {self.scenario.lease}"]
+            lines.append(f"  lease: {self.scenario.lease}")
         lines.append("jobs:")
         lines += [
             f"  job-{n:05d}: {{cron: '{cron}', entrypoint: 'bench.ledger_job:record'}}"
@@ -672,18 +678,23 @@ def emit(rows: list[dict[str, str]], columns: Sequence[str]) -> None:
 # -- scale --------------------------------------------------------------------
 
 
-def scale(server: LocalServer, workdir: Path, idle: float) -> list[dict[str, str]]:
+def scale(
+    server: LocalServer, workdir: Path, job_counts: list[int], replica_counts: list[int]
+) -> list[dict[str, str]]:
     rows = []
     ledger = with_db(server.dsn, "ledger")
-    for jobs in (100, 1000, 10000):
-        for replicas in (1, 3, 6):
+    ready_s: dict[int, float] = {}
+    for jobs in job_counts:
+        for replicas in replica_counts:
             scenario = Scenario(replicas, jobs, 60, "minute", None, None, 0)
             sql(server.dsn, 'DROP DATABASE IF EXISTS "sched_pgcrond"')
             scheduler = Pgcrond(server, workdir, scenario)
             scheduler.prepare()
             sql(ledger, "TRUNCATE bench_ledger")
-            # Per-minute jobs whose second field puts the tick just after start-up.
-            guess = time.time() + 3 + jobs / 1000 * replicas
+            # Per-minute jobs whose second field puts the tick just after start-up,
+            # guessed from the last start-up at this size (replicas share 2 cores).
+            estimate = ready_s.get(jobs, 1 + jobs / 1000) * max(1.0, replicas / 2) * 1.5
+            guess = time.time() + 3 + estimate
             second = math.ceil(guess) % 60
             counts = transactions(server)
             progress(f"scale: {replicas} x {jobs} jobs, tick at second {second}")
@@ -692,6 +703,7 @@ def scale(server: LocalServer, workdir: Path, idle: float) -> list[dict[str, str
             )
             wait_ready(started, scheduler.ready_marker, timeout=300)
             ready = max(r.ready for r in started)
+            ready_s[jobs] = (ready - min(r.spawned for r in started)) / max(1.0, replicas / 2)
             ready_counts = transactions(server)
             tick = math.ceil(guess)
             if tick < ready + 1:
@@ -712,6 +724,7 @@ def scale(server: LocalServer, workdir: Path, idle: float) -> list[dict[str, str
             after = transactions(server)
             result = Result("pgcrond")
             ledger_figures(ledger, jobs, [tick], result, {r.pid: n for n, r in enumerate(started)})
+            started_p50, started_p99 = daemon_lateness(started, [tick]) or (math.nan, math.nan)
             tick_statements = after[scheduler.db] - ready_counts[scheduler.db]
             startup = ready_counts[scheduler.db] - counts[scheduler.db]
             rows.append(
@@ -724,6 +737,7 @@ def scale(server: LocalServer, workdir: Path, idle: float) -> list[dict[str, str
                     "start-up statements": str(startup),
                     "lateness p50 / p99 / max": f"{result.lateness_p50_ms:.0f} / "
                     f"{result.lateness_p99_ms:.0f} / {result.lateness_max_ms:.0f} ms",
+                    "tick -> run_started p50 / p99": f"{started_p50:.0f} / {started_p99:.0f} ms",
                     "max RSS": f"{max(r.max_rss_mib for r in started):.0f} MiB",
                     "start to ready": f"{max(r.ready - r.spawned for r in started):.2f} s",
                 }
@@ -805,6 +819,10 @@ def load_note() -> str:
 # -- main ---------------------------------------------------------------------
 
 
+def counts(text: str) -> list[int]:
+    return [int(part) for part in text.split(",")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--replicas", type=int, default=3)
@@ -818,6 +836,16 @@ def main() -> int:
     )
     parser.add_argument("--only", choices=["pgcrond", "procrastinate"], help="run one side only")
     parser.add_argument("--scale", action="store_true", help="pgcrond alone at 100..10,000 jobs")
+    parser.add_argument("--scale-jobs", type=counts, default=[100, 1000, 10000])
+    parser.add_argument("--scale-replicas", type=counts, default=[1, 3, 6])
+    parser.add_argument(
+        "--concurrency",
+        choices=["forbid", "allow"],
+        default="forbid",
+        help="pgcrond's job concurrency (forbid, its default, skips the ticks that follow a "
+        "dead replica's tick until its lease expires)",
+    )
+    parser.add_argument("--keep", type=Path, help="copy the replicas' logs and configs here")
     parser.add_argument("--write-docs", action="store_true", help="rewrite docs/performance.md")
     args = parser.parse_args()
     lease = args.lease or ("10s" if args.fault else None)
@@ -829,33 +857,50 @@ def main() -> int:
     progress(f"load (1-minute average): {load}")
     with throwaway(max_connections=300, prefix="pgcrond-side-") as server:
         workdir = server.data_dir.parent
-        sql(server.dsn, "CREATE DATABASE ledger")
-        sql(with_db(server.dsn, "ledger"), ledger_job.SCHEMA)
-        if args.scale:
-            rows = scale(server, workdir, args.idle)
-            columns = list(rows[0])
-            emit(rows, columns)
-            if args.write_docs:
-                write_docs(
-                    "scale",
-                    header(server, command, load) + "\n" + markdown_table(rows, columns, columns),
-                )
-            return 0
-        results: dict[str, Result] = {}
-        for kind in (Pgcrond, Procrastinate):
-            if args.only in (None, kind.name):
-                results[kind.name] = run_one(kind(server, workdir, scenario), server)
-        empty = Result("-", ready_s=[0.0])
-        rows = table(results.get("pgcrond", empty), results.get("procrastinate", empty))
-        columns = ["metric", "pgcrond", "procrastinate", "ratio"]
+        try:
+            return measure(args, scenario, server, workdir, command, load)
+        finally:
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                for path in [*workdir.glob("*.log"), *workdir.glob("*.yaml")]:
+                    shutil.copy(path, args.keep)
+
+
+def measure(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    server: LocalServer,
+    workdir: Path,
+    command: str,
+    load: str,
+) -> int:
+    sql(server.dsn, "CREATE DATABASE ledger")
+    sql(with_db(server.dsn, "ledger"), ledger_job.SCHEMA)
+    if args.scale:
+        rows = scale(server, workdir, args.scale_jobs, args.scale_replicas)
+        columns = list(rows[0])
         emit(rows, columns)
         if args.write_docs:
-            section = "fault" if args.fault else "side-by-side"
-            headers = ["", "pgcrond", "procrastinate", "procrastinate ÷ pgcrond"]
             write_docs(
-                section,
-                header(server, command, load) + "\n" + markdown_table(rows, columns, headers),
+                "scale",
+                header(server, command, load) + "\n" + markdown_table(rows, columns, columns),
             )
+        return 0
+    results: dict[str, Result] = {}
+    for kind in (Pgcrond, Procrastinate):
+        if args.only in (None, kind.name):
+            results[kind.name] = run_one(kind(server, workdir, scenario), server)
+    empty = Result("-", ready_s=[0.0])
+    rows = table(results.get("pgcrond", empty), results.get("procrastinate", empty))
+    columns = ["metric", "pgcrond", "procrastinate", "ratio"]
+    emit(rows, columns)
+    if args.write_docs:
+        section = "fault" if args.fault else "side-by-side"
+        headers = ["", "pgcrond", "procrastinate", "procrastinate ÷ pgcrond"]
+        write_docs(
+            section,
+            header(server, command, load) + "\n" + markdown_table(rows, columns, headers),
+        )
     return 0
 
 
