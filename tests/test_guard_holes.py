@@ -233,3 +233,25 @@ async def test_a_won_claim_through_the_guard_is_held_with_its_fencing_token(
     assert isinstance(answer, Held)
     assert answer.fencing_token is not None and 1 == answer.attempt
     assert "done" == await guard.record(answer, "success")
+
+
+async def test_a_dead_owners_tick_overlapped_by_a_newer_one_is_closed_skipped(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """Under forbid, a lapsed tick that may not be taken over is closed, not left RUNNING."""
+    _, older = tick_identity("closed", 1)
+    _, newer = tick_identity("closed", 2)
+    short = LeaseTiming.build(timedelta(milliseconds=200), timedelta(0))
+    dead = await store.claim(older, short, forbid_overlap=True)
+    assert isinstance(dead, Acquired)
+    await asyncio.sleep(0.3)  # its owner is gone: the lease lapses
+    running = await store.claim(newer, TWO_S, forbid_overlap=True)
+    assert isinstance(running, Acquired)
+    takeover = await store.claim(older, TWO_S, forbid_overlap=True)
+    assert isinstance(takeover, NotAcquired) and "overlap" == takeover.reason
+    assert ("SKIPPED", "overlap") == (
+        row(pg_dsn, schema, older)["status"],
+        row(pg_dsn, schema, older)["reason"],
+    )
+    # The dead owner, should it come back, is fenced.
+    assert not await store.complete(dead)

@@ -5,7 +5,7 @@ turn, co-running leases heartbeat on the same grid instant: each group shares
 one round trip and one transaction instead of paying one each. A request
 whose key is already in the batch (one row at most once per statement: ``ON
 CONFLICT`` and ``UPDATE … FROM`` cannot touch a row twice) waits for the next
-batch, which is decided after this one, in order.
+batch, which is sent only once this one is answered: decided after it, in order.
 """
 
 from __future__ import annotations
@@ -58,20 +58,29 @@ class TurnBatch(Generic[T]):
             asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append(pending)
 
+    def _add_all(self, batch: list[Pending[T]]) -> None:
+        for pending in batch:
+            self._add(pending)
+
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
         seen: set[Hashable] = set()
         now: list[Pending[T]] = []
+        later: list[Pending[T]] = []
         for pending in batch:
             keys = set(self._keys(pending.request))
             if keys & seen:
-                self._add(pending)
+                later.append(pending)
             else:
                 seen |= keys
                 now.append(pending)
         task = asyncio.create_task(self._run(now))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if later:
+            # Sent once this batch is answered, never beside it: a request that
+            # shares a key is decided after the one it shares it with.
+            task.add_done_callback(lambda _: self._add_all(later))
 
     async def _run(self, batch: list[Pending[T]]) -> None:
         try:

@@ -93,24 +93,31 @@ WITH request AS (
     -- other's uncommitted keys in a cycle.
     ORDER BY c.lock_key
     ON CONFLICT (lock_key) DO UPDATE SET
-        status = 'RUNNING',
+        status = EXCLUDED.status,
         owner_token = EXCLUDED.owner_token,
         owner = EXCLUDED.owner,
-        attempt = l.attempt + 1,
+        attempt = CASE WHEN EXCLUDED.status = 'RUNNING' THEN l.attempt + 1 ELSE l.attempt END,
         fencing_token = EXCLUDED.fencing_token,
         lease_ms = EXCLUDED.lease_ms,
         acquired_at = EXCLUDED.acquired_at,
         heartbeat_at = EXCLUDED.heartbeat_at,
         expires_at = EXCLUDED.expires_at,
-        finished_at = NULL,
+        finished_at = EXCLUDED.finished_at,
         retry_at = NULL,
-        reason = CASE WHEN l.status = 'RUNNING' THEN 'takeover' ELSE 'retry' END,
-        error = NULL
+        reason = CASE WHEN EXCLUDED.status = 'SKIPPED' THEN 'overlap'
+                      WHEN l.status = 'RUNNING' THEN 'takeover' ELSE 'retry' END,
+        error = CASE WHEN EXCLUDED.status = 'SKIPPED' THEN
+                    'its owner ' || l.owner || ' stopped and a newer tick of the job runs: '
+                    || 'not taken over (concurrency: forbid)' END
     WHERE ((l.status = 'FAIL' AND l.retry_at <= clock_timestamp())
            OR (l.status = 'RUNNING' AND l.expires_at <= clock_timestamp()))
       -- EXCLUDED.status is RUNNING exactly when no other tick is busy, the job
-      -- is not paused and the claim is inside its window.
-      AND EXCLUDED.status = 'RUNNING'
+      -- is not paused and the claim is inside its window. A dead owner's tick
+      -- that a newer running tick makes an overlap is closed SKIPPED (fenced),
+      -- rather than left RUNNING for nobody to finish.
+      AND (EXCLUDED.status = 'RUNNING'
+           OR (EXCLUDED.status = 'SKIPPED' AND EXCLUDED.reason = 'overlap'
+               AND l.status = 'RUNNING'))
     RETURNING l.lock_key, l.id, l.status, l.owner, l.owner_token, l.attempt, l.fencing_token,
               l.expires_at, l.retry_at, l.reason, l.error
 )
