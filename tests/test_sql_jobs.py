@@ -428,3 +428,195 @@ async def test_an_sql_job_commits_with_its_success_behind_pgbouncer_transaction_
     assert "success" == outcome
     assert [2] == [e["attempt"] for e in effects]
     assert [{"t": "0"}] == settings
+
+
+# -- under faults: 3 real replicas ----------------------------------------------
+
+FAULT_LEDGER_DDL = """
+CREATE TABLE {table} (
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    run_key text, key text, attempt int, fencing_token bigint, fire_time timestamptz
+)
+"""
+
+
+def fault_config(schema: str) -> str:
+    # lease 4s: heartbeat 1.33s, stop grace 1s + margin 0.4s, so the statements
+    # may run 1.27s; each holds its row 0.8s, so most faults land mid-run.
+    return (
+        "database:\n"
+        "  url: ${PGCROND_DATABASE_URL}\n"
+        f"  schema: {schema}\n"
+        "jobs:\n"
+        "  tick:\n"
+        '    cron: "* * * * * *"\n'
+        "    concurrency: allow\n"
+        "    lease: 4s\n"
+        "    misfire_grace: 12s\n"
+        "    retries: 5\n"
+        "    retry_delay: 200ms\n"
+        "    sql: |\n"
+        f'      INSERT INTO "{schema}".sql_ledger\n'
+        "        (run_key, key, attempt, fencing_token, fire_time)\n"
+        "      VALUES (:run_key, :idempotency_key, :attempt, :fencing_token, :fire_time);\n"
+        "      SELECT pg_sleep(0.8)\n"
+    )
+
+
+@pytest.mark.slow
+def test_under_kills_pauses_and_cuts_every_tick_s_row_exists_exactly_once(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """No unique constraint: only the shared transaction keeps the ledger exact."""
+    import signal
+    import time
+
+    from tests.daemon_harness import Cluster, Replica, wait_until
+    from tests.faults.proxy import proxied
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(FAULT_LEDGER_DDL.format(table=f'"{schema}".sql_ledger'))
+    direct = Cluster(pg_dsn, schema, tmp_path)
+    config = direct.write_config(fault_config(schema))
+    lost: list[dict[str, Any]] = []  # (run_key, fencing_token) of holders we hit
+    faults: list[str] = []
+
+    def rows(query: str) -> list[dict[str, Any]]:
+        return direct.rows(query)
+
+    with proxied(pg_dsn) as (proxy, proxy_dsn):
+        env = {**direct.env(), "PGCROND_DATABASE_URL": proxy_dsn}
+        names = iter(range(100))
+        replicas: list[Replica] = []
+
+        def start() -> Replica:
+            n = next(names)
+            replica = Replica(f"replica-{n}", config, tmp_path / f"replica-{n}.log", env).start()
+            replicas.append(replica)
+            return replica
+
+        def holder() -> tuple[Replica, dict[str, Any]]:
+            """A replica in the middle of a run, and the row it holds."""
+
+            def find() -> tuple[Replica, dict[str, Any]] | None:
+                running = rows(
+                    "SELECT run_key, owner, fencing_token FROM {leases} "
+                    "WHERE status = 'RUNNING' AND expires_at > now() "
+                    # Claimed just now: its 0.8s statement is still running.
+                    "AND clock_timestamp() - acquired_at < interval '0.4s' "
+                    "ORDER BY acquired_at DESC"
+                )
+                for row in running:
+                    pid = int(row["owner"].rsplit(":", 1)[1])
+                    for replica in replicas:
+                        alive = replica.process is not None and replica.process.poll() is None
+                        if replica.pid == pid and alive:
+                            return replica, row
+                return None
+
+            found: tuple[Replica, dict[str, Any]] = wait_until(find, 10, "a replica mid-run")
+            return found
+
+        try:
+            for _ in range(3):
+                start()
+            for replica in replicas:
+                replica.wait_event("daemon_ready", timeout=30)
+            window_start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+            time.sleep(3)
+
+            victim, row = holder()
+            victim.signal(signal.SIGKILL)
+            lost.append(row)
+            faults.append(f"kill -9 {victim.name} holding {row['run_key']}")
+            time.sleep(1)
+            start().wait_event("daemon_ready", timeout=30)
+            time.sleep(2)
+
+            victim, row = holder()
+            victim.signal(signal.SIGSTOP)
+            lost.append(row)
+            faults.append(f"SIGSTOP {victim.name} for 5.5s holding {row['run_key']}")
+            time.sleep(5.5)  # past its 4s lease
+            victim.signal(signal.SIGCONT)
+            time.sleep(2)
+
+            holder()
+            faults.append(f"cut {proxy.cut()} connections")
+            time.sleep(3)
+            holder()
+            proxy.partition(2.5).wait(10)
+            faults.append("partition 2.5s")
+            time.sleep(2)
+
+            victim, row = holder()
+            victim.signal(signal.SIGKILL)
+            lost.append(row)
+            faults.append(f"kill -9 {victim.name} holding {row['run_key']}")
+            # The window ends with the tick of the last hit (it must be taken over).
+            window_end = datetime.now(UTC).replace(microsecond=0)
+            time.sleep(1)
+
+            # Settled: every tick of the window finished (taken over, retried).
+            def settled() -> bool:
+                open_rows = rows(
+                    "SELECT 1 FROM {leases} WHERE run_key <= "
+                    f"'{window_end:%Y-%m-%dT%H:%M:%SZ}' AND "
+                    "(status = 'RUNNING' OR (status = 'FAIL' AND retry_at IS NOT NULL))"
+                )
+                return not open_rows
+
+            wait_until(settled, 25, "every tick of the window to finish")
+            for replica in replicas:
+                if replica.process is not None and replica.process.poll() is None:
+                    replica.signal(signal.SIGTERM)
+            for replica in replicas:
+                replica.wait_exit(30)
+        finally:
+            for replica in replicas:
+                replica.stop()
+    leases = {r["run_key"]: r for r in rows("SELECT * FROM {leases}")}
+    ledger = rows(
+        "SELECT run_key, key, attempt, fencing_token FROM {ledger}".replace(
+            "{ledger}", f'"{schema}".sql_ledger'
+        )
+    )
+    expected = []
+    moment = window_start
+    while moment <= window_end:
+        expected.append(moment.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        moment += timedelta(seconds=1)
+    by_tick: dict[str, list[dict[str, Any]]] = {}
+    for effect in ledger:
+        by_tick.setdefault(effect["run_key"], []).append(effect)
+    succeeded = {key for key, row in leases.items() if row["status"] == "SUCCESS"}
+    retried = sorted(key for key in expected if leases[key]["attempt"] > 1)
+    attempts = [leases[key]["attempt"] for key in retried]
+    print(
+        f"\n{len(expected)} ticks in the window, {len(ledger)} ledger rows, "
+        f"{len(retried)} ticks run more than once (attempts {attempts}); faults: {faults}"
+    )
+    # Every tick of the window ran and was recorded SUCCESS...
+    assert [] == [key for key in expected if key not in succeeded]
+    # ...and each one's row exists exactly once, written by the attempt that
+    # won (its fencing token), never by an attempt that lost its lease.
+    assert {key: 1 for key in succeeded} == {key: len(v) for key, v in by_tick.items()}
+    assert all(
+        [leases[key]["fencing_token"]] == [e["fencing_token"] for e in by_tick[key]]
+        for key in succeeded
+    )
+    # A holder hit mid-run lost its lease: the tick was finished by a newer
+    # claim, and nothing of the hit attempt remains. (A hit that landed just
+    # after its COMMIT kept its SUCCESS, written once, by that attempt.)
+    hit_mid_run = 0
+    for row in lost:
+        final = leases[row["run_key"]]
+        tokens = [e["fencing_token"] for e in by_tick.get(row["run_key"], [])]
+        if final["fencing_token"] > row["fencing_token"]:
+            hit_mid_run += 1
+            assert row["fencing_token"] not in tokens
+        else:
+            assert [row["fencing_token"]] == tokens
+    print(f"holders hit mid-run: {hit_mid_run} of {len(lost)}")
+    assert hit_mid_run >= 2
