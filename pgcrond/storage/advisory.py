@@ -363,34 +363,15 @@ class SyncAdvisoryLock:
 
 @contextlib.contextmanager
 def advisory_lock_sync(
-    conninfo: str,
-    key: str | int,
-    *,
-    key_hash: KeyHash = "pgcrond",
-    min_hold: timedelta = timedelta(seconds=5),
-    tick: datetime | None = None,
-    probe_interval: timedelta = timedelta(seconds=1),
+    conninfo: str, key: str | int, **options: Any
 ) -> Iterator[AdvisoryLease]:
-    """One guarded run from synchronous code, on a connection opened for it.
+    """One guarded run from synchronous code, on a pool of one opened for it.
 
-    For many runs, keep a :class:`SyncAdvisoryLock` instead.
+    ``options`` are :meth:`SyncAdvisoryLock.lock`'s. For many runs, keep a
+    :class:`SyncAdvisoryLock` instead.
     """
-    portal = Portal()
-    try:
-        with _on_portal(
-            portal,
-            advisory_lock(
-                conninfo,
-                key,
-                key_hash=key_hash,
-                min_hold=min_hold,
-                tick=tick,
-                probe_interval=probe_interval,
-            ),
-        ) as lease:
-            yield lease
-    finally:
-        portal.close()
+    with SyncAdvisoryLock(conninfo, max_size=1) as guard, guard.lock(key, **options) as lease:
+        yield lease
 
 
 @contextlib.contextmanager
