@@ -40,7 +40,6 @@ from pgcrond.core.durations import format_duration
 from pgcrond.core.schedule import OnceSchedule, Schedule, tick_of
 from pgcrond.errors import PgcrondError
 from pgcrond.ops import report
-from pgcrond.storage import history as records
 from pgcrond.storage import status as reads
 from pgcrond.storage.leases import LeaseStore
 
@@ -54,6 +53,9 @@ CSS = "text/css; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
 # A page that cannot be answered in this long is a 503, not a hung connection.
 QUERY_TIMEOUT_S = 5.0
+# Jobs per page of the jobs view: the page's cost grows with the jobs it draws.
+PAGE_SIZE = 100
+FAILING_SHOWN = 20
 # Next fire instants: one in the jobs view, this many on a job's page.
 NEXT_FIRES = 5
 ERROR_WIDTH = 120
@@ -100,6 +102,7 @@ class ScheduleMemo:
     def __init__(self) -> None:
         self._fires: dict[str, tuple[Schedule, list[datetime]]] = {}
         self._after: dict[tuple[str, str], tuple[Schedule, datetime | None]] = {}
+        self._ticks: dict[str, datetime | None] = {}
 
     def next_fires(self, job: JobConfig, now: datetime, count: int) -> list[datetime]:
         cached = self._fires.get(job.code)
@@ -115,12 +118,22 @@ class ScheduleMemo:
         self._fires[job.code] = (job.schedule, fires)
         return fires[:count]
 
+    def tick(self, run_key: str | None) -> datetime | None:
+        """The tick a run key names (None: a manual run or run-once), parsed once."""
+        if run_key is None:
+            return None
+        if run_key not in self._ticks:
+            if len(self._ticks) >= self.MAX_TICKS:
+                self._ticks.clear()
+            self._ticks[run_key] = tick_of(run_key)
+        return self._ticks[run_key]
+
     def tick_after(self, job: JobConfig, run_key: str) -> datetime | None:
         """The tick after the one ``run_key`` names; None for a run key that is no tick."""
         cached = self._after.get((job.code, run_key))
         if cached is not None and cached[0] is job.schedule:
             return cached[1]
-        tick = tick_of(run_key)
+        tick = self.tick(run_key)
         after = None if tick is None else job.schedule.next_after(tick)
         if len(self._after) >= self.MAX_TICKS:
             self._after.clear()  # crude, and enough: it refills from the next request
@@ -153,8 +166,10 @@ class StatusPage:
         replica: str,
         version: str = __version__,
         query_timeout: float = QUERY_TIMEOUT_S,
+        page_size: int = PAGE_SIZE,
     ) -> None:
         self._config = config
+        self.page_size = page_size
         self._store = store
         self.replica = replica
         self.version = version
@@ -209,7 +224,9 @@ class StatusPage:
             config = self._config()
             now = datetime.now(UTC)
             if route in ("/", PREFIX):
-                return await self._overview(store, config, now)
+                return await self._overview(store, config, now, 1)
+            if route.startswith(f"{PREFIX}/page/") and route.rsplit("/", 1)[1].isdigit():
+                return await self._overview(store, config, now, int(route.rsplit("/", 1)[1]))
             if route == f"{PREFIX}/running":
                 return await self._running_view(store, config, now)
             if route == f"{PREFIX}/replicas":
@@ -220,34 +237,54 @@ class StatusPage:
 
     # -- views ------------------------------------------------------------------------------
 
-    async def _overview(self, store: LeaseStore, config: Config, now: datetime) -> View:
-        jobs = list(config.jobs.values())
+    async def _overview(self, store: LeaseStore, config: Config, now: datetime, page: int) -> View:
+        every = list(config.jobs.values())
+        pages = max(1, -(-len(every) // self.page_size))
+        if not 1 <= page <= pages:
+            raise _NotFound(f"no page {page}: the jobs view has {pages}")
+        jobs = every[(page - 1) * self.page_size : page * self.page_size]
         entries = await self._job_entries(store, jobs, now, next_fires=1)
+        # Failing jobs across every page: one bounded probe per job, nothing drawn.
+        failing = await reads.failing(store, [job.code for job in every])
         running = [running_entry(row) for row in await reads.running(store)]
         replicas = [self._replica_entry(seen) for seen in await reads.replicas(store)]
         data = {
             "generated_at": now,
             "replica": self.replica,
             "version": self.version,
+            "page": page,
+            "pages": pages,
             "jobs": entries,
+            "failing": failing,
             "running": running,
             "replicas": replicas,
         }
-        failing = sum(
-            1 for e in entries if e["last_run"] is not None and e["last_run"]["status"] == "FAIL"
-        )
         cards = (
-            _card("jobs", str(len(entries)), f"{PREFIX}#jobs")
+            _card("jobs", str(len(every)), f"{PREFIX}#jobs")
             + _card("running now", str(len(running)), f"{PREFIX}/running", "run" if running else "")
-            + _card("last run failed", str(failing), f"{PREFIX}#jobs", "fail" if failing else "")
+            + _card("last run failed", str(len(failing)), "#failing", "fail" if failing else "")
             + _card("replicas seen (1h)", str(len(replicas)), f"{PREFIX}/replicas")
         )
+        failing_html = ""
+        if failing:
+            shown = ", ".join(
+                f'<a class="code" href="{esc(job_path(code))}">{esc(code)}</a>'
+                for code in failing[:FAILING_SHOWN]
+            )
+            more = (
+                f" and {len(failing) - FAILING_SHOWN} more" if len(failing) > FAILING_SHOWN else ""
+            )
+            failing_html = f'<p id="failing" class="failing">Last run failed: {shown}{more}</p>'
+        first = (page - 1) * self.page_size + 1
+        pager = _pager(page, pages, f"jobs {first}–{first + len(jobs) - 1} of {len(every)}")
+        json_path = f"{PREFIX}.json" if page == 1 else f"{PREFIX}/page/{page}.json"
         body = (
-            f'<section class="cards">{cards}</section>'
+            f'<section class="cards">{cards}</section>{failing_html}'
             f"<h2>Running now</h2>{_running_table(running, now)}"
-            f'<h2 id="jobs">Jobs</h2>{_legend()}{self._jobs_table(entries, jobs, now)}'
+            f'<h2 id="jobs">Jobs</h2>{_legend()}{pager if pages > 1 else ""}'
+            f"{self._jobs_table(entries, jobs, now)}{pager if pages > 1 else ''}"
         )
-        return View("Status", f"{PREFIX}.json", data, body)
+        return View("Status", json_path, data, body)
 
     async def _running_view(self, store: LeaseStore, config: Config, now: datetime) -> View:
         running = [running_entry(row) for row in await reads.running(store)]
@@ -289,7 +326,7 @@ class StatusPage:
         self, store: LeaseStore, jobs: Sequence[JobConfig], now: datetime, *, next_fires: int
     ) -> list[dict[str, Any]]:
         codes = [job.code for job in jobs]
-        statuses = await records.job_status(store, codes)
+        statuses = await reads.job_status(store, codes)
         ticks = await reads.job_ticks(store, codes)
         return [
             self._job_entry(job, row, job_ticks, now, next_fires)
@@ -392,13 +429,26 @@ class _NotFound(Exception):
     pass
 
 
+def _pager(page: int, pages: int, label: str) -> str:
+    def link(n: int, text: str) -> str:
+        href = PREFIX if n == 1 else f"{PREFIX}/page/{n}"
+        return f'<a href="{href}">{esc(text)}</a>'
+
+    previous = link(page - 1, "← previous") if page > 1 else ""
+    following = link(page + 1, "next →") if page < pages else ""
+    return (
+        f'<nav class="pager">{previous}<span>{esc(label)}, page {page} of {pages}</span>'
+        f"{following}</nav>"
+    )
+
+
 def records_unavailable() -> PgcrondError:
     return PgcrondError("the daemon is still starting: connecting to and migrating its database")
 
 
 def to_json(value: Mapping[str, Any]) -> str:
     """The JSON of a view: instants as ``report.iso`` spells them (UTC, ``Z``)."""
-    return json.dumps(value, indent=2, ensure_ascii=False, default=_json_default) + "\n"
+    return json.dumps(value, ensure_ascii=False, default=_json_default) + "\n"
 
 
 def _json_default(value: object) -> object:
@@ -512,9 +562,15 @@ def strip_cells(
     once their ``misfire_grace`` is over (until then a replica may still claim
     them). A manual run (``manual:…``) sits where it was claimed.
     """
+    # Run keys of ticks spell UTC instants in one fixed width, so they sort as
+    # strings; a manual run sorts by when it was claimed, in the same spelling.
     placed = sorted(
-        ((tick_of(t.run_key) if t.run_key else None, t) for t in strip),
-        key=lambda pair: pair[0] or pair[1].acquired_at,
+        ((memo.tick(t.run_key), t) for t in strip),
+        key=lambda pair: (
+            pair[1].run_key
+            if pair[0] is not None and pair[1].run_key is not None
+            else report.iso(pair[1].acquired_at) or ""
+        ),
     )
     ticks = [at for at, _ in placed if at is not None]
     cells: list[dict[str, Any]] = []
@@ -789,14 +845,15 @@ def duration_chart(rows: list[dict[str, Any]], now: datetime) -> str:
     for row in reversed(rows):
         if row["status"] == "RUNNING":
             bars.append((row, max(0.0, (now - row["acquired_at"]).total_seconds())))
-        elif row["duration_s"] is not None and row["status"] != "SKIPPED":
+        elif row["duration_s"] is not None and row["status"] not in ("SKIPPED", "MISSED"):
             bars.append((row, float(row["duration_s"])))
     if not bars:
         return '<p class="empty">No finished runs to chart yet.</p>'
     top = _nice_ceiling(max(seconds for _, seconds in bars))
     plot_w = CHART_W - CHART_LEFT - 8
     plot_h = CHART_H - CHART_BOTTOM - CHART_TOP
-    step = plot_w / len(bars)
+    # At least 20 slots: a handful of runs draws narrow bars from the left, not slabs.
+    step = plot_w / max(len(bars), 20)
     width = max(1.0, step * 0.8)
     parts = [
         f'<svg class="chart" viewBox="0 0 {CHART_W} {CHART_H}" role="img" '
@@ -826,12 +883,17 @@ def duration_chart(rows: list[dict[str, Any]], now: datetime) -> str:
         )
     first, last = bars[0][0], bars[-1][0]
     baseline = CHART_H - 8
+    last_x = CHART_LEFT + len(bars) * step
     parts.append(
         f'<text class="axis" x="{CHART_LEFT}" y="{baseline}">'
         f"{esc(first['run_key'] or '(initial)')}</text>"
-        f'<text class="axis" x="{CHART_W - 8}" y="{baseline}" text-anchor="end">'
-        f"{esc(last['run_key'] or '(initial)')}</text></svg>"
     )
+    if len(bars) > 1:
+        parts.append(
+            f'<text class="axis" x="{max(last_x, CHART_LEFT + 300):.1f}" y="{baseline}" '
+            f'text-anchor="end">{esc(last["run_key"] or "(initial)")}</text>'
+        )
+    parts.append("</svg>")
     return "".join(parts)
 
 

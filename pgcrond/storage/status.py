@@ -48,13 +48,30 @@ class JobTicks:
     last_failure: dict[str, Any] | None
 
 
+async def _per_job(store: LeaseStore, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """A per-job statement (a lateral per code) with JIT off, still one round trip."""
+    return list(
+        await store.db.fetchall_after(
+            store.queries.get("status_page_no_jit"), store.queries.get(name), params
+        )
+    )
+
+
+async def job_status(store: LeaseStore, codes: list[str]) -> list[dict[str, Any]]:
+    """The rows of ``pgcrond status`` (the ``job_status`` statement), one per code, in order."""
+    return await _per_job(store, "job_status", {"codes": codes})
+
+
+async def failing(store: LeaseStore, codes: list[str]) -> list[str]:
+    """The codes whose newest finished run failed, in order."""
+    return [row["code"] for row in await _per_job(store, "status_page_failing", {"codes": codes})]
+
+
 async def job_ticks(
     store: LeaseStore, codes: list[str], *, strip: int = STRIP_TICKS, scan: int = SCAN_TICKS
 ) -> list[JobTicks]:
     """One :class:`JobTicks` per code, in order."""
-    rows = await store.db.fetchall(
-        store.queries.get("status_page_jobs"), {"codes": codes, "strip": strip, "scan": scan}
-    )
+    rows = await _per_job(store, "status_page_jobs", {"codes": codes, "strip": strip, "scan": scan})
     return [_job_ticks(row) for row in rows]
 
 
@@ -73,6 +90,8 @@ def _job_ticks(row: dict[str, Any]) -> JobTicks:
             "owner": row["success_owner"],
             "acquired_at": row["success_acquired_at"],
             "finished_at": row["success_finished_at"],
+            # `pgcrond status --json` names the instant of a last success "at".
+            "at": row["success_finished_at"],
         }
     failure = None
     if row["failure_acquired_at"] is not None:
@@ -82,6 +101,7 @@ def _job_ticks(row: dict[str, Any]) -> JobTicks:
             "reason": row["failure_reason"],
             "acquired_at": row["failure_acquired_at"],
             "finished_at": row["failure_finished_at"],
+            "at": row["failure_finished_at"],
             "error": row["failure_error"],
         }
     return JobTicks(row["code"], cells, success, failure)
