@@ -38,9 +38,10 @@ import structlog
 from pgcrond.config.loader import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.retry import retry_delay
+from pgcrond.core.schedule import tick_of
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable
-from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused
+from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
 from pgcrond.run.runner import RunRequest, RunResult, execute
 
 T = TypeVar("T")
@@ -127,6 +128,7 @@ class Firing:
         identity: Identity,
         tick: datetime,
         cause: str,
+        *,
         recorded: bool = False,
     ) -> FireOutcome:
         self.metrics.misfires.labels(job.code).inc()
@@ -177,6 +179,8 @@ class Firing:
                     return self._misfire(job, bound, identity, tick, "database_unavailable")
                 return outcome
             if isinstance(answer, Held):
+                if answer.identity.type == "INITIAL" or tick_of(answer.identity.run_key or ""):
+                    self.metrics.paused.labels(job.code).set(0)  # a tick ran: not paused
                 outcome, retry = await self._run(job, guard, tick, answer)
                 if retry:
                     # A failed run's retries are not misfires; a takeover or
@@ -195,8 +199,10 @@ class Firing:
                 if outcome is None:
                     # A guard with history stored the tick (MISSED/late or FAIL/late).
                     recorded = answer.status is not None
-                    return self._misfire(job, bound, identity, tick, "late", recorded)
+                    return self._misfire(job, bound, identity, tick, "late", recorded=recorded)
                 return outcome
+            if answer.reason == "paused":
+                self.metrics.paused.labels(job.code).set(1)
             if answer.reason in ("overlap", "paused"):
                 self.metrics.skips.labels(job.code, answer.reason).inc()
                 bound.info(
@@ -302,7 +308,7 @@ class Firing:
                 job,
                 "finalize",
                 lambda: guard.record(
-                    held, kind, error=result.error or result.outcome, retry_after=retry_after
+                    held, Verdict(kind, result.error or result.outcome, retry_after)
                 ),
                 None,
             )

@@ -17,7 +17,7 @@ import pytest
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.guard.base import ClaimRequest, Held, Refused
+from pgcrond.guard.base import ClaimRequest, Held, Refused, Verdict
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
@@ -232,7 +232,7 @@ async def test_a_won_claim_through_the_guard_is_held_with_its_fencing_token(
     )
     assert isinstance(answer, Held)
     assert answer.fencing_token is not None and 1 == answer.attempt
-    assert "done" == await guard.record(answer, "success")
+    assert "done" == await guard.record(answer, Verdict("success"))
 
 
 async def test_a_dead_owners_tick_overlapped_by_a_newer_one_is_closed_skipped(

@@ -20,10 +20,11 @@ from pgcrond.guard.base import (
     ClaimRequest,
     Guard,
     Held,
-    Outcome,
     Recorded,
     Refused,
+    Verdict,
     held_as_is,
+    pausable,
 )
 from pgcrond.storage.advisory import AdvisoryLease, advisory_lock
 from pgcrond.storage.db import Database
@@ -62,6 +63,9 @@ class AdvisoryGuard(Guard):
 
     async def claim(self, request: ClaimRequest) -> Held | Refused:
         identity = request.identity
+        if request.suspended is not None and pausable(identity):
+            # No table to record the skip in; `pgcrond pause` needs guard: lease.
+            return Refused(identity, "paused", detail=request.suspended)
         state = self._open.get(identity)
         if state is None:
             stack = contextlib.AsyncExitStack()
@@ -104,19 +108,12 @@ class AdvisoryGuard(Guard):
         # The lock's own probe watches it for the whole fire, not per attempt.
         return held_as_is(held)
 
-    async def record(
-        self,
-        held: Held,
-        outcome: Outcome,
-        *,
-        error: str | None = None,
-        retry_after: timedelta | None = None,
-    ) -> Recorded:
+    async def record(self, held: Held, verdict: Verdict) -> Recorded:
         state = self._open[held.identity]
         if state.lock.lost:
             return "fenced"
-        if outcome in ("fail", "timeout") and retry_after is not None:
-            state.retry_at = self._clock() + retry_after.total_seconds()
+        if verdict.retries and verdict.retry_after is not None:
+            state.retry_at = self._clock() + verdict.retry_after.total_seconds()
             return "retry"
         state.finished = True
         return "done"

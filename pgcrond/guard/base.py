@@ -6,7 +6,7 @@
     if Held:
         async with guard.hold(held):             # keep it alive while the run goes on
             result = run(...)                    # stops when held.cancellation is set
-        after = await guard.record(held, ...)    # "done" | "retry" | "fenced"
+        after = await guard.record(held, verdict)  # "done" | "retry" | "fenced"
     ...
     await guard.forget(identity)                 # the fire is over: free what is left
 
@@ -85,6 +85,21 @@ Outcome = Literal["success", "fail", "timeout", "released"]
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """How a run ended, as a guard records it."""
+
+    outcome: Outcome
+    # The failure's text (fail, timeout).
+    error: str | None = None
+    # A failure to be claimed again after this long; None: final.
+    retry_after: timedelta | None = None
+
+    @property
+    def retries(self) -> bool:
+        return self.outcome in ("fail", "timeout") and self.retry_after is not None
+
+
+@dataclass(frozen=True)
 class ClaimRequest:
     """One fire's claim: the identity, and the bounds the guard must enforce."""
 
@@ -150,15 +165,8 @@ class Guard(abc.ABC):
         """Keep ``held`` alive while the block runs; set its cancellation when going."""
 
     @abc.abstractmethod
-    async def record(
-        self,
-        held: Held,
-        outcome: Outcome,
-        *,
-        error: str | None = None,
-        retry_after: timedelta | None = None,
-    ) -> Recorded:
-        """Store ``outcome`` as the current holder; ``retry_after`` asks for a retry."""
+    async def record(self, held: Held, verdict: Verdict) -> Recorded:
+        """Store ``verdict`` as the current holder; its ``retry_after`` asks for a retry."""
 
     async def forget(self, identity: Identity) -> None:  # noqa: B027 - optional hook
         """The fire of ``identity`` is over on this replica."""

@@ -31,7 +31,7 @@ from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
-from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Recorded, Refused
+from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
 from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
 
 T = TypeVar("T")
@@ -210,14 +210,8 @@ class LeaseGuard(Guard):
         async with self.store.holding(lease, failed):
             yield held
 
-    async def record(
-        self,
-        held: Held,
-        outcome: Outcome,
-        *,
-        error: str | None = None,
-        retry_after: timedelta | None = None,
-    ) -> Recorded:
+    async def record(self, held: Held, verdict: Verdict) -> Recorded:
+        outcome, error, retry_after = verdict.outcome, verdict.error, verdict.retry_after
         lease = self._open[held.identity].lease
         if outcome == "success" and self._open[held.identity].committed:
             return "done"  # recorded in the job's own transaction
@@ -253,7 +247,7 @@ class LeaseGuard(Guard):
             )
         if not recorded:
             return "fenced"
-        if outcome in ("fail", "timeout") and retry_after is not None:
+        if verdict.retries:
             return "retry"
         return "done"
 

@@ -13,7 +13,7 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from pgcrond.core.keys import Identity
 from pgcrond.errors import DatabaseUnavailable
@@ -21,9 +21,9 @@ from pgcrond.guard.base import (
     ClaimRequest,
     Guard,
     Held,
-    Outcome,
     Recorded,
     Refused,
+    Verdict,
     pausable,
 )
 
@@ -102,14 +102,8 @@ class MemoryGuard(Guard):
     async def _hold(self, held: Held) -> AsyncIterator[Held]:
         yield held
 
-    async def record(
-        self,
-        held: Held,
-        outcome: Outcome,
-        *,
-        error: str | None = None,
-        retry_after: timedelta | None = None,
-    ) -> Recorded:
+    async def record(self, held: Held, verdict: Verdict) -> Recorded:
+        outcome, retry_after = verdict.outcome, verdict.retry_after
         self._next(f"record:{outcome}")
         row = self.rows[held.identity]
         if held.identity in self._fenced or row.token != held.fencing_token:
@@ -120,10 +114,10 @@ class MemoryGuard(Guard):
         elif outcome == "released":
             row.status, row.retry_at, row.reason = "FAIL", now, "released"
         else:
-            row.status, row.error = "FAIL", error
+            row.status, row.error = "FAIL", verdict.error
             row.reason = "timeout" if outcome == "timeout" else "error"
             row.retry_at = None if retry_after is None else now + retry_after
-        if outcome in ("fail", "timeout") and retry_after is not None:
+        if verdict.retries:
             return "retry"
         return "done"
 
