@@ -58,6 +58,9 @@ HANDLERS: dict[str, str] = {
     "trigger": "pgcrond.ops.commands:trigger_command",
     "unlock": "pgcrond.ops.commands:unlock_command",
     "prune": "pgcrond.ops.commands:prune_command",
+    "pause": "pgcrond.ops.accounting:pause_command",
+    "resume": "pgcrond.ops.accounting:resume_command",
+    "catch-up": "pgcrond.ops.accounting:catch_up_command",
 }
 
 
@@ -192,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--job", metavar="CODE", help="only this job")
     history.add_argument("--since", metavar="ISO|DURATION", help="e.g. 2026-11-30T00:00Z or 24h")
     history.add_argument(
-        "--status", choices=["RUNNING", "SUCCESS", "FAIL", "SKIPPED"], help="only this status"
+        "--status",
+        choices=["RUNNING", "SUCCESS", "FAIL", "SKIPPED", "MISSED"],
+        help="only this status",
     )
     history.add_argument("--limit", type=int, default=50, metavar="N", help="default: 50")
     _add_json(history)
@@ -226,6 +231,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(prune, required=False)
     _add_database(prune)
     prune.add_argument("--older-than", metavar="DURATION", help="default: history_retention")
+
+    for name, verb in (("pause", "pause"), ("resume", "resume")):
+        state = sub.add_parser(
+            name,
+            help=f"{verb} jobs across the cluster (no reload)",
+            description="Pause jobs cluster-wide: every replica's next claim reads the pause "
+            "and records the tick SKIPPED/paused (who, when, why); manual runs still go. "
+            "Resume lets the next tick run."
+            if name == "pause"
+            else "Resume paused jobs: the next tick of each runs again.",
+        )
+        _add_config(state, required=False)
+        _add_database(state)
+        state.add_argument("codes", nargs="*", metavar="CODE")
+        state.add_argument("--all", action="store_true", help=f"{verb} every job")
+        if name == "pause":
+            state.add_argument("--reason", metavar="TEXT", help="why, shown with every skip")
+
+    catch_up = sub.add_parser(
+        "catch-up",
+        help="record or run the ticks no replica ran (what a starting replica does)",
+        description="Find each lease job's expected ticks after its newest record (within "
+        "catch_up_window) and record them MISSED or run them by the job's catch_up policy, "
+        "once, then exit. --dry-run prints the plan and changes nothing.",
+    )
+    _add_config(catch_up)
+    _add_database(catch_up)
+    catch_up.add_argument("--dry-run", action="store_true", help="print the plan only")
+    _add_json(catch_up)
+    _add_logging(catch_up)
 
     return parser
 

@@ -180,10 +180,11 @@ class Cluster:
 
     def rows(self, query: str, *params: object) -> list[dict[str, Any]]:
         with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn:
-            # Job rows only: the daemon's own hourly history pruning claims a
-            # row of its own ("pgcrond:prune").
+            # Job rows only: the daemon's own hourly history pruning and its
+            # start-up tick accounting claim rows of their own ("pgcrond:…").
             leases = (
-                f"(SELECT * FROM \"{self.schema}\".leases WHERE code <> 'pgcrond:prune') AS leases"
+                f'(SELECT * FROM "{self.schema}".leases '
+                "WHERE code NOT LIKE 'pgcrond:%%') AS leases"
             )
             return conn.execute(query.format(ledger=self.ledger, leases=leases), params).fetchall()
 

@@ -21,6 +21,7 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.ops import commands as ops
 from pgcrond.storage.history import prune
 from pgcrond.storage.leases import Acquired, NotAcquired, SyncLeaseStore
+from pgcrond.storage.sql import migrations
 from tests.store_helpers import open_store
 
 T0 = datetime(2026, 1, 10, 3, 0, tzinfo=UTC)
@@ -121,9 +122,8 @@ class FakeTerminal:
 def test_migrate_applies_once_then_says_up_to_date(
     capsys: pytest.CaptureFixture[str], pg_dsn: str, schema: str, config: str
 ) -> None:
-    assert (0, f"applied migration 1 ({schema}.leases)\n", "") == run(
-        capsys, "migrate", "-c", config, "--database-url", pg_dsn
-    )
+    applied = "".join(f"applied migration {v} ({schema}.leases)\n" for v, _ in migrations())
+    assert (0, applied, "") == run(capsys, "migrate", "-c", config, "--database-url", pg_dsn)
     assert (0, f"up to date ({schema}.leases)\n", "") == run(
         capsys, "migrate", "-c", config, "--database-url", pg_dsn
     )
@@ -144,7 +144,8 @@ def test_commands_without_a_config_use_the_url_from_the_environment_and_the_defa
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, fresh_database: str
 ) -> None:
     monkeypatch.setenv("PGCROND_DATABASE_URL", fresh_database)
-    assert (0, "applied migration 1 (pgcrond.leases)\n", "") == run(capsys, "migrate")
+    applied = "".join(f"applied migration {v} (pgcrond.leases)\n" for v, _ in migrations())
+    assert (0, applied, "") == run(capsys, "migrate")
     put(fresh_database, "pgcrond", "nightly", "2026-01-10T03:00:00Z", "SUCCESS")
     code, out, _ = run(capsys, "history", "--json")
     assert (0, ["nightly"]) == (code, [entry["job"] for entry in json.loads(out)])
@@ -219,6 +220,17 @@ def test_status_shows_next_fire_last_run_running_now_and_failures_per_job(
     assert ["nightly", "hourly", "seed", "idle"] == list(entries)
 
     nightly = entries["nightly"]
+    # The tick record: newest tick, newest SUCCESS and FAIL, misses, pause.
+    assert {
+        "last_tick": {"run_key": "2026-01-11T03:00:00Z", "status": "RUNNING"},
+        "last_success": {"run_key": "2026-01-07T03:00:00Z", "at": "2026-01-07T03:00:12.000Z"},
+        "last_failure": {"run_key": "2026-01-10T03:00:00Z", "at": "2026-01-10T03:01:30.000Z"},
+        "misses_24h": 0,
+        "paused": None,
+    } == {
+        key: nightly.pop(key)
+        for key in ("last_tick", "last_success", "last_failure", "misses_24h", "paused")
+    }
     next_fire = datetime.fromisoformat(nightly.pop("next_fire"))
     assert (3, 0) == (next_fire.hour, next_fire.minute)
     assert now < next_fire <= now + day
@@ -279,26 +291,32 @@ def test_status_shows_next_fire_last_run_running_now_and_failures_per_job(
     code, out, _ = run(capsys, "status", "-c", config, "--database-url", pg_dsn)
     assert 0 == code
     header, *table = [re.split(r"\s{2,}", line) for line in out.splitlines()]
-    assert ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING NOW", "FAILS"] == header
+    assert [
+        "JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING NOW", "FAILS",
+        "LAST TICK", "LAST SUCCESS", "LAST FAILURE", "MISSED 24H", "PAUSED",
+    ] == header  # fmt: skip
     cells = {row[0]: row for row in table}
     assert ["nightly", "hourly", "seed", "idle"] == list(cells)
     assert cells["nightly"][1:3] == ["cron '0 3 * * *': at 03:00 every day (UTC)", "lease"]
     assert re.fullmatch(r"20\d\d-\d\d-\d\dT03:00:00Z \(in [0-9hms]+\)", cells["nightly"][3])
-    assert cells["nightly"][4:] == [
+    assert cells["nightly"][4:7] == [
         "FAIL/timeout 2026-01-10T03:01:30Z on web-2:200 (1m30s)",
         cells["nightly"][5],
         "2",
     ]
     assert cells["nightly"][5].startswith("web-3:300 since ")
     assert ", lease until " in cells["nightly"][5]
-    assert cells["hourly"][4:] == [
+    assert cells["hourly"][4:7] == [
         "SUCCESS 2026-01-10T03:00:02Z on web-1:100 (2.0s)",
         "STALE web-9:900 since 2026-01-10T04:00:00Z, lease expired 2026-01-10T04:00:30Z",
         "0",
     ]
-    assert cells["seed"][3:] == ["never", "SUCCESS 2026-01-05T03:00:01Z on web-1:100 (1.0s)", "-",
+    assert cells["seed"][3:7] == ["never", "SUCCESS 2026-01-05T03:00:01Z on web-1:100 (1.0s)", "-",
                                  "0"]  # fmt: skip
-    assert cells["idle"][2:] == ["advisory", cells["idle"][3], "-", "-", "0"]
+    assert cells["idle"][2:7] == ["advisory", cells["idle"][3], "-", "-", "0"]
+    assert cells["nightly"][7:] == [
+        "2026-01-11T03:00:00Z RUNNING", "2026-01-07T03:00:12Z", "2026-01-10T03:01:30Z", "0", "-"
+    ]
 
 
 def test_a_run_once_job_that_never_succeeded_runs_at_start(

@@ -38,6 +38,7 @@ from pgcrond.core.redaction import redact
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for, tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE
 from pgcrond.daemon import notify
+from pgcrond.daemon.accounting import Accounting
 from pgcrond.daemon.hooks import FailureHooks
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.logs import configure
@@ -140,6 +141,7 @@ class Daemon:
         self._firing: Firing | None = None
         self._hooks = FailureHooks(self.replica)
         self._store: LeaseStore | None = None
+        self._accounting: Accounting | None = None
         self._started = False
 
     # -- life cycle -----------------------------------------------------------
@@ -204,6 +206,16 @@ class Daemon:
             replica=self.replica,
             on_failure=self._hooks,
         )
+        accounting = self._accounting = Accounting(
+            store=store,
+            config=lambda: self.config,
+            firing=self._firing,
+            spawn=self._spawn,
+            fire_now=self._spawn_fire,
+            replica=self.replica,
+        )
+        self._firing.on_miss = accounting.on_miss
+        self._firing.on_database = accounting.on_database
         self._start_beat()
         await self._start_http()
         if not await self._migrate(store):
@@ -212,6 +224,8 @@ class Daemon:
         self._spawn(log_pooling(store.db))
         self._start_scheduler()
         self._spawn(self._resume_open_ticks())
+        # Ticks nobody ran while no replica was up: recorded, or caught up (once).
+        self._spawn(accounting.start())
         self._started = True
         return True
 

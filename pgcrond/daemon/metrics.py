@@ -112,6 +112,14 @@ class Metrics:
             registry=r,
         )
 
+        self.paused = Gauge(
+            "pgcrond_job_paused",
+            "1 while the job is paused (pgcrond pause) or suspended (YAML), as this "
+            "replica last learnt it: at start, and from each claim's answer.",
+            ["job"],
+            registry=r,
+        )
+
     def set_jobs(self, codes: Iterable[str]) -> None:
         """Make the per-job series exist for exactly these jobs.
 
@@ -125,7 +133,7 @@ class Metrics:
         wanted = sorted(set(codes))
         by_job: list[Counter | Gauge | Histogram] = [
             self.fires, self.wins, self.misfires, self.takeovers, self.run_duration,
-            self.lateness, self.running, self.heartbeat_failures,
+            self.lateness, self.running, self.heartbeat_failures, self.paused,
         ]  # fmt: skip
         # last_success has no honest zero (it would read "last success in
         # 1970" after every restart): it appears with the first success.

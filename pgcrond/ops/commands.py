@@ -257,16 +257,64 @@ async def _status(args: argparse.Namespace, target: Target, store: LeaseStore) -
     rows = await records.job_status(store, list(config.jobs))
     now = datetime.now(UTC)
     entries = [_status_entry(config, row, now) for row in rows]
+    await _add_ticks(store, config, entries)
     if args.json:
         print(report.to_json(entries))
         return EXIT_OK
     print(
         report.table(
-            ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING NOW", "FAILS"],
-            [_status_cells(entry, now) for entry in entries],
+            ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING NOW", "FAILS",
+             "LAST TICK", "LAST SUCCESS", "LAST FAILURE", "MISSED 24H", "PAUSED"],
+            [_status_cells(entry, now) + _tick_cells(entry) for entry in entries],
         )
-    )
+    )  # fmt: skip
     return EXIT_OK
+
+
+async def _add_ticks(store: LeaseStore, config: Config, entries: list[dict[str, Any]]) -> None:
+    """Per job: last tick, last success and failure, misses in 24 h, and its pause if any."""
+    from pgcrond.storage import jobstate, ticks
+
+    by_code = {row["code"]: row for row in await ticks.job_ticks(store, list(config.jobs))}
+    pauses = await jobstate.paused(store)
+    for entry in entries:
+        row, job = by_code[entry["job"]], config.jobs[entry["job"]]
+        pause = jobstate.pause_of(pauses, job.code)
+        entry.update(
+            last_tick={"run_key": row["last_tick"], "status": row["last_tick_status"]},
+            last_success={"run_key": row["last_success_run_key"], "at": row["last_success_at"]},
+            last_failure={"run_key": row["last_failure_run_key"], "at": row["last_failure_at"]},
+            misses_24h=row["recent_misses"],
+            paused=(
+                {"source": "config", "detail": f"suspended: true in {job.source}"}
+                if job.suspended
+                else None
+                if pause is None
+                else {"source": "database", "code": pause.code, "by": pause.paused_by,
+                      "at": pause.paused_at, "reason": pause.reason}
+            ),
+        )  # fmt: skip
+
+
+def _tick_cells(entry: dict[str, Any]) -> list[str]:
+    tick, ok, bad, paused = (
+        entry["last_tick"], entry["last_success"], entry["last_failure"], entry["paused"]
+    )  # fmt: skip
+    pause_text = report.NONE
+    if paused is not None:
+        pause_text = (
+            "suspended (config)"
+            if paused["source"] == "config"
+            else f"{'all, ' if paused['code'] == '*' else ''}by {paused['by']}"
+            + (f": {paused['reason']}" if paused["reason"] else "")
+        )
+    return [
+        f"{tick['run_key']} {tick['status']}" if tick["run_key"] else report.NONE,
+        report.when(ok["at"]) if ok["at"] else report.NONE,
+        report.when(bad["at"]) if bad["at"] else report.NONE,
+        str(entry["misses_24h"]),
+        pause_text,
+    ]
 
 
 def _status_entry(config: Config, row: dict[str, Any], now: datetime) -> dict[str, Any]:

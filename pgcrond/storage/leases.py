@@ -655,7 +655,7 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
         # Past its window, and this claim recorded the tick MISSED/late.
         return NotAcquired(identity, "late", status, owner, attempt=attempt, detail=row["detail"])
     if status == "SKIPPED" and row["claimed"]:
-        reason = "overlap" if row["reason"] == "overlap" else "paused"
+        reason: NotAcquiredReason = "overlap" if row["reason"] == "overlap" else "paused"
         return NotAcquired(identity, reason, status, owner, attempt=attempt, detail=row["detail"])
     paused: str | None = row["paused"]
     if status == "RUNNING":

@@ -1,0 +1,149 @@
+"""Which expected ticks no replica ran, and what to do with each: pure, clock passed in.
+
+A starting replica (or ``pgcrond catch-up``) knows, per lease-guarded job, the
+newest tick that has a row. Every tick after it, up to now and at most
+``window`` back, had no replica record it. Each becomes one of:
+
+* ``due``: still inside its ``misfire_grace``: fired now like any late fire
+  (it runs if no replica has it);
+* ``run``: run late by the job's ``catch_up`` policy (``latest``: the newest
+  one; ``all``: the newest ``max_catch_up``, oldest first), under its own run
+  key and idempotency key;
+* ``missed``: recorded MISSED, with why.
+
+A job with no row at all has no record to continue: its record starts now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pgcrond.config.loader import JobConfig
+from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
+
+# At most this many ticks per job and scan (a per-second job down for a day
+# would otherwise be 86,400 rows); older ones are counted, not recorded.
+ROW_CAP = 1000
+
+Action = Literal["due", "run", "missed"]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One expected tick with no row, and what becomes of it."""
+
+    code: str
+    tick: datetime
+    action: Action
+    # For missed: the row's reason and text.
+    reason: str | None = None
+    why: str | None = None
+
+    @property
+    def run_key(self) -> str:
+        return run_key_for(self.tick)
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    code: str
+    last: datetime | None
+    ticks: tuple[Planned, ...]
+    # Expected ticks left out: older than the window's start or over the cap.
+    dropped: int = 0
+
+
+def covered(job: JobConfig) -> bool:
+    """Jobs whose every tick has a row: lease-guarded, with ticks (not run-once)."""
+    return job.guard == "lease" and not isinstance(job.schedule, OnceSchedule)
+
+
+def expected_ticks(
+    schedule: Schedule, after: datetime, until: datetime, cap: int
+) -> tuple[list[datetime], int]:
+    """Ticks in (after, until], the newest ``cap`` of them, and how many more there were."""
+    found: list[datetime] = []
+    extra = 0
+    tick = schedule.next_after(after)
+    while tick is not None and tick <= until:
+        found.append(tick)
+        if len(found) > cap:
+            found.pop(0)
+            extra += 1
+        tick = schedule.next_after(tick)
+    return found, extra
+
+
+def plan_job(
+    job: JobConfig,
+    last: datetime | None,
+    now: datetime,
+    *,
+    window: timedelta,
+    cap: int = ROW_CAP,
+    outage: tuple[datetime, datetime] | None = None,
+) -> JobPlan:
+    """What becomes of each tick of ``job`` after ``last`` (its newest row) up to ``now``."""
+    if not covered(job) or last is None:
+        return JobPlan(job.code, last, ())
+    start = max(last, now - window)
+    ticks, extra = expected_ticks(job.schedule, start, now, cap)
+    dropped = extra
+    if last < now - window:
+        # Ticks between the record's end and the window's start are not recorded.
+        dropped += len(expected_ticks(job.schedule, last, start, cap)[0])
+    late = [t for t in ticks if t + job.misfire_grace < now]
+    due = [t for t in ticks if t + job.misfire_grace >= now]
+    run: list[datetime] = []
+    if not job.suspended and late:
+        if job.catch_up == "latest":
+            run = late[-1:]
+        elif job.catch_up == "all" and job.max_catch_up > 0:
+            run = late[-job.max_catch_up :]
+    planned = [_missed(job, t, last, outage) for t in late if t not in run]
+    planned += [Planned(job.code, t, "run") for t in run]
+    planned += [Planned(job.code, t, "due") for t in due]
+    planned.sort(key=lambda p: p.tick)
+    return JobPlan(job.code, last, tuple(planned), dropped)
+
+
+def plan(
+    jobs: Iterable[JobConfig],
+    last: dict[str, datetime | None],
+    now: datetime,
+    *,
+    window: timedelta,
+    cap: int = ROW_CAP,
+    outage: tuple[datetime, datetime] | None = None,
+) -> list[JobPlan]:
+    """:func:`plan_job` for every covered job, in the order given."""
+    return [
+        plan_job(job, last.get(job.code), now, window=window, cap=cap, outage=outage)
+        for job in jobs
+        if covered(job)
+    ]
+
+
+def _missed(
+    job: JobConfig, tick: datetime, last: datetime, outage: tuple[datetime, datetime] | None
+) -> Planned:
+    if outage is not None and outage[0] - job.misfire_grace <= tick <= outage[1]:
+        since, until = (run_key_for(moment) for moment in outage)
+        return Planned(
+            job.code,
+            tick,
+            "missed",
+            "database_unavailable",
+            f"database unreachable from {since} to {until}",
+        )
+    policy = "suspended: true" if job.suspended else f"catch_up: {job.catch_up}"
+    return Planned(
+        job.code,
+        tick,
+        "missed",
+        "no_replica",
+        f"no replica was running (the record ended at {run_key_for(last)}; {policy})",
+    )

@@ -1,0 +1,237 @@
+"""A record for every expected tick: MISSED rows, and catch-up, on one replica.
+
+Three ways a tick ends without a run, and how each gets its row:
+
+* a replica fired it too late: the claim statement itself records it
+  MISSED/late (nothing to do here), or, when this replica's own clock already
+  said so and no claim was sent, :meth:`Accounting.on_miss` records it;
+* no replica could reach the database: the ticks this replica gave up on are
+  kept until the database answers again, then recorded
+  ``database_unavailable`` with the outage's start and end as seen here;
+* no replica was running: found when a replica starts (or comes back after an
+  outage), by :meth:`Accounting.scan`: one replica, under a lease row
+  (``pgcrond:catch-up``), computes each job's expected ticks after its newest
+  row (:mod:`pgcrond.catchup`), records the missed ones and runs what the
+  job's ``catch_up`` policy asks for.
+
+All of it happens at start or on the way out of an outage: an idle replica
+sends no query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+
+from pgcrond.catchup import JobPlan, Planned, plan
+from pgcrond.config.loader import Config, JobConfig
+from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import run_key_for
+from pgcrond.errors import PgcrondError
+from pgcrond.fire import FireOutcome, Firing
+from pgcrond.storage.jobstate import pause_of, paused
+from pgcrond.storage.leases import LeaseStore, NotAcquired
+from pgcrond.storage.ticks import Miss, last_ticks, record_missed
+
+log = structlog.get_logger("pgcrond.daemon.accounting")
+
+SCAN_CODE = "pgcrond:catch-up"
+# Ticks kept while the database is unreachable, to record once it answers.
+PENDING_CAP = 10_000
+
+
+def scan_identity(now: datetime) -> Identity:
+    """One scan row per start; scans are claimed with forbid_overlap, so one runs at a time.
+
+    A scan that starts after another finished finds nothing left to record
+    (recording is idempotent), so it only costs its queries.
+    """
+    return Identity.schedule(SCAN_CODE, run_key_for(now))
+
+
+async def find_plan(
+    store: LeaseStore,
+    config: Config,
+    now: datetime,
+    *,
+    outage: tuple[datetime, datetime] | None = None,
+) -> list[JobPlan]:
+    """What becomes of every tick no replica recorded, per job (one query)."""
+    jobs = list(config.jobs.values())
+    window = config.catch_up_window
+    # A little past the window, so that a record ending just before it is found.
+    last = await last_ticks(store, [job.code for job in jobs], within=window * 2)
+    return plan(jobs, last, now, window=window, outage=outage)
+
+
+async def record_plan(store: LeaseStore, plans: list[JobPlan]) -> list[Miss]:
+    """Record the plan's missed ticks; the ones recorded now (not by someone else first)."""
+    misses = [
+        Miss(p.code, p.tick, p.reason or "no_replica", p.why or "")
+        for job_plan in plans
+        for p in job_plan.ticks
+        if p.action == "missed"
+    ]
+    recorded: list[Miss] = []
+    for start in range(0, len(misses), 500):
+        recorded += await record_missed(store, misses[start : start + 500])
+    return recorded
+
+
+async def run_catch_up(
+    firing: Firing, jobs: dict[str, JobConfig], planned: list[Planned]
+) -> list[tuple[Planned, FireOutcome]]:
+    """Run one job's catch-up ticks in order, one at a time (never in parallel)."""
+    done: list[tuple[Planned, FireOutcome]] = []
+    for item in planned:
+        job = jobs.get(item.code)
+        if job is None or firing.stopping.is_set():
+            break
+        log.info("tick_catch_up", job=item.code, run_key=item.run_key, policy=job.catch_up)
+        # started=True: no misfire bound; the claim still decides, once per tick.
+        outcome = await firing.fire(
+            job, item.tick, Identity.schedule(item.code, item.run_key), started=True
+        )
+        done.append((item, outcome))
+    return done
+
+
+@dataclass
+class Accounting:
+    """One replica's part in accounting for every tick; see the module docstring."""
+
+    store: LeaseStore
+    config: Callable[[], Config]
+    firing: Firing
+    spawn: Callable[[Coroutine[Any, Any, Any]], None]
+    # Fires a tick like the scheduler would (tracked for the drain).
+    fire_now: Callable[[JobConfig, datetime, Identity], None]
+    replica: str
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    _pending: list[Miss] = field(default_factory=list)
+    _outage_since: datetime | None = None
+
+    # -- fire hooks (Firing.on_miss / on_database) ---------------------------------
+
+    def on_miss(
+        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
+    ) -> None:
+        if recorded or identity.type != "SCHEDULE" or job.guard != "lease":
+            return
+        if cause == "database_unavailable":
+            if len(self._pending) < PENDING_CAP:
+                self._pending.append(Miss(job.code, tick, cause, ""))
+            return
+        lateness = self.clock() - tick
+        why = (
+            f"replica too late: {self.replica} fired it {_seconds(lateness)} after the tick, "
+            f"past misfire_grace {_seconds(job.misfire_grace)}"
+        )
+        self.spawn(self._record([Miss(job.code, tick, "late", why)]))
+
+    def on_database(self, ok: bool) -> None:
+        if not ok:
+            if self._outage_since is None:
+                self._outage_since = self.clock()
+            return
+        if self._outage_since is None:
+            return
+        outage = (self._outage_since, self.clock())
+        self._outage_since = None
+        log.info(
+            "database_back",
+            unreachable_from=outage[0].isoformat(),
+            unreachable_to=outage[1].isoformat(),
+        )
+        self.spawn(self._recover(outage))
+
+    async def _record(self, misses: list[Miss]) -> None:
+        try:
+            recorded = await record_missed(self.store, misses)
+        except PgcrondError as exc:
+            log.warning("missed_not_recorded", ticks=len(misses), error=str(exc))
+            return
+        for miss in recorded:
+            log.info(
+                "tick_recorded_missed",
+                job=miss.code,
+                run_key=miss.identity.run_key,
+                reason=miss.reason,
+                why=miss.why,
+            )
+
+    async def _recover(self, outage: tuple[datetime, datetime]) -> None:
+        since, until = (run_key_for(moment) for moment in outage)
+        pending, self._pending = self._pending, []
+        text = f"database unreachable from {since} to {until} (as seen by {self.replica})"
+        await self._record([Miss(m.code, m.tick, m.reason, text) for m in pending])
+        await self.scan(outage=outage)
+
+    # -- start -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """At start: show the pauses in force (one query), then scan for missed ticks."""
+        config = self.config()
+        try:
+            pauses = await paused(self.store)
+        except PgcrondError as exc:
+            log.warning("pauses_not_read", error=str(exc))
+            pauses = {}
+        for job in config.jobs.values():
+            held = job.suspended or pause_of(pauses, job.code) is not None
+            self.firing.metrics.paused.labels(job.code).set(1 if held else 0)
+        await self.scan()
+
+    # -- the scan ----------------------------------------------------------------------
+
+    async def scan(self, *, outage: tuple[datetime, datetime] | None = None) -> None:
+        """Record the ticks no replica ran and run the catch-up ones; one replica at a time."""
+        config = self.config()
+        now = self.clock()
+        plans: list[JobPlan] = []
+
+        async def account(_: object) -> list[Miss]:
+            plans.extend(await find_plan(self.store, config, now, outage=outage))
+            return await record_plan(self.store, plans)
+
+        try:
+            done = await self.store.run_exclusive(
+                scan_identity(now), account, forbid_overlap=True, retry_after=None
+            )
+        except PgcrondError as exc:
+            log.warning("catch_up_scan_failed", error=str(exc))
+            return
+        if isinstance(done, NotAcquired):
+            log.debug("catch_up_scan_skipped", reason=done.reason)
+            return  # another replica scans right now
+        for job_plan in plans:
+            counts = {
+                a: sum(p.action == a for p in job_plan.ticks) for a in ("missed", "run", "due")
+            }
+            if any(counts.values()) or job_plan.dropped:
+                log.info(
+                    "ticks_accounted",
+                    job=job_plan.code,
+                    record_ended=None if job_plan.last is None else job_plan.last.isoformat(),
+                    missed=counts["missed"],
+                    catch_up=counts["run"],
+                    due=counts["due"],
+                    beyond_window=job_plan.dropped,
+                )
+        jobs = dict(config.jobs)
+        for job_plan in plans:
+            job = jobs[job_plan.code]
+            for item in job_plan.ticks:
+                if item.action == "due":
+                    self.fire_now(job, item.tick, Identity.schedule(job.code, item.run_key))
+            catch_up = [p for p in job_plan.ticks if p.action == "run"]
+            if catch_up:
+                self.spawn(run_catch_up(self.firing, jobs, catch_up))
+
+
+def _seconds(delta: timedelta) -> str:
+    return f"{delta.total_seconds():.1f}s"

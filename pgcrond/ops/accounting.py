@@ -1,0 +1,154 @@
+"""``pgcrond pause``, ``resume`` and ``catch-up``: cluster-wide state and missed ticks.
+
+Pause and resume write the job-state table; every replica's next claim reads
+it (no reload, no polling). ``catch-up`` shows (``--dry-run``) or does, once,
+what a starting replica does with the ticks no replica ran: the same plan
+(:mod:`pgcrond.catchup`), from the same query, under the same lease row.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+
+from pgcrond.catchup import JobPlan
+from pgcrond.cli import ExitCode
+from pgcrond.daemon.accounting import find_plan, record_plan, run_catch_up, scan_identity
+from pgcrond.daemon.logs import configure
+from pgcrond.daemon.metrics import Metrics
+from pgcrond.fire import Firing
+from pgcrond.guard import Guards
+from pgcrond.ops import report
+from pgcrond.ops.commands import CommandError, Target, _run
+from pgcrond.storage import jobstate
+from pgcrond.storage.leases import LeaseStore, NotAcquired
+
+
+def pause_command(args: argparse.Namespace) -> int:
+    return _run(args, _pause, needs_table=False)
+
+
+def resume_command(args: argparse.Namespace) -> int:
+    return _run(args, _resume)
+
+
+def catch_up_command(args: argparse.Namespace) -> int:
+    configure(args.log_format, args.log_level)
+    return _run(args, _catch_up)
+
+
+def _codes(args: argparse.Namespace, target: Target) -> list[str]:
+    if args.all and args.codes:
+        raise CommandError("give job codes or --all, not both")
+    if args.all:
+        return [jobstate.ALL_JOBS]
+    if not args.codes:
+        raise CommandError("give one or more job codes, or --all")
+    if target.config is not None:
+        unknown = [code for code in args.codes if code not in target.config.jobs]
+        if unknown:
+            known = ", ".join(sorted(target.config.jobs)) or "none"
+            raise CommandError(
+                f"no job {', '.join(map(repr, unknown))} in the config (jobs: {known})"
+            )
+    return list(args.codes)
+
+
+async def _pause(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
+    codes = _codes(args, target)
+    # The job-state table comes with migration 2; a fresh cluster may not have it yet.
+    await store.migrate()
+    pauses = await jobstate.pause(store, codes, by=store.owner, reason=args.reason)
+    for pause in pauses:
+        which = "every job" if pause.code == jobstate.ALL_JOBS else pause.code
+        print(f"paused {which}: {pause.describe()}")
+    print("each replica skips their next ticks (recorded SKIPPED/paused) until resumed")
+    return ExitCode.OK
+
+
+async def _resume(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
+    codes = _codes(args, target)
+    resumed = await jobstate.resume(store, codes, all_jobs=args.all)
+    if not resumed:
+        print("nothing to resume: no such pause in force")
+        return ExitCode.FAILED
+    for code in resumed:
+        print(f"resumed {'every job' if code == jobstate.ALL_JOBS else code}")
+    left = await jobstate.paused(store)
+    if jobstate.ALL_JOBS in left:
+        print(f"note: every job is still paused ({left[jobstate.ALL_JOBS].describe()})")
+    return ExitCode.OK
+
+
+def plan_rows(plans: list[JobPlan]) -> list[dict[str, object]]:
+    """The plan, one row per tick, as `catch-up --dry-run` prints it."""
+    rows: list[dict[str, object]] = []
+    for job_plan in plans:
+        for item in job_plan.ticks:
+            rows.append(
+                {
+                    "job": item.code,
+                    "run_key": item.run_key,
+                    "action": {
+                        "run": "run (catch-up)",
+                        "missed": "record MISSED",
+                        "due": "run (within misfire_grace)",
+                    }[item.action],
+                    "reason": item.reason,
+                    "why": item.why,
+                }
+            )
+    return rows
+
+
+async def _catch_up(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
+    if target.config is None:
+        raise CommandError("catch-up needs -c CONFIG: the jobs' schedules come from it")
+    config = target.config
+    now = datetime.now(UTC)
+    if args.dry_run:
+        plans = await find_plan(store, config, now)
+        _print_plan(args, plans, "would be")
+        return ExitCode.OK
+    plans = []
+
+    async def account(_: object) -> int:
+        plans.extend(await find_plan(store, config, now))
+        return len(await record_plan(store, plans))
+
+    recorded = await store.run_exclusive(
+        scan_identity(now), account, forbid_overlap=True, retry_after=None
+    )
+    if isinstance(recorded, NotAcquired):
+        print(f"not done: a replica is accounting for missed ticks right now ({recorded.reason})")
+        return ExitCode.NOT_RUN_HERE
+    _print_plan(args, plans, "")
+    firing = Firing(guards=Guards(store, store.db).for_job, metrics=Metrics(), replica=store.owner)
+    failed = 0
+    for job_plan in plans:
+        todo = [p for p in job_plan.ticks if p.action in ("run", "due")]
+        for item, outcome in await run_catch_up(firing, dict(config.jobs), todo):
+            print(f"{item.code} {item.run_key}: {outcome}")
+            failed += outcome in ("fail", "timeout", "lease_lost")
+    return ExitCode.FAILED if failed else ExitCode.OK
+
+
+def _print_plan(args: argparse.Namespace, plans: list[JobPlan], mood: str) -> None:
+    rows = plan_rows(plans)
+    if args.json:
+        print(report.to_json(rows))
+        return
+    if not rows:
+        print("every expected tick has a record: nothing to catch up")
+        return
+    print(
+        report.table(
+            ["JOB", "TICK", "ACTION", "WHY"],
+            [
+                [str(r["job"]), str(r["run_key"]), str(r["action"]), str(r["why"] or report.NONE)]
+                for r in rows
+            ],
+        )
+    )
+    runs = sum(r["action"] != "record MISSED" for r in rows)
+    print(f"{len(rows) - runs} ticks {mood} recorded MISSED, {runs} {mood} run".replace("  ", " "))

@@ -1,0 +1,65 @@
+"""Cluster-wide job state: pause and resume, stored in the job-state table.
+
+A row is a paused job (code ``'*'``: every job). Nothing polls it: the claim
+statement reads it in its own round trip (``claim`` in ``sql/queries.sql``),
+so every replica honours a pause at the job's next tick, with no reload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from pgcrond.storage.leases import LeaseStore
+
+ALL_JOBS = "*"
+
+
+@dataclass(frozen=True)
+class Pause:
+    """One pause in force: the job (or ``*``), who paused it, when, and why."""
+
+    code: str
+    paused_by: str
+    paused_at: datetime
+    reason: str | None
+
+    def describe(self) -> str:
+        why = f": {self.reason}" if self.reason else ""
+        return f"paused by {self.paused_by} at {self.paused_at.isoformat()}{why}"
+
+
+async def pause(store: LeaseStore, codes: list[str], *, by: str, reason: str | None) -> list[Pause]:
+    """Pause ``codes`` (``[ALL_JOBS]`` for every job); the pauses now in force for them."""
+    rows = await store.db.fetchall(
+        store.queries.get("pause_jobs"), {"codes": codes, "by": by, "reason": reason}
+    )
+    return [_pause(row) for row in rows]
+
+
+async def resume(store: LeaseStore, codes: list[str], *, all_jobs: bool = False) -> list[str]:
+    """Resume ``codes`` (every pause with ``all_jobs``); the codes whose pause was lifted."""
+    rows = await store.db.fetchall(
+        store.queries.get("resume_jobs"), {"codes": codes, "all_jobs": all_jobs}
+    )
+    return sorted(row["code"] for row in rows)
+
+
+async def paused(store: LeaseStore) -> dict[str, Pause]:
+    """Every pause in force, by code (``*`` when every job is paused)."""
+    rows = await store.db.fetchall(store.queries.get("paused_jobs"))
+    return {row["code"]: _pause(row) for row in rows}
+
+
+def pause_of(pauses: dict[str, Pause], code: str) -> Pause | None:
+    """The pause that holds ``code``: its own, else the one of every job."""
+    return pauses.get(code) or pauses.get(ALL_JOBS)
+
+
+def _pause(row: dict[str, object]) -> Pause:
+    return Pause(
+        str(row["code"]),
+        str(row["paused_by"]),
+        row["paused_at"],  # type: ignore[arg-type]
+        None if row["reason"] is None else str(row["reason"]),
+    )

@@ -1,0 +1,85 @@
+"""Ticks accounted for: the newest recorded tick per job, MISSED rows, per-job truth.
+
+A starting (or reconnecting) replica asks :func:`last_ticks` where each job's
+record ends, computes the expected ticks after it (:mod:`pgcrond.catchup`)
+and records those no replica ran with :func:`record_missed`. Recording is
+idempotent (a tick with a row is left alone), so a race between replicas, or
+with a live claim, never overwrites a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import run_key_for, tick_of
+from pgcrond.core.timing import to_ms
+from pgcrond.storage.leases import LeaseStore, storable
+
+# Why a tick is MISSED, as stored in the row's reason (the CHECK of migration 2).
+MISSED_REASONS = ("no_replica", "database_unavailable", "late")
+
+
+@dataclass(frozen=True)
+class Miss:
+    """A tick to record MISSED: no replica could run it within its misfire_grace."""
+
+    code: str
+    tick: datetime
+    reason: str
+    why: str
+
+    @property
+    def identity(self) -> Identity:
+        return Identity.schedule(self.code, run_key_for(self.tick))
+
+
+async def last_ticks(
+    store: LeaseStore, codes: list[str], *, within: timedelta
+) -> dict[str, datetime | None]:
+    """The newest tick with a row of each job, claimed within ``within`` (None: none)."""
+    rows = await store.db.fetchall(
+        store.queries.get("last_ticks"), {"codes": codes, "within_ms": to_ms(within)}
+    )
+    found: dict[str, datetime | None] = {code: None for code in codes}
+    for row in rows:
+        if row["last_run_key"] is not None:
+            found[row["code"]] = tick_of(row["last_run_key"])
+    return found
+
+
+async def record_missed(store: LeaseStore, misses: list[Miss]) -> list[Miss]:
+    """Record ``misses`` MISSED in one statement; the ones that had no row until now."""
+    if not misses:
+        return []
+    for miss in misses:
+        if miss.reason not in MISSED_REASONS:
+            raise ValueError(f"not a reason for MISSED: {miss.reason!r}")
+    rows = await store.db.fetchall(
+        store.queries.get("record_missed"),
+        {
+            "lock_keys": [m.identity.idempotency_key for m in misses],
+            "codes": [m.code for m in misses],
+            "run_keys": [m.identity.run_key for m in misses],
+            "fire_times": [m.tick for m in misses],
+            "reasons": [m.reason for m in misses],
+            "errors": [storable(m.why) for m in misses],
+            "owner": store.owner,
+        },
+    )
+    recorded = {(row["code"], row["run_key"]) for row in rows}
+    return [m for m in misses if (m.code, m.identity.run_key) in recorded]
+
+
+async def job_ticks(
+    store: LeaseStore, codes: list[str], *, misses_within: timedelta = timedelta(hours=24)
+) -> list[dict[str, Any]]:
+    """Per job, in order: last tick, last success and failure, failures since, recent misses."""
+    return list(
+        await store.db.fetchall(
+            store.queries.get("job_ticks"),
+            {"codes": codes, "misses_within_ms": to_ms(misses_within)},
+        )
+    )

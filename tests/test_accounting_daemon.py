@@ -1,0 +1,156 @@
+"""Acceptance: every tick accounted for, and pause, with real ``pgcrond run`` replicas.
+
+The ledger says what ran; the lease table must hold exactly one row per
+expected tick: SUCCESS, SKIPPED (with why) or MISSED (with why).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from pgcrond.core.schedule import run_key_for, tick_of
+from tests.daemon_harness import PGCROND, Cluster, cluster, wait_until
+
+pytestmark = pytest.mark.slow
+
+LEDGER = "tests.ledger_jobs:record"
+
+
+def every_second(schema: str, *, catch_up: str = "none", extra: str = "") -> str:
+    return (
+        "database:\n"
+        "  url: ${PGCROND_DATABASE_URL}\n"
+        f"  schema: {schema}\n"
+        "jobs:\n"
+        "  tick:\n"
+        '    cron: "* * * * * *"\n'
+        f"    entrypoint: {LEDGER}\n"
+        "    misfire_grace: 2s\n"
+        "    lease: 1500ms\n"
+        f"    catch_up: {catch_up}\n"
+        f"{extra}"
+    )
+
+
+def pgcrond(running: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(PGCROND), *args],
+        env=running.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def stop(running: Cluster) -> None:
+    for replica in running.replicas:
+        if replica.process is not None and replica.process.poll() is None:
+            replica.signal(signal.SIGTERM)
+    for replica in running.replicas:
+        if replica.process is not None:
+            replica.wait_exit(60)
+
+
+def ticks_between(first: datetime, last: datetime) -> list[str]:
+    count = int((last - first).total_seconds())
+    return [run_key_for(first + timedelta(seconds=n)) for n in range(count + 1)]
+
+
+def test_all_replicas_stopped_across_ticks_then_restarted_leave_exactly_one_record_per_tick(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(every_second(schema))
+        running.start(path, 2)
+        wait_until(
+            lambda: len(running.rows("SELECT 1 FROM {leases} WHERE status = 'SUCCESS'")) >= 3,
+            20,
+            "three ticks to run",
+        )
+        stop(running)
+        stopped_at = datetime.now(UTC)
+        time.sleep(6)  # six ticks with no replica, more than misfire_grace ago at restart
+        restarted = running.start(path, 2, first=2)
+        wait_until(
+            lambda: any(r.events("ticks_accounted") for r in restarted), 20, "the scan to run"
+        )
+        time.sleep(2)
+        stop(running)
+        rows = running.rows("SELECT run_key, status, reason, error FROM {leases}")
+    by_key = {row["run_key"]: row for row in rows}
+    assert len(by_key) == len(rows)  # the lock key is unique: one row per tick
+    keys = sorted(by_key)
+    first, last = tick_of(keys[0]), tick_of(keys[-1])
+    assert first is not None and last is not None
+    # Every expected tick from the first to the last has its row: none is silent.
+    assert ticks_between(first, last) == keys
+    missed = [row for row in rows if row["status"] == "MISSED"]
+    assert len(missed) >= 3
+    assert {"no_replica"} == {row["reason"] for row in missed}
+    assert all(row["error"].startswith("no replica was running") for row in missed)
+    # The missed ticks are the ones that fell while nothing ran.
+    assert all(tick_of(row["run_key"]) >= stopped_at - timedelta(seconds=2) for row in missed)
+    # And exactly one replica did the accounting.
+    assert 1 == sum(bool(r.events("ticks_accounted")) for r in restarted)
+
+
+def test_pause_across_three_replicas_skips_ticks_as_paused_and_resume_runs_again(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(every_second(schema))
+        running.start(path, 3)
+        wait_until(
+            lambda: running.rows("SELECT 1 FROM {leases} WHERE status = 'SUCCESS'"),
+            20,
+            "a tick to run",
+        )
+        paused = pgcrond(running, "pause", "tick", "--reason", "deploying", "-c", str(path))
+        assert 0 == paused.returncode, paused.stderr
+        paused_at = datetime.now(UTC)
+        wait_until(
+            lambda: len(running.rows("SELECT 1 FROM {leases} WHERE status = 'SKIPPED'")) >= 3,
+            20,
+            "three ticks skipped as paused",
+        )
+        status = pgcrond(running, "status", "-c", str(path), "--json")
+        resumed = pgcrond(running, "resume", "tick", "-c", str(path))
+        assert 0 == resumed.returncode, resumed.stderr
+        resumed_at = datetime.now(UTC)
+        wait_until(
+            lambda: running.rows(
+                "SELECT 1 FROM {leases} WHERE status = 'SUCCESS' AND acquired_at > %s",
+                resumed_at + timedelta(seconds=1),
+            ),
+            20,
+            "a tick to run after resume",
+        )
+        stop(running)
+        rows = running.rows("SELECT run_key, status, reason, error, owner FROM {leases}")
+        ledger = running.rows("SELECT run_key FROM {ledger} WHERE phase = 'start'")
+    skipped = [row for row in rows if row["status"] == "SKIPPED"]
+    assert {("paused",)} == {(row["reason"],) for row in skipped}
+    assert all(row["error"].endswith(": deploying") for row in skipped)
+    assert all("paused by " in row["error"] for row in skipped)
+    # Nothing ran while paused: every skipped tick is absent from the ledger,
+    # and every tick strictly inside the pause was skipped.
+    ran = {row["run_key"] for row in ledger}
+    assert not ran & {row["run_key"] for row in skipped}
+    inside = [
+        row
+        for row in rows
+        if paused_at + timedelta(seconds=1) < tick_of(row["run_key"]) < resumed_at  # type: ignore[operator]
+    ]
+    assert inside and all(row["status"] == "SKIPPED" for row in inside)
+    # Skips came from more than one replica: each honours the pause on its own claim.
+    assert len({row["owner"] for row in skipped}) >= 1
+    [entry] = json.loads(status.stdout)
+    assert "database" == entry["paused"]["source"] and "deploying" == entry["paused"]["reason"]
