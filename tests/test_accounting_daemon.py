@@ -13,6 +13,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from pgcrond.core.schedule import run_key_for, tick_of
@@ -154,3 +155,61 @@ def test_pause_across_three_replicas_skips_ticks_as_paused_and_resume_runs_again
     assert len({row["owner"] for row in skipped}) >= 1
     [entry] = json.loads(status.stdout)
     assert "database" == entry["paused"]["source"] and "deploying" == entry["paused"]["reason"]
+
+
+def test_catch_up_dry_run_prints_what_catch_up_then_does(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """``none`` records MISSED, ``all`` runs each missed tick once, in order, under its own key."""
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        text = every_second(schema, catch_up="all", extra="    max_catch_up: 100\n")
+        text += (
+            "  quiet:\n"
+            '    cron: "* * * * * *"\n'
+            f"    entrypoint: {LEDGER}\n"
+            "    misfire_grace: 2s\n"
+            "    lease: 1500ms\n"
+        )
+        path = running.write_config(text)
+        assert 0 == pgcrond(running, "migrate", "-c", str(path)).returncode
+        # Each job's record ends 8 s ago (as if every replica stopped then).
+        last = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=8)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            for code in ("tick", "quiet"):
+                conn.execute(
+                    f'INSERT INTO "{schema}".leases (lock_key, type, code, run_key, status, '
+                    "owner_token, owner, attempt, fencing_token, lease_ms, created_at, "
+                    "acquired_at, heartbeat_at, expires_at, finished_at) "
+                    "VALUES (%s, 'SCHEDULE', %s, %s, 'SUCCESS', gen_random_uuid(), 'gone:1', "
+                    "1, 1, 1500, %s, %s, %s, %s, %s)",
+                    (f"seed:{code}", code, run_key_for(last), *(last,) * 5),
+                )
+        dry = pgcrond(running, "catch-up", "--dry-run", "--json", "-c", str(path))
+        assert 0 == dry.returncode, dry.stderr
+        plan = json.loads(dry.stdout)
+        done = pgcrond(running, "catch-up", "-c", str(path))
+        assert 0 == done.returncode, done.stdout + done.stderr
+        rows = {
+            (r["code"], r["run_key"]): r
+            for r in running.rows("SELECT code, run_key, status, reason FROM {leases}")
+        }
+        ledger = running.rows("SELECT job, run_key FROM {ledger} WHERE phase = 'start' ORDER BY id")
+        again = pgcrond(running, "catch-up", "--dry-run", "--json", "-c", str(path))
+    planned_run = [(p["job"], p["run_key"]) for p in plan if p["action"] == "run (catch-up)"]
+    planned_missed = [(p["job"], p["run_key"]) for p in plan if p["action"] == "record MISSED"]
+    assert len(planned_run) >= 5 and {"tick"} == {job for job, _ in planned_run}
+    assert len(planned_missed) >= 5 and {"quiet"} == {job for job, _ in planned_missed}
+    # What the dry run said is what happened: each planned run ran once and
+    # succeeded, each planned miss is a MISSED row.
+    assert all("SUCCESS" == rows[key]["status"] for key in planned_run)
+    assert all(("MISSED", "no_replica") == (rows[k]["status"], rows[k]["reason"])
+               for k in planned_missed)  # fmt: skip
+    started = [(r["job"], r["run_key"]) for r in ledger]
+    assert len(started) == len(set(started))
+    # `all` ran them in tick order, one after the other.
+    ticks_run = [key for job, key in started if job == "tick"]
+    assert ticks_run == sorted(ticks_run)
+    assert set(planned_run) <= set(started)
+    # Nothing is left to account for right after (bar the ticks since).
+    assert all(p["action"] != "record MISSED" or p["run_key"] > max(k for _, k in planned_missed)
+               for p in json.loads(again.stdout))  # fmt: skip
