@@ -46,6 +46,9 @@ _PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 MIN_FRAGMENT = 3
 
 _secrets: set[str] = set()
+# The same, longest first (so that a fragment inside a longer one cannot leave
+# a tail): redact() runs on every value of every log line, so it is kept sorted.
+_by_length: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,13 +212,17 @@ def password_fragments(url: str) -> set[str]:
 
 def remember(url: str | None) -> None:
     """Scrub this URL's password (and every fragment of it) from all later :func:`redact` output."""
+    global _by_length  # noqa: PLW0603 - the one process-wide registry
     if url:
         _secrets.update(password_fragments(url))
+        _by_length = tuple(sorted(_secrets, key=len, reverse=True))
 
 
 def forget_all() -> None:
     """Drop every remembered secret (tests)."""
+    global _by_length  # noqa: PLW0603 - the one process-wide registry
     _secrets.clear()
+    _by_length = ()
 
 
 def redact(text: str) -> str:
@@ -224,12 +231,14 @@ def redact(text: str) -> str:
     Also masks any remembered password fragment, and the part before ``@`` of
     a quoted host name, wherever they appear.
     """
-    text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
-    text = _QUERY_PASSWORD.sub(rf"\1{MASK}", text)
-    text = _KV_PASSWORD.sub(rf"\1{MASK}", text)
-    text = _HOST_WITH_AT.sub(rf"\1{MASK}@", text)
-    # Longest first, so that a fragment inside a longer one cannot leave a tail.
-    for secret in sorted(_secrets, key=len, reverse=True):
+    # Every pattern needs an "@" or the word password: most log values have
+    # neither, and skip the regular expressions.
+    if "@" in text or "assword" in text or "ASSWORD" in text:
+        text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
+        text = _QUERY_PASSWORD.sub(rf"\1{MASK}", text)
+        text = _KV_PASSWORD.sub(rf"\1{MASK}", text)
+        text = _HOST_WITH_AT.sub(rf"\1{MASK}@", text)
+    for secret in _by_length:
         if secret in text:
             text = text.replace(secret, MASK)
     return text
