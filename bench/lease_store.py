@@ -29,6 +29,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import throwaway
+from pgcrond.storage.jobstate import pause
 from pgcrond.storage.leases import Acquired, LeaseStore
 from tests.store_helpers import count_round_trips
 
@@ -78,6 +79,13 @@ async def round_trips(dsn: str, schema: str) -> dict[str, int]:
     results["acquire (reclaim of FAIL)"] = await count(trace, fresh)
     results["complete"] = await count(trace, lambda: store.complete(holder[-1]))
     results["acquire (lost: done)"] = await count(trace, lambda: store.claim(identity))
+    # Pause is read inside the claim: a paused job's tick is refused (and
+    # recorded SKIPPED/paused) in the same one round trip.
+    await pause(store, ["rt-paused"], by="bench", reason=None)
+    paused = Identity.schedule("rt-paused", "2026-01-01T00:00:00Z")
+    results["acquire (lost: paused, recorded SKIPPED)"] = await count(
+        trace, lambda: store.claim(paused, TIMING)
+    )
     handle.close()
     trace.unlink()
     await db.close()
