@@ -37,7 +37,7 @@ import structlog
 from pgcrond import __version__
 from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.durations import format_duration
-from pgcrond.core.schedule import OnceSchedule, Schedule, tick_of
+from pgcrond.core.schedule import Schedule, tick_of
 from pgcrond.errors import PgcrondError
 from pgcrond.ops import report
 from pgcrond.storage import status as reads
@@ -341,7 +341,7 @@ class StatusPage:
         now: datetime,
         next_fires: int,
     ) -> dict[str, Any]:
-        entry = status_entry(job, row, now)
+        entry = report.status_entry(job, row, now)
         fires = self._memo.next_fires(job, now, next_fires)
         entry.update(
             {
@@ -469,46 +469,6 @@ def _stylesheet() -> bytes:
 
 
 # -- entries: the JSON, with `pgcrond status --json` / `history --json` field names ---------
-
-
-def status_entry(job: JobConfig, row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    """A job as ``pgcrond status --json`` prints it, from a ``job_status`` row."""
-    run_once = isinstance(job.schedule, OnceSchedule)
-    last = None
-    if row["last_status"] is not None:
-        last = {
-            "run_key": row["last_run_key"],
-            "status": row["last_status"],
-            "reason": row["last_reason"],
-            "attempt": row["last_attempt"],
-            "owner": row["last_owner"],
-            "acquired_at": row["last_acquired_at"],
-            "finished_at": row["last_finished_at"],
-            "duration_s": report.seconds(row["last_finished_at"] - row["last_acquired_at"]),
-            "retry_at": row["last_retry_at"],
-            "error": row["last_error"],
-        }
-    running = None
-    if row["running_owner"] is not None:
-        running = {
-            "run_key": row["running_run_key"],
-            "owner": row["running_owner"],
-            "attempt": row["running_attempt"],
-            "since": row["running_acquired_at"],
-            "expires_at": row["running_expires_at"],
-            "stale": row["running_stale"],
-        }
-    once_done = last is not None and (last["status"] == "SUCCESS" or last["retry_at"] is None)
-    return {
-        "job": job.code,
-        "schedule": job.schedule.describe(),
-        "guard": job.guard,
-        "next_fire": None if run_once else job.schedule.next_after(now),
-        "runs_at_start": run_once and not once_done,
-        "last_run": last,
-        "running": running,
-        "consecutive_failures": row["consecutive_failures"],
-    }
 
 
 def running_entry(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from pgcrond.config.loader import (
 from pgcrond.core.durations import format_duration, parse_duration
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
-from pgcrond.core.schedule import OnceSchedule
 from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError, ValidationError
@@ -256,7 +255,7 @@ async def _status(args: argparse.Namespace, target: Target, store: LeaseStore) -
     assert config is not None
     rows = await records.job_status(store, list(config.jobs))
     now = datetime.now(UTC)
-    entries = [_status_entry(config, row, now) for row in rows]
+    entries = [report.status_entry(config.jobs[row["code"]], row, now) for row in rows]
     await _add_ticks(store, config, entries)
     if args.json:
         print(report.to_json(entries))
@@ -315,52 +314,6 @@ def _tick_cells(entry: dict[str, Any]) -> list[str]:
         str(entry["misses_24h"]),
         pause_text,
     ]
-
-
-def _status_entry(config: Config, row: dict[str, Any], now: datetime) -> dict[str, Any]:
-    job = config.jobs[row["code"]]
-    run_once = isinstance(job.schedule, OnceSchedule)
-    last = None
-    if row["last_status"] is not None:
-        last = {
-            "run_key": row["last_run_key"],
-            "status": row["last_status"],
-            "reason": row["last_reason"],
-            "attempt": row["last_attempt"],
-            "owner": row["last_owner"],
-            "acquired_at": row["last_acquired_at"],
-            "finished_at": row["last_finished_at"],
-            "duration_s": report.seconds(row["last_finished_at"] - row["last_acquired_at"]),
-            "retry_at": row["last_retry_at"],
-            "error": row["last_error"],
-        }
-    running = None
-    if row["running_owner"] is not None:
-        running = {
-            "run_key": row["running_run_key"],
-            "owner": row["running_owner"],
-            "attempt": row["running_attempt"],
-            "since": row["running_acquired_at"],
-            "expires_at": row["running_expires_at"],
-            "stale": row["running_stale"],
-        }
-    return {
-        "job": job.code,
-        "schedule": job.schedule.describe(),
-        "guard": job.guard,
-        "next_fire": None if run_once else job.schedule.next_after(now),
-        # A run-once job is tried at every start until its INITIAL row is done.
-        "runs_at_start": run_once and not _once_done(last),
-        "last_run": last,
-        "running": running,
-        "consecutive_failures": row["consecutive_failures"],
-    }
-
-
-def _once_done(last: dict[str, Any] | None) -> bool:
-    if last is None:
-        return False
-    return bool(last["status"] == "SUCCESS" or last["retry_at"] is None)
 
 
 def _status_cells(entry: dict[str, Any], now: datetime) -> list[str]:

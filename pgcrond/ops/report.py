@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pgcrond.config.models import JobConfig
 from pgcrond.core.durations import format_duration
+from pgcrond.core.schedule import OnceSchedule
 
 NONE = "-"
 
@@ -79,3 +81,44 @@ def _json_default(value: object) -> object:
     if isinstance(value, datetime):
         return iso(value)
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def status_entry(job: JobConfig, row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """A job as ``pgcrond status --json`` and the status page show it, from ``job_status``."""
+    run_once = isinstance(job.schedule, OnceSchedule)
+    last = None
+    if row["last_status"] is not None:
+        last = {
+            "run_key": row["last_run_key"],
+            "status": row["last_status"],
+            "reason": row["last_reason"],
+            "attempt": row["last_attempt"],
+            "owner": row["last_owner"],
+            "acquired_at": row["last_acquired_at"],
+            "finished_at": row["last_finished_at"],
+            "duration_s": seconds(row["last_finished_at"] - row["last_acquired_at"]),
+            "retry_at": row["last_retry_at"],
+            "error": row["last_error"],
+        }
+    running = None
+    if row["running_owner"] is not None:
+        running = {
+            "run_key": row["running_run_key"],
+            "owner": row["running_owner"],
+            "attempt": row["running_attempt"],
+            "since": row["running_acquired_at"],
+            "expires_at": row["running_expires_at"],
+            "stale": row["running_stale"],
+        }
+    # A run-once job is tried at every start until its INITIAL row is done.
+    once_done = last is not None and (last["status"] == "SUCCESS" or last["retry_at"] is None)
+    return {
+        "job": job.code,
+        "schedule": job.schedule.describe(),
+        "guard": job.guard,
+        "next_fire": None if run_once else job.schedule.next_after(now),
+        "runs_at_start": run_once and not once_done,
+        "last_run": last,
+        "running": running,
+        "consecutive_failures": row["consecutive_failures"],
+    }
