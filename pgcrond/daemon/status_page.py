@@ -490,26 +490,7 @@ def running_entry(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def tick_entry(row: Mapping[str, Any]) -> dict[str, Any]:
     """A row as ``pgcrond history --json`` prints it, with its idempotency key."""
-    finished = row["finished_at"]
-    return {
-        "id": row["id"],
-        "job": row["code"],
-        "type": row["type"],
-        "run_key": row["run_key"],
-        "status": row["status"],
-        "reason": row["reason"],
-        "attempt": row["attempt"],
-        "owner": row["owner"],
-        "fencing_token": row["fencing_token"],
-        "acquired_at": row["acquired_at"],
-        "finished_at": finished,
-        "expires_at": row["expires_at"],
-        "retry_at": row["retry_at"],
-        "duration_s": None if finished is None else report.seconds(finished - row["acquired_at"]),
-        "error": row["error"],
-        "idempotency_key": row["lock_key"],
-        "stale": row["stale"],
-    }
+    return {**report.history_entry(row), "idempotency_key": row["lock_key"], "stale": row["stale"]}
 
 
 def strip_cells(

@@ -362,7 +362,7 @@ async def _history(args: argparse.Namespace, target: Target, store: LeaseStore) 
     rows = await records.history(
         store, code=args.job, since=since, status=args.status, limit=args.limit
     )
-    entries = [_history_entry(row) for row in rows]
+    entries = [report.history_entry(row) for row in rows]
     if args.json:
         print(report.to_json(entries))
         return EXIT_OK
@@ -406,27 +406,6 @@ def _since(text: str, now: datetime) -> datetime:
             f"--since {text!r}: not an ISO-8601 instant (2026-11-30T00:00Z) "
             f"and not a duration: {exc}"
         ) from exc
-
-
-def _history_entry(row: dict[str, Any]) -> dict[str, Any]:
-    finished = row["finished_at"]
-    return {
-        "id": row["id"],
-        "job": row["code"],
-        "type": row["type"],
-        "run_key": row["run_key"],
-        "status": row["status"],
-        "reason": row["reason"],
-        "attempt": row["attempt"],
-        "owner": row["owner"],
-        "fencing_token": row["fencing_token"],
-        "acquired_at": row["acquired_at"],
-        "finished_at": finished,
-        "expires_at": row["expires_at"],
-        "retry_at": row["retry_at"],
-        "duration_s": None if finished is None else report.seconds(finished - row["acquired_at"]),
-        "error": row["error"],
-    }
 
 
 # -- unlock -------------------------------------------------------------------------------

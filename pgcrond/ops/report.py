@@ -122,3 +122,25 @@ def status_entry(job: JobConfig, row: Mapping[str, Any], now: datetime) -> dict[
         "running": running,
         "consecutive_failures": row["consecutive_failures"],
     }
+
+
+def history_entry(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A lease row as ``pgcrond history --json`` (and the status page) shows it."""
+    finished = row["finished_at"]
+    return {
+        "id": row["id"],
+        "job": row["code"],
+        "type": row["type"],
+        "run_key": row["run_key"],
+        "status": row["status"],
+        "reason": row["reason"],
+        "attempt": row["attempt"],
+        "owner": row["owner"],
+        "fencing_token": row["fencing_token"],
+        "acquired_at": row["acquired_at"],
+        "finished_at": finished,
+        "expires_at": row["expires_at"],
+        "retry_at": row["retry_at"],
+        "duration_s": None if finished is None else seconds(finished - row["acquired_at"]),
+        "error": row["error"],
+    }
