@@ -288,16 +288,6 @@ def _sql(node: yaml.Node) -> str:
 sql = Converter(_sql, {"type": "string", "minLength": 1})
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
-_HTTP_KEYS = (
-    "url",
-    "method",
-    "headers",
-    "body",
-    "timeout",
-    "expect",
-    "idempotency_header",
-    "fencing_header",
-)
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
@@ -308,41 +298,51 @@ def _header_name(node: yaml.Node) -> str:
     return value
 
 
-def _http(node: yaml.Node) -> HttpAction:
-    """``http: {url, method, headers, body, timeout, expect, …}``; each problem at its node."""
+def _options(
+    node: yaml.Node,
+    example: str,
+    readers: dict[str, Callable[[yaml.Node], Any]],
+    required: tuple[str, ...] = (),
+) -> tuple[dict[str, Any], list[tuple[yaml.Node, str]]]:
+    """A small mapping of known keys, each read by its converter; every problem at its node."""
     if not isinstance(node, yaml.MappingNode):
-        raise ValueError(f"must be a mapping like {{url: https://…}}, got {kind(node)}")
+        raise ValueError(f"must be a mapping like {example}, got {kind(node)}")
     values: dict[str, yaml.Node] = {}
     problems: list[tuple[yaml.Node, str]] = []
+    keys = tuple(readers)
     for key_node, value_node in node.value:
         name = str(key_node.value)
-        if name not in _HTTP_KEYS:
-            close = difflib.get_close_matches(name, _HTTP_KEYS, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(_HTTP_KEYS)}"
+        if name not in readers:
+            close = difflib.get_close_matches(name, keys, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(keys)}"
             problems.append((key_node, f"unknown key {name!r}; {hint}"))
         elif name in values:
             problems.append((key_node, f"duplicate key {name!r}"))
         else:
             values[name] = value_node
-    if "url" not in values:
-        problems.append((node, "url: is required"))
+    problems += [(node, f"{name}: is required") for name in required if name not in values]
     options: dict[str, Any] = {}
+    for name, value in values.items():
+        try:
+            options[name] = readers[name](value)
+        except ValueError as exc:
+            problems.append((value, f"{name}: {exc}"))
+    return options, problems
 
-    def read(name: str, convert: Callable[[yaml.Node], Any]) -> None:
-        if name in values:
-            try:
-                options[name] = convert(values[name])
-            except ValueError as exc:
-                problems.append((values[name], f"{name}: {exc}"))
 
-    read("url", _http_url)
-    read("method", _http_method)
-    read("headers", _headers)
-    read("body", _string)
-    read("timeout", _positive_duration)
-    read("expect", _expect)
-    read("idempotency_header", _header_name)
-    read("fencing_header", _header_name)
+def _http(node: yaml.Node) -> HttpAction:
+    """``http: {url, method, headers, body, timeout, expect, …}``; each problem at its node."""
+    readers: dict[str, Callable[[yaml.Node], Any]] = {
+        "url": _http_url,
+        "method": _http_method,
+        "headers": _headers,
+        "body": _string,
+        "timeout": _positive_duration,
+        "expect": _expect,
+        "idempotency_header": _header_name,
+        "fencing_header": _header_name,
+    }
+    options, problems = _options(node, "{url: https://…}", readers, ("url",))
     if problems:
         raise Problems(problems)
     return HttpAction(**options)
@@ -424,36 +424,15 @@ http = Converter(
 )
 
 
-_HOOK_KEYS = ("webhook", "command", "timeout", "retries")
-
-
 def _on_failure(node: yaml.Node) -> FailureHook:
     """``on_failure: {webhook, command, timeout, retries}``; each problem at its node."""
-    if not isinstance(node, yaml.MappingNode):
-        raise ValueError(f"must be a mapping like {{webhook: https://…}}, got {kind(node)}")
-    values: dict[str, yaml.Node] = {}
-    problems: list[tuple[yaml.Node, str]] = []
-    for key_node, value_node in node.value:
-        name = str(key_node.value)
-        if name not in _HOOK_KEYS:
-            close = difflib.get_close_matches(name, _HOOK_KEYS, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(_HOOK_KEYS)}"
-            problems.append((key_node, f"unknown key {name!r}; {hint}"))
-        else:
-            values[name] = value_node
-    options: dict[str, Any] = {}
     readers: dict[str, Callable[[yaml.Node], Any]] = {
         "webhook": _http_url,
         "command": lambda n: tuple(_argv(n)),
         "timeout": _positive_duration,
         "retries": _count,
     }
-    for name, convert in readers.items():
-        if name in values:
-            try:
-                options[name] = convert(values[name])
-            except ValueError as exc:
-                problems.append((values[name], f"{name}: {exc}"))
+    options, problems = _options(node, "{webhook: https://…}", readers)
     if not problems and "webhook" not in options and "command" not in options:
         problems.append((node, "set webhook:, command:, or both"))
     if problems:
