@@ -131,7 +131,9 @@ class Firing:
         *,
         recorded: bool = False,
     ) -> FireOutcome:
-        self.metrics.misfires.labels(job.code).inc()
+        self.metrics.missed.labels(job.code, cause).inc()
+        if cause == "late":
+            self.metrics.misfires.labels(job.code).inc()
         if self.on_miss is not None:
             self.on_miss(job, identity, tick, cause, recorded)
         bound.warning(

@@ -32,6 +32,9 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 # Runs are counted by the runner's outcomes; each is present (at 0) from the
 # start, so `increase(pgcrond_runs_total{outcome="fail"}[1h])` is 0, not absent.
 RUN_OUTCOMES: tuple[str, ...] = get_args(Outcome)
+# Why this replica gave a tick up: "late" is a misfire in the glossary's sense;
+# an unreachable database is not.
+MISSED_CAUSES = ("late", "database_unavailable")
 
 # Lateness of a healthy replica is milliseconds; the tail (late fires within
 # grace, takeovers) matters up to the default misfire grace (5 min).
@@ -65,6 +68,13 @@ class Metrics:
             "pgcrond_misfires",
             "Ticks not run because their fire came later than misfire_grace.",
             ["job"],
+            registry=r,
+        )
+        self.missed = Counter(
+            "pgcrond_missed",
+            "Ticks this replica gave up on within their window, by cause: late (a "
+            "misfire) or database_unavailable.",
+            ["job", "cause"],
             registry=r,
         )
         self.takeovers = Counter(
@@ -137,7 +147,9 @@ class Metrics:
         ]  # fmt: skip
         # last_success has no honest zero (it would read "last success in
         # 1970" after every restart): it appears with the first success.
-        for metric in [*by_job, self.runs, self.losses, self.skips, self.last_success]:
+        for metric in [
+            *by_job, self.runs, self.losses, self.skips, self.missed, self.last_success
+        ]:
             for labels in _label_sets(metric):
                 if labels[0] not in wanted:
                     metric.remove(*labels)
@@ -146,6 +158,8 @@ class Metrics:
                 metric.labels(code)
             for outcome in RUN_OUTCOMES:
                 self.runs.labels(code, outcome)
+            for cause in MISSED_CAUSES:
+                self.missed.labels(code, cause)
 
 
 def _label_sets(metric: Counter | Gauge | Histogram) -> set[tuple[str, ...]]:
