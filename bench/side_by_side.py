@@ -387,6 +387,7 @@ class Result:
     idle_statements: int | None = None
     idle_seconds: float = 0.0
     daemon_lateness_ms: tuple[float, float] | None = None  # pgcrond: tick -> run_started
+    skipped: dict[str, int] = field(default_factory=dict)  # pgcrond: tick_skipped by reason
     ready_s: list[float] = field(default_factory=list)
 
     @property
@@ -458,6 +459,21 @@ def kill_in_burst(ledger: str, tick: int, replicas: Sequence[Replica]) -> int | 
     return None
 
 
+def skipped_ticks(replicas: Sequence[Replica], ticks: list[int]) -> dict[str, int]:
+    """pgcrond's ``tick_skipped`` events in the window, by reason (e.g. overlap under forbid)."""
+    reasons: dict[str, int] = {}
+    for replica in replicas:
+        for line in replica.log.read_text(errors="replace").splitlines():
+            if '"tick_skipped"' not in line:
+                continue
+            event = json.loads(line)
+            tick = datetime.fromisoformat(event["run_key"]).timestamp()
+            if ticks[0] <= tick <= ticks[-1]:
+                reason = str(event.get("reason"))
+                reasons[reason] = reasons.get(reason, 0) + 1
+    return reasons
+
+
 def daemon_lateness(replicas: Sequence[Replica], ticks: list[int]) -> tuple[float, float] | None:
     first, last = ticks[0], ticks[-1]
     values = []
@@ -521,6 +537,7 @@ def run_one(scheduler: Scheduler, server: LocalServer) -> Result:
     ledger_figures(ledger, scenario.jobs, ticks, result, {r.pid: n for n, r in enumerate(replicas)})
     if isinstance(scheduler, Pgcrond):
         result.daemon_lateness_ms = daemon_lateness(replicas, ticks)
+        result.skipped = skipped_ticks(replicas, ticks)
     bad = [r.exit_status for r in replicas if r.exit_status not in (0, -signal.SIGKILL)]
     if bad:
         progress(f"{scheduler.name}: replicas exited with {bad}; logs in {scheduler.workdir}")
@@ -647,6 +664,9 @@ def table(ours: Result, peer: Result) -> list[dict[str, str]]:
         rows.append(
             row("pgcrond only: tick -> run_started p50 / p99", f"{p50:.1f} / {p99:.1f} ms", "-")
         )
+    if ours.daemon_lateness_ms:
+        text = ", ".join(f"{n} {reason}" for reason, n in sorted(ours.skipped.items()))
+        rows.append(row("pgcrond only: ticks skipped (tick_skipped, by reason)", text or "0", "-"))
     if ours.killed is not None or peer.killed is not None:
         rows.append(row("killed replica (index)", str(ours.killed), str(peer.killed)))
     return rows
@@ -850,9 +870,20 @@ def main() -> int:
     args = parser.parse_args()
     lease = args.lease or ("10s" if args.fault else None)
     scenario = Scenario(
-        args.replicas, args.jobs, args.seconds, args.every, args.fault, lease, args.idle
+        args.replicas,
+        args.jobs,
+        args.seconds,
+        args.every,
+        args.fault,
+        lease,
+        args.idle,
+        args.concurrency,
     )
-    command = ".venv/bin/python -m bench.side_by_side " + " ".join(sys.argv[1:])
+    shown = list(sys.argv[1:])
+    if "--keep" in shown:  # where the logs went is no part of the scenario
+        at = shown.index("--keep")
+        del shown[at : at + 2]
+    command = " ".join([".venv/bin/python -m bench.side_by_side", *shown])
     load = load_note()
     progress(f"load (1-minute average): {load}")
     with throwaway(max_connections=300, prefix="pgcrond-side-") as server:
