@@ -56,10 +56,13 @@ class SplitCluster(Cluster):
             return conn.execute(query.format(ledger=self.ledger), params).fetchall()
 
     def leases(self) -> list[dict[str, Any]]:
-        """The lease table as the current primary has it."""
+        """The job rows of the lease table as the current primary has it.
+
+        The daemon's own rows (pgcrond:prune, pgcrond:catch-up) are left out.
+        """
         with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn:
             return conn.execute(
-                f"SELECT * FROM \"{self.schema}\".leases WHERE code <> 'pgcrond:prune'"
+                f"SELECT * FROM \"{self.schema}\".leases WHERE code NOT LIKE 'pgcrond:%%'"
             ).fetchall()
 
 

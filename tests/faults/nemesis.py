@@ -313,7 +313,7 @@ class Cluster:
         ):
             rows = conn.execute(
                 f"SELECT owner FROM {SCHEMA}.{TABLE} WHERE status = 'RUNNING' "
-                "AND expires_at > clock_timestamp() AND code <> 'pgcrond:prune'"
+                "AND expires_at > clock_timestamp() AND code NOT LIKE 'pgcrond:%'"
             ).fetchall()
             return {pid for (owner,) in rows if (pid := checker.owner_pid(owner)) is not None}
         return set()
@@ -419,7 +419,7 @@ class Cluster:
             with psycopg.connect(self.direct, autocommit=True) as conn:
                 row = conn.execute(
                     f"SELECT count(*) FROM {SCHEMA}.{TABLE} WHERE status = 'RUNNING' "
-                    "AND code <> 'pgcrond:prune' AND (run_key IS NULL OR run_key <= %s)",
+                    "AND code NOT LIKE 'pgcrond:%%' AND (run_key IS NULL OR run_key <= %s)",
                     (last_key,),
                 ).fetchone()
             return row is not None and row[0] == 0
@@ -432,7 +432,7 @@ class Cluster:
         with psycopg.connect(self.direct, autocommit=True, row_factory=dict_row) as conn:
             ledger = conn.execute(f"SELECT * FROM {SCHEMA}.ledger ORDER BY id").fetchall()
             leases = conn.execute(
-                f"SELECT * FROM {SCHEMA}.{TABLE} WHERE code <> 'pgcrond:prune' ORDER BY id"
+                f"SELECT * FROM {SCHEMA}.{TABLE} WHERE code NOT LIKE 'pgcrond:%' ORDER BY id"
             ).fetchall()
             history = conn.execute(f"SELECT * FROM {SCHEMA}.lease_history ORDER BY id").fetchall()
         dump = {
