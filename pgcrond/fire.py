@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import functools
 import math
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -61,8 +60,6 @@ _BACKOFF_MAX = 1.0
 # last heartbeat and clock jitter do not make the check land just before it.
 _FOLLOW_MARGIN = timedelta(milliseconds=100)
 _LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
-# A FAIL record's reasons after which a retry is due (not "released", "late").
-_FAILED = frozenset({"error", "timeout"})
 # Re-checks wake together on a grid of the loop's clock, so that the re-checks
 # of co-firing ticks (whose leases expire a few ms apart) share one claim.
 _RECHECK_GRID_S = 0.25
@@ -184,10 +181,10 @@ class Firing:
                 if answer.identity.type == "INITIAL" or tick_of(answer.identity.run_key or ""):
                     self.metrics.paused.labels(job.code).set(0)  # a tick ran: not paused
                 outcome, retry = await self._run(job, guard, tick, answer)
-                if retry:
-                    # A failed run's retries are not misfires; a takeover or
-                    # the re-run of a released claim still is one.
-                    deadline = None
+                # The tick started: from now on it is followed until it is
+                # done (retries, takeovers, a give-back); misfire_grace bounds
+                # only a tick's first start.
+                deadline = None
                 if retry or outcome == "lease_lost":
                     # Followed like any replica follows it: the next claim says
                     # how long until the retry, or who holds the tick now.
@@ -223,9 +220,11 @@ class Firing:
                     reason=answer.reason,
                     status=answer.status,
                     owner=answer.owner,
+                    cause=answer.cause,
                     recheck_in_s=None if answer.wait is None else answer.wait.total_seconds(),
                 )
-            if answer.reason == "retry_pending" and answer.cause in _FAILED:
+            if answer.reason in ("held", "retry_pending"):
+                # Some replica started the tick: followed until it is done.
                 deadline = None
             # Without follow (`pgcrond trigger`) only this replica's own retries
             # are followed: a tick it lost is left to the daemons.
@@ -328,8 +327,9 @@ class Firing:
                 detail="another replica took this tick over meanwhile",
             )
             return "lease_lost", False
-        if result.outcome == "success":
-            self.metrics.last_success.labels(job.code).set(time.time())
+        # The alert gauges: the table's truth at start, kept current by what
+        # this replica records; a row with no retry time is a final failure.
+        self.metrics.alerts.recorded(job.code, kind, final=retry_after is None)
         # A run-once job out of retries is retried by the next start, not now.
         retry = recorded == "retry" and held.attempt <= job.retries
         if kind in ("fail", "timeout") and not retry and self.on_failure is not None:
@@ -424,7 +424,8 @@ class Firing:
             job=job.code,
             action=job.action,
             run_key=run_key,
-            fire_time=tick,
+            # The tick's instant, as the run key names it (not moved by jitter).
+            fire_time=tick_of(run_key) or tick,
             attempt=attempt,
             idempotency_key=identity.idempotency_key,
             idempotency_key_hex=identity.idempotency_key_hex,

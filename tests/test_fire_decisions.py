@@ -163,13 +163,11 @@ async def test_a_lost_tick_is_not_followed_by_trigger(tmp_path: Path) -> None:
     assert ["claim"] == guard.calls
 
 
-async def test_a_released_claim_is_rerun_only_inside_the_misfire_window(tmp_path: Path) -> None:
-    """A claim given back (shutdown, a late answer) is no failure: its re-run is bounded."""
+async def test_a_started_tick_is_taken_over_past_the_misfire_window(tmp_path: Path) -> None:
+    """misfire_grace bounds a first start: a tick some replica started is followed to its end."""
     tick, identity = now_tick(-0.5)
-    released = Refused(
-        identity, "retry_pending", "FAIL", wait=timedelta(seconds=0.7), attempt=1, cause="released"
-    )
-    guard = MemoryGuard(script=deque([released]))
+    held = Refused(identity, "held", "RUNNING", wait=timedelta(seconds=0.7), attempt=1)
+    guard = MemoryGuard(script=deque([held]))
     outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
-    assert "lose" == outcome
-    assert ["claim"] == guard.calls
+    assert "success" == outcome
+    assert ["claim", "claim", "record:success"] == guard.calls

@@ -33,16 +33,19 @@ from apscheduler.triggers.base import BaseTrigger
 from pgcrond.cli import ExitCode
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.loader import Config, JobConfig, load_config, min_history_retention
+from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for, tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE
 from pgcrond.daemon import notify
 from pgcrond.daemon.accounting import Accounting
+from pgcrond.daemon.alerts import seed as seed_alerts
 from pgcrond.daemon.hooks import FailureHooks
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
+from pgcrond.daemon.requests import Requests
 from pgcrond.daemon.status_page import StatusPage
 from pgcrond.daemon.watch import ConfigWatcher
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError
@@ -53,6 +56,7 @@ from pgcrond.storage.embedded import LocalServer, attach
 from pgcrond.storage.history import abandon_stale, open_ticks, ping, prune
 from pgcrond.storage.leases import LeaseStore, NotAcquired, default_owner
 from pgcrond.storage.pooling import log_pooling
+from pgcrond.storage.ticks import job_ticks
 
 log = structlog.get_logger("pgcrond.daemon.lifecycle")
 
@@ -125,7 +129,7 @@ class Daemon:
         self.http_listen = config.http_listen if http_listen is None else http_listen
         self.replica = default_owner()
         self.metrics = Metrics()
-        self.metrics.set_jobs(config.jobs)
+        self.metrics.set_jobs(config.jobs, _alert_after(config))
         self._watcher = ConfigWatcher(self.paths)
         self.tasks: set[asyncio.Task[Any]] = set()
         self.fire_tasks: set[asyncio.Task[Any]] = set()
@@ -139,6 +143,7 @@ class Daemon:
         self._db: Database | None = None
         self._advisory_db: Database | None = None
         self._firing: Firing | None = None
+        self._firing_now: dict[Identity, asyncio.Task[None]] = {}
         self._hooks = FailureHooks(self.replica)
         self._store: LeaseStore | None = None
         self._accounting: Accounting | None = None
@@ -221,11 +226,31 @@ class Daemon:
         if not await self._migrate(store):
             return False
         # One log line: is a pooler in front, in transaction mode? (in the background)
-        self._spawn(log_pooling(store.db))
+        # Then `trigger --detach` requests: LISTEN, or a slow poll behind one.
+        requests = Requests(
+            store=store,
+            conninfo=dsn,
+            config=lambda: self.config,
+            firing=self._firing,
+            tasks=self.fire_tasks,
+            stopping=self.stop_requested,
+            replica=self.replica,
+        )
+        self._spawn(requests.run(log_pooling(store.db)))
         self._start_scheduler()
         self._spawn(self._resume_open_ticks())
         # Ticks nobody ran while no replica was up: recorded, or caught up (once).
         self._spawn(accounting.start())
+        # The alert gauges start from the table's truth (one query), not from zero.
+        self._spawn(
+            seed_alerts(
+                self.metrics.alerts,
+                # No miss is counted here: the window is empty.
+                lambda codes: job_ticks(store, codes, misses_within=timedelta(0)),
+                lambda: list(self.config.jobs),
+                self.stop_requested,
+            )
+        )
         self._started = True
         return True
 
@@ -291,23 +316,49 @@ class Daemon:
         job = self.config.jobs.get(code)
         if job is None or self.stop_requested.is_set():
             return
-        self._spawn_fire(job, tick.astimezone(UTC), Identity.schedule(code, run_key_for(tick)))
+        tick = tick.astimezone(UTC)
+        # jitter: APScheduler keeps firing at the ticks (one monotonic next
+        # fire per job, even when the jitter exceeds the gap between ticks);
+        # the fire is handed on at tick + its stable shift, the same instant
+        # on every replica. Misfire and lateness count from that instant.
+        at = fire_time(code, tick, job.jitter)
+        delay = (at - datetime.now(UTC)).total_seconds()
+        if delay <= 0:
+            self._fire_at(code, tick, at)
+        else:
+            asyncio.get_running_loop().call_later(delay, self._fire_at, code, tick, at)
+
+    def _fire_at(self, code: str, tick: datetime, at: datetime) -> None:
+        """Fire ``tick`` of ``code`` as due at ``at`` (its jittered fire time)."""
+        job = self.config.jobs.get(code)
+        if job is None or self.stop_requested.is_set():
+            return  # removed by a reload while its shift ran, or stopping
+        self._spawn_fire(job, at, Identity.schedule(code, run_key_for(tick)))
 
     def _spawn_fire(
         self, job: JobConfig, tick: datetime, identity: Identity, *, started: bool = False
     ) -> None:
         assert self._firing is not None
+        if identity in self._firing_now:
+            # This replica already follows the tick (say, the scheduler's fire
+            # still retrying through an outage when start-up or catch-up finds
+            # the same tick): one fire per identity, or both would claim with
+            # one owner token and both run.
+            return
         task = asyncio.create_task(
             self._fire(job, tick, identity, started=started), name=f"fire:{identity}"
         )
+        self._firing_now[identity] = task
         self.fire_tasks.add(task)
         task.add_done_callback(self.fire_tasks.discard)
+        task.add_done_callback(lambda _: self._firing_now.pop(identity, None))
 
     async def _resume_open_ticks(self) -> None:
         """Follow the ticks other replicas started and nobody finished (one query, at start).
 
-        A retry whose scheduler died, or a takeover still within its window,
-        is then taken by this replica if nobody else does.
+        A started tick is followed until it is done: a retry whose scheduler
+        died, or a takeover of an owner that died with it, is then taken by
+        this replica if nobody else does.
         """
         assert self._store is not None
         jobs = {
@@ -322,11 +373,12 @@ class Daemon:
         except PgcrondError as exc:
             log.warning("resume_failed", error=str(exc))
             return
-        now = datetime.now(UTC)
         for open_tick in ticks:
             job, tick = jobs[open_tick.code], tick_of(open_tick.run_key)
-            if tick is None or (not open_tick.retry_pending and now > tick + job.misfire_grace):
-                continue  # a manual run, or a takeover / re-run out of reach
+            if tick is not None:
+                tick = fire_time(job.code, tick, job.jitter)  # its window starts there
+            if tick is None:
+                continue  # a manual run: its caller follows it
             log.info(
                 "tick_resumed", job=job.code, run_key=open_tick.run_key, status=open_tick.status
             )
@@ -334,7 +386,7 @@ class Daemon:
                 job,
                 tick,
                 Identity.schedule(job.code, open_tick.run_key),
-                started=open_tick.retry_pending,
+                started=True,
             )
 
     async def _fire(
@@ -435,7 +487,7 @@ class Daemon:
             self._schedule(self._scheduler, new.jobs[code])
         if self._advisory_db is not None:
             await self._advisory_db.resize(_advisory_pool_size(new))
-        self.metrics.set_jobs(new.jobs)
+        self.metrics.set_jobs(new.jobs, _alert_after(new))
         log.info("config_reloaded", added=added, removed=removed, changed=changed)
 
     def _running(self) -> list[str]:
@@ -535,6 +587,8 @@ class Daemon:
             self.http_listen,
             health=self.healthy,
             ready=self.ready,
+            # Stale jobs are named in /readyz's body; they do not fail readiness.
+            ready_detail=self.metrics.alerts.readiness_detail,
             registry=self.metrics.registry,
             # Read-only pages from the current config and the store, once started.
             status_page=StatusPage(
@@ -551,6 +605,10 @@ class Daemon:
         listen = parse_listen(self.http_listen)
         host = "0.0.0.0" if listen is None else listen.display_host  # noqa: S104
         return f"{host}:{self._http.port}"
+
+
+def _alert_after(config: Config) -> dict[str, timedelta | None]:
+    return {code: job.alert_after for code, job in config.jobs.items()}
 
 
 def _advisory_pool_size(config: Config) -> int:

@@ -32,13 +32,8 @@ class OpenTick:
     run_key: str
     # RUNNING (its owner may be dead) or FAIL (a retry is pending).
     status: str
-    # A FAIL row's reason: "error"/"timeout" (a real retry), "released", ...
+    # A FAIL row's reason: "error", "timeout", "released", ...
     reason: str | None
-
-    @property
-    def retry_pending(self) -> bool:
-        """A failed run's retry: followed without the tick's misfire bound."""
-        return self.status == "FAIL" and self.reason in ("error", "timeout")
 
 
 async def open_ticks(

@@ -52,9 +52,10 @@ Inputs, all read after the cluster settled, every time by the database clock:
     a run that only woke from a stop to notice its cancellation is not active
     after the stop.
 ``started_late`` / ``started_early``
-    a run (not a retry) whose 'start' is later than ``misfire_grace`` after
+    a tick's first run whose 'start' is later than ``misfire_grace`` after
     its tick (plus ``start_slack``: the ledger row is written just after the
-    claim), or earlier than the tick itself.
+    claim), or any run earlier than the tick itself. Retries and takeovers of
+    a started tick are not bounded by the grace: the tick is followed to its end.
 
 Every violation is attributed to the faults it may be due to: those of its
 replicas (or cluster-wide ones) active during its span, extended by
@@ -512,7 +513,9 @@ def _timing(
 ) -> list[Violation]:
     found = []
     tick = _parse(key)
-    failed_attempts = {r.attempt for r in rows if r.phase == "fail"}
+    # misfire_grace bounds a tick's first start: once one attempt started, its
+    # retries and takeovers follow the tick to its end, whenever that is.
+    first_start = min((r.attempt for r in rows if r.phase == "start"), default=None)
     for start in (r for r in rows if r.phase == "start"):
         if start.at < tick:
             found.append(
@@ -528,9 +531,8 @@ def _timing(
                     tick,
                 )
             )
-        retry = start.attempt - 1 in failed_attempts
         lateness = start.at - tick
-        if not retry and lateness > job.misfire_grace + start_slack:
+        if start.attempt == first_start and lateness > job.misfire_grace + start_slack:
             found.append(
                 _violation(
                     "started_late",
