@@ -206,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
         "trigger",
         help="run a job now, once across the cluster",
         description="Run a job now, here, through its guard. Exit 0: ran and succeeded; "
-        "1: ran and failed; 3: not run here (the run key runs or ran elsewhere).",
+        "1: ran and failed; 3: not run here (the run key runs or ran elsewhere). "
+        "With --detach: ask the running daemons to run it, and exit 0 at once.",
     )
     _add_config(trigger)
     _add_database(trigger)
@@ -215,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-key",
         metavar="KEY",
         help="default: manual:<current UTC minute>, so shells triggering at once run it once",
+    )
+    trigger.add_argument(
+        "--detach",
+        action="store_true",
+        help="do not run it here: record a request that one daemon replica runs, print the "
+        "run key and exit 0 (see the outcome with `pgcrond history --job CODE`)",
     )
     _add_logging(trigger)
 

@@ -212,6 +212,11 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
         raise CommandError(f"no job {args.code!r} in the config (jobs: {known})")
     await store.migrate()
     now = datetime.now(UTC)
+    if getattr(args, "detach", False):
+        # Recorded for the daemons (pgcrond.ops.requests); nothing runs here.
+        from pgcrond.ops.requests import detach
+
+        return await detach(job, args.run_key or manual_run_key(now), store)
     identity = Identity.schedule(job.code, args.run_key or manual_run_key(now))
     firing = Firing(guards=Guards(store, store.db).for_job, metrics=Metrics(), replica=store.owner)
     outcome = await firing.fire(job, now, identity, follow=False)

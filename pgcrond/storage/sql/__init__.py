@@ -70,6 +70,8 @@ class Queries:
             "status_check": own("status_check"),
             "reason_check": own("reason_by_status"),
             "job_state": sql.Identifier(self.schema, f"{self.table}_job_state"),
+            "requests": sql.Identifier(self.schema, f"{self.table}_requests"),
+            "requests_pending": own("requests_pending_idx"),
         }
 
     @property

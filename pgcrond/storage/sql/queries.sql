@@ -638,3 +638,69 @@ CROSS JOIN LATERAL (
 ) last
 WHERE last.status = 'FAIL'
 ORDER BY j.ord
+
+-- name: request_run
+-- `pgcrond trigger CODE --detach`: record a request and wake every replica, in
+-- one statement (one transaction: the notification is delivered at commit, with
+-- the row already visible). Shells requesting the same run key make one row; a
+-- request whose earlier one is done is opened again (the lease still decides
+-- whether anything runs). Returns the row as it was before (NULL when new),
+-- whether this statement opened the request, and the run key's lease row.
+WITH opened AS (
+    INSERT INTO {requests} AS r (code, run_key, requested_by, requested_at)
+    VALUES (%(code)s, %(run_key)s, %(by)s, now())
+    ON CONFLICT (code, run_key) DO UPDATE
+    SET requested_by = EXCLUDED.requested_by, requested_at = EXCLUDED.requested_at,
+        taken_by = NULL, taken_at = NULL, done_at = NULL, outcome = NULL
+    WHERE r.done_at IS NOT NULL
+    RETURNING r.id
+), woken AS (
+    SELECT pg_notify(%(channel)s, %(code)s) AS sent
+)
+SELECT (opened.id IS NOT NULL) AS opened,
+       earlier.requested_by, earlier.requested_at, earlier.taken_by, earlier.taken_at,
+       earlier.done_at, earlier.outcome,
+       lease.status AS lease_status, lease.reason AS lease_reason, lease.owner AS lease_owner,
+       lease.retry_at AS lease_retry_at
+FROM woken
+LEFT JOIN opened ON true
+LEFT JOIN {requests} earlier ON earlier.code = %(code)s AND earlier.run_key = %(run_key)s
+LEFT JOIN {table} lease
+       ON lease.code = %(code)s AND lease.type = 'SCHEDULE' AND lease.run_key = %(run_key)s
+
+-- name: take_requests
+-- A replica takes the pending requests of its jobs: not done, not taken (or
+-- taken so long ago that its taker may have died: firing it again is safe, the
+-- lease decides), requested within the window. SKIP LOCKED: replicas woken
+-- together take disjoint rows. Bounded, down the partial pending index.
+UPDATE {requests} r
+SET taken_by = %(by)s, taken_at = now()
+FROM (
+    SELECT id
+    FROM {requests}
+    WHERE done_at IS NULL AND code = ANY(%(codes)s::text[])
+      AND requested_at > now() - %(within_ms)s * interval '1 millisecond'
+      AND (taken_at IS NULL OR taken_at < now() - %(retake_ms)s * interval '1 millisecond')
+    ORDER BY requested_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) pending
+WHERE r.id = pending.id
+RETURNING r.id, r.code, r.run_key, r.requested_by, r.requested_at, r.taken_at
+
+-- name: finish_request
+-- The taker's fire came to an end: what it came to here (history has the run).
+UPDATE {requests}
+SET done_at = now(), outcome = %(outcome)s
+WHERE id = %(id)s AND taken_by = %(by)s AND done_at IS NULL
+
+-- name: release_request
+-- A taker that stops before it ran the request gives it back and wakes the
+-- other replicas, so that one of them takes it now.
+WITH released AS (
+    UPDATE {requests}
+    SET taken_by = NULL, taken_at = NULL
+    WHERE id = %(id)s AND taken_by = %(by)s AND done_at IS NULL
+    RETURNING code
+)
+SELECT pg_notify(%(channel)s, code) AS sent FROM released

@@ -1,0 +1,209 @@
+"""Requests: detached manual runs (``pgcrond trigger CODE --detach``), and their wake-up.
+
+A request is a row of the requests table (migration 3): the job, the run key,
+who asked and when, which replica took it, and when its fire came to an end.
+``pgcrond trigger --detach`` inserts it and NOTIFYs the requests channel in the
+same statement; each replica LISTENs on one connection of its own
+(:class:`RequestListener`, outside the pool: LISTEN is session state) and, on a
+notification, takes the pending requests of its jobs with one bounded
+statement. Taking is a row update with ``SKIP LOCKED``, so replicas woken
+together take disjoint rows; the lease table still decides who runs the run
+key, so a request taken twice (its taker died) runs once.
+
+Nothing here polls: an idle listener sends nothing (the kernel's TCP
+keepalives are not statements). Behind PgBouncer in transaction pooling LISTEN
+does not survive the transaction; the daemon then takes requests on a slow
+timer instead (``pgcrond.daemon.requests``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import DictRow
+
+from pgcrond.errors import PgcrondError
+from pgcrond.storage.db import connection_settings, translate
+from pgcrond.storage.leases import LeaseStore
+
+# PostgreSQL truncates identifiers (and refuses pg_notify channels) past 63 bytes.
+_MAX_CHANNEL = 63
+
+
+def channel(store: LeaseStore) -> str:
+    """The requests channel of ``store``'s table: ``<schema>.<table>_requests``.
+
+    Both sides use it as is: pg_notify takes it as text, LISTEN as a quoted
+    identifier. Names too long for an identifier get a digest instead.
+    """
+    name = f"{store.queries.schema}.{store.queries.table}_requests"
+    if len(name.encode()) <= _MAX_CHANNEL:
+        return name
+    return "pgcrond_requests_" + hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Requested:
+    """What ``pgcrond trigger --detach`` did: opened a request, or found one pending."""
+
+    opened: bool
+    # The request as it was before this one (None: there was none).
+    earlier_by: str | None
+    earlier_at: datetime | None
+    earlier_taken_by: str | None
+    earlier_done_at: datetime | None
+    earlier_outcome: str | None
+    # The run key's lease row, if any: SUCCESS means nothing will run again.
+    lease_status: str | None
+    lease_reason: str | None
+    lease_owner: str | None
+    lease_retry_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request this replica took."""
+
+    id: int
+    code: str
+    run_key: str
+    requested_by: str
+    requested_at: datetime
+    taken_at: datetime
+
+    @property
+    def waited(self) -> timedelta:
+        """From the request to its take, by the database's clock."""
+        return self.taken_at - self.requested_at
+
+
+async def request_run(store: LeaseStore, code: str, run_key: str, *, by: str) -> Requested:
+    """Record a request for ``(code, run_key)`` and wake every listening replica."""
+    row = await store.db.fetchone(
+        store.queries.get("request_run"),
+        {"code": code, "run_key": run_key, "by": by, "channel": channel(store)},
+    )
+    if row is None:  # pragma: no cover - the statement selects one row from `woken`
+        raise PgcrondError("the request statement returned no row")
+    return Requested(
+        opened=bool(row["opened"]),
+        earlier_by=row["requested_by"],
+        earlier_at=row["requested_at"],
+        earlier_taken_by=row["taken_by"],
+        earlier_done_at=row["done_at"],
+        earlier_outcome=row["outcome"],
+        lease_status=row["lease_status"],
+        lease_reason=row["lease_reason"],
+        lease_owner=row["lease_owner"],
+        lease_retry_at=row["lease_retry_at"],
+    )
+
+
+async def take_requests(
+    store: LeaseStore,
+    codes: list[str],
+    *,
+    by: str,
+    within: timedelta,
+    retake_after: timedelta,
+    limit: int,
+) -> list[Request]:
+    """Take up to ``limit`` pending requests of ``codes`` for replica ``by``: one statement."""
+    if not codes:
+        return []
+    rows = await store.db.fetchall(
+        store.queries.get("take_requests"),
+        {
+            "codes": codes,
+            "by": by,
+            "within_ms": int(within.total_seconds() * 1000),
+            "retake_ms": int(retake_after.total_seconds() * 1000),
+            "limit": limit,
+        },
+    )
+    return sorted((_request(row) for row in rows), key=lambda r: (r.requested_at, r.id))
+
+
+async def finish_request(store: LeaseStore, request: Request, *, by: str, outcome: str) -> bool:
+    """Mark ``request`` done with what its fire came to here; False if it was not ours."""
+    touched = await store.db.execute(
+        store.queries.get("finish_request"), {"id": request.id, "by": by, "outcome": outcome}
+    )
+    return touched == 1
+
+
+async def release_request(store: LeaseStore, request: Request, *, by: str) -> bool:
+    """Give ``request`` back (pending again) and wake the other replicas."""
+    rows = await store.db.fetchall(
+        store.queries.get("release_request"),
+        {"id": request.id, "by": by, "channel": channel(store)},
+    )
+    return bool(rows)
+
+
+def _request(row: DictRow) -> Request:
+    return Request(
+        id=int(row["id"]),
+        code=str(row["code"]),
+        run_key=str(row["run_key"]),
+        requested_by=str(row["requested_by"]),
+        requested_at=row["requested_at"],
+        taken_at=row["taken_at"],
+    )
+
+
+class RequestListener:
+    """One connection of its own, LISTENing on the requests channel.
+
+    ``open()`` connects and LISTENs; ``wait()`` returns once one or more
+    notifications arrived (those queued meanwhile are drained with it, so a
+    burst wakes the replica once) and raises :class:`DatabaseUnavailable`
+    when the connection is lost. Nothing is sent while it waits.
+    """
+
+    def __init__(self, conninfo: str, channel_name: str, *, application_name: str) -> None:
+        self.conninfo = conninfo
+        self.channel = channel_name
+        self.application_name = application_name
+        self._conn: psycopg.AsyncConnection[DictRow] | None = None
+
+    async def open(self) -> None:
+        try:
+            conn: psycopg.AsyncConnection[DictRow] = await psycopg.AsyncConnection.connect(
+                self.conninfo,
+                **connection_settings(self.conninfo, application_name=self.application_name),
+            )
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+        self._conn = conn
+        try:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+        except psycopg.Error as exc:
+            await self.close()
+            raise translate(exc) from exc
+
+    async def wait(self) -> int:
+        """Until a notification arrives; how many arrived (at least one)."""
+        conn = self._conn
+        if conn is None:
+            raise PgcrondError("the request listener is not open")
+        received = 0
+        try:
+            async for _ in conn.notifies(stop_after=1):
+                received += 1
+            async for _ in conn.notifies(timeout=0.0):
+                received += 1
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+        return received
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):  # closing a broken connection
+                await conn.close()

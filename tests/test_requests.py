@@ -1,0 +1,335 @@
+"""`pgcrond trigger CODE --detach`: a request that one daemon replica runs.
+
+The store: one request per (job, run key) however many shells ask, replicas
+woken together take disjoint requests, a listener wakes on the command's
+NOTIFY within a bound and sends nothing while it waits. Real replicas: three
+shells at once with three replicas run the job once, within about a second; a
+request made while no daemon runs is run when one starts; idle replicas that
+listen still send no statement; behind PgBouncer in transaction pooling the
+replicas say they poll, and the request still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+import pytest_asyncio
+
+from pgcrond.daemon.requests import POLL_EVERY_S
+from pgcrond.errors import DatabaseUnavailable
+from pgcrond.storage.db import Database
+from pgcrond.storage.embedded import LocalServer
+from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.requests import (
+    RequestListener,
+    channel,
+    finish_request,
+    release_request,
+    request_run,
+    take_requests,
+)
+from tests import pgbouncer as bouncer
+from tests.daemon_harness import PGCROND, Cluster, cluster, wait_until
+from tests.test_daemon import LEDGER, config
+from tests.test_pgbouncer import server_port
+
+WITHIN = timedelta(hours=24)
+RETAKE = timedelta(minutes=1)
+# The brief: picked up within about a second; a bound that can fail.
+PICKUP_BOUND_S = 3.0
+
+
+@pytest_asyncio.fixture
+async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
+    db = Database(pg_dsn, min_size=1, max_size=4)
+    await db.open()
+    lease_store = LeaseStore(db, schema=schema, owner="test:1")
+    await lease_store.migrate()
+    try:
+        yield lease_store
+    finally:
+        await db.close()
+
+
+async def take(store: LeaseStore, by: str, codes: list[str] | None = None) -> list[str]:
+    found = await take_requests(
+        store, codes or ["report"], by=by, within=WITHIN, retake_after=RETAKE, limit=100
+    )
+    return [request.run_key for request in found]
+
+
+# -- the store ------------------------------------------------------------------------
+
+
+async def test_shells_asking_for_one_run_key_make_one_request(store: LeaseStore) -> None:
+    answers = await asyncio.gather(
+        *(request_run(store, "report", "manual:x", by=f"shell:{n}") for n in range(5))
+    )
+    assert 1 == sum(answer.opened for answer in answers)
+    # A shell that lost the race may not see the winner's row (its snapshot
+    # predates that commit); it says so, and opens nothing either way.
+    assert ["manual:x"] == await take(store, "replica:a")
+    # Taken: nobody else takes it, and asking again does not open it again.
+    assert [] == await take(store, "replica:b")
+    again = await request_run(store, "report", "manual:x", by="shell:9")
+    assert not again.opened and again.earlier_taken_by == "replica:a"
+
+
+async def test_a_done_request_opens_again_and_a_released_one_is_taken_at_once(
+    store: LeaseStore,
+) -> None:
+    await request_run(store, "report", "manual:y", by="shell:1")
+    (request,) = await take_requests(
+        store, ["report"], by="replica:a", within=WITHIN, retake_after=RETAKE, limit=10
+    )
+    assert await release_request(store, request, by="replica:a")
+    (request,) = await take_requests(
+        store, ["report"], by="replica:b", within=WITHIN, retake_after=RETAKE, limit=10
+    )
+    assert not await finish_request(store, request, by="replica:a", outcome="success")
+    assert await finish_request(store, request, by="replica:b", outcome="success")
+    assert [] == await take(store, "replica:c")
+    again = await request_run(store, "report", "manual:y", by="shell:2")
+    assert again.opened and again.earlier_outcome == "success"
+    assert ["manual:y"] == await take(store, "replica:c")
+
+
+async def test_replicas_taking_together_take_disjoint_requests(store: LeaseStore) -> None:
+    for n in range(30):
+        await request_run(store, "report", f"manual:{n}", by="shell")
+    results = await asyncio.gather(*(take(store, f"replica:{n}") for n in range(3)))
+    taken = [key for result in results for key in result]
+    assert sorted(taken) == sorted(f"manual:{n}" for n in range(30))
+    # Only the jobs a replica knows: a request for another job is left alone.
+    await request_run(store, "other", "manual:0", by="shell")
+    assert [] == await take(store, "replica:0", ["report"])
+    assert ["manual:0"] == await take(store, "replica:0", ["other"])
+
+
+async def test_a_request_taken_long_ago_and_not_done_is_taken_again(store: LeaseStore) -> None:
+    await request_run(store, "report", "manual:z", by="shell")
+    assert ["manual:z"] == await take(store, "replica:dead")
+    found = await take_requests(
+        store,
+        ["report"],
+        by="replica:b",
+        within=WITHIN,
+        retake_after=timedelta(milliseconds=1),
+        limit=10,
+    )
+    assert ["manual:z"] == [request.run_key for request in found]
+
+
+async def test_the_listener_wakes_on_the_request_within_a_bound(
+    store: LeaseStore, pg_dsn: str
+) -> None:
+    listener = RequestListener(pg_dsn, channel(store), application_name="test-listen")
+    await listener.open()
+    try:
+        woken = asyncio.create_task(listener.wait())
+        await asyncio.sleep(0.2)
+        assert not woken.done()  # nothing requested: it waits
+        sent = time.monotonic()
+        await request_run(store, "report", "manual:w", by="shell")
+        assert await asyncio.wait_for(woken, 2.0) >= 1
+        assert time.monotonic() - sent < 1.0
+    finally:
+        await listener.close()
+
+
+async def test_a_lost_listener_connection_raises_instead_of_hanging(
+    store: LeaseStore, pg_dsn: str
+) -> None:
+    listener = RequestListener(pg_dsn, channel(store), application_name="test-listen-lost")
+    await listener.open()
+    try:
+        woken = asyncio.create_task(listener.wait())
+        await asyncio.sleep(0.2)
+        await store.db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'test-listen-lost'"
+        )
+        with pytest.raises(DatabaseUnavailable):
+            await asyncio.wait_for(woken, 5.0)
+    finally:
+        await listener.close()
+
+
+def test_a_long_table_name_gets_a_channel_that_fits_an_identifier(pg_dsn: str) -> None:
+    db = Database(pg_dsn)
+    short = LeaseStore(db, schema="pgcrond", table="leases")
+    long = LeaseStore(db, schema="s" * 60, table="t" * 60)
+    assert "pgcrond.leases_requests" == channel(short)
+    assert len(channel(long)) <= 63 and channel(long).startswith("pgcrond_requests_")
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def detach(running: Cluster, path: Path, code: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(PGCROND), "trigger", "-c", str(path), code, "--detach", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=running.env(),
+        text=True,
+    )
+
+
+def finished(shell: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str, str]:
+    out, err = shell.communicate(timeout=timeout)
+    return shell.returncode, out, err
+
+
+REPORT = f'  report: {{cron: "0 3 * * *", entrypoint: {LEDGER}}}\n'
+
+
+@pytest.mark.slow
+def test_detach_from_three_shells_with_three_replicas_runs_once_within_a_second(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(config(schema, REPORT))
+        replicas = running.start(path, 3)
+        for replica in replicas:
+            replica.wait_event("requests_listening", timeout=10)
+        shells = [detach(running, path, "report") for _ in range(3)]
+        results = [finished(shell) for shell in shells]
+        returned = datetime.now(UTC)  # the last shell returned by now
+        assert [0, 0, 0] == [code for code, _, _ in results], results
+        keys = {out.split()[1].rstrip(":") for _, out, _ in results}
+        assert 1 == len(keys), results  # the shells agree on one run key
+        (run_key,) = keys
+        assert run_key.startswith("manual:")
+        assert all("pgcrond history --job report" in out for _, out, _ in results)
+
+        def succeeded() -> bool:
+            rows = running.rows("SELECT status FROM {leases} WHERE run_key = %s", run_key)
+            return bool(rows) and rows[0]["status"] == "SUCCESS"
+
+        wait_until(succeeded, 10, "the request's SUCCESS row")
+        time.sleep(1.5)  # room for a duplicate to show up
+        starts = running.rows("SELECT run_key, pid, at FROM {ledger} WHERE phase = 'start'")
+        leases = running.rows("SELECT status, run_key FROM {leases}")
+        taken = [e for r in replicas for e in r.events("request_taken")]
+        done = [e for r in replicas for e in r.events("request_done")]
+    assert [run_key] == [row["run_key"] for row in starts]
+    assert [("SUCCESS", run_key)] == [(row["status"], row["run_key"]) for row in leases]
+    # A shell that asks after the run finished opens the request again; the
+    # replica that takes it finds the run key done: one run, however it went.
+    assert len(taken) == len(done) >= 1, (taken, done)
+    assert ["success"] == [e["outcome"] for e in done if e["outcome"] != "lose"], done
+    # Picked up within about a second of the command: from the request to the
+    # take (the database's clock), and from the last shell's return to the run.
+    assert max(e["waited_s"] for e in taken) < PICKUP_BOUND_S, taken
+    lag = (starts[0]["at"] - returned).total_seconds()
+    assert lag < PICKUP_BOUND_S, f"the run started {lag:.3f}s after the command returned"
+
+
+@pytest.mark.slow
+def test_a_request_made_while_no_daemon_runs_is_run_when_one_starts(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(config(schema, REPORT))
+        code, out, err = finished(detach(running, path, "report", "--run-key", "manual:offline"))
+        assert 0 == code, err
+        assert "requested" in out
+        time.sleep(1)
+        assert [] == running.rows("SELECT * FROM {ledger}")
+        (replica,) = running.start(path, 1)
+        taken = replica.wait_event("request_taken", timeout=10)
+        replica.wait_event("request_done", timeout=10)
+        starts = running.rows("SELECT run_key FROM {ledger} WHERE phase = 'start'")
+        # Asked again: the command says the run key is done, and nothing runs twice.
+        code, out, _ = finished(detach(running, path, "report", "--run-key", "manual:offline"))
+        assert 0 == code and "already ended SUCCESS" in out, out
+        replica.wait_event("request_done", where=lambda e: e["outcome"] == "lose", timeout=10)
+        again = running.rows("SELECT run_key FROM {ledger} WHERE phase = 'start'")
+        replica.signal(signal.SIGTERM)
+        assert 0 == replica.wait_exit(30)
+    assert "manual:offline" == taken["run_key"]
+    assert [{"run_key": "manual:offline"}] == starts == again
+
+
+@pytest.mark.slow
+def test_detach_refuses_an_unknown_job_and_a_bad_run_key(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(config(schema, REPORT))
+        code, out, err = finished(detach(running, path, "nope"))
+        assert 2 == code and "no job 'nope' in the config (jobs: report)" in err, (out, err)
+        code, _, err = finished(detach(running, path, "report", "--run-key", "   "))
+        assert 2 == code and "run_key" in err, err
+        with psycopg.connect(pg_dsn) as conn:
+            rows = conn.execute(f'SELECT count(*) FROM "{schema}".leases_requests').fetchone()
+    assert rows is not None and 0 == rows[0]
+
+
+@pytest.mark.slow
+def test_listening_replicas_send_no_statement_while_idle(
+    own_server: LocalServer, tmp_path: Path
+) -> None:
+    schema = "idle"
+    with cluster(own_server.dsn, schema, tmp_path) as running:
+        path = running.write_config(config(schema, REPORT))
+        replicas = running.start(path, 3)
+        for replica in replicas:
+            replica.wait_event("requests_listening", timeout=10)
+        with psycopg.connect(own_server.dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET log_statement = 'all'")
+            conn.execute("SELECT pg_reload_conf()")
+        time.sleep(1)
+        mark = own_server.log_file.stat().st_size
+        time.sleep(15)
+        logged = statements(own_server, mark)
+        # Still listening: a request now is taken at once, and the log shows it.
+        code, _, err = finished(detach(running, path, "report"))
+        assert 0 == code, err
+        wait_until(
+            lambda: any(r.events("request_done") for r in replicas), 10, "the request to run"
+        )
+        after = statements(own_server, mark)
+    assert [] == logged, logged[:5]
+    # (the server logs a statement's first line: its comment)
+    assert any("--detach`: record a request" in line for line in after), after[:5]
+    assert any("takes the pending requests" in line for line in after), after[:5]
+
+
+def statements(server: LocalServer, mark: int) -> list[str]:
+    """The statements the server logged (log_statement = all) after byte ``mark``."""
+    with server.log_file.open(errors="replace") as server_log:
+        server_log.seek(mark)
+        return [line for line in server_log if "statement: " in line or "execute " in line]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bouncer.binary() is None, reason="pgbouncer is not installed")
+def test_behind_transaction_pooling_requests_are_polled_not_lost(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with (
+        bouncer.pgbouncer(server_port(pg_dsn), "transaction") as pooler,
+        cluster(pooler.dsn, schema, tmp_path) as running,
+    ):
+        path = running.write_config(config(schema, REPORT))
+        (replica,) = running.start(path, 1)
+        polled = replica.wait_event("requests_polled", timeout=15)
+        assert not replica.events("requests_listening")
+        sent = time.monotonic()
+        code, _, err = finished(detach(running, path, "report"))
+        assert 0 == code, err
+        done = replica.wait_event("request_done", timeout=POLL_EVERY_S + 10)
+        waited = time.monotonic() - sent
+    assert polled["every_s"] == POLL_EVERY_S
+    assert "success" == done["outcome"]
+    assert waited < POLL_EVERY_S + PICKUP_BOUND_S, waited
