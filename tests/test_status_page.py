@@ -32,6 +32,7 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.status_page import StatusPage, job_path
+from pgcrond.storage import jobstate
 from pgcrond.storage.leases import Acquired, LeaseStore
 from tests.store_helpers import open_store
 
@@ -680,3 +681,18 @@ async def test_the_jobs_view_pages_through_jobs_and_names_failing_jobs_on_every_
     assert "jobs 3–4 of 5, page 2 of 3" in text
     assert "Last run failed: nightly-report" in text
     assert 404 == (await page.answer("/status/page/4", "text/html"))[0]
+
+
+async def test_a_paused_job_says_by_whom_and_why_and_its_json_matches_status(served: Site) -> None:
+    await jobstate.pause(
+        served.store, ["nightly-report"], by="ops@host", reason='<b>"maintenance"</b>'
+    )
+    _, _, html = await fetch(served.port, "/status")
+    text = Page(html).all_text
+    assert 'paused — by ops@host: <b>"maintenance"</b>' in text
+    assert "&lt;b&gt;&quot;maintenance&quot;&lt;/b&gt;" in html
+    _, _, body = await fetch(served.port, "/status.json")
+    entries = {entry["job"]: entry for entry in json.loads(body)["jobs"]}
+    paused = entries["nightly-report"]["paused"]
+    assert ("database", "ops@host") == (paused["source"], paused["by"])
+    assert all(entries[code]["paused"] is None for code in entries if code != "nightly-report")

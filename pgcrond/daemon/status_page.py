@@ -40,6 +40,7 @@ from pgcrond.core.durations import format_duration
 from pgcrond.core.schedule import Schedule, tick_of
 from pgcrond.errors import PgcrondError
 from pgcrond.ops import report
+from pgcrond.storage import jobstate
 from pgcrond.storage import status as reads
 from pgcrond.storage.leases import LeaseStore
 
@@ -328,10 +329,13 @@ class StatusPage:
         codes = [job.code for job in jobs]
         statuses = await reads.job_status(store, codes)
         ticks = await reads.job_ticks(store, codes)
-        return [
-            self._job_entry(job, row, job_ticks, now, next_fires)
-            for job, row, job_ticks in zip(jobs, statuses, ticks, strict=True)
-        ]
+        pauses = await jobstate.paused(store)
+        entries = []
+        for job, row, job_ticks in zip(jobs, statuses, ticks, strict=True):
+            entry = self._job_entry(job, row, job_ticks, now, next_fires)
+            entry["paused"] = report.pause_entry(job, jobstate.pause_of(pauses, job.code))
+            entries.append(entry)
+        return entries
 
     def _job_entry(
         self,
@@ -628,10 +632,17 @@ def _job_row(entry: dict[str, Any], now: datetime) -> str:
             f'<small class="err">{esc(report.first_line(bad["error"], ERROR_WIDTH))}</small>'
         )
     fails = entry["consecutive_failures"]
+    paused = entry.get("paused")
+    paused_html = ""
+    if paused is not None:
+        why = paused.get("detail") or f"by {paused['by']}" + (
+            f": {paused['reason']}" if paused.get("reason") else ""
+        )
+        paused_html = f'<small class="paused">paused — {esc(why)}</small>'
     return (
         "<tr>"
         f'<td data-label="Job"><div><a class="code" href="{esc(job_path(code))}">{esc(code)}</a>'
-        f"{desc_html}</div></td>"
+        f"{desc_html}{paused_html}</div></td>"
         f'<td data-label="Schedule"><div>{esc(entry["schedule"])}'
         f'<small><span class="guard">{esc(entry["guard"])}</span></small></div></td>'
         f'<td data-label="Next fire"><div>{next_html}</div></td>'

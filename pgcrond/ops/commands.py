@@ -289,14 +289,7 @@ async def _add_ticks(store: LeaseStore, config: Config, entries: list[dict[str, 
             last_success={"run_key": row["last_success_run_key"], "at": row["last_success_at"]},
             last_failure={"run_key": row["last_failure_run_key"], "at": row["last_failure_at"]},
             misses_24h=row["recent_misses"],
-            paused=(
-                {"source": "config", "detail": f"suspended: true in {job.source}"}
-                if job.suspended
-                else None
-                if pause is None
-                else {"source": "database", "code": pause.code, "by": pause.paused_by,
-                      "at": pause.paused_at, "reason": pause.reason}
-            ),
+            paused=report.pause_entry(job, pause),
         )  # fmt: skip
 
 

@@ -144,3 +144,21 @@ def history_entry(row: Mapping[str, Any]) -> dict[str, Any]:
         "duration_s": None if finished is None else seconds(finished - row["acquired_at"]),
         "error": row["error"],
     }
+
+
+def pause_entry(job: JobConfig, pause: Any | None) -> dict[str, Any] | None:
+    """Whether ``job`` is paused, and by whom: ``suspended: true``, else a stored pause.
+
+    ``pause`` is the job's :class:`~pgcrond.storage.jobstate.Pause`, or None.
+    """
+    if job.suspended:
+        return {"source": "config", "detail": f"suspended: true in {job.source}"}
+    if pause is None:
+        return None
+    return {
+        "source": "database",
+        "code": pause.code,
+        "by": pause.paused_by,
+        "at": pause.paused_at,
+        "reason": pause.reason,
+    }
