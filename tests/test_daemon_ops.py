@@ -93,7 +93,8 @@ def test_metrics_of_a_running_daemon_move_after_runs(
     assert found[("pgcrond_wins_total", job)] >= 2
     assert found[("pgcrond_fire_lateness_seconds_count", job)] >= 2
     assert found[("pgcrond_run_duration_seconds_count", job)] >= 2
-    assert found[("pgcrond_last_success_timestamp_seconds", job)] > 0
+    assert found[("pgcrond_job_last_success_timestamp_seconds", job)] > 0
+    assert 0 == found[("pgcrond_job_consecutive_failures", job)]
 
 
 def test_readyz_follows_the_database_down_and_back(

@@ -251,7 +251,11 @@ async def test_per_job_series_exist_at_zero_before_any_event_and_follow_a_reload
     )
     assert {} == series(after, "pgcrond_skips_total")
     # No made-up "last success at 1970": that series appears with the first success.
-    assert {} == series(after, "pgcrond_last_success_timestamp_seconds")
+    assert {} == series(after, "pgcrond_job_last_success_timestamp_seconds")
+    # Consecutive failures are there from the start, at 0, for exactly the jobs.
+    assert {(("job", "nightly"),): 0.0, (("job", "hourly"),): 0.0} == series(
+        after, "pgcrond_job_consecutive_failures"
+    )
     assert {"nightly", "hourly"} == {
         dict(labels)["job"] for labels in series(after, "pgcrond_runs_total")
     }

@@ -30,7 +30,7 @@ import structlog
 from pgcrond.catchup import JobPlan, Planned, plan
 from pgcrond.config.loader import Config, JobConfig
 from pgcrond.core.keys import Identity
-from pgcrond.core.schedule import run_key_for
+from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.errors import PgcrondError
 from pgcrond.fire import FireOutcome, Firing
 from pgcrond.storage.jobstate import pause_of, paused
@@ -122,14 +122,17 @@ class Accounting:
     ) -> None:
         if recorded or identity.type != "SCHEDULE" or job.guard != "lease":
             return
+        # ``tick`` is the fire time (moved by jitter); the row is the tick's.
+        fired, tick = tick, tick_of(identity.run_key or "") or tick
         if cause == "database_unavailable":
             if len(self._pending) < PENDING_CAP:
                 self._pending.append(Miss(job.code, tick, cause, ""))
             return
-        lateness = self.clock() - tick
+        lateness = self.clock() - fired
+        shifted = f" (its jittered fire time {run_key_for(fired)})" if fired != tick else ""
         why = (
-            f"replica too late: {self.replica} fired it {_seconds(lateness)} after the tick, "
-            f"past misfire_grace {_seconds(job.misfire_grace)}"
+            f"replica too late: {self.replica} fired it {_seconds(lateness)} after the "
+            f"tick{shifted}, past misfire_grace {_seconds(job.misfire_grace)}"
         )
         self.spawn(self._record([Miss(job.code, tick, "late", why)]))
 
@@ -155,6 +158,7 @@ class Accounting:
         except PgcrondError as exc:
             log.warning("missed_not_recorded", ticks=len(misses), error=str(exc))
             return
+        self._count(recorded)
         for miss in recorded:
             log.info(
                 "tick_recorded_missed",
@@ -170,6 +174,11 @@ class Accounting:
         text = f"database unreachable from {since} to {until} (as seen by {self.replica})"
         await self._record([Miss(m.code, m.tick, m.reason, text) for m in pending])
         await self.scan(outage=outage)
+
+    def _count(self, recorded: list[Miss]) -> None:
+        """pgcrond_missed_recorded_total: the MISSED rows this replica wrote."""
+        for miss in recorded:
+            self.firing.metrics.missed_recorded.labels(miss.code, miss.reason).inc()
 
     # -- start -------------------------------------------------------------------------
 
@@ -208,6 +217,7 @@ class Accounting:
         if isinstance(done, NotAcquired):
             log.debug("catch_up_scan_skipped", reason=done.reason)
             return  # another replica scans right now
+        self._count(done)
         for job_plan in plans:
             counts = {
                 a: sum(p.action == a for p in job_plan.ticks) for a in ("missed", "run", "due")

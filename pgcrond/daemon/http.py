@@ -65,6 +65,7 @@ class HealthServer:
         registry: CollectorRegistry,
         ready_timeout: float = READY_TIMEOUT_S,
         status_page: StatusPage | None = None,
+        ready_detail: Callable[[], list[str]] | None = None,
     ) -> None:
         self.host, self._port = parse_listen(listen)
         self._status_page = status_page
@@ -72,6 +73,7 @@ class HealthServer:
         self._ready = ready
         self._registry = registry
         self._ready_timeout = ready_timeout
+        self._ready_detail = ready_detail
         self._server: asyncio.Server | None = None
 
     @property
@@ -133,7 +135,11 @@ class HealthServer:
             return (200, TEXT, b"ok\n") if healthy else (503, TEXT, b"unhealthy\n")
         if path == "/readyz":
             ready = await self._is_ready()
-            return (200, TEXT, b"ok\n") if ready else (503, TEXT, b"not ready\n")
+            # Details (stale jobs) follow the first line; they never change the status.
+            body = "ok\n" if ready else "not ready\n"
+            if self._ready_detail is not None:
+                body += "".join(f"{line}\n" for line in _safe_detail(self._ready_detail))
+            return (200 if ready else 503), TEXT, body.encode()
         # prometheus_client's own negotiation: OpenMetrics when the scraper
         # asks for it (Prometheus does by default), else the classic text format.
         encoder, content_type = choose_encoder(accept)
@@ -149,6 +155,14 @@ class HealthServer:
             # An exception is an answer too: not ready. The probe must not 500.
             log.warning("ready_check_failed", error=str(exc) or type(exc).__name__)
             return False
+
+
+def _safe_detail(detail: Callable[[], list[str]]) -> list[str]:
+    try:
+        return detail()
+    except Exception as exc:
+        log.warning("ready_detail_failed", error=str(exc) or type(exc).__name__)
+        return []
 
 
 def _safely(check: Callable[[], bool]) -> bool:

@@ -7,7 +7,8 @@ purpose; a *misfire* started later than ``misfire_grace`` after its tick.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import get_args
 
 from prometheus_client import (
@@ -22,6 +23,7 @@ from prometheus_client import (
 )
 
 from pgcrond import __version__
+from pgcrond.daemon.alerts import JobAlerts
 from pgcrond.run.runner import Outcome
 
 # Every counter and histogram would also export a `_created` series with its
@@ -35,6 +37,8 @@ RUN_OUTCOMES: tuple[str, ...] = get_args(Outcome)
 # Why this replica gave a tick up: "late" is a misfire in the glossary's sense;
 # an unreachable database is not.
 MISSED_CAUSES = ("late", "database_unavailable")
+# Why a MISSED row was written (storage.ticks.MISSED_REASONS, the CHECK of migration 2).
+MISSED_REASONS = ("no_replica", "database_unavailable", "late")
 
 # Lateness of a healthy replica is milliseconds; the tail (late fires within
 # grace, takeovers) matters up to the default misfire grace (5 min).
@@ -77,6 +81,13 @@ class Metrics:
             ["job", "cause"],
             registry=r,
         )
+        self.missed_recorded = Counter(
+            "pgcrond_missed_recorded",
+            "MISSED rows this replica wrote to the lease table, by reason: no_replica "
+            "(found by the scan at start), database_unavailable, late.",
+            ["job", "reason"],
+            registry=r,
+        )
         self.takeovers = Counter(
             "pgcrond_takeovers",
             "Ticks this replica reclaimed from an owner that stopped heartbeating.",
@@ -115,12 +126,12 @@ class Metrics:
             ["operation"],
             registry=r,
         )
-        self.last_success = Gauge(
-            "pgcrond_last_success_timestamp_seconds",
-            "Unix time of the last successful run of each job.",
-            ["job"],
-            registry=r,
-        )
+        # Last success / failure, consecutive failures and staleness per job: the
+        # cluster's truth from the lease table, seeded at start (daemon/alerts.py).
+        # They replace the per-replica pgcrond_last_success_timestamp_seconds,
+        # which reset with every restart.
+        self.alerts = JobAlerts()
+        r.register(self.alerts)
 
         self.paused = Gauge(
             "pgcrond_job_paused",
@@ -130,7 +141,9 @@ class Metrics:
             registry=r,
         )
 
-    def set_jobs(self, codes: Iterable[str]) -> None:
+    def set_jobs(
+        self, codes: Iterable[str], alert_after: Mapping[str, timedelta | None] | None = None
+    ) -> None:
         """Make the per-job series exist for exactly these jobs.
 
         Called with the config's job codes at start and after each reload:
@@ -138,17 +151,17 @@ class Metrics:
         absence alerts work from the first scrape, and a removed job's series
         go away instead of freezing at their last value. Series by a reason
         (losses, skips) appear with their first event: reasons are
-        open-ended, and a zero for each would be noise.
+        open-ended, and a zero for each would be noise. ``alert_after``
+        (code -> the job's, or None) gives the alert gauges their jobs.
         """
         wanted = sorted(set(codes))
+        self.alerts.set_jobs({code: (alert_after or {}).get(code) for code in wanted})
         by_job: list[Counter | Gauge | Histogram] = [
             self.fires, self.wins, self.misfires, self.takeovers, self.run_duration,
             self.lateness, self.running, self.heartbeat_failures, self.paused,
         ]  # fmt: skip
-        # last_success has no honest zero (it would read "last success in
-        # 1970" after every restart): it appears with the first success.
         for metric in [
-            *by_job, self.runs, self.losses, self.skips, self.missed, self.last_success
+            *by_job, self.runs, self.losses, self.skips, self.missed, self.missed_recorded
         ]:
             for labels in _label_sets(metric):
                 if labels[0] not in wanted:
@@ -160,6 +173,8 @@ class Metrics:
                 self.runs.labels(code, outcome)
             for cause in MISSED_CAUSES:
                 self.missed.labels(code, cause)
+            for reason in MISSED_REASONS:
+                self.missed_recorded.labels(code, reason)
 
 
 def _label_sets(metric: Counter | Gauge | Histogram) -> set[tuple[str, ...]]:

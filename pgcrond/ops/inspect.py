@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pgcrond.cli import ExitCode
 from pgcrond.config.loader import Config, JobConfig, load_config
 from pgcrond.core.actions import Action, CommandAction, HttpAction, ShellAction, SqlAction
 from pgcrond.core.durations import format_duration
+from pgcrond.core.jitter import jitter_shift
 from pgcrond.core.redaction import redact
 from pgcrond.core.schedule import run_key_for
 from pgcrond.errors import ConfigError, ConfigIssue
@@ -87,7 +88,11 @@ def next_command(args: argparse.Namespace) -> int:
                     "timezone": job.timezone.key,
                     "once": job.is_once,
                     "ticks": [
-                        {"utc": run_key_for(t), "local": t.astimezone(job.timezone).isoformat()}
+                        {
+                            "utc": run_key_for(t),
+                            "local": t.astimezone(job.timezone).isoformat(),
+                            **_jittered_json(job, t),
+                        }
                         for t in ticks
                     ],
                 }
@@ -104,7 +109,7 @@ def next_command(args: argparse.Namespace) -> int:
             print(f"  no tick after {run_key_for(start)}")
         for tick in ticks:
             local = tick.astimezone(job.timezone)
-            print(f"  {run_key_for(tick)}  {local:%Y-%m-%d %H:%M:%S %Z (%z)}")
+            print(f"  {run_key_for(tick)}  {local:%Y-%m-%d %H:%M:%S %Z (%z)}{_jittered(job, tick)}")
     return ExitCode.OK
 
 
@@ -154,6 +159,27 @@ def _parse_start(text: str | None) -> datetime:
     except ValueError:
         raise ValueError(f"{text!r} is not an ISO datetime like 2026-03-29T00:00:00Z") from None
     return start.replace(tzinfo=UTC) if start.tzinfo is None else start
+
+
+def _jittered(job: JobConfig, tick: datetime) -> str:
+    """With ``jitter``: where the daemon fires the tick (the run key stays the tick's)."""
+    if not job.jitter:
+        return ""
+    shift = jitter_shift(job.code, tick, job.jitter)
+    ms = shift // timedelta(milliseconds=1)  # cut, as the instant is
+    return f"  fires {_instant(tick + shift)} (+{ms // 1000}.{ms % 1000:03d}s)"
+
+
+def _jittered_json(job: JobConfig, tick: datetime) -> dict[str, Any]:
+    if not job.jitter:
+        return {}
+    shift = jitter_shift(job.code, tick, job.jitter)
+    return {"fires": _instant(tick + shift), "shift_s": round(shift.total_seconds(), 6)}
+
+
+def _instant(moment: datetime) -> str:
+    """UTC to the millisecond, as --json spells instants."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _ticks(job: JobConfig, start: datetime, count: int) -> list[datetime]:
