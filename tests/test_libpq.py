@@ -99,3 +99,35 @@ def test_a_service_file_names_the_database(pg_dsn: str, schema: str, tmp_path: P
     env["PGSERVICEFILE"] = str(services)
     done = migrate(config, env)
     assert 0 == done.returncode, done.stderr
+
+
+async def test_prepared_statements_can_be_turned_on_for_the_lease_pool(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """database.prepared_statements: the claim is prepared server-side and still answers."""
+    from pgcrond.config.loader import load_config
+    from pgcrond.core.keys import Identity
+    from pgcrond.storage.leases import Acquired, LeaseStore
+
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        f"database: {{url: '{pg_dsn}', prepared_statements: true}}\n"
+        "jobs:\n  j: {cron: '0 3 * * *', command: ['true']}\n"
+    )
+    assert load_config([path]).database.prepared_statements
+    db = Database(pg_dsn, max_size=1, prepared=True)
+    await db.open()
+    try:
+        store = LeaseStore(db, schema=schema)
+        await store.migrate()
+        for n in range(3):
+            lease = await store.claim(Identity.schedule("j", f"2026-01-01T00:00:0{n}Z"))
+            assert isinstance(lease, Acquired)
+            assert await store.complete(lease)
+        row = await db.fetchone(
+            "SELECT count(*) AS prepared FROM pg_prepared_statements WHERE statement LIKE %s",
+            ("%unnest%",),
+        )
+    finally:
+        await db.close()
+    assert row is not None and row["prepared"] >= 1

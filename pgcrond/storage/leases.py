@@ -189,7 +189,9 @@ class LeaseStore:
             for version, template in migrations():
                 if version in done:
                     continue
-                await conn.execute(self.queries.migration(template))
+                # A migration holds several statements: never prepared, even
+                # with database.prepared_statements on.
+                await conn.execute(self.queries.migration(template), prepare=False)
                 await conn.execute(self.queries.get("record_migration"), {"version": version})
                 applied_now.append(version)
         return applied_now
@@ -346,7 +348,8 @@ class LeaseStore:
                 await conn.execute(self.queries.get("sql_job_role"), {"role": work.role})
             for statement in work.statements:
                 try:
-                    await conn.execute(statement, work.params)
+                    # The job's own SQL is data, run once: never prepared.
+                    await conn.execute(statement, work.params, prepare=False)
                 except psycopg.Error as exc:
                     if _is_outage(exc):
                         raise  # translated by the connection
