@@ -108,7 +108,7 @@ def definition(url: str, extra: str = "") -> str:
         "env: {API_TOKEN: s3cret}\n"
         "http:\n"
         f"  url: {url}/invoices/run?token=abc\n"
-        "  headers: {Authorization: 'Bearer ${API_TOKEN}', X-Api-Key: apikey-7f3a9c, X-Team: billing}\n"
+        "  headers: {Authorization: 'Bearer ${API_TOKEN}', X-Api-Key: ak-7f3a9c, X-Team: billing}\n"
         '  body: \'{"since": "yesterday"}\'\n'
         "  timeout: 5s\n"
         f"{extra}"
@@ -146,7 +146,7 @@ async def test_secrets_in_headers_and_the_url_never_reach_the_log(
         with structlog.testing.capture_logs():
             _, logs, identity, _ = await fire(pg_dsn, schema, call)
     text = json.dumps(logs, default=str)
-    assert "s3cret" not in text and "apikey-7f3a9c" not in text and "token=abc" not in text
+    assert "s3cret" not in text and "ak-7f3a9c" not in text and "token=abc" not in text
     (sent,) = [e for e in logs if e["event"] == "http_request"]
     assert "***" == sent["headers"]["Authorization"] == sent["headers"]["X-Api-Key"]
     assert "billing" == sent["headers"]["X-Team"]
