@@ -38,8 +38,8 @@ Inputs, all read after the cluster settled, every time by the database clock:
     fencing token going back, or SUCCESS is recorded for an attempt that
     never ended.
 ``lost_outcome``
-    a finished run ('end') whose tick's lease row is not SUCCESS by that
-    attempt (same fencing token).
+    a finished run ('end') by an owner still current when it wrote, whose
+    tick's lease row is not SUCCESS by that attempt (same fencing token).
 ``stuck_running``
     a lease row of a tick in the window (or of a run-once job) still RUNNING
     after the cluster settled.
@@ -427,13 +427,14 @@ def _outcomes(
     found = []
     start = rows[0].at if rows else None
     end = rows[-1].at if rows else None
-    # Every effect must be the recorded outcome.
+    # Every effect must be the recorded outcome, unless its owner was fenced
+    # before it wrote: then recording nothing is right (duplicate_fenced).
     for effect in (r for r in rows if r.phase == "end"):
         if (
             lease is not None
             and lease.status == "SUCCESS"
             and (lease.fencing_token == effect.fencing_token)
-        ):
+        ) or _newer_claim(effect, claims) is not None:
             continue
         recorded = (
             "no lease row"

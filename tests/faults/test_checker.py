@@ -225,7 +225,8 @@ def test_a_second_effect_by_a_fenced_owner_shows_its_older_token() -> None:
     history = [claim(TICK, 1, 1.0, token=11), claim(TICK, 1, 2.5, token=21, pid=200)]
     for rows in (history, []):  # the ledger's 'start' dates the claim without history
         report = check([TICK], ledger, leases, [], WINDOW, rows)
-        assert sorted(["duplicate_fenced", "lost_outcome"]) == sorted(kinds(report))
+        # The fenced owner's outcome must not be recorded: no lost_outcome.
+        assert ["duplicate_fenced"] == kinds(report)
         fenced = next(v for v in report.violations if v.kind == "duplicate_fenced")
         assert "token 11" in fenced.detail and "token 21 was claimed" in fenced.detail
 
