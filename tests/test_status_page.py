@@ -31,7 +31,7 @@ from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import Metrics
-from pgcrond.daemon.status_page import StatusPage, job_path
+from pgcrond.daemon.status_page import StatusPage, _stale, job_path
 from pgcrond.storage import jobstate
 from pgcrond.storage.leases import Acquired, LeaseStore
 from tests.store_helpers import open_store
@@ -696,3 +696,21 @@ async def test_a_paused_job_says_by_whom_and_why_and_its_json_matches_status(ser
     paused = entries["nightly-report"]["paused"]
     assert ("database", "ops@host") == (paused["source"], paused["by"])
     assert all(entries[code]["paused"] is None for code in entries if code != "nightly-report")
+
+
+def test_a_job_is_shown_stale_once_it_has_not_succeeded_for_its_alert_after(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "database: {url: 'postgresql://x@127.0.0.1/x'}\n"
+        "jobs:\n"
+        "  watched: {cron: '* * * * *', command: ['true'], alert_after: 1h}\n"
+        "  unwatched: {cron: '* * * * *', command: ['true']}\n"
+    )
+    jobs = load_config([path]).jobs
+    now = datetime.now(UTC)
+    recent = {"finished_at": now - timedelta(minutes=10)}
+    old = {"finished_at": now - timedelta(hours=2)}
+    assert [False, True, True] == [_stale(jobs["watched"], s, now) for s in (recent, old, None)]
+    assert _stale(jobs["unwatched"], old, now) is None

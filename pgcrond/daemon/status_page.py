@@ -356,6 +356,7 @@ class StatusPage:
                 ],
                 "last_success": ticks.last_success,
                 "last_failure": ticks.last_failure,
+                "stale": _stale(job, ticks.last_success, now),
                 "ticks": strip_cells(job, ticks.strip, now, self._memo),
             }
         )
@@ -548,6 +549,21 @@ def _no_row(first: datetime, until: datetime | None) -> dict[str, Any]:
 # -- HTML pieces ----------------------------------------------------------------------------
 
 
+def _stale(job: JobConfig, last_success: Mapping[str, Any] | None, now: datetime) -> bool | None:
+    """Whether the job has not succeeded for its ``alert_after``; None without one.
+
+    Judged from the newest SUCCESS the page scans; a job with none in view is
+    stale once it has an ``alert_after`` (the daemon's gauge counts from its
+    own start instead: the page has no start to count from).
+    """
+    if job.alert_after is None:
+        return None
+    if last_success is None or last_success.get("finished_at") is None:
+        return True
+    finished: datetime = last_success["finished_at"]
+    return now - finished > job.alert_after
+
+
 def _local(fire: datetime, job: JobConfig) -> str:
     return fire.astimezone(job.timezone).strftime("%Y-%m-%d %H:%M:%S %Z")
 
@@ -639,6 +655,8 @@ def _job_row(entry: dict[str, Any], now: datetime) -> str:
             f": {paused['reason']}" if paused.get("reason") else ""
         )
         paused_html = f'<small class="paused">paused — {esc(why)}</small>'
+    if entry.get("stale"):
+        paused_html += '<small class="stale">stale: no success within alert_after</small>'
     return (
         "<tr>"
         f'<td data-label="Job"><div><a class="code" href="{esc(job_path(code))}">{esc(code)}</a>'
