@@ -125,8 +125,9 @@ async def test_prepared_statements_can_be_turned_on_for_the_lease_pool(
             assert isinstance(lease, Acquired)
             assert await store.complete(lease)
         row = await db.fetchone(
-            "SELECT count(*) AS prepared FROM pg_prepared_statements WHERE statement LIKE %s",
-            ("%unnest%",),
+            "SELECT count(*) AS prepared FROM pg_prepared_statements"
+            " WHERE statement LIKE %(pattern)s",
+            {"pattern": "%unnest%"},
         )
     finally:
         await db.close()

@@ -690,20 +690,14 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
 class SyncLeaseStore:
     """The same lease store for synchronous code, run on a private event loop."""
 
-    def __init__(
-        self,
-        conninfo: str,
-        *,
-        schema: str = "pgcrond",
-        table: str = "leases",
-        owner: str | None = None,
-    ) -> None:
+    def __init__(self, conninfo: str, **options: Any) -> None:
+        """``options``: :class:`LeaseStore`'s (``schema``, ``table``, ``owner``)."""
         from pgcrond.storage.portal import Portal
 
         self._portal = Portal()
         self._db = Database(conninfo)
         self._portal.call(self._db.open())
-        self.store = LeaseStore(self._db, schema=schema, table=table, owner=owner)
+        self.store = LeaseStore(self._db, **options)
 
     def close(self) -> None:
         self._portal.call(self._db.close())
