@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
 
+from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, throwaway
+from pgcrond.storage.leases import LeaseStore
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +44,16 @@ def own_server() -> Iterator[LocalServer]:
     """A server only this test uses, free to be stopped, killed and restarted."""
     with throwaway(prefix="pgcrond-test-") as server:
         yield server
+
+
+@pytest.fixture
+async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
+    """A migrated lease store in this test's schema, owner ``test:1``."""
+    db = Database(pg_dsn)
+    await db.open()
+    leases = LeaseStore(db, schema=schema, owner="test:1")
+    try:
+        await leases.migrate()
+        yield leases
+    finally:
+        await db.close()

@@ -7,28 +7,15 @@ owner was fenced, and record or renew the others.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import psycopg
-import pytest
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.storage.db import Database
 from pgcrond.storage.leases import Acquired, LeaseStore
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
-
-
-@pytest.fixture
-async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
-    db = Database(pg_dsn)
-    await db.open()
-    leases = LeaseStore(db, schema=schema, owner="test:1")
-    await leases.migrate()
-    yield leases
-    await db.close()
 
 
 async def claim_three(store: LeaseStore) -> list[Acquired]:

@@ -9,11 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-import pytest
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
@@ -24,16 +22,6 @@ from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
 from tests.faults.proxy import proxied
 
 TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))
-
-
-@pytest.fixture
-async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
-    db = Database(pg_dsn)
-    await db.open()
-    leases = LeaseStore(db, schema=schema, owner="test:1")
-    await leases.migrate()
-    yield leases
-    await db.close()
 
 
 def row(pg_dsn: str, schema: str, identity: Identity) -> dict[str, object]:

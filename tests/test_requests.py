@@ -15,13 +15,11 @@ import asyncio
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
-import pytest_asyncio
 
 from pgcrond.daemon.requests import POLL_EVERY_S
 from pgcrond.errors import DatabaseUnavailable
@@ -45,18 +43,6 @@ WITHIN = timedelta(hours=24)
 RETAKE = timedelta(minutes=1)
 # The brief: picked up within about a second; a bound that can fail.
 PICKUP_BOUND_S = 3.0
-
-
-@pytest_asyncio.fixture
-async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
-    db = Database(pg_dsn, min_size=1, max_size=4)
-    await db.open()
-    lease_store = LeaseStore(db, schema=schema, owner="test:1")
-    await lease_store.migrate()
-    try:
-        yield lease_store
-    finally:
-        await db.close()
 
 
 async def take(store: LeaseStore, by: str, codes: list[str] | None = None) -> list[str]:
