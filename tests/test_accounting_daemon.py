@@ -124,6 +124,9 @@ def test_pause_across_three_replicas_skips_ticks_as_paused_and_resume_runs_again
             "three ticks skipped as paused",
         )
         status = pgcrond(running, "status", "-c", str(path), "--json")
+        # The pause ends when the resume commits, somewhere inside this call:
+        # ticks from here on may run.
+        resuming_at = datetime.now(UTC)
         resumed = pgcrond(running, "resume", "tick", "-c", str(path))
         assert 0 == resumed.returncode, resumed.stderr
         resumed_at = datetime.now(UTC)
@@ -149,7 +152,7 @@ def test_pause_across_three_replicas_skips_ticks_as_paused_and_resume_runs_again
     inside = [
         row
         for row in rows
-        if paused_at + timedelta(seconds=1) < tick_of(row["run_key"]) < resumed_at  # type: ignore[operator]
+        if paused_at + timedelta(seconds=1) < tick_of(row["run_key"]) < resuming_at  # type: ignore[operator]
     ]
     assert inside and all(row["status"] == "SKIPPED" for row in inside)
     # Skips came from more than one replica: each honours the pause on its own claim.

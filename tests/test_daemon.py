@@ -435,7 +435,9 @@ def test_a_failing_run_once_job_without_retries_runs_once_per_start(
         "  seed:\n"
         "    once: true\n"
         f"    entrypoint: {LEDGER}\n"
-        "    retry_delay: 200ms\n"
+        # Longer than the replicas' start-up spread: a replica whose first
+        # claim comes after the retry time is a next start, and rightly runs it.
+        "    retry_delay: 2s\n"
         '    env: {LEDGER_FAIL: "yes"}\n'
     )
     with cluster(pg_dsn, schema, tmp_path) as running:
@@ -445,9 +447,9 @@ def test_a_failing_run_once_job_without_retries_runs_once_per_start(
             20,
             "the run-once job to fail",
         )
-        # The failure is due for a retry 200 ms later: a follower that wrongly
-        # retried would have done it well within this second.
-        time.sleep(1.0)
+        # The failure is due for a retry 2 s later: a follower that wrongly
+        # retried would have done it within these 2.5 s.
+        time.sleep(2.5)
         for replica in replicas:
             replica.signal(signal.SIGTERM)
         assert [0, 0, 0] == [replica.wait_exit(30) for replica in replicas]

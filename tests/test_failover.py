@@ -240,6 +240,21 @@ def test_async_standby_failover_repeats_only_ticks_of_the_lost_window(
         window_end = promoted_at.replace(microsecond=0) + timedelta(seconds=2)
         # Losers re-check a held tick when its lease could have expired.
         wait_until(lambda: datetime.now(UTC) > promoted_at + timedelta(seconds=7), 12, "re-checks")
+        # A claim caught in the failover is retried until its misfire window
+        # ends (a connect to the stopped host alone may take connect_timeout):
+        # wait for every tick of the window to have started, bounded by it.
+        expected = {
+            (job, tick) for job in ("tick-a", "tick-b") for tick in ticks(window_start, window_end)
+        }
+        wait_until(
+            lambda: expected
+            <= {
+                (row["job"], row["run_key"])
+                for row in running.rows("SELECT job, run_key FROM {ledger} WHERE phase = 'start'")
+            },
+            35,
+            "every tick of the window to have started",
+        )
         stop(replicas)
         seeds = restart_runs_seed_again(running)
         starts = running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY id")

@@ -1,6 +1,7 @@
 """Is there a connection pooler between us and PostgreSQL, and does it pool transactions?
 
-One probe at start-up, at most three round trips on two pooled connections:
+One probe at start-up, at most three round trips on two pooled connections
+(repeated a few times behind a pooler that looks like session mode):
 
 1. ``SELECT pg_backend_pid()`` on connection A, which also sets a session
    variable. When the server's pid equals the one the connection was given at
@@ -70,7 +71,25 @@ class Pooling:
 
 
 async def detect_pooling(db: Database, *, within_s: float = 5.0) -> Pooling:
-    """Probe ``db`` as the module docstring says; never raises a database error."""
+    """Probe ``db`` as the module docstring says; never raises a database error.
+
+    Movement is proof of transaction pooling, but its absence is not: another
+    client may take A's freed server connection before B asks, and A may then
+    get it back. So a "session" answer is asked again, a few times.
+    """
+    found = await _probe(db, within_s)
+    for _ in range(_SESSION_CONFIRMATIONS):
+        if found.mode != "session":
+            break
+        found = await _probe(db, within_s)
+    return found
+
+
+# How many more probes must agree before a pooler is reported as session mode.
+_SESSION_CONFIRMATIONS = 3
+
+
+async def _probe(db: Database, within_s: float) -> Pooling:
     mark = secrets.token_hex(8)
     try:
         async with asyncio.timeout(within_s), db.connection() as first:
