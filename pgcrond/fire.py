@@ -41,6 +41,7 @@ from pgcrond.core.schedule import tick_of
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
+from pgcrond.run.cancel import Cancellation
 from pgcrond.run.runner import RunRequest, RunResult, execute
 
 T = TypeVar("T")
@@ -74,7 +75,7 @@ class Firing:
     replica: str
     # Set at shutdown: no new claims, followers give up, runs get stop_grace.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    running: dict[str, Any] = field(default_factory=dict)
+    running: dict[str, Cancellation] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     # Told of every tick no replica may run any more, (job, identity, tick,
     # cause, recorded): recorded says the guard already stored it (MISSED).
@@ -162,8 +163,7 @@ class Firing:
             request = ClaimRequest(
                 identity,
                 tick,
-                job.timing.lease,
-                job.timing.heartbeat,
+                job.timing,
                 forbid_overlap=job.concurrency == "forbid",
                 deadline=deadline,
                 suspended=f"suspended: true in {job.source}" if job.suspended else None,

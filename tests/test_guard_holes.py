@@ -149,7 +149,7 @@ async def test_hole_10_a_claim_answered_after_its_lease_is_going_is_given_back(
     # The answer "arrives" 10 s after it was sent: as a partition that heals would deliver it.
     guard = LeaseGuard(store, clock=lambda: time.monotonic() + 10)
     answer = await guard.claim(
-        ClaimRequest(identity, tick, timedelta(seconds=2), timedelta(0), deadline=None)
+        ClaimRequest(identity, tick, TWO_S, deadline=None)
     )
     assert isinstance(answer, Refused) and "retry_pending" == answer.reason
     stored = row(pg_dsn, schema, identity)
@@ -216,7 +216,7 @@ async def test_a_won_claim_through_the_guard_is_held_with_its_fencing_token(
     tick, identity = tick_identity("held", 1)
     guard = LeaseGuard(store)
     answer = await guard.claim(
-        ClaimRequest(identity, tick, timedelta(seconds=2), timedelta(0), deadline=None)
+        ClaimRequest(identity, tick, TWO_S, deadline=None)
     )
     assert isinstance(answer, Held)
     assert answer.fencing_token is not None and 1 == answer.attempt

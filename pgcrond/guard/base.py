@@ -54,7 +54,7 @@ from typing import Literal
 from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import tick_of
-from pgcrond.core.timing import MAX_STOP_GRACE
+from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
 from pgcrond.errors import PgcrondError
 from pgcrond.run.cancel import Cancellation
 
@@ -105,8 +105,8 @@ class ClaimRequest:
 
     identity: Identity
     tick: datetime
-    lease: timedelta
-    heartbeat: timedelta
+    # The job's validated lease and heartbeat (config built it once).
+    timing: LeaseTiming
     forbid_overlap: bool = False
     # The end of the misfire window, or None (run-once jobs, retries).
     deadline: datetime | None = None

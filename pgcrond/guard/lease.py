@@ -29,7 +29,6 @@ import structlog
 
 from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.keys import Identity
-from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
 from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
@@ -81,7 +80,7 @@ class LeaseGuard(Guard):
     async def claim(self, request: ClaimRequest) -> Held | Refused:
         identity = request.identity
         token = self._tokens.setdefault(identity, uuid.uuid4())
-        timing = LeaseTiming.build(request.lease, request.heartbeat)
+        timing = request.timing
         bound = CLAIM_TIMEOUT_S
         if request.deadline is not None:
             # A claim is worth nothing after the misfire window: it is bounded by it.

@@ -89,9 +89,8 @@ class MemoryGuard(Guard):
         claimed_from = None if row is None else (
             "takeover" if row.status == "RUNNING" else "retry"
         )
-        self.rows[identity] = Row(
-            "RUNNING", 1 if row is None else row.attempt + 1, self._tokens, now + request.lease
-        )
+        attempt = 1 if row is None else row.attempt + 1
+        self.rows[identity] = Row("RUNNING", attempt, self._tokens, now + request.timing.lease)
         self._fenced.discard(identity)
         return Held(identity, self.rows[identity].attempt, self._tokens, claimed_from)
 
