@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from pgcrond.core.keys import Identity
-from pgcrond.core.schedule import run_key_for
+from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage import jobstate, ticks
 from pgcrond.storage.leases import Acquired, NotAcquired
@@ -213,3 +213,25 @@ async def test_a_reason_the_table_does_not_know_is_refused(pg_dsn: str, schema: 
     async with open_store(pg_dsn, schema) as store:
         with pytest.raises(ValueError, match="not a reason"):
             await ticks.record_missed(store, [ticks.Miss("j", tick_ago(0), "x", "y")])
+
+
+async def test_a_tick_claimed_after_the_boundary_does_not_hide_the_gap_before_it(
+    pg_dsn: str, schema: str
+) -> None:
+    # The restart race: a replica's first fresh claim lands before its scan asks
+    # where the record ends; asked with the start's boundary, the gap stays visible.
+    base = tick_ago(600).replace(second=0)
+    async with open_store(pg_dsn, schema) as store:
+        old = await store.claim(Identity.schedule("job", run_key_for(base)), SHORT, fire_time=base)
+        assert isinstance(old, Acquired) and await store.complete(old)
+        began = await ticks.database_now(store)
+        fresh_tick = tick_ago(0)
+        fresh = await store.claim(
+            Identity.schedule("job", run_key_for(fresh_tick)), SHORT, fire_time=fresh_tick
+        )
+        assert isinstance(fresh, Acquired)
+        within = timedelta(hours=1)
+        unbounded = await ticks.last_ticks(store, ["job"], within=within)
+        bounded = await ticks.last_ticks(store, ["job"], within=within, before=began)
+    assert {"job": tick_of(run_key_for(fresh_tick))} == unbounded
+    assert {"job": base} == bounded

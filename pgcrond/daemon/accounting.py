@@ -20,6 +20,8 @@ sends no query.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -35,7 +37,7 @@ from pgcrond.errors import PgcrondError
 from pgcrond.fire import FireOutcome, Firing
 from pgcrond.storage.jobstate import pause_of, paused
 from pgcrond.storage.leases import LeaseStore, NotAcquired
-from pgcrond.storage.ticks import Miss, last_ticks, record_missed
+from pgcrond.storage.ticks import Miss, database_now, last_ticks, record_missed
 
 log = structlog.get_logger("pgcrond.daemon.accounting")
 
@@ -59,12 +61,16 @@ async def find_plan(
     now: datetime,
     *,
     outage: tuple[datetime, datetime] | None = None,
+    before: datetime | None = None,
 ) -> list[JobPlan]:
-    """What becomes of every tick no replica recorded, per job (one query)."""
+    """What becomes of every tick no replica recorded, per job (one query).
+
+    ``before``: see :func:`~pgcrond.storage.ticks.last_ticks`.
+    """
     jobs = list(config.jobs.values())
     window = config.catch_up_window
     # A little past the window, so that a record ending just before it is found.
-    last = await last_ticks(store, [job.code for job in jobs], within=window * 2)
+    last = await last_ticks(store, [job.code for job in jobs], within=window * 2, before=before)
     return plan(jobs, last, now, window=window, outage=outage)
 
 
@@ -112,8 +118,12 @@ class Accounting:
     fire_now: Callable[[JobConfig, datetime, Identity], None]
     replica: str
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    # How long a scan waits for another replica's to end before it tries again.
+    overlap_wait: timedelta = timedelta(seconds=1)
     _pending: list[Miss] = field(default_factory=list)
     _outage_since: datetime | None = None
+    # The database's clock when this replica began, before its scheduler started.
+    _began: datetime | None = None
 
     # -- fire hooks (Firing.on_miss / on_database) ---------------------------------
 
@@ -173,7 +183,8 @@ class Accounting:
         pending, self._pending = self._pending, []
         text = f"database unreachable from {since} to {until} (as seen by {self.replica})"
         await self._record([Miss(m.code, m.tick, m.reason, text) for m in pending])
-        await self.scan(outage=outage)
+        # The claims that found the database back must not hide the outage's gap.
+        await self.scan(outage=outage, before=outage[0])
 
     def _count(self, recorded: list[Miss]) -> None:
         """pgcrond_missed_recorded_total: the MISSED rows this replica wrote."""
@@ -181,6 +192,17 @@ class Accounting:
             self.firing.metrics.missed_recorded.labels(miss.code, miss.reason).inc()
 
     # -- start -------------------------------------------------------------------------
+
+    async def begin(self) -> None:
+        """Before the scheduler starts: note the database's clock (one query).
+
+        The scan at start looks only at rows claimed before it, so a tick that
+        this replica or a peer claimed meanwhile cannot hide the gap.
+        """
+        try:
+            self._began = await database_now(self.store)
+        except PgcrondError as exc:
+            log.warning("start_time_not_read", error=str(exc))
 
     async def start(self) -> None:
         """At start: show the pauses in force (one query), then scan for missed ticks."""
@@ -193,35 +215,57 @@ class Accounting:
         for job in config.jobs.values():
             held = job.suspended or pause_of(pauses, job.code) is not None
             self.firing.metrics.paused.labels(job.code).set(1 if held else 0)
-        await self.scan()
+        await self.scan(before=self._began)
 
     # -- the scan ----------------------------------------------------------------------
 
-    async def scan(self, *, outage: tuple[datetime, datetime] | None = None) -> None:
-        """Record the ticks no replica ran and run the catch-up ones; one replica at a time."""
+    async def scan(
+        self,
+        *,
+        outage: tuple[datetime, datetime] | None = None,
+        before: datetime | None = None,
+    ) -> None:
+        """Record the ticks no replica ran and run the catch-up ones; one replica at a time.
+
+        A scan that finds another replica's running waits for it to end and
+        tries again: the other looks before its own start, which may be later
+        than this replica's, so it may not see the gap this one sees.
+        """
         config = self.config()
-        now = self.clock()
         plans: list[JobPlan] = []
+        while True:
+            now = self.clock()
 
-        async def account(_: object) -> list[Miss]:
-            plans.extend(await find_plan(self.store, config, now, outage=outage))
-            return await record_plan(self.store, plans)
+            async def account(_: object, now: datetime = now) -> list[Miss]:
+                found = await find_plan(self.store, config, now, outage=outage, before=before)
+                plans[:] = found
+                return await record_plan(self.store, found)
 
-        try:
-            done = await self.store.run_exclusive(
-                scan_identity(now), account, forbid_overlap=True, retry_after=None
-            )
-        except PgcrondError as exc:
-            log.warning("catch_up_scan_failed", error=str(exc))
-            return
-        if isinstance(done, NotAcquired):
-            log.debug("catch_up_scan_skipped", reason=done.reason)
-            return  # another replica scans right now
+            try:
+                done = await self.store.run_exclusive(
+                    scan_identity(now), account, forbid_overlap=True, retry_after=None
+                )
+            except PgcrondError as exc:
+                log.warning("catch_up_scan_failed", error=str(exc))
+                return
+            if not isinstance(done, NotAcquired):
+                break
+            log.debug("catch_up_scan_waiting", reason=done.reason)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.firing.stopping.wait(), self.overlap_wait.total_seconds()
+                )
+            if self.firing.stopping.is_set():
+                return
         self._count(done)
+        recorded = {(miss.code, miss.identity.run_key) for miss in done}
         for job_plan in plans:
-            counts = {
-                a: sum(p.action == a for p in job_plan.ticks) for a in ("missed", "run", "due")
-            }
+            counts = {a: sum(p.action == a for p in job_plan.ticks) for a in ("run", "due")}
+            # Only what this scan recorded: a later scan finds the same gap already filled.
+            counts["missed"] = sum(
+                p.action == "missed" and (job_plan.code, p.run_key) in recorded
+                for p in job_plan.ticks
+            )
             if any(counts.values()) or job_plan.dropped:
                 log.info(
                     "ticks_accounted",

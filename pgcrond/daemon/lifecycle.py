@@ -237,6 +237,7 @@ class Daemon:
             replica=self.replica,
         )
         self._spawn(requests.run(log_pooling(store.db)))
+        await accounting.begin()
         self._start_scheduler()
         self._spawn(self._resume_open_ticks())
         # Ticks nobody ran while no replica was up: recorded, or caught up (once).

@@ -36,12 +36,30 @@ class Miss:
         return Identity.schedule(self.code, run_key_for(self.tick))
 
 
+async def database_now(store: LeaseStore) -> datetime:
+    """The database's clock (a replica's own may be skewed)."""
+    row = await store.db.fetchone(store.queries.get("database_now"))
+    assert row is not None  # one row, always
+    now: datetime = row["now"]
+    return now
+
+
 async def last_ticks(
-    store: LeaseStore, codes: list[str], *, within: timedelta
+    store: LeaseStore,
+    codes: list[str],
+    *,
+    within: timedelta,
+    before: datetime | None = None,
 ) -> dict[str, datetime | None]:
-    """The newest tick with a row of each job, claimed within ``within`` (None: none)."""
+    """The newest tick with a row of each job, claimed within ``within`` (None: none).
+
+    ``before`` (the database's clock) leaves out rows claimed from then on:
+    a starting replica passes the moment it started, so the ticks it and its
+    peers claimed since cannot hide the gap left while no replica ran.
+    """
     rows = await store.db.fetchall(
-        store.queries.get("last_ticks"), {"codes": codes, "within_ms": to_ms(within)}
+        store.queries.get("last_ticks"),
+        {"codes": codes, "within_ms": to_ms(within), "before": before},
     )
     found: dict[str, datetime | None] = {code: None for code in codes}
     for row in rows:

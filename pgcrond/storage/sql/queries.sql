@@ -388,6 +388,8 @@ SELECT code, paused_by, paused_at, reason FROM {job_state} ORDER BY code
 -- Per job, the newest tick that has a row (any status), from the job's newest
 -- rows by the (code, acquired_at) index: a starting replica computes the
 -- expected ticks after it. Manual run keys are not ticks. Bounded: jobs x 20 rows.
+-- %(before)s (database clock, or NULL): rows acquired from then on are left
+-- out, so a tick claimed since the replica started cannot hide the gap before it.
 WITH jobs AS (
     SELECT code FROM unnest(%(codes)s::text[]) AS code
 )
@@ -400,6 +402,7 @@ LEFT JOIN LATERAL (
         FROM {table} l
         WHERE l.code = jobs.code AND l.type = 'SCHEDULE' AND l.run_key NOT LIKE 'manual:%%'
           AND l.acquired_at > clock_timestamp() - %(within_ms)s * interval '1 millisecond'
+          AND (%(before)s::timestamptz IS NULL OR l.acquired_at < %(before)s::timestamptz)
         ORDER BY l.acquired_at DESC
         LIMIT 20
     ) t
@@ -466,6 +469,10 @@ ORDER BY jobs.ord
 -- name: ping
 -- Readiness: the database answers.
 SELECT 1 AS ok
+
+-- name: database_now
+-- The database's clock: the moment a starting replica's scan looks before.
+SELECT clock_timestamp() AS now
 
 -- name: status_page_jobs
 -- The status page's jobs view, one row per code, in the order given: the job's
