@@ -72,7 +72,8 @@ def start(
         replicas.append((process, log))
     for _, log in replicas:
         deadline = time.monotonic() + 60
-        while '"daemon_ready"' not in log.read_text():
+        # Ready, and start-up work (the scan for missed ticks) over.
+        while '"catch_up_scan_done"' not in log.read_text():
             if time.monotonic() > deadline:
                 raise SystemExit(f"replica did not start:\n{log.read_text()[-2000:]}")
             time.sleep(0.1)

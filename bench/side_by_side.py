@@ -248,6 +248,8 @@ class Scenario:
 class Scheduler:
     name = ""
     ready_marker = ""
+    # Logged once start-up work is over (after ready): the idle window starts there.
+    settled_marker = ""
 
     def __init__(self, server: LocalServer, workdir: Path, scenario: Scenario) -> None:
         self.server = server
@@ -267,6 +269,7 @@ class Scheduler:
 class Pgcrond(Scheduler):
     name = "pgcrond"
     ready_marker = '"daemon_ready"'
+    settled_marker = '"catch_up_scan_done"'
 
     def env(self) -> dict[str, str]:
         return base_env(
@@ -548,6 +551,10 @@ def run_one(scheduler: Scheduler, server: LocalServer) -> Result:
     if scenario.idle > 0:
         replicas = scheduler.start("idle", idle=True)
         wait_ready(replicas, scheduler.ready_marker)
+        if scheduler.settled_marker:
+            for replica in replicas:
+                replica.ready = 0.0
+            wait_ready(replicas, scheduler.settled_marker)
         time.sleep(1)  # start-up statements are not idle ones
         with statement_log(server) as logged:
             time.sleep(scenario.idle)

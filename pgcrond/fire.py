@@ -167,6 +167,7 @@ class Firing:
                 forbid_overlap=job.concurrency == "forbid",
                 deadline=deadline,
                 suspended=f"suspended: true in {job.source}" if job.suspended else None,
+                spreadable=outcome is None and deadline is not None,
             )
             answer = await self._with_outage_retry(
                 job, "claim", functools.partial(guard.claim, request), deadline
@@ -396,9 +397,7 @@ class Firing:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), seconds)
 
-    async def _execute(
-        self, job: JobConfig, tick: datetime, held: Held, guard: Guard
-    ) -> RunResult:
+    async def _execute(self, job: JobConfig, tick: datetime, held: Held, guard: Guard) -> RunResult:
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation
         fencing_token, claimed_from = held.fencing_token, held.claimed_from
         run_key = identity.run_key or ""

@@ -13,7 +13,7 @@ import psycopg
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.leases import FINALIZE_LINGER_S, Acquired, LeaseStore
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
 
@@ -81,3 +81,45 @@ async def test_co_finishing_runs_share_one_statement(
     finally:
         store.db.fetchall = original  # type: ignore[method-assign]
     assert [1] == sent
+
+
+def count_sends(store: LeaseStore, sent: list[int]) -> None:
+    original = store.db.fetchall
+
+    async def counting(*args: object, **kwargs: object) -> object:
+        sent.append(1)
+        return await original(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.db.fetchall = counting  # type: ignore[method-assign,assignment]
+
+
+async def test_runs_finishing_a_few_ms_apart_still_share_one_statement(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """Co-fired runs end close together, not in one turn: the finalize waits for the rest."""
+    leases = await claim_three(store)
+    sent: list[int] = []
+    count_sends(store, sent)
+
+    async def finish(lease: Acquired, after: float) -> bool:
+        await asyncio.sleep(after)
+        return await store.complete(lease)
+
+    spacing = FINALIZE_LINGER_S / 4
+    recorded = await asyncio.gather(*(finish(lease, n * spacing) for n, lease in enumerate(leases)))
+    assert [True, True, True] == recorded
+    assert [1] == sent
+    assert {"job-0": "SUCCESS", "job-1": "SUCCESS", "job-2": "SUCCESS"} == statuses(pg_dsn, schema)
+
+
+async def test_a_finalize_is_sent_after_the_linger_while_another_run_is_still_going(
+    store: LeaseStore,
+) -> None:
+    """A long run still open does not hold the others' records back past the linger."""
+    first, second, long_running = await claim_three(store)
+    sent: list[int] = []
+    count_sends(store, sent)
+    assert all(await asyncio.gather(store.complete(first), store.complete(second)))
+    assert [1] == sent  # sent by the linger's timer: the third is still running
+    assert await store.complete(long_running)
+    assert [1, 1] == sent

@@ -271,6 +271,8 @@ def test_listening_replicas_send_no_statement_while_idle(
         replicas = running.start(path, 3)
         for replica in replicas:
             replica.wait_event("requests_listening", timeout=10)
+            # Start-up work ends with the scan for missed ticks (one at a time).
+            replica.wait_event("catch_up_scan_done", timeout=20)
         with psycopg.connect(own_server.dsn, autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET log_statement = 'all'")
             conn.execute("SELECT pg_reload_conf()")

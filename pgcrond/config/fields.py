@@ -71,6 +71,13 @@ TOP = _table(
         "how far back a starting replica looks for ticks no replica ran (recorded MISSED, "
         "or run by catch_up)",
     ),
+    Field(
+        "spread",
+        c.duration,
+        timedelta(milliseconds=25),
+        "how long a replica holds back a tick's claim that another live replica is "
+        "preferred for, so the runs of a tick are shared; 0 turns sharing off",
+    ),
 )
 # Sections of the top level; their fields are in the tables below.
 TOP_SECTIONS = ("database", "defaults", "jobs", "http")

@@ -51,6 +51,7 @@ from pgcrond.config.models import (
     DEFAULT_MISFIRE_GRACE,
     DEFAULT_RETRY_DELAY,
     DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_SPREAD,
     DEFAULT_TIMEZONE,
     Config,
     DatabaseConfig,
@@ -149,6 +150,7 @@ def _sorted(issues: list[ConfigIssue], files: Sequence[str]) -> list[ConfigIssue
 # libpq variables that name a server or a service: any of them set, and no URL
 # given, means "connect the way libpq would".
 LIBPQ_TARGET_ENV = ("PGHOST", "PGHOSTADDR", "PGSERVICE", "PGSERVICEFILE")
+
 
 class _Invalid:
     """Marks a value that was wrong and has been reported: no default may hide it."""
@@ -330,6 +332,7 @@ class _Loader:
         shutdown_grace = self.read(top, "shutdown_grace", TOP["shutdown_grace"].convert)
         history_retention = self.read(top, "history_retention", TOP["history_retention"].convert)
         catch_up_window = self.read(top, "catch_up_window", TOP["catch_up_window"].convert)
+        spread = self.read(top, "spread", TOP["spread"].convert)
 
         self.defaults = defaults
         if defaults is not None:
@@ -357,6 +360,7 @@ class _Loader:
             shutdown_grace=DEFAULT_SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
             history_retention=history_retention or DEFAULT_HISTORY_RETENTION,
             catch_up_window=catch_up_window or DEFAULT_CATCH_UP_WINDOW,
+            spread=DEFAULT_SPREAD if spread is None else spread,
             warnings=tuple(_sorted(self.issues.warnings, self.names)),
         )
 

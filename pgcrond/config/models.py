@@ -40,6 +40,7 @@ DEFAULT_HTTP_LISTEN: str = default(HTTP, "listen")
 DEFAULT_SHUTDOWN_GRACE: timedelta = default(TOP, "shutdown_grace")
 DEFAULT_HISTORY_RETENTION: timedelta = default(TOP, "history_retention")
 DEFAULT_CATCH_UP_WINDOW: timedelta = default(TOP, "catch_up_window")
+DEFAULT_SPREAD: timedelta = default(TOP, "spread")
 DEFAULT_RETRY_DELAY: timedelta = default(JOB, "retry_delay")
 DEFAULT_MIN_HOLD: timedelta = default(JOB, "min_hold")
 DEFAULT_JOB_LEASE: timedelta = default(JOB, "lease")
@@ -126,6 +127,7 @@ class Config:
     shutdown_grace: timedelta = DEFAULT_SHUTDOWN_GRACE
     history_retention: timedelta = DEFAULT_HISTORY_RETENTION
     catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
+    spread: timedelta = DEFAULT_SPREAD
     # What `check` shows but does not refuse: ${VAR}s left unset when linting.
     warnings: tuple[ConfigIssue, ...] = ()
 

@@ -119,7 +119,7 @@ class Accounting:
     replica: str
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     # How long a scan waits for another replica's to end before it tries again.
-    overlap_wait: timedelta = timedelta(seconds=1)
+    overlap_wait: timedelta = timedelta(milliseconds=250)
     _pending: list[Miss] = field(default_factory=list)
     _outage_since: datetime | None = None
     # The database's clock when this replica began, before its scheduler started.
@@ -258,6 +258,7 @@ class Accounting:
             if self.firing.stopping.is_set():
                 return
         self._count(done)
+        log.info("catch_up_scan_done", jobs=len(plans), missed_recorded=len(done))
         recorded = {(miss.code, miss.identity.run_key) for miss in done}
         for job_plan in plans:
             counts = {a: sum(p.action == a for p in job_plan.ticks) for a in ("run", "due")}

@@ -16,7 +16,6 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 import structlog
 
 from pgcrond import __version__
@@ -76,6 +75,8 @@ class FailureHooks:
         status: int | None = None
         error: str | None = None
         attempt = 0
+        import httpx  # here, not at start: about 10 MiB a replica without webhooks never needs
+
         async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
             for attempt in range(1, hook.retries + 2):
                 try:

@@ -21,7 +21,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -51,6 +51,7 @@ from pgcrond.daemon.watch import ConfigWatcher
 from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError
 from pgcrond.fire import FireOutcome, Firing
 from pgcrond.guard import Guards
+from pgcrond.guard.spread import Spread
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, attach
 from pgcrond.storage.history import abandon_stale, open_ticks, ping, prune
@@ -128,6 +129,7 @@ class Daemon:
         self.database_url = database_url
         self.http_listen = config.http_listen if http_listen is None else http_listen
         self.replica = default_owner()
+        self._spread = Spread(self.replica, config.spread)
         self.metrics = Metrics()
         self.metrics.set_jobs(config.jobs, _alert_after(config))
         self._watcher = ConfigWatcher(self.paths)
@@ -140,6 +142,8 @@ class Daemon:
         self._server: LocalServer | None = None
         self._http: HealthServer | None = None
         self._scheduler: AsyncIOScheduler | None = None
+        # APScheduler job id (a schedule's repr) -> the codes of the jobs on it.
+        self._groups: dict[str, list[str]] = {}
         self._db: Database | None = None
         self._advisory_db: Database | None = None
         self._firing: Firing | None = None
@@ -205,7 +209,10 @@ class Daemon:
         self._store = store
         self._firing = Firing(
             guards=Guards(
-                store, self._advisory_db, on_heartbeat_failure=self._count_heartbeat_failure
+                store,
+                self._advisory_db,
+                spread=self._spread,
+                on_heartbeat_failure=self._count_heartbeat_failure,
             ).for_job,
             metrics=self.metrics,
             replica=self.replica,
@@ -292,26 +299,43 @@ class Daemon:
     def _start_scheduler(self) -> None:
         scheduler = AsyncIOScheduler(
             timezone=UTC,
-            executors={"default": FireExecutor(self._on_fire)},
+            executors={"default": FireExecutor(self._on_fire_group)},
             job_defaults={"coalesce": False, "max_instances": 1, "misfire_grace_time": None},
         )
-        for job in self.config.jobs.values():
-            self._schedule(scheduler, job)
-        scheduler.start()
         self._scheduler = scheduler
+        self._regroup(self.config.jobs.values())
+        scheduler.start()
 
-    def _schedule(self, scheduler: AsyncIOScheduler, job: JobConfig) -> None:
-        if isinstance(job.schedule, OnceSchedule):
-            # Run-once: attempted at start by every replica; the lease decides.
-            self._spawn_fire(job, datetime.now(UTC), Identity.initial(job.code))
-            return
-        scheduler.add_job(
-            _no_op,
-            trigger=ScheduleTrigger(job.schedule),
-            id=job.code,
-            name=job.code,
-            replace_existing=True,
-        )
+    def _regroup(self, started: Iterable[JobConfig]) -> None:
+        """One APScheduler job per distinct schedule, fanning out to its jobs.
+
+        APScheduler's cost is per job it holds (next fire times, its sorted
+        store, events): 10,000 per-minute jobs on one cron are one entry, and
+        their co-firing fires are handed on in one turn. Run-once jobs in
+        ``started`` (new or changed ones) are attempted now; the lease decides.
+        """
+        scheduler = self._scheduler
+        assert scheduler is not None
+        groups: dict[str, list[str]] = {}
+        schedules: dict[str, Schedule] = {}
+        for job in self.config.jobs.values():
+            if not isinstance(job.schedule, OnceSchedule):
+                key = repr(job.schedule)
+                groups.setdefault(key, []).append(job.code)
+                schedules[key] = job.schedule
+        for key in self._groups.keys() - groups.keys():
+            with contextlib.suppress(Exception):
+                scheduler.remove_job(key)
+        for key in groups.keys() - self._groups.keys():
+            scheduler.add_job(_no_op, trigger=ScheduleTrigger(schedules[key]), id=key, name=key)
+        self._groups = groups
+        for job in started:
+            if isinstance(job.schedule, OnceSchedule):
+                self._spawn_fire(job, datetime.now(UTC), Identity.initial(job.code))
+
+    def _on_fire_group(self, key: str, tick: datetime) -> None:
+        for code in self._groups.get(key, ()):
+            self._on_fire(code, tick)
 
     def _on_fire(self, code: str, tick: datetime) -> None:
         job = self.config.jobs.get(code)
@@ -396,9 +420,7 @@ class Daemon:
         assert self._firing is not None
         try:
             with structlog.contextvars.bound_contextvars(job=job.code, run_key=identity.run_key):
-                outcome: FireOutcome = await self._firing.fire(
-                    job, tick, identity, started=started
-                )
+                outcome: FireOutcome = await self._firing.fire(job, tick, identity, started=started)
         except Exception:
             log.exception("fire_crashed", job=job.code, run_key=identity.run_key)
             return
@@ -476,16 +498,13 @@ class Daemon:
         if new.database != self.config.database:
             log.warning("config_reload_partial", detail="database settings change only on restart")
         old_jobs, self.config = self.config.jobs, new
+        self._spread.delay = new.spread
         added = [code for code in new.jobs if code not in old_jobs]
         removed = [code for code in old_jobs if code not in new.jobs]
         changed = [
             code for code in new.jobs if code in old_jobs and new.jobs[code] != old_jobs[code]
         ]
-        for code in removed + changed:
-            with contextlib.suppress(Exception):
-                self._scheduler.remove_job(code)
-        for code in added + changed:
-            self._schedule(self._scheduler, new.jobs[code])
+        self._regroup([new.jobs[code] for code in added + changed])
         if self._advisory_db is not None:
             await self._advisory_db.resize(_advisory_pool_size(new))
         self.metrics.set_jobs(new.jobs, _alert_after(new))

@@ -13,6 +13,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.guard.advisory import AdvisoryGuard
 from pgcrond.guard.base import Guard
 from pgcrond.guard.lease import LeaseGuard
+from pgcrond.guard.spread import Spread
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
 
@@ -25,11 +26,12 @@ class Guards:
         store: LeaseStore,
         advisory_db: Database,
         *,
+        spread: Spread | None = None,
         on_heartbeat_failure: Callable[[Identity], None] | None = None,
     ) -> None:
         self.store = store
         self.advisory_db = advisory_db
-        self.lease = LeaseGuard(store, on_heartbeat_failure=on_heartbeat_failure)
+        self.lease = LeaseGuard(store, spread=spread, on_heartbeat_failure=on_heartbeat_failure)
         self._advisory: dict[tuple[str, str | int, str, float], AdvisoryGuard] = {}
 
     def for_job(self, job: JobConfig) -> Guard:

@@ -113,6 +113,9 @@ class ClaimRequest:
     # suspended: true in the YAML (the text says where): refused "paused" like
     # a pause in the database. Manual run keys are never paused.
     suspended: str | None = None
+    # A tick's first claim inside its misfire window: a guard may hold it back
+    # briefly for the replica the tick prefers (:mod:`pgcrond.guard.spread`).
+    spreadable: bool = False
 
 
 @dataclass(frozen=True)

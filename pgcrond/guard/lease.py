@@ -31,6 +31,7 @@ from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.keys import Identity
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
+from pgcrond.guard.spread import Spread
 from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
 
 T = TypeVar("T")
@@ -63,11 +64,13 @@ class LeaseGuard(Guard):
         self,
         store: LeaseStore,
         *,
+        spread: Spread | None = None,
         on_heartbeat_failure: Callable[[Identity], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.store = store
+        self.spread = spread
         self._on_heartbeat_failure = on_heartbeat_failure
         self._clock = clock
         # Before the first answer the local clock stands in for the database's.
@@ -79,6 +82,9 @@ class LeaseGuard(Guard):
 
     async def claim(self, request: ClaimRequest) -> Held | Refused:
         identity = request.identity
+        spread = self.spread if request.spreadable else None
+        if spread is not None and identity not in self._tokens:
+            await spread.hold_back(identity, request.tick)
         token = self._tokens.setdefault(identity, uuid.uuid4())
         timing = request.timing
         bound = CLAIM_TIMEOUT_S
@@ -102,6 +108,8 @@ class LeaseGuard(Guard):
         # An answer came: the next claim of this identity is a new one.
         self._tokens.pop(identity, None)
         if isinstance(answer, NotAcquired):
+            if spread is not None and answer.status is not None:
+                spread.saw(answer.owner)  # the row of a current tick: its owner lives
             return Refused(
                 identity,
                 answer.reason,

@@ -26,12 +26,13 @@ from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
-import httpx
 from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import HttpAction
 
 if TYPE_CHECKING:
+    import httpx
+
     from pgcrond.run.runner import RunRequest, _Ending, _Watch
 
 REDACTED = "***"
@@ -133,6 +134,8 @@ async def run_http(
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         return stop
     duration_ms = round((time.monotonic() - started) * 1000, 1)
+    import httpx  # here, not at start: about 10 MiB a replica without http: jobs never needs
+
     try:
         response = task.result()
     except httpx.HTTPError as exc:
@@ -166,6 +169,8 @@ async def run_http(
 
 
 async def _send(action: HttpAction, headers: dict[str, str]) -> httpx.Response:
+    import httpx  # see run_http
+
     timeout = action.timeout.total_seconds()
     # No redirects followed (a 3xx outside expect is a failure), no proxies or
     # credentials from the environment (trust_env=False).

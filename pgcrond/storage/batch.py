@@ -6,6 +6,10 @@ one round trip and one transaction instead of paying one each. A request
 whose key is already in the batch (one row at most once per statement: ``ON
 CONFLICT`` and ``UPDATE … FROM`` cannot touch a row twice) waits for the next
 batch, which is sent only once this one is answered: decided after it, in order.
+
+Runs that finish near each other rarely finish in the same turn, so a batch
+may *linger*: held up to ``linger`` seconds for requests still expected
+(``expected()`` says how many), and sent the moment the last of them arrives.
 """
 
 from __future__ import annotations
@@ -42,11 +46,17 @@ class TurnBatch(Generic[T]):
         send: Callable[[list[Pending[T]]], Awaitable[None]],
         *,
         keys: Callable[[Any], Iterable[Hashable]] = lambda _: (),
+        linger: float = 0.0,
+        expected: Callable[[], int] = lambda: 0,
     ) -> None:
         self._send = send
         self._keys = keys
+        self._linger = linger
+        self._expected = expected
         self._pending: list[Pending[T]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._flush_soon = False
 
     async def submit(self, request: Any) -> T:
         pending: Pending[T] = Pending(request)
@@ -54,16 +64,30 @@ class TurnBatch(Generic[T]):
         return await pending.result
 
     def _add(self, pending: Pending[T]) -> None:
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append(pending)
+        if self._flush_soon:
+            return
+        loop = asyncio.get_running_loop()
+        if self._linger > 0 and self._expected() > 0:
+            if self._timer is None:
+                self._timer = loop.call_later(self._linger, self._flush)
+            return
+        # Nothing more expected: this turn's requests go now (with the lingering ones).
+        self._flush_soon = True
+        loop.call_soon(self._flush)
 
     def _add_all(self, batch: list[Pending[T]]) -> None:
         for pending in batch:
             self._add(pending)
 
     def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._flush_soon = False
         batch, self._pending = self._pending, []
+        if not batch:
+            return
         seen: set[Hashable] = set()
         now: list[Pending[T]] = []
         later: list[Pending[T]] = []
