@@ -7,3 +7,7 @@ from pgcrond.run.context import RunContext
 
 def noop(ctx: RunContext) -> None:
     """Do nothing."""
+
+
+async def async_noop(ctx: RunContext) -> None:
+    """Do nothing, on the daemon's loop: what is measured is pgcrond up to the call."""

@@ -161,8 +161,14 @@ class PgBouncer:
         self._process = None
 
     def remove(self) -> None:
+        died = self._process is not None and self._process.poll() is not None
+        logs = self.logs() if died else ""
+        code = None if self._process is None else self._process.returncode
         self.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if died:
+            # Only the test stops it: an exit before that is the failure to explain.
+            raise RuntimeError(f"pgbouncer exited {code} before the test ended:\n{logs}")
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import unicodedata
@@ -99,9 +100,12 @@ class Identity:
         )
         return hashlib.sha256(payload.encode("utf-8")).digest()
 
-    @property
+    @functools.cached_property
     def idempotency_key(self) -> str:
-        """``v2:<base64url SHA-256, unpadded>``; also the lease table's lock_key."""
+        """``v2:<base64url SHA-256, unpadded>``; also the lease table's lock_key.
+
+        Cached: every claim, finalize, log line and metric of a run asks for it.
+        """
         return "v2:" + base64.urlsafe_b64encode(self._digest()).rstrip(b"=").decode("ascii")
 
     @property

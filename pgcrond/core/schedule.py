@@ -25,6 +25,7 @@ always returns the smallest qualifying instant.
 from __future__ import annotations
 
 import calendar
+import functools
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -80,8 +81,13 @@ def run_key_for(tick: datetime) -> str:
     return tick.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@functools.lru_cache(maxsize=4096)
 def tick_of(run_key: str) -> datetime | None:
-    """The tick a schedule run key names, or None for another run key (``manual:…``)."""
+    """The tick a schedule run key names, or None for another run key (``manual:…``).
+
+    Cached: the co-firing jobs of a tick share its run key, and every claim
+    and record of each asks again.
+    """
     try:
         return datetime.strptime(run_key, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except ValueError:

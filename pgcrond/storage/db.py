@@ -8,6 +8,7 @@ instead of at the kernel's two-hour default.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -101,6 +102,10 @@ def translate(exc: Exception) -> PgcrondError:
     return DatabaseError(redact(f"{type(exc).__name__}: {exc}".strip()))
 
 
+# fetchall_after's transaction (see there).
+_BEGIN = sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED")
+_COMMIT = sql.SQL("COMMIT")
+
 class Database:
     """A small connection pool; ``open()`` does not wait for the server."""
 
@@ -174,23 +179,31 @@ class Database:
         *,
         on_send: Callable[[], None] | None = None,
     ) -> list[DictRow]:
-        """``first`` and ``then`` in one message and one transaction; ``then``'s rows.
+        """``first`` and ``then`` in one round trip and one transaction; ``then``'s rows.
 
-        Bound client-side and sent as one simple query, which PostgreSQL runs
-        as one implicit transaction with a fresh snapshot per statement: a lock
-        ``first`` takes holds while ``then`` runs and ``then`` sees everything
-        committed before the lock was granted. Still one round trip, nothing
-        prepared, nothing session-scoped (PgBouncer in transaction pooling).
+        Pipelined (BEGIN, ``first``, ``then``, COMMIT, one Sync) and bound
+        server-side. READ COMMITTED whatever the server's default, so each
+        statement takes a fresh snapshot: a lock ``first`` takes holds while
+        ``then`` runs, and ``then`` sees everything committed before the lock
+        was granted. Nothing prepared, nothing session-scoped: PgBouncer in
+        transaction pooling sees one transaction.
         """
         async with self.connection() as conn:
             if on_send is not None:
                 on_send()
-            cursor = psycopg.AsyncClientCursor(conn)
+            cursor = conn.cursor()
             try:
-                await cursor.execute(sql.Composed([first, sql.SQL(";\n"), then]), params)
-                cursor.nextset()
+                async with conn.pipeline():
+                    await conn.execute(_BEGIN)
+                    await conn.execute(first, params)
+                    await cursor.execute(then, params)
+                    await conn.execute(_COMMIT)
                 return await cursor.fetchall()
             except psycopg.Error as exc:
+                # A failed statement left the transaction aborted: end it here,
+                # so the pool gets the connection back idle.
+                with contextlib.suppress(psycopg.Error):
+                    await conn.rollback()
                 raise translate(exc) from exc
             finally:
                 await cursor.close()
