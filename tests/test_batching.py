@@ -13,6 +13,7 @@ import psycopg
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
+from pgcrond.storage.batch import Pending, TurnBatch
 from pgcrond.storage.leases import FINALIZE_LINGER_S, Acquired, LeaseStore
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
@@ -123,3 +124,19 @@ async def test_a_finalize_is_sent_after_the_linger_while_another_run_is_still_go
     assert [1] == sent  # sent by the linger's timer: the third is still running
     assert await store.complete(long_running)
     assert [1, 1] == sent
+
+
+async def test_a_turn_of_more_requests_than_a_batch_holds_goes_as_several_bounded_statements() -> (
+    None
+):
+    sizes: list[int] = []
+
+    async def send(batch: list[Pending[int]]) -> None:
+        sizes.append(len(batch))
+        for pending in batch:
+            pending.result.set_result(pending.request)
+
+    batch: TurnBatch[int] = TurnBatch(send, max_size=500)
+    answers = await asyncio.gather(*(batch.submit(n) for n in range(1200)))
+    assert list(range(1200)) == answers
+    assert [500, 500, 200] == sizes

@@ -151,18 +151,22 @@ class Metrics:
         absence alerts work from the first scrape, and a removed job's series
         go away instead of freezing at their last value. Series by a reason
         (losses, skips) appear with their first event: reasons are
-        open-ended, and a zero for each would be noise. ``alert_after``
+        open-ended, and a zero for each would be noise; so do the histograms. ``alert_after``
         (code -> the job's, or None) gives the alert gauges their jobs.
         """
         wanted = sorted(set(codes))
         self.alerts.set_jobs({code: (alert_after or {}).get(code) for code in wanted})
-        by_job: list[Counter | Gauge | Histogram] = [
-            self.fires, self.wins, self.misfires, self.takeovers, self.run_duration,
-            self.lateness, self.running, self.heartbeat_failures, self.paused,
+        by_job: list[Counter | Gauge] = [
+            self.fires, self.wins, self.misfires, self.takeovers, self.running,
+            self.heartbeat_failures, self.paused,
         ]  # fmt: skip
+        # Histograms appear with a job's first run: a zero histogram answers no
+        # alert, and its ~30 buckets per job are most of the memory at 10,000 jobs.
+        by_first_run: list[Histogram] = [self.run_duration, self.lateness]
         for metric in [
-            *by_job, self.runs, self.losses, self.skips, self.missed, self.missed_recorded
-        ]:
+            *by_job, *by_first_run, self.runs, self.losses, self.skips, self.missed,
+            self.missed_recorded,
+        ]:  # fmt: skip
             for labels in _label_sets(metric):
                 if labels[0] not in wanted:
                     metric.remove(*labels)

@@ -4,7 +4,8 @@ A run can be stopped because its lease was lost, its timeout hit, or the
 daemon is shutting down. Entry points may be sync (in a worker thread) or async
 (on the loop), so the signal must be observable from both worlds: a
 ``threading.Event`` is the source of truth and asyncio waiters are woken with
-``call_soon_threadsafe``.
+``call_soon_threadsafe``. The ``threading.Event`` a worker thread blocks on is
+made only when one does: every claim makes a signal, few runs are threads.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ class Cancellation:
     """Set once, with the reason of whoever set it first."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._set = False
+        self._event: threading.Event | None = None
         self._lock = threading.Lock()
         self._reason: str | None = None
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -30,15 +32,17 @@ class Cancellation:
         return self._reason
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self._set
 
     def cancel(self, reason: str) -> bool:
         """Set the signal; returns False when it was already set (first reason wins)."""
         with self._lock:
-            if self._event.is_set():
+            if self._set:
                 return False
             self._reason = reason
-            self._event.set()
+            self._set = True
+            if self._event is not None:
+                self._event.set()
             waiters, self._waiters = self._waiters, []
             children, self._children = self._children, []
         for loop, future in waiters:
@@ -52,7 +56,7 @@ class Cancellation:
         """A signal of its own (say, for one attempt) that is also set when this one is."""
         child = Cancellation()
         with self._lock:
-            if not self._event.is_set():
+            if not self._set:
                 self._children.append(child)
                 return child
         child.cancel(self._reason or "cancelled")
@@ -60,19 +64,25 @@ class Cancellation:
 
     def check(self) -> None:
         """Raise :class:`Cancelled` if the run was cancelled (for cooperative jobs)."""
-        if self._event.is_set():
+        if self._set:
             raise Cancelled(self._reason or "cancelled")
 
     def wait_sync(self, timeout: float | None = None) -> bool:
         """Block a worker thread until cancelled or ``timeout``; True when cancelled."""
-        return self._event.wait(timeout)
+        with self._lock:
+            if self._set:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     async def wait(self) -> str:
         """Wait on the running loop until cancelled; returns the reason."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         with self._lock:
-            if not self._event.is_set():
+            if not self._set:
                 self._waiters.append((loop, future))
             else:
                 future.set_result(None)

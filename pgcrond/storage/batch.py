@@ -7,6 +7,9 @@ whose key is already in the batch (one row at most once per statement: ``ON
 CONFLICT`` and ``UPDATE … FROM`` cannot touch a row twice) waits for the next
 batch, which is sent only once this one is answered: decided after it, in order.
 
+A batch is at most ``max_size`` requests: more (10,000 jobs on one cron)
+go as several statements side by side, so none is unbounded.
+
 Runs that finish near each other rarely finish in the same turn, so a batch
 may *linger*: held up to ``linger`` seconds for requests still expected
 (``expected()`` says how many), and sent the moment the last of them arrives.
@@ -48,8 +51,10 @@ class TurnBatch(Generic[T]):
         keys: Callable[[Any], Iterable[Hashable]] = lambda _: (),
         linger: float = 0.0,
         expected: Callable[[], int] = lambda: 0,
+        max_size: int = 500,
     ) -> None:
         self._send = send
+        self._max_size = max_size
         self._keys = keys
         self._linger = linger
         self._expected = expected
@@ -98,13 +103,16 @@ class TurnBatch(Generic[T]):
             else:
                 seen |= keys
                 now.append(pending)
-        task = asyncio.create_task(self._run(now))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        chunks = [now[i : i + self._max_size] for i in range(0, len(now), self._max_size)]
+        tasks = [asyncio.create_task(self._run(chunk)) for chunk in chunks]
+        for task in tasks:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         if later:
             # Sent once this batch is answered, never beside it: a request that
             # shares a key is decided after the one it shares it with.
-            task.add_done_callback(lambda _: self._add_all(later))
+            waiting = asyncio.gather(*tasks, return_exceptions=True)
+            waiting.add_done_callback(lambda _: self._add_all(later))
 
     async def _run(self, batch: list[Pending[T]]) -> None:
         try:
