@@ -237,6 +237,7 @@ class Scenario:
     lease: str | None
     idle: float
     concurrency: str = "forbid"  # pgcrond's job concurrency (its default: forbid)
+    spread: str | None = None  # pgcrond's top-level spread (its default: 25ms)
 
     def ticks(self, first: int) -> list[int]:
         """The window's ticks (epoch seconds) from ``first`` on."""
@@ -288,6 +289,8 @@ class Pgcrond(Scheduler):
 
     def config(self, tag: str, cron: str) -> Path:
         lines = ["database: {url: '${PGCROND_DATABASE_URL}'}"]
+        if self.scenario.spread is not None:
+            lines.append(f"spread: {self.scenario.spread}")
         lines += ["defaults:", f"  concurrency: {self.scenario.concurrency}"]
         if self.scenario.lease:  # pgcrond's default is 1m
             lines.append(f"  lease: {self.scenario.lease}")
@@ -873,6 +876,7 @@ def main() -> int:
         "dead replica's tick until its lease expires)",
     )
     parser.add_argument("--keep", type=Path, help="copy the replicas' logs and configs here")
+    parser.add_argument("--spread", help="pgcrond's spread (default 25ms; 0 turns it off)")
     parser.add_argument("--write-docs", action="store_true", help="rewrite docs/performance.md")
     args = parser.parse_args()
     lease = args.lease or ("10s" if args.fault else None)
@@ -885,6 +889,7 @@ def main() -> int:
         lease,
         args.idle,
         args.concurrency,
+        args.spread,
     )
     shown = list(sys.argv[1:])
     if "--keep" in shown:  # where the logs went is no part of the scenario

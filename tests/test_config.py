@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from pgcrond.config.loader import DatabaseConfig, load_config, min_history_retention
+from pgcrond.config.models import PruneRule, prune_rules
 from pgcrond.core.actions import CommandAction, EntrypointAction, ShellAction
 from pgcrond.core.redaction import redact
 from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule
@@ -559,3 +560,31 @@ def test_top_level_wrong_types(tmp_path: Path) -> None:
     assert [(i.field, i.line) for i in issues] == [("http.listen", 2), ("shutdown_grace", 3)]
     path = write(tmp_path, EMBEDDED + "jobs: [a, b]\n", "list.yaml")
     assert "must be a mapping of code: value, got a list" in only_issue(path).message
+
+
+def test_a_job_may_keep_its_history_shorter_or_longer_than_the_rest(tmp_path: Path) -> None:
+    # A per-second job's 30 days are 2.6 M rows: it keeps a day; the top-level
+    # check leaves it out (its own misfire window is checked against its own).
+    path = write(
+        tmp_path,
+        EMBEDDED
+        + "history_retention: 2h\n"
+        + HELLO
+        + "    history_retention: 1d\n"
+        + "  audit:\n    once: true\n    command: ['true']\n    history_retention: 400d\n"
+        + "    misfire_grace: 3h\n",
+    )
+    config = load_config([path], environ={})
+    assert timedelta(days=1) == config.jobs["hello"].history_retention
+    assert [
+        PruneRule(timedelta(hours=2), excluding=("audit", "hello")),
+        PruneRule(timedelta(days=1), only=("hello",)),
+        PruneRule(timedelta(days=400), only=("audit",)),
+    ] == prune_rules(config)
+
+
+def test_a_jobs_history_retention_below_its_misfire_window_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, EMBEDDED + HELLO + "    misfire_grace: 2h\n    history_retention: 90m\n")
+    issue = only_issue(path)
+    assert (issue.job, issue.field) == ("hello", "history_retention")
+    assert "must be at least 2h1m" in issue.message

@@ -315,7 +315,11 @@ def test_status_shows_next_fire_last_run_running_now_and_failures_per_job(
                                  "0"]  # fmt: skip
     assert cells["idle"][2:7] == ["advisory", cells["idle"][3], "-", "-", "0"]
     assert cells["nightly"][7:] == [
-        "2026-01-11T03:00:00Z RUNNING", "2026-01-07T03:00:12Z", "2026-01-10T03:01:30Z", "0", "-"
+        "2026-01-11T03:00:00Z RUNNING",
+        "2026-01-07T03:00:12Z",
+        "2026-01-10T03:01:30Z",
+        "0",
+        "-",
     ]
 
 
@@ -637,6 +641,24 @@ def test_prune_command_prints_progress_and_uses_the_configs_retention(
     code, out, _ = run(capsys, "prune", "-c", str(path), "--database-url", pg_dsn,
                        "--older-than", "1d")  # fmt: skip
     assert out.splitlines()[-1] == f"deleted 1 finished rows older than 1d from {schema}.leases"
+
+
+def test_prune_keeps_a_jobs_own_history_retention(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, pg_dsn: str, schema: str, migrated: None
+) -> None:
+    path = tmp_path / "retention.yaml"
+    path.write_text(
+        f"database: {{schema: {schema}}}\nhistory_retention: 35d\n"
+        "jobs:\n"
+        '  bulk: {cron: "* * * * *", command: ["/bin/true"], history_retention: 45d}\n'
+        '  other: {cron: "* * * * *", command: ["/bin/true"]}\n'
+    )
+    seed_for_pruning(pg_dsn, schema, 10)  # 40 days old: pruned at 35d, kept at 45d
+    code, out, err = run(capsys, "prune", "-c", str(path), "--database-url", pg_dsn)
+    assert (0, "") == (code, err)
+    assert f"deleted 0 finished rows of bulk older than 45d from {schema}.leases" in out
+    kept = [r for r in rows(pg_dsn, schema).values() if str(r["run_key"]).startswith("tick-")]
+    assert 10 == len(kept)
 
 
 def test_prune_rejects_a_bad_duration(

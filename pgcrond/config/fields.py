@@ -255,6 +255,15 @@ JOB = _table(
         "the run key stays the tick's",
         True,
     ),
+    Field(
+        "history_retention",
+        c.positive_duration,
+        None,
+        "this job's finished runs are pruned after this long instead of the top-level "
+        "history_retention (e.g. short for a per-second job); at least "
+        "max(1h, misfire_grace + lease)",
+        True,
+    ),
     Field("description", c.string, None, "free text"),
 )
 DEFAULTABLE = tuple(name for name, f in JOB.items() if f.defaultable)

@@ -349,7 +349,9 @@ class _Loader:
             )
         # A wrong value (reported already) is not also "too short" as the default would be.
         if history_retention is not None or "history_retention" not in top.values:
-            self.check_retention(top, history_retention, jobs)
+            # Jobs with their own history_retention were checked against it.
+            by_top = {code: job for code, job in jobs.items() if job.history_retention is None}
+            self.check_retention(top, history_retention, by_top)
         if self.issues or database is None:
             return None
         return Config(
@@ -595,6 +597,18 @@ class _Loader:
             and not isinstance(schedule, OnceSchedule)
         ):
             self.check_takeover(section, own, timing, misfire_grace)
+        retention = merged.get("history_retention")
+        if isinstance(retention, timedelta) and timing is not None:
+            floor = max(MIN_HISTORY_RETENTION, cast(timedelta, misfire_grace) + timing.lease)
+            if retention < floor:
+                self.report(
+                    section if "history_retention" in own else (defaults or section),
+                    "history_retention",
+                    f"must be at least {format_duration(floor)} (the floor, or misfire_grace "
+                    "+ lease): a finished run deleted sooner can be claimed afresh by a late "
+                    "replica and run twice",
+                    job=code,
+                )
         if (
             len(self.issues) > before
             or _INVALID in merged.values()
@@ -630,6 +644,7 @@ class _Loader:
                 timedelta | None, merged.get("alert_after", JOB["alert_after"].default)
             ),
             jitter=cast(timedelta, jitter),
+            history_retention=cast(timedelta | None, merged.get("history_retention")),
             source=f"{key.file}:{key.line}",
         )
 

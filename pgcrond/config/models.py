@@ -105,6 +105,8 @@ class JobConfig:
     catch_up: CatchUp = default(JOB, "catch_up")
     max_catch_up: int = default(JOB, "max_catch_up")
     alert_after: timedelta | None = default(JOB, "alert_after")
+    # Its own pruning age, or None: the top-level history_retention.
+    history_retention: timedelta | None = None
     jitter: timedelta = default(JOB, "jitter")
     source: str = "<code>"
 
@@ -132,6 +134,36 @@ class Config:
     warnings: tuple[ConfigIssue, ...] = ()
 
 
+def safe_retention(job: JobConfig) -> timedelta:
+    """The shortest safe retention of one job's rows (see :func:`min_history_retention`)."""
+    return max(MIN_HISTORY_RETENTION, job.misfire_grace + job.timing.lease)
+
+
+@dataclass(frozen=True)
+class PruneRule:
+    """Finished rows older than ``older_than``, of ``only`` (None: every job but ``excluding``)."""
+
+    older_than: timedelta
+    only: tuple[str, ...] | None = None
+    excluding: tuple[str, ...] = ()
+
+
+def prune_rules(config: Config) -> list[PruneRule]:
+    """How history is pruned: the top-level retention, and one rule per job-set of its own.
+
+    A job with its own ``history_retention`` is left out of the top-level rule
+    (its rows may be kept longer or shorter than the rest).
+    """
+    own: dict[timedelta, list[str]] = {}
+    for job in config.jobs.values():
+        if job.history_retention is not None:
+            own.setdefault(job.history_retention, []).append(job.code)
+    excluded = tuple(sorted(code for codes in own.values() for code in codes))
+    rules = [PruneRule(config.history_retention, excluding=excluded)]
+    rules += [PruneRule(age, only=tuple(sorted(codes))) for age, codes in sorted(own.items())]
+    return rules
+
+
 def min_history_retention(jobs: Mapping[str, JobConfig]) -> timedelta:
     """The shortest safe ``history_retention``: pruning younger rows can run a tick twice.
 
@@ -141,6 +173,4 @@ def min_history_retention(jobs: Mapping[str, JobConfig]) -> timedelta:
     afresh. So a row must outlive the longest ``misfire_grace + lease`` of any
     job, and never less than :data:`MIN_HISTORY_RETENTION` (1 hour).
     """
-    return max(
-        [MIN_HISTORY_RETENTION, *(job.misfire_grace + job.timing.lease for job in jobs.values())]
-    )
+    return max([MIN_HISTORY_RETENTION, *(safe_retention(job) for job in jobs.values())])

@@ -33,6 +33,7 @@ from apscheduler.triggers.base import BaseTrigger
 from pgcrond.cli import ExitCode
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.loader import Config, JobConfig, load_config, min_history_retention
+from pgcrond.config.models import prune_rules
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
@@ -449,7 +450,12 @@ class Daemon:
 
         async def prune_history(_: object) -> tuple[int, int]:
             abandoned = await abandon_stale(store, min_history_retention(self.config.jobs))
-            return abandoned, await prune(store, self.config.history_retention)
+            deleted = 0
+            for rule in prune_rules(self.config):
+                deleted += await prune(
+                    store, rule.older_than, only=rule.only, excluding=rule.excluding
+                )
+            return abandoned, deleted
 
         try:
             done = await store.run_exclusive(identity, prune_history, retry_after=None)

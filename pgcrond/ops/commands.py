@@ -27,6 +27,7 @@ from pgcrond.config.loader import (
     load_config,
     min_history_retention,
 )
+from pgcrond.config.models import PruneRule, prune_rules
 from pgcrond.core.durations import format_duration, parse_duration
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
@@ -534,7 +535,7 @@ async def _prune(args: argparse.Namespace, target: Target, store: LeaseStore) ->
         if target.config is not None
         else MIN_HISTORY_RETENTION
     )
-    if older_than < floor:
+    if args.older_than is not None and older_than < floor:
         raise CommandError(
             f"--older-than {format_duration(older_than)} is below {format_duration(floor)}: "
             "a late replica could claim a pruned tick and run it again"
@@ -546,9 +547,19 @@ async def _prune(args: argparse.Namespace, target: Target, store: LeaseStore) ->
     abandoned = await abandon_stale(store, floor)
     if abandoned:
         print(f"closed {abandoned} RUNNING rows whose owner vanished (now FAIL/abandoned)")
-    total = await prune(store, older_than, on_batch=progress)
-    print(
-        f"deleted {total} finished rows older than {format_duration(older_than)} "
-        f"from {target.table_name}"
+    # --older-than is one age for every job; otherwise each job's history_retention.
+    rules = (
+        prune_rules(target.config)
+        if args.older_than is None and target.config is not None
+        else [PruneRule(older_than)]
     )
+    for rule in rules:
+        total = await prune(
+            store, rule.older_than, on_batch=progress, only=rule.only, excluding=rule.excluding
+        )
+        which = "" if rule.only is None else f" of {', '.join(rule.only)}"
+        print(
+            f"deleted {total} finished rows{which} older than "
+            f"{format_duration(rule.older_than)} from {target.table_name}"
+        )
     return EXIT_OK

@@ -12,7 +12,7 @@ prune never holds many row locks or one long transaction on a busy table.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -58,8 +58,12 @@ async def prune(
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     on_batch: Callable[[int], None] | None = None,
+    only: Sequence[str] | None = None,
+    excluding: Sequence[str] = (),
 ) -> int:
     """Delete finished SCHEDULE rows whose ``finished_at`` is older than ``older_than``.
+
+    Of the jobs ``only`` (None: every job) except those ``excluding``.
 
     Loops until a batch deletes fewer than ``batch_size`` rows; returns the
     total. ``on_batch(deleted)`` is told after each batch (progress output).
@@ -67,7 +71,12 @@ async def prune(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    params = {"older_than_ms": to_ms(older_than), "batch_size": batch_size}
+    params = {
+        "older_than_ms": to_ms(older_than),
+        "batch_size": batch_size,
+        "only_codes": None if only is None else list(only),
+        "except_codes": list(excluding),
+    }
     total = 0
     while True:
         deleted = await store.db.execute(store.queries.get("prune_batch"), params)

@@ -325,12 +325,15 @@ RETURNING id
 -- name: prune_batch
 -- Delete one batch of finished SCHEDULE rows older than the cutoff. SKIP LOCKED:
 -- a row a claim is reclaiming right now is left for the next prune. INITIAL rows
--- are never pruned: they are what makes a run-once job run once.
+-- are never pruned: they are what makes a run-once job run once. Only the jobs
+-- %(only_codes)s (NULL: all) but %(except_codes)s: jobs with a retention of their own.
 DELETE FROM {table}
 WHERE id IN (
     SELECT id FROM {table}
     WHERE type = 'SCHEDULE' AND status <> 'RUNNING'
       AND finished_at < clock_timestamp() - %(older_than_ms)s * interval '1 millisecond'
+      AND (%(only_codes)s::text[] IS NULL OR code = ANY(%(only_codes)s::text[]))
+      AND NOT (code = ANY(%(except_codes)s::text[]))
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
 )
