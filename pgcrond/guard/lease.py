@@ -120,13 +120,15 @@ class LeaseGuard(Guard):
                 answer.detail,
                 answer.cause,
             )
+        precise = True
         if answer.received_at - answer.sent_at > SLOW_ANSWER_S:
             fresh = await self._recheck(answer)
             if fresh is None:
                 # Lapsed or taken over while the answer was on its way.
                 return Refused(identity, "held", "RUNNING", wait=timedelta(0))
+            precise = fresh is not answer
             answer = fresh
-        return await self._on_arrival(request, answer)
+        return await self._on_arrival(request, answer, precise=precise)
 
     async def _recheck(self, lease: Acquired) -> Acquired | None:
         """A slow answer's age is anywhere in its round trip: ask the database again.
@@ -134,9 +136,10 @@ class LeaseGuard(Guard):
         A heartbeat (one fast round trip, if the network is back) gives fresh
         numbers for both decisions on arrival: is the lease live, and is the
         tick still inside its window. None: the lease is gone. No quick answer
-        (a busy loop, or the network still away): the claim's own numbers,
-        counted from its send, decide; they are safe, only less precise. (Giving
-        the claim back instead fed a busy replica more claims to answer.)
+        (a busy loop, or the network still away): ``lease`` itself, whose
+        numbers, counted from its send, are safe but imprecise (see
+        :meth:`_on_arrival`). Giving every such claim back fed a busy replica
+        more claims to answer.
         """
         sent = self._clock()
         try:
@@ -153,11 +156,22 @@ class LeaseGuard(Guard):
             received_at=self._clock(),
         )
 
-    async def _on_arrival(self, request: ClaimRequest, lease: Acquired) -> Held | Refused:
-        """Run nothing on a lease that is not live now, or for a tick past its window."""
+    async def _on_arrival(
+        self, request: ClaimRequest, lease: Acquired, *, precise: bool = True
+    ) -> Held | Refused:
+        """Run nothing on a lease that is not live now, or for a tick past its window.
+
+        Not ``precise`` (a slow answer that no re-check confirmed): the database
+        clock is known only to be at most ``db_now_at_latest()``, so a tick that
+        may be past its window is given back, not closed: the next claim, ours
+        or another replica's, is judged by the database itself.
+        """
         late = request.deadline is not None and (
             (lease.db_now_at_latest() or request.deadline) > request.deadline
         )
+        if late and not precise:
+            await self._quietly(self.store.release(lease), lease)
+            return Refused(request.identity, "held", "RUNNING", wait=timedelta(0))
         if late:
             # Nobody may run it any more: close the row for good, saying why.
             await self._quietly(

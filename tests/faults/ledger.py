@@ -7,7 +7,8 @@ attempt is at most ``FAULT_FAIL_ATTEMPTS``, and appends 'end' (its effect), or
 at its cancellation right before its effect. Ledger writes go straight to the
 server (``LEDGER_DSN``), never through the fault proxy, and are retried through
 a server restart so that an outage never erases the ground truth; the row's
-``at`` is the database clock when the row landed.
+``at`` is the database clock when the row landed, except for 'cancelled':
+when the job saw its cancellation and stopped (its write may land later).
 
 ``HISTORY_DDL`` adds a trigger that copies every version of every lease row
 (as JSON, so a changed lease table still works) with the database clock: the
@@ -19,7 +20,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Protocol
 
 import psycopg
@@ -55,22 +57,41 @@ class Context(Protocol):
     def cancelled(self) -> Cancelled: ...
 
 
-def _append(ctx: Context, phase: str | None = None, *, effect: bool = False) -> str:
-    """Insert one ledger row, retried through an outage; returns the phase written.
+@dataclass(frozen=True)
+class _Origin:
+    """The 'start' row's database time, and this process's monotonic clock then."""
+
+    at: datetime
+    monotonic: float
+
+    def now(self) -> datetime:
+        """The database clock now, by the monotonic clock (no wall-clock shim moves it)."""
+        return self.at + timedelta(seconds=time.monotonic() - self.monotonic)
+
+
+def _append(
+    ctx: Context, phase: str | None = None, *, effect: bool = False, origin: _Origin | None = None
+) -> tuple[str, datetime]:
+    """Insert one ledger row, retried through an outage; the phase written and its ``at``.
 
     For the effect ('end'), the cancellation is looked at before every try: a
-    run stopped meanwhile writes 'cancelled' instead.
+    run stopped meanwhile writes 'cancelled' instead. A 'cancelled' row is
+    dated when the job saw the cancellation and stopped working (from
+    ``origin``), not when the row could be written: a write retried through a
+    server restart is bookkeeping, not the run still going.
     """
     deadline = time.monotonic() + WRITE_PATIENCE_S
     while True:
         written = "cancelled" if effect and ctx.cancelled.is_set() else (phase or "end")
+        stopped_at = origin.now() if written == "cancelled" and origin is not None else None
         try:
             with psycopg.connect(ctx.env["LEDGER_DSN"], autocommit=True, connect_timeout=3) as c:
-                c.execute(
+                row = c.execute(
                     f"INSERT INTO {ctx.env['LEDGER_TABLE']} "
                     "(job, run_key, tick, idempotency_key, attempt, fencing_token, pid, "
-                    "replica, phase, local_at) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    "replica, phase, local_at, at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+                    "coalesce(%s, clock_timestamp())) RETURNING at",
                     (
                         ctx.job,
                         ctx.run_key,
@@ -82,9 +103,11 @@ def _append(ctx: Context, phase: str | None = None, *, effect: bool = False) -> 
                         ctx.env.get("FAULT_REPLICA", ""),
                         written,
                         time.time(),
+                        stopped_at,
                     ),
-                )
-            return written
+                ).fetchone()
+            assert row is not None
+            return written, row[0]
         except psycopg.OperationalError:
             if time.monotonic() > deadline:
                 raise
@@ -92,15 +115,16 @@ def _append(ctx: Context, phase: str | None = None, *, effect: bool = False) -> 
 
 
 def record(ctx: Context) -> None:
-    _append(ctx, "start")
+    _, started_at = _append(ctx, "start")
+    origin = _Origin(started_at, time.monotonic())
     seconds = float(ctx.env.get("FAULT_SLEEP", "0"))
     if seconds and ctx.cancelled.wait_sync(seconds):
-        _append(ctx, "cancelled")
+        _append(ctx, "cancelled", origin=origin)
         return
     if ctx.attempt <= int(ctx.env.get("FAULT_FAIL_ATTEMPTS", "0")):
         _append(ctx, "fail")
         raise RuntimeError(f"attempt {ctx.attempt} fails on purpose")
-    _append(ctx, effect=True)
+    _append(ctx, effect=True, origin=origin)
 
 
 LEDGER_DDL = """
