@@ -23,7 +23,8 @@ Inputs, all read after the cluster settled, every time by the database clock:
     recorded owner is the one that counts; every other one is a duplicate by
     an owner that was still current when it wrote (its outcome was lost or
     never recorded, and the tick ran again), or by a fenced owner (a newer
-    claim, with a larger fencing token, had been made before it wrote).
+    claim, with a larger fencing token, had been made before it wrote; closing
+    a dead owner's row SKIPPED/overlap fences it too).
 ``duplicate_lapsed`` / ``outcome_lapsed``
     the inherent lease limit of a network fault, told apart from the defects
     above: the owner wrote its effect while current, but its lease then lapsed
@@ -657,7 +658,10 @@ def _claims(
     for tick in set(by_tick) | set(versions):
         earliest: dict[int, datetime] = {}
         for version in versions.get(tick, []):
-            if version.status == "RUNNING":
+            # A claim, or the closing of a dead owner's row as an overlap
+            # (concurrency: forbid): both rotate the owner token and fence it.
+            closed = version.status == "SKIPPED" and version.reason == "overlap"
+            if version.status == "RUNNING" or (closed and version.op == "UPDATE"):
                 at = earliest.get(version.fencing_token)
                 earliest[version.fencing_token] = version.at if at is None else min(at, version.at)
         for row in by_tick.get(tick, []):

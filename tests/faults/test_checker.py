@@ -231,6 +231,25 @@ def test_a_second_effect_by_a_fenced_owner_shows_its_older_token() -> None:
         assert "token 11" in fenced.detail and "token 21 was claimed" in fenced.detail
 
 
+def test_an_effect_by_an_owner_whose_row_was_closed_as_an_overlap_is_fenced_not_lost() -> None:
+    ledger, leases = clean()
+    # Token 11 stalled (SIGSTOP); its row was closed SKIPPED/overlap at 2.5 (a
+    # newer tick of the forbid job ran), fencing it; it woke and wrote at 3.0.
+    ledger = [
+        *without(ledger, 1),
+        row(TICK, 1, "start", 1.01, token=11),
+        row(TICK, 1, "end", 3.0, token=11),
+    ]
+    leases = [x for x in leases if x.run_key != key(1)] + [
+        lease(TICK, 1, "SKIPPED", token=21, pid=200, reason="overlap")
+    ]
+    closed = LeaseVersion(TICK.code, key(1), "SKIPPED", 21, "host:200", "overlap", at(2.5))
+    history = [claim(TICK, 1, 1.0, token=11), closed]
+    assert [] == kinds(check([TICK], ledger, leases, [], WINDOW, history))
+    # Without the closing version it is still the defect it was.
+    assert ["lost_outcome"] == kinds(check([TICK], ledger, leases, [], WINDOW, history[:1]))
+
+
 def test_an_outcome_recorded_by_a_superseded_owner() -> None:
     ledger, leases = clean()
     # The row says token 11 succeeded, but token 21 claimed the tick after it.
