@@ -75,6 +75,9 @@ PRUNE_EVERY = timedelta(hours=1)
 RESUME_WITHIN = timedelta(hours=24)
 # At shutdown, on_failure hooks still sending get this long.
 HOOK_DRAIN_S = 3.0
+# How long background tasks get to end once cancelled (psycopg's own cancel
+# request is bounded by 5 s).
+CLOSE_WAIT_S = 6.0
 PRUNE_CODE = "pgcrond:prune"
 
 
@@ -556,8 +559,14 @@ class Daemon:
             forced.cancel()
 
     async def _close(self) -> None:
-        for task in list(self.tasks):
+        tasks = list(self.tasks)
+        for task in tasks:
             task.cancel()
+        if tasks:
+            # A task cancelled inside a statement makes psycopg send the server a
+            # cancel request: let it finish before the process exits (one cut
+            # off mid-way crashes PgBouncer 1.18: "bad client state").
+            await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
         if self._http is not None:
             await self._http.stop()
         for db in (self._db, self._advisory_db):
