@@ -95,8 +95,12 @@ def test_all_replicas_stopped_across_ticks_then_restarted_leave_exactly_one_reco
     assert ticks_between(first, last) == keys
     missed = [row for row in rows if row["status"] == "MISSED"]
     assert len(missed) >= 3
-    assert {"no_replica"} == {row["reason"] for row in missed}
-    assert all(row["error"].startswith("no replica was running") for row in missed)
+    # A tick still inside its misfire_grace at the restart may be fired and
+    # still come too late on a loaded machine: then it is MISSED/late, truly.
+    assert {"no_replica"} <= {row["reason"] for row in missed} <= {"no_replica", "late"}
+    by_scan = [row for row in missed if row["reason"] == "no_replica"]
+    assert len(by_scan) >= 3
+    assert all(row["error"].startswith("no replica was running") for row in by_scan)
     # The missed ticks are the ones that fell while nothing ran.
     floor = stopped_at - timedelta(seconds=2)
     assert all((tick_of(row["run_key"]) or floor) >= floor for row in missed)
