@@ -1,17 +1,28 @@
-"""Test fixtures: a real PostgreSQL for every database test.
+"""Test fixtures: a real PostgreSQL for every database test, and the tiers.
 
 ``PGCROND_TEST_DSN`` points the suite at an existing server; otherwise one
 throwaway server is started for the session and removed at the end. Each test
 gets its own schema, so tests never see each other's rows. Tests that stop,
 kill or restart a server use ``own_server``: a server of their own, never the
 shared one and never one the suite did not start.
+
+Tiers are set by fixture, never by hand (docs/testing.md): a test is ``system``
+when it requests ``own_server`` or ``system_processes``, ``integration`` when it
+requests ``pg_dsn`` or ``subprocesses``, ``unit`` otherwise — directly or
+through any fixture it uses. What a tier may not do raises while the test sets
+up and runs, so a test cannot sit in a tier lighter than what it does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -20,13 +31,139 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, throwaway
 from pgcrond.storage.leases import LeaseStore
 
+TIERS = ("unit", "integration", "system")
+# Heaviest first: a test is in the tier of the heaviest fixture it uses.
+TIER_FIXTURES = {
+    "system": frozenset({"own_server", "system_processes"}),
+    "integration": frozenset({"pg_dsn", "subprocesses"}),
+}
+# Programs that only the system tier starts: long-lived servers and daemons,
+# and the slow external tools the issue puts there.
+SYSTEM_PROGRAMS = frozenset(
+    {"postgres", "initdb", "pg_ctl", "pg_basebackup", "pgbouncer", "chromium",
+     "chromium-browser", "promtool"}
+)  # fmt: skip
+
+
+# True while pg_dsn starts the one shared server: the integration tier's
+# database, set up inside whichever integration test needs it first.
+_session_server_starting = threading.Event()
+
+
+class TierViolation(AssertionError):
+    """A test does what its tier forbids; it must request the fixture that says so."""
+
+
+@pytest.fixture(scope="session")
+def subprocesses() -> None:
+    """This test starts child processes (a job's command, the CLI, a linter): integration."""
+
+
+@pytest.fixture(scope="session")
+def system_processes() -> None:
+    """This test starts what the system tier owns: ``pgcrond run`` replicas, servers
+    (PostgreSQL, PgBouncer), Chromium, promtool, a wheel build, the fault suite."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if hand := [m.name for m in item.iter_markers() if m.name in TIERS]:
+            raise pytest.UsageError(
+                f"{item.nodeid}: tier marked by hand ({', '.join(hand)}); "
+                "tiers follow the fixtures a test requests (tests/conftest.py)"
+            )
+        item.add_marker(tier_of(getattr(item, "fixturenames", ())))
+
+
+def tier_of(fixturenames: Sequence[str]) -> str:
+    names = set(fixturenames)
+    for tier in ("system", "integration"):
+        if names & TIER_FIXTURES[tier]:
+            return tier
+    return "unit"
+
+
+def _tier(item: pytest.Item) -> str:
+    return next(m.name for m in item.iter_markers() if m.name in TIERS)
+
+
+def _program(args: Any) -> tuple[str, list[str]]:
+    argv = [os.fsdecode(args)] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    return Path(os.fsdecode(argv[0])).name, [os.fsdecode(a) for a in argv[1:]]
+
+
+@contextlib.contextmanager
+def _tier_guard(item: pytest.Item) -> Iterator[None]:
+    """Make what ``item``'s tier forbids raise, and fail the test even if the
+    code under test catches that error (a runner records a failed spawn as FAIL)."""
+    tier = _tier(item)
+    if tier == "system":
+        yield
+        return
+    violations: list[str] = []
+
+    def violate(what: str, needs: str) -> TierViolation:
+        violations.append(f"{item.nodeid} is marked {tier} but {what}: request {needs} "
+                          "(tiers: tests/conftest.py, docs/testing.md)")  # fmt: skip
+        return TierViolation(violations[-1])
+
+    real_execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def execute_child(popen: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        name, tail = _program(args)
+        if _session_server_starting.is_set():
+            return real_execute_child(popen, args, *rest, **kwargs)
+        if name in SYSTEM_PROGRAMS or (name == "pgcrond" and tail[:1] == ["run"]):
+            raise violate(f"starts {' '.join([name, *tail[:1]])}", "system_processes")
+        if tier == "unit":
+            raise violate(f"starts a process ({name})", "subprocesses")
+        return real_execute_child(popen, args, *rest, **kwargs)
+
+    def no_process(*args: Any, **kwargs: Any) -> Any:
+        raise violate("forks or spawns a process", "subprocesses")
+
+    def no_database(*args: Any, **kwargs: Any) -> Any:
+        raise violate("connects to PostgreSQL", "pg_dsn")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("subprocess.Popen._execute_child", execute_child)
+        if tier == "unit":
+            for name in ("fork", "posix_spawn", "posix_spawnp", "system"):
+                patch.setattr(os, name, no_process)
+            patch.setattr(psycopg.Connection, "connect", no_database)
+            patch.setattr(psycopg.AsyncConnection, "connect", no_database)
+        try:
+            yield
+        finally:
+            if violations:
+                raise TierViolation("\n".join(violations))
+
+
+# Setup and call only: a session fixture's teardown may run in whichever test
+# happens to be last, and belongs to the tier of the test that set it up.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _tier_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _tier_guard(item):
+        return (yield)
+
 
 @pytest.fixture(scope="session")
 def pg_dsn() -> Iterator[str]:
     if dsn := os.environ.get("PGCROND_TEST_DSN"):
         yield dsn
         return
-    with throwaway(max_connections=300, prefix="pgcrond-test-") as server:
+    with contextlib.ExitStack() as stack:
+        _session_server_starting.set()
+        try:
+            server = stack.enter_context(throwaway(max_connections=300, prefix="pgcrond-test-"))
+        finally:
+            _session_server_starting.clear()
         yield server.dsn
 
 

@@ -61,6 +61,7 @@ def test_the_prometheusrule_holds_the_plain_rules_and_the_kubernetes_readiness_o
 
 
 @needs_promtool
+@pytest.mark.usefixtures("system_processes")
 def test_promtool_accepts_both_rule_files(tmp_path: Path) -> None:
     spec = tmp_path / "prometheusrule-spec.yaml"
     spec.write_text(yaml.safe_dump(yaml.safe_load(OPERATOR.read_text())["spec"]))
@@ -110,6 +111,7 @@ def flat(found: dict[str, float], points: int = 20) -> list[dict[str, str]]:
 
 @needs_promtool
 @pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
 def test_the_shipped_rules_fire_on_a_real_daemons_metrics_after_a_restart(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:

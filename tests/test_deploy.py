@@ -185,6 +185,7 @@ def unit_with_local_program(tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.usefixtures("subprocesses")
 def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     """No unknown keys, no bad values, an executable ExecStart: verify says nothing."""
     analyze = systemd_analyze()
@@ -197,6 +198,7 @@ def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert (0, []) == (result.returncode, ours), result.stderr
 
 
+@pytest.mark.usefixtures("subprocesses")
 def test_unit_sandbox_rates_ok_in_systemd_analyze_security(tmp_path: Path) -> None:
     """The hardening adds up: exposure at most 2.0 of 10 ("OK")."""
     analyze = systemd_analyze()
@@ -421,6 +423,7 @@ def test_shipped_config_without_the_variable_is_refused(tmp_path: Path) -> None:
 # --- Dockerfile --------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("subprocesses")
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
         "hadolint"
@@ -493,6 +496,7 @@ def test_dockerignore_sends_only_what_the_image_is_built_from() -> None:
     assert copied == allowed
 
 
+@pytest.mark.usefixtures("subprocesses")
 def test_healthcheck_probes_healthz_and_fails_when_unhealthy() -> None:
     """Run the HEALTHCHECK's own command against a server answering 200, then 503."""
     check = json.loads(only(final_stage(dockerfile_instructions(DOCKERFILE)), "HEALTHCHECK")

@@ -41,6 +41,7 @@ def firing(guard: MemoryGuard) -> Firing:
     return Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
 
 
+@pytest.mark.usefixtures("subprocesses")
 async def test_a_won_claim_runs_and_records_success(tmp_path: Path) -> None:
     guard = MemoryGuard()
     tick, identity = now_tick()
@@ -50,6 +51,7 @@ async def test_a_won_claim_runs_and_records_success(tmp_path: Path) -> None:
     assert ["claim", "record:success"] == guard.calls
 
 
+@pytest.mark.usefixtures("subprocesses")
 async def test_a_failure_with_retries_left_is_claimed_again_and_retried(tmp_path: Path) -> None:
     guard = MemoryGuard()
     tick, identity = now_tick()
@@ -62,6 +64,7 @@ async def test_a_failure_with_retries_left_is_claimed_again_and_retried(tmp_path
     assert ("FAIL", None) == (guard.rows[identity].status, guard.rows[identity].retry_at)
 
 
+@pytest.mark.usefixtures("subprocesses")
 async def test_a_tick_held_elsewhere_is_taken_over_once_its_lease_lapses(tmp_path: Path) -> None:
     guard = MemoryGuard()
     tick, identity = now_tick()
@@ -74,6 +77,7 @@ async def test_a_tick_held_elsewhere_is_taken_over_once_its_lease_lapses(tmp_pat
     assert (2, "SUCCESS") == (guard.rows[identity].attempt, guard.rows[identity].status)
 
 
+@pytest.mark.usefixtures("subprocesses")
 async def test_a_fenced_outcome_is_not_recorded_and_the_tick_is_still_followed(
     tmp_path: Path,
 ) -> None:
@@ -88,6 +92,7 @@ async def test_a_fenced_outcome_is_not_recorded_and_the_tick_is_still_followed(
     assert (2, "SUCCESS") == (guard.rows[identity].attempt, guard.rows[identity].status)
 
 
+@pytest.mark.usefixtures("subprocesses")
 async def test_a_claim_is_retried_through_an_outage_within_the_misfire_window(
     tmp_path: Path,
 ) -> None:
@@ -116,6 +121,7 @@ async def test_a_fire_later_than_the_misfire_grace_never_claims(tmp_path: Path) 
     assert [] == guard.calls
 
 
+@pytest.mark.usefixtures("subprocesses")
 async def test_a_tick_not_due_by_the_guards_clock_waits_and_then_runs(tmp_path: Path) -> None:
     """Hole 13: a replica whose clock runs ahead waits for the database's."""
     guard = MemoryGuard()
@@ -140,6 +146,7 @@ async def test_a_late_answer_is_a_miss_not_a_run(tmp_path: Path) -> None:
     assert "misfire" == outcome
 
 
+@pytest.mark.usefixtures("subprocesses")
 async def test_a_pending_retry_is_followed_past_the_misfire_window(tmp_path: Path) -> None:
     """Hole 7: a retry scheduled by another replica is taken by whoever follows the tick."""
     tick, identity = now_tick(-0.5)
@@ -163,6 +170,7 @@ async def test_a_lost_tick_is_not_followed_by_trigger(tmp_path: Path) -> None:
     assert ["claim"] == guard.calls
 
 
+@pytest.mark.usefixtures("subprocesses")
 async def test_a_started_tick_is_taken_over_past_the_misfire_window(tmp_path: Path) -> None:
     """misfire_grace bounds a first start: a tick some replica started is followed to its end."""
     tick, identity = now_tick(-0.5)

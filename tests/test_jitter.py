@@ -28,6 +28,7 @@ def test_the_same_code_and_tick_shift_by_the_same_amount_on_every_call() -> None
     assert [first] * 5 == [jitter_shift("nightly", TICK, timedelta(seconds=30)) for _ in range(5)]
 
 
+@pytest.mark.usefixtures("subprocesses")
 def test_another_process_computes_the_same_shifts() -> None:
     """No per-process salt (Python's hash() has one): a replica elsewhere agrees."""
     ticks = [TICK + n * HOUR for n in range(20)]

@@ -72,6 +72,7 @@ def stop(daemon: Replica) -> None:
     assert 0 == daemon.wait_exit(60)
 
 
+@pytest.mark.usefixtures("system_processes")
 def test_against_an_unreachable_database_every_line_is_redacted_json(tmp_path: Path) -> None:
     dsn = f"postgresql://pgcrond:{PASSWORD}@127.0.0.1:{free_port()}/app"
     daemon = replica(tmp_path, dsn, '  tick:\n    cron: "* * * * * *"\n    shell: "true"\n')
@@ -145,6 +146,7 @@ warnings.warn("careful", UserWarning)
 """
 
 
+@pytest.mark.usefixtures("subprocesses")
 def test_on_a_terminal_the_same_lines_are_rendered_for_people(tmp_path: Path) -> None:
     """stderr a TTY: the console renderer, still redacted, libraries and warnings included."""
     leader, follower = pty.openpty()

@@ -166,6 +166,8 @@ def test_without_any_database_url_the_error_says_where_to_give_one(
     ] == err.splitlines()
 
 
+# A real libpq connection attempt (refused): the integration tier's.
+@pytest.mark.usefixtures("pg_dsn")
 def test_an_unreachable_database_is_one_line_without_the_password(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,7 +32,7 @@ import pytest
 import pgcrond
 from pgcrond.testing import LocalServer, throwaway
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
 REPO = Path(__file__).resolve().parents[1]
 # What the Dockerfile's builder stage copies: the package is built from these alone.

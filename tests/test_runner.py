@@ -32,7 +32,7 @@ from tests.jobs_fixture import (
     wait_until_session_gone,
 )
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("subprocesses")]
 
 DUMP_ENV = "import json, os, sys; open(sys.argv[1], 'w').write(json.dumps(dict(os.environ)))"
 

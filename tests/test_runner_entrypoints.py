@@ -19,7 +19,7 @@ from pgcrond.run.runner import RunRequest, execute
 from tests import jobs_fixture
 from tests.jobs_fixture import RUN_KEY, docs_example, is_alive, make_request, wait_for_path
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("subprocesses")]
 
 FIXTURE = "tests.jobs_fixture"
 

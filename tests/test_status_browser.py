@@ -34,9 +34,13 @@ from tests.test_status_page import OTHER_REPLICA, THIS_REPLICA, seed, write_conf
 CHROMIUM = next(
     (found for name in ("chromium", "chromium-browser") if (found := shutil.which(name))), None
 )
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="headless Chromium is not installed (Debian: apt-get install chromium)",
+    ),
+    pytest.mark.usefixtures("system_processes"),
+]
 DOCS = ROOT / "docs" / "status-page"
 CONSOLE = re.compile(r":CONSOLE[:(]\d+\)?\] (.*)")
 VIEWS = {

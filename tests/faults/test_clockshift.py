@@ -49,6 +49,10 @@ print(json.dumps(report))
 """
 
 
+# The fault suite's clock shim, compiled with cc: system tier.
+pytestmark = pytest.mark.usefixtures("system_processes")
+
+
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.faults import checker, nemesis
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
 SEED = int(os.environ.get("FAULT_SEED", "20261201"))
 DURATION = float(os.environ.get("FAULT_DURATION", "45"))
