@@ -65,6 +65,7 @@ def ticks_between(first: datetime, last: datetime) -> list[str]:
     return [run_key_for(first + timedelta(seconds=n)) for n in range(count + 1)]
 
 
+@pytest.mark.usefixtures("system_processes")
 def test_all_replicas_stopped_across_ticks_then_restarted_leave_exactly_one_record_per_tick(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
@@ -108,6 +109,7 @@ def test_all_replicas_stopped_across_ticks_then_restarted_leave_exactly_one_reco
     assert 1 == len({row["owner"] for row in missed})
 
 
+@pytest.mark.usefixtures("system_processes")
 def test_pause_across_three_replicas_skips_ticks_as_paused_and_resume_runs_again(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:

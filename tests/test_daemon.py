@@ -20,7 +20,7 @@ import pytest
 from pgcrond.storage.embedded import LocalServer
 from tests.daemon_harness import Cluster, Replica, cluster, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
 LEDGER = "tests.ledger_jobs:record"
 

@@ -74,6 +74,7 @@ def test_trigger_from_three_shells_at_once_runs_the_job_once(
     assert "ran here: success" in winner_output
 
 
+@pytest.mark.usefixtures("system_processes")
 def test_metrics_of_a_running_daemon_move_after_runs(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
@@ -112,6 +113,7 @@ def test_readyz_follows_the_database_down_and_back(
         wait_until(lambda: get(f"{base}/readyz")[0] == 200, 30, "/readyz to turn 200 again")
 
 
+@pytest.mark.usefixtures("system_processes")
 def test_a_killed_daemon_takes_its_job_process_with_it(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
@@ -138,6 +140,7 @@ def test_a_killed_daemon_takes_its_job_process_with_it(
         wait_until(gone, 5, "the orphaned job process to die")
 
 
+@pytest.mark.usefixtures("system_processes")
 def test_the_database_password_reaches_neither_logs_nor_jobs(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:

@@ -732,6 +732,7 @@ def http_status(url: str) -> int | None:
         return None
 
 
+@pytest.mark.usefixtures("system_processes")
 def test_daemon_started_as_the_unit_says_gets_ready_and_stops_cleanly_on_sigterm(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:

@@ -33,7 +33,7 @@ from tests.ledger_jobs import LEDGER_DDL
 from tests.replication import ReplicatedPair, replicated_pair
 from tests.test_daemon import LEDGER, at, attempted_initial, config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
 # Longer than a failover here takes (about 1-3 s from the crash to the first
 # claim on the promoted server), short enough that losers re-check in the test.

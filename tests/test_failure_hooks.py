@@ -52,6 +52,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
 def test_a_final_failure_reaches_the_webhook_and_the_command_once(
     pg_dsn: str, schema: str, tmp_path: Path, receiver: Receiver
 ) -> None:

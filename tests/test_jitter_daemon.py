@@ -20,7 +20,7 @@ from pgcrond.core.schedule import tick_of
 from tests.daemon_harness import cluster, wait_until
 from tests.test_daemon import LEDGER, config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
 JITTER = timedelta(milliseconds=900)
 

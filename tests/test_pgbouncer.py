@@ -85,6 +85,7 @@ async def test_the_probe_finds_no_pooler_on_a_direct_connection(pg_dsn: str) -> 
 @pytest.mark.parametrize(
     ("mode", "pool_size"), [("transaction", 1), ("transaction", 20), ("session", 20)]
 )
+@pytest.mark.usefixtures("system_processes")
 async def test_the_probe_tells_session_from_transaction_pooling(
     pg_dsn: str, mode: bouncer.PoolMode, pool_size: int
 ) -> None:
@@ -92,6 +93,7 @@ async def test_the_probe_tells_session_from_transaction_pooling(
         assert mode == await probe(running.dsn)
 
 
+@pytest.mark.usefixtures("system_processes")
 async def test_the_probe_gives_up_within_its_bound_instead_of_hanging(pg_dsn: str) -> None:
     # Session pooling with one server connection: the probe's second client
     # can never get one. It must say "unknown", not wait for PgBouncer's 120 s.
@@ -113,6 +115,7 @@ async def test_the_probe_gives_up_within_its_bound_instead_of_hanging(pg_dsn: st
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
 def test_three_replicas_run_every_tick_once_with_both_guards(
     pooler: bouncer.PgBouncer, schema: str, tmp_path: Path
 ) -> None:
@@ -153,6 +156,7 @@ def test_three_replicas_run_every_tick_once_with_both_guards(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
 def test_a_killed_lease_winner_is_taken_over(
     pooler: bouncer.PgBouncer, schema: str, tmp_path: Path
 ) -> None:
@@ -190,6 +194,7 @@ def advisory_cluster_config(schema: str, cron: str, sleep: float) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
 def test_a_killed_advisory_winner_frees_the_lock_and_the_next_tick_runs(
     pooler: bouncer.PgBouncer, pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
@@ -217,6 +222,7 @@ def test_a_killed_advisory_winner_frees_the_lock_and_the_next_tick_runs(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
 def test_a_lost_advisory_lock_stops_the_run(
     pooler: bouncer.PgBouncer, pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:

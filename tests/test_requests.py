@@ -179,6 +179,7 @@ REPORT = f'  report: {{cron: "0 3 * * *", entrypoint: {LEDGER}}}\n'
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
 def test_detach_from_three_shells_with_three_replicas_runs_once_within_a_second(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
@@ -221,6 +222,7 @@ def test_detach_from_three_shells_with_three_replicas_runs_once_within_a_second(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
 def test_a_request_made_while_no_daemon_runs_is_run_when_one_starts(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
@@ -302,6 +304,7 @@ def statements(server: LocalServer, mark: int) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(bouncer.binary() is None, reason="pgbouncer is not installed")
+@pytest.mark.usefixtures("system_processes")
 def test_behind_transaction_pooling_requests_are_polled_not_lost(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:

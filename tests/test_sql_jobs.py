@@ -413,6 +413,7 @@ def transaction_pooler(pg_dsn: str) -> Iterator[bouncer.PgBouncer]:
         yield running
 
 
+@pytest.mark.usefixtures("system_processes")
 async def test_an_sql_job_commits_with_its_success_behind_pgbouncer_transaction_pooling(
     transaction_pooler: bouncer.PgBouncer, schema: str, tmp_path: Path
 ) -> None:
@@ -464,6 +465,7 @@ def fault_config(schema: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
 def test_under_kills_pauses_and_cuts_every_tick_s_row_exists_exactly_once(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
