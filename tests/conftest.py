@@ -130,6 +130,7 @@ def _tier_guard(item: pytest.Item) -> Iterator[None]:
         if tier == "unit":
             for name in ("fork", "posix_spawn", "posix_spawnp", "system"):
                 patch.setattr(os, name, no_process)
+            patch.setattr(psycopg, "connect", no_database)  # an alias, bound at import
             patch.setattr(psycopg.Connection, "connect", no_database)
             patch.setattr(psycopg.AsyncConnection, "connect", no_database)
         try:

@@ -49,6 +49,11 @@ class Replica:
     env: dict[str, str]
     extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
+    # The log is read by offset: a wait polls every 50 ms, and re-parsing a
+    # debug log from its start each time took CPU the replicas under test need.
+    _read_to: int = field(default=0, init=False, repr=False)
+    _partial: bytes = field(default=b"", init=False, repr=False)
+    _parsed: list[Event] = field(default_factory=list, init=False, repr=False)
 
     def start(self) -> Replica:
         log = self.log_path.open("ab")
@@ -81,16 +86,21 @@ class Replica:
         return self.process.pid
 
     def events(self, name: str | None = None) -> list[Event]:
-        found = []
-        with contextlib.suppress(FileNotFoundError):
-            for line in self.log_path.read_text(errors="replace").splitlines():
-                if not line.startswith("{"):
+        """Every JSON event logged so far (across restarts), oldest first."""
+        self._read_new_lines()
+        return [e for e in self._parsed if name is None or e.get("event") == name]
+
+    def _read_new_lines(self) -> None:
+        with contextlib.suppress(FileNotFoundError), self.log_path.open("rb") as log:
+            log.seek(self._read_to)
+            chunk = log.read()
+            self._read_to += len(chunk)
+            *lines, self._partial = (self._partial + chunk).split(b"\n")
+            for line in lines:
+                if not line.startswith(b"{"):
                     continue
                 with contextlib.suppress(json.JSONDecodeError):
-                    event = json.loads(line)
-                    if name is None or event.get("event") == name:
-                        found.append(event)
-        return found
+                    self._parsed.append(json.loads(line.decode(errors="replace")))
 
     def wait_event(
         self, name: str, timeout: float = 20, where: Callable[[Event], bool] = lambda e: True
