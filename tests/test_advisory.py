@@ -33,6 +33,7 @@ from pgcrond.storage.advisory import (
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer
 from pgcrond.storage.sql import Queries
+from tests.store_helpers import quick_processes
 
 ROOT = Path(__file__).parent.parent
 VECTORS: dict[str, Any] = json.loads(
@@ -102,7 +103,7 @@ def _contend(
 
 
 def test_thirty_processes_contending_for_one_key_never_hold_it_at_once(pg_dsn: str) -> None:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = quick_processes(_contend)
     processes = 30
     barrier = ctx.Barrier(processes)
     inside = ctx.Value("i", 0, lock=False)

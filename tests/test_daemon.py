@@ -90,8 +90,9 @@ def test_three_replicas_run_every_tick_exactly_once(
     with cluster(pg_dsn, schema, tmp_path) as running:
         replicas = running.start(running.write_config(config(schema, jobs)), 3)
         window_start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
-        window_end = window_start + timedelta(seconds=30)
-        # The window is the test's subject: wait it out, then stop the replicas.
+        # 15 ticks of two jobs, 90 claims of three replicas racing: the window
+        # is the test's subject, wait it out, then stop the replicas.
+        window_end = window_start + timedelta(seconds=15)
         time.sleep((window_end - datetime.now(UTC)).total_seconds() + 1.5)
         for replica in replicas:
             replica.signal(signal.SIGTERM)

@@ -19,7 +19,7 @@ from pgcrond.errors import DatabaseUnavailable, LeaseLost, ValidationError
 from pgcrond.storage.embedded import LocalServer
 from pgcrond.storage.leases import Acquired, NotAcquired, SyncLeaseStore
 from pgcrond.storage.sql import migrations
-from tests.store_helpers import count_round_trips, open_store
+from tests.store_helpers import count_round_trips, open_store, quick_processes
 
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))
 
@@ -82,7 +82,7 @@ def test_processes_racing_many_identities_win_each_exactly_once(pg_dsn: str, sch
     with SyncLeaseStore(pg_dsn, schema=schema) as store:
         store.migrate()
     run_keys = [f"2026-01-01T01:{n:02d}:00Z" for n in range(30)]
-    ctx = multiprocessing.get_context("spawn")
+    ctx = quick_processes(_race_in_process)
     queue: multiprocessing.Queue[tuple[str, str]] = ctx.Queue()
     workers = [
         ctx.Process(target=_race_in_process, args=(pg_dsn, schema, run_keys, queue))
