@@ -25,6 +25,8 @@ def test_redact_hides_every_form_of_password(dsn: str, expected: str) -> None:
     assert expected == redact(dsn)
 
 
+# A real libpq connection attempt (refused): the integration tier's.
+@pytest.mark.usefixtures("pg_dsn")
 def test_a_driver_error_quoting_the_dsn_is_redacted() -> None:
     with pytest.raises(psycopg.Error) as info:
         psycopg.connect("host=127.0.0.1 port=1 password=s3cret connect_timeout=1 user=x")
