@@ -7,25 +7,9 @@ stay fast and never import the database driver.
 from __future__ import annotations
 
 import argparse
-import enum
 import importlib
 import sys
 from collections.abc import Sequence
-
-
-class ExitCode(enum.IntEnum):
-    """What every pgcrond command exits with; handlers return one of these."""
-
-    # Done: the config is valid, the daemon stopped cleanly, the run succeeded.
-    OK = 0
-    # The command ran but did not get it done: a triggered run failed, the
-    # operator said no, the row moved on, the daemon stopped on an error.
-    FAILED = 1
-    # Nothing was done: a bad config or argument, or the database refused.
-    ERROR = 2
-    # `trigger`: not run here, because the run key runs or ran elsewhere.
-    NOT_RUN_HERE = 3
-
 
 DESCRIPTION = """\
 pgcrond runs cron jobs on N replicas and lets PostgreSQL decide which replica

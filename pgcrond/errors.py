@@ -7,8 +7,23 @@ the storage boundary, and chained with ``from``.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+
+class ExitCode(enum.IntEnum):
+    """What every pgcrond command exits with; handlers return one of these."""
+
+    # Done: the config is valid, the daemon stopped cleanly, the run succeeded.
+    OK = 0
+    # The command ran but did not get it done: a triggered run failed, the
+    # operator said no, the row moved on, the daemon stopped on an error.
+    FAILED = 1
+    # Nothing was done: a bad config or argument, or the database refused.
+    ERROR = 2
+    # `trigger`: not run here, because the run key runs or ran elsewhere.
+    NOT_RUN_HERE = 3
 
 
 class PgcrondError(Exception):
@@ -82,3 +97,19 @@ class SqlJobFailed(PgcrondError):
     def __init__(self, message: str, sqlstate: str | None = None) -> None:
         self.sqlstate = sqlstate
         super().__init__(message)
+
+
+class DatabaseError(PgcrondError):
+    """The database rejected a statement."""
+
+
+class CommandError(PgcrondError):
+    """The command cannot go on; the message says what to do instead."""
+
+
+class EntrypointError(PgcrondError):
+    """The entrypoint cannot be resolved."""
+
+
+class Unsupported(PgcrondError):
+    """This guard cannot do that."""

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgcrond.cli import ExitCode, main
+from pgcrond.cli import main
 from pgcrond.core import redaction
 from pgcrond.core.durations import parse_duration
+from pgcrond.errors import ExitCode
 
 SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pgcrond.cli import ExitCode, main
+from pgcrond.cli import main
 from pgcrond.config.loader import load_config
-from pgcrond.errors import ConfigError, ConfigIssue
+from pgcrond.errors import ConfigError, ConfigIssue, ExitCode
 
 EMBEDDED = "database: {embedded: true}\n"
 

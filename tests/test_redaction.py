@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict
 
-from pgcrond.cli import ExitCode, main
+from pgcrond.cli import main
 from pgcrond.config.loader import DatabaseConfig, load_config
 from pgcrond.core import redaction
 from pgcrond.core.redaction import redact, split_uri, url_problems
-from pgcrond.errors import ConfigError
+from pgcrond.errors import ConfigError, ExitCode
 
 LEAKY = "postgresql://app:t-PW@x@127.0.0.1:5432/db"
 

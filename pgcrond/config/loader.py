@@ -73,8 +73,8 @@ from pgcrond.core.keys import Identity, KeyHash
 from pgcrond.core.redaction import url_problems
 from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule, Schedule, local_to_instant
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.errors import ConfigError, ConfigIssue, ValidationError
-from pgcrond.run.entrypoints import EntrypointError, resolve
+from pgcrond.errors import ConfigError, ConfigIssue, EntrypointError, ValidationError
+from pgcrond.run.entrypoints import resolve
 
 __all__ = [
     "DATABASE_URL_ENV",

@@ -30,7 +30,6 @@ from apscheduler.executors.base import BaseExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 
-from pgcrond.cli import ExitCode
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.loader import Config, JobConfig, load_config, min_history_retention
 from pgcrond.config.models import prune_rules
@@ -49,7 +48,7 @@ from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.requests import Requests
 from pgcrond.daemon.status_page import StatusPage
 from pgcrond.daemon.watch import ConfigWatcher
-from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError
+from pgcrond.errors import ConfigError, DatabaseUnavailable, ExitCode, PgcrondError
 from pgcrond.fire import FireOutcome, Firing
 from pgcrond.guard import Guards
 from pgcrond.guard.spread import Spread

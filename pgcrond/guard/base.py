@@ -55,7 +55,7 @@ from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
-from pgcrond.errors import PgcrondError
+from pgcrond.errors import Unsupported
 from pgcrond.run.cancel import Cancellation
 
 RefusalReason = Literal[
@@ -177,10 +177,6 @@ class Guard(abc.ABC):
     async def commit_with(self, held: Held, work: SqlWork) -> Committed:
         """Run ``work`` and record SUCCESS in one transaction; see the module docstring."""
         raise Unsupported(f"{type(self).__name__} cannot commit database work with an outcome")
-
-
-class Unsupported(PgcrondError):
-    """This guard cannot do that."""
 
 
 def pausable(identity: Identity) -> bool:

@@ -12,14 +12,14 @@ import argparse
 from datetime import UTC, datetime
 
 from pgcrond.catchup import JobPlan
-from pgcrond.cli import ExitCode
 from pgcrond.daemon.accounting import find_plan, record_plan, run_catch_up, scan_identity
 from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
+from pgcrond.errors import CommandError, ExitCode
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
 from pgcrond.ops import report
-from pgcrond.ops.commands import CommandError, Target, _run
+from pgcrond.ops.commands import Target, _run
 from pgcrond.storage import jobstate
 from pgcrond.storage.leases import LeaseStore, NotAcquired
 

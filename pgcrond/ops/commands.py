@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pgcrond.cli import ExitCode
 from pgcrond.config.loader import (
     DATABASE_URL_ENV,
     DEFAULT_HISTORY_RETENTION,
@@ -33,7 +32,14 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
 from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
-from pgcrond.errors import ConfigError, DatabaseUnavailable, PgcrondError, ValidationError
+from pgcrond.errors import (
+    CommandError,
+    ConfigError,
+    DatabaseUnavailable,
+    ExitCode,
+    PgcrondError,
+    ValidationError,
+)
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
 from pgcrond.ops import report
@@ -43,7 +49,7 @@ from pgcrond.storage.embedded import running_dsn
 from pgcrond.storage.history import abandon_stale, prune
 from pgcrond.storage.leases import LeaseStore
 
-# The exit codes are pgcrond.cli.ExitCode, one enum for every command.
+# The exit codes are pgcrond.errors.ExitCode, one enum for every command.
 EXIT_OK = ExitCode.OK
 # The command ran but did not change anything: the operator said no, or the
 # row moved on between showing and changing it.
@@ -53,10 +59,6 @@ ERROR_WIDTH = 60
 # How long a command waits for its connection before it gives up.
 CONNECT_TIMEOUT_S = 5.0
 POOL_LOGGER = "psycopg.pool"
-
-
-class CommandError(PgcrondError):
-    """The command cannot go on; the message says what to do instead."""
 
 
 @dataclass(frozen=True)

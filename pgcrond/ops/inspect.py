@@ -12,14 +12,13 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pgcrond.cli import ExitCode
 from pgcrond.config.loader import Config, JobConfig, load_config
 from pgcrond.core.actions import Action, CommandAction, HttpAction, ShellAction, SqlAction
 from pgcrond.core.durations import format_duration
 from pgcrond.core.jitter import jitter_shift
 from pgcrond.core.redaction import redact
 from pgcrond.core.schedule import run_key_for
-from pgcrond.errors import ConfigError, ConfigIssue
+from pgcrond.errors import ConfigError, ConfigIssue, ExitCode
 
 
 def check_command(args: argparse.Namespace) -> int:

@@ -8,9 +8,9 @@ outcome is in ``pgcrond history --job CODE``.
 
 from __future__ import annotations
 
-from pgcrond.cli import ExitCode
 from pgcrond.config.loader import JobConfig
 from pgcrond.core.keys import Identity
+from pgcrond.errors import ExitCode
 from pgcrond.ops import report
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.requests import Requested, request_run

@@ -11,13 +11,9 @@ import importlib.metadata
 from collections.abc import Callable
 from typing import Any
 
-from pgcrond.errors import PgcrondError
+from pgcrond.errors import EntrypointError
 
 ENTRY_POINT_GROUP = "pgcrond.jobs"
-
-
-class EntrypointError(PgcrondError):
-    """The entrypoint cannot be resolved."""
 
 
 def resolve(target: str) -> Callable[..., Any]:

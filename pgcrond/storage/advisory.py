@@ -25,6 +25,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 import structlog
+from anyio.from_thread import start_blocking_portal
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -32,7 +33,6 @@ from pgcrond.core.keys import KeyHash, lock_id
 from pgcrond.errors import LeaseLost, ValidationError
 from pgcrond.run.cancel import Cancellation
 from pgcrond.storage.db import Database, connection_settings, translate
-from pgcrond.storage.portal import Portal
 from pgcrond.storage.sql import Queries
 
 P = ParamSpec("P")
@@ -322,13 +322,19 @@ class SyncAdvisoryLock:
     """
 
     def __init__(self, conninfo: str, *, max_size: int = 4) -> None:
-        self._portal = Portal()
         self._db = Database(conninfo, min_size=1, max_size=max_size)
-        self._portal.call(self._db.open())
+        self._portal_cm = start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        try:
+            self._portal.call(self._db.open)
+        except BaseException:
+            # The portal's thread is not a daemon: leaving it would hang the exit.
+            self._portal_cm.__exit__(None, None, None)
+            raise
 
     def close(self) -> None:
-        self._portal.call(self._db.close())
-        self._portal.close()
+        self._portal.call(self._db.close)
+        self._portal_cm.__exit__(None, None, None)
 
     def __enter__(self) -> SyncAdvisoryLock:
         return self
@@ -347,8 +353,9 @@ class SyncAdvisoryLock:
         probe_interval: timedelta = timedelta(seconds=1),
     ) -> Iterator[AdvisoryLease]:
         """As :func:`advisory_lock`, for a ``with`` block in synchronous code."""
-        with _on_portal(
-            self._portal,
+        # Both halves of the async manager run on the portal's loop: the probe
+        # task it starts lives there.
+        with self._portal.wrap_async_context_manager(
             advisory_lock(
                 self._db,
                 key,
@@ -372,19 +379,3 @@ def advisory_lock_sync(
     """
     with SyncAdvisoryLock(conninfo, max_size=1) as guard, guard.lock(key, **options) as lease:
         yield lease
-
-
-@contextlib.contextmanager
-def _on_portal(
-    portal: Portal, manager: contextlib.AbstractAsyncContextManager[AdvisoryLease]
-) -> Iterator[AdvisoryLease]:
-    # Both halves of the async manager must run on the portal's loop: the probe
-    # task it starts lives there.
-    lease = portal.call(manager.__aenter__())
-    try:
-        yield lease
-    except BaseException as exc:
-        if not portal.call(manager.__aexit__(type(exc), exc, exc.__traceback__)):
-            raise
-    else:
-        portal.call(manager.__aexit__(None, None, None))

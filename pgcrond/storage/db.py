@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from pgcrond.core.redaction import redact
-from pgcrond.errors import DatabaseUnavailable, PgcrondError
+from pgcrond.errors import DatabaseError, DatabaseUnavailable, PgcrondError
 
 Query = str | sql.Composed | sql.SQL
 Params = Mapping[str, Any] | None
@@ -83,10 +83,6 @@ def connection_settings(
 # database is down, never a query while idle.
 AttemptWithBackoff.INITIAL_DELAY = 0.5
 AttemptWithBackoff.DELAY_BACKOFF = 1.0
-
-
-class DatabaseError(PgcrondError):
-    """The database rejected a statement."""
 
 
 def translate(exc: Exception) -> PgcrondError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import socket
@@ -701,20 +702,30 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
 
 
 class SyncLeaseStore:
-    """The same lease store for synchronous code, run on a private event loop."""
+    """The same lease store for synchronous code, run on anyio's blocking portal.
+
+    The library is async first; sync callers get the same code run on the
+    portal's private loop instead of a second, drifting implementation.
+    """
 
     def __init__(self, conninfo: str, **options: Any) -> None:
         """``options``: :class:`LeaseStore`'s (``schema``, ``table``, ``owner``)."""
-        from pgcrond.storage.portal import Portal
+        from anyio.from_thread import start_blocking_portal
 
-        self._portal = Portal()
         self._db = Database(conninfo)
-        self._portal.call(self._db.open())
         self.store = LeaseStore(self._db, **options)
+        self._portal_cm = start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        try:
+            self._portal.call(self._db.open)
+        except BaseException:
+            # The portal's thread is not a daemon: leaving it would hang the exit.
+            self._portal_cm.__exit__(None, None, None)
+            raise
 
     def close(self) -> None:
-        self._portal.call(self._db.close())
-        self._portal.close()
+        self._portal.call(self._db.close)
+        self._portal_cm.__exit__(None, None, None)
 
     def __enter__(self) -> SyncLeaseStore:
         return self
@@ -723,18 +734,20 @@ class SyncLeaseStore:
         self.close()
 
     def migrate(self) -> list[int]:
-        return self._portal.call(self.store.migrate())
+        return self._portal.call(self.store.migrate)
 
     def claim(
         self, identity: Identity, timing: LeaseTiming | None = None, *, forbid_overlap: bool = False
     ) -> Acquired | NotAcquired:
-        return self._portal.call(self.store.claim(identity, timing, forbid_overlap=forbid_overlap))
+        return self._portal.call(
+            functools.partial(self.store.claim, identity, timing, forbid_overlap=forbid_overlap)
+        )
 
     def heartbeat(self, lease: Acquired) -> timedelta | None:
-        return self._portal.call(self.store.heartbeat(lease))
+        return self._portal.call(self.store.heartbeat, lease)
 
     def complete(self, lease: Acquired) -> bool:
-        return self._portal.call(self.store.complete(lease))
+        return self._portal.call(self.store.complete, lease)
 
     def fail(
         self,
@@ -745,11 +758,11 @@ class SyncLeaseStore:
         retry_after: timedelta | None = timedelta(0),
     ) -> bool:
         return self._portal.call(
-            self.store.fail(lease, error, reason=reason, retry_after=retry_after)
+            functools.partial(self.store.fail, lease, error, reason=reason, retry_after=retry_after)
         )
 
     def release(self, lease: Acquired) -> bool:
-        return self._portal.call(self.store.release(lease))
+        return self._portal.call(self.store.release, lease)
 
     def run_exclusive(
         self,
@@ -765,7 +778,11 @@ class SyncLeaseStore:
             return await asyncio.to_thread(fn, lease)
 
         return self._portal.call(
-            self.store.run_exclusive(
-                identity, in_thread, timing=timing, forbid_overlap=forbid_overlap
+            functools.partial(
+                self.store.run_exclusive,
+                identity,
+                in_thread,
+                timing=timing,
+                forbid_overlap=forbid_overlap,
             )
         )
