@@ -239,11 +239,11 @@ def test_check_dash_reads_stdin(
 
 
 def test_the_exit_codes_are_one_enum() -> None:
-    from pgcrond.ops import commands
+    from pgcrond.ops import session, trigger
 
     assert (0, 1, 2, 3) == (ExitCode.OK, ExitCode.FAILED, ExitCode.ERROR, ExitCode.NOT_RUN_HERE)
-    assert ExitCode.NOT_RUN_HERE is commands.EXIT_NOT_RUN_HERE
-    assert ExitCode.ERROR is commands.EXIT_ERROR
+    assert ExitCode.NOT_RUN_HERE is trigger.EXIT_NOT_RUN_HERE
+    assert ExitCode.ERROR is session.EXIT_ERROR
 
 
 # --- one listen parser -----------------------------------------------------------------

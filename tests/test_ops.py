@@ -18,7 +18,7 @@ from psycopg.rows import dict_row
 from pgcrond.cli import main
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.ops import commands as ops
+from pgcrond.ops import session as ops
 from pgcrond.storage.history import prune
 from pgcrond.storage.leases import Acquired, NotAcquired, SyncLeaseStore
 from pgcrond.storage.sql import migrations

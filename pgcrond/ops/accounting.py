@@ -19,22 +19,22 @@ from pgcrond.errors import CommandError, ExitCode
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
 from pgcrond.ops import report
-from pgcrond.ops.commands import Target, _run
+from pgcrond.ops.session import Target, run_command
 from pgcrond.storage import jobstate
 from pgcrond.storage.leases import LeaseStore, NotAcquired
 
 
 def pause_command(args: argparse.Namespace) -> int:
-    return _run(args, _pause, needs_table=False)
+    return run_command(args, _pause, needs_table=False)
 
 
 def resume_command(args: argparse.Namespace) -> int:
-    return _run(args, _resume)
+    return run_command(args, _resume)
 
 
 def catch_up_command(args: argparse.Namespace) -> int:
     configure(args.log_format, args.log_level)
-    return _run(args, _catch_up)
+    return run_command(args, _catch_up)
 
 
 def _codes(args: argparse.Namespace, target: Target) -> list[str]:

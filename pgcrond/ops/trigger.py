@@ -1,0 +1,64 @@
+"""`pgcrond trigger`: one manual run here and now, or recorded for the daemons (``--detach``)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+
+from pgcrond.core.keys import Identity
+from pgcrond.daemon.logs import configure
+from pgcrond.daemon.metrics import Metrics
+from pgcrond.errors import CommandError, ExitCode
+from pgcrond.fire import Firing
+from pgcrond.guard import Guards
+from pgcrond.ops.session import EXIT_NOT_DONE, EXIT_OK, Target, run_command
+from pgcrond.storage.leases import LeaseStore
+
+# What `pgcrond trigger` exits with when this process did not run the job.
+EXIT_NOT_RUN_HERE = ExitCode.NOT_RUN_HERE
+
+
+def manual_run_key(now: datetime) -> str:
+    """``manual:<UTC minute>``: shells triggering the same job in the same minute agree."""
+    return "manual:" + now.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def trigger_command(args: argparse.Namespace) -> int:
+    configure(args.log_format, args.log_level)
+    return run_command(args, _trigger, needs_table=False)
+
+
+async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
+    if target.config is None:
+        raise CommandError("trigger needs -c CONFIG: the job's definition comes from it")
+    job = target.config.jobs.get(args.code)
+    if job is None:
+        known = ", ".join(sorted(target.config.jobs)) or "none"
+        raise CommandError(f"no job {args.code!r} in the config (jobs: {known})")
+    await store.migrate()
+    now = datetime.now(UTC)
+    if getattr(args, "detach", False):
+        # Recorded for the daemons (pgcrond.ops.requests); nothing runs here.
+        from pgcrond.ops.requests import detach
+
+        return await detach(job, args.run_key or manual_run_key(now), store)
+    identity = Identity.schedule(job.code, args.run_key or manual_run_key(now))
+    firing = Firing(guards=Guards(store, store.db).for_job, metrics=Metrics(), replica=store.owner)
+    outcome = await firing.fire(job, now, identity, follow=False)
+    print(f"{job.code} {identity.run_key}: {TRIGGER_OUTCOMES.get(outcome, outcome)}")
+    if outcome == "success":
+        return EXIT_OK
+    return EXIT_NOT_RUN_HERE if outcome in ("lose", "skip", "misfire") else EXIT_NOT_DONE
+
+
+TRIGGER_OUTCOMES = {
+    "success": "ran here: success",
+    "lose": "not run here: this run key is running or done elsewhere (pass --run-key to run again)",
+    "skip": "not run: the previous run of this job is still going (concurrency: forbid)",
+    "misfire": "not run: the database could not be reached",
+    "fail": "ran here: failed (see the log above; retried here if the job has retries)",
+    "timeout": "ran here: stopped at its timeout",
+    "cancelled": "ran here: stopped before it finished",
+    "lease_lost": "ran here, but its lease was lost before it finished: "
+    "the outcome is not recorded",
+}
