@@ -70,6 +70,9 @@ LONG_SLEEP_S = 3.0
 ENTRYPOINT = "tests.faults.ledger:record"
 LEDGER_MODULE = "tests.faults.ledger"
 SQL_RETRIES = {"retries": "5", "retry_delay": "300ms"}
+# The longest chain of retries of a tick that started in the window (sql-flaky's
+# 1.5-3, 3-6, 6-12 s): how much longer settling may wait for pending retries.
+RETRIES_S = 25.0
 KINDS = (
     "kill",
     "pause",
@@ -144,10 +147,9 @@ JOBS = (
     Job("tick-b", 1),
     # A short forbid job: SKIPPED only while an earlier tick holds a live lease.
     Job("tick-forbid", 2, forbid=True),
-    # Fails its first attempt; the retry goes through the lease.
-    Job(
-        "flaky", 3, extra={"retries": "2", "retry_delay": "500ms"}, env={"FAULT_FAIL_ATTEMPTS": "1"}
-    ),
+    # Fails its first attempt; the retry goes through the lease, 3-6 s later
+    # (longer than `pgcrond pause` takes: job_pause finds a retry pending).
+    Job("flaky", 3, extra={"retries": "2", "retry_delay": "6s"}, env={"FAULT_FAIL_ATTEMPTS": "1"}),
     # Long jobs on a 2 s lease: they live on heartbeats.
     Job("long", 4, sleep_s=LONG_SLEEP_S),
     Job("long-forbid", 2, forbid=True, sleep_s=LONG_SLEEP_S),
@@ -163,7 +165,7 @@ JOBS = (
         "sql-flaky",
         3,
         action="sql",
-        extra=SQL_RETRIES,
+        extra={"retries": "4", "retry_delay": "3s"},
         # Division by zero on the first attempt: rolled back, retried.
         sql_before=("SELECT 1 / (CASE WHEN :attempt <= 1 THEN 0 ELSE 1 END)",),
     ),
@@ -539,7 +541,9 @@ class Cluster:
         hold = self.rng.uniform(3.0, 6.0)
         # Mostly just after an attempt failed (its retry is due while paused), or
         # while one runs (its owner may die: the takeover is due while paused).
-        self._await_row(codes, "status = 'FAIL' AND retry_at > clock_timestamp()", 4.0)
+        self._await_row(
+            codes, "status = 'FAIL' AND retry_at > clock_timestamp() + interval '1.5 s'", 4.0
+        )
         begin = self.db_now()
         self.operate(*(("pause", "--all") if target == checker.ALL_JOBS else ("pause", target)))
         paused, lift_at = self.db_now(), time.monotonic() + hold
@@ -606,7 +610,8 @@ class Cluster:
         for replica in self.replicas.values():
             replica.signal(signal.SIGCONT)
         quiet_from = window_end + GRACE + timedelta(seconds=1)
-        give_up = quiet_from + 2 * LEASE + timedelta(seconds=LONG_SLEEP_S + 5)
+        # Bounds only: settling ends as soon as nothing is left to do.
+        give_up = quiet_from + 2 * LEASE + timedelta(seconds=LONG_SLEEP_S + 5 + RETRIES_S)
         if self.requested:
             give_up = max(give_up, self.db_now() + REQUEST_SETTLE)
         last_key = _key(window_end)
@@ -618,10 +623,11 @@ class Cluster:
             if now < quiet_from:
                 return False
             with psycopg.connect(self.direct, autocommit=True) as conn:
-                # Every tick of the window and every request ended; no request
-                # left undone.
+                # Every tick of the window and every request ended (no row
+                # RUNNING, no retry pending); no request left undone.
                 row = conn.execute(
-                    f"SELECT (SELECT count(*) FROM {SCHEMA}.{TABLE} WHERE status = 'RUNNING' "
+                    f"SELECT (SELECT count(*) FROM {SCHEMA}.{TABLE} "
+                    "WHERE (status = 'RUNNING' OR (status = 'FAIL' AND retry_at IS NOT NULL)) "
                     "AND code NOT LIKE 'pgcrond:%%' "
                     "AND (run_key IS NULL OR run_key <= %s OR run_key LIKE 'request:%%')) "
                     f"+ (SELECT count(*) FROM {SCHEMA}.{TABLE}_requests WHERE done_at IS NULL)",
