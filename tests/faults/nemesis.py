@@ -605,37 +605,51 @@ class Cluster:
             self.collect_requests(wait=True)
 
     def settle(self, window_end: datetime) -> None:
-        """Wait until every tick of the window is past its grace and no row of it RUNNING."""
+        """Wait until the window's ticks and the requests are done, each within its bound.
+
+        The window's ticks: past their grace, no row RUNNING, no retry pending.
+        The requests: each done, no row RUNNING. The bounds only stop the wait
+        for what a defect left undone; settling ends as soon as nothing is left.
+        """
         self.proxy.heal()
         for replica in self.replicas.values():
             replica.signal(signal.SIGCONT)
         quiet_from = window_end + GRACE + timedelta(seconds=1)
-        # Bounds only: settling ends as soon as nothing is left to do.
-        give_up = quiet_from + 2 * LEASE + timedelta(seconds=LONG_SLEEP_S + 5 + RETRIES_S)
-        if self.requested:
-            give_up = max(give_up, self.db_now() + REQUEST_SETTLE)
+        ticks_by = quiet_from + 2 * LEASE + timedelta(seconds=LONG_SLEEP_S + 5 + RETRIES_S)
+        requests_by = self.db_now() + REQUEST_SETTLE
         last_key = _key(window_end)
+
+        def open_rows(conn: psycopg.Connection[Any], which: str) -> int:
+            """Rows of ``which`` ticks still RUNNING or with a retry pending."""
+            row = conn.execute(
+                f"SELECT count(*) FROM {SCHEMA}.{TABLE} "
+                "WHERE (status = 'RUNNING' OR (status = 'FAIL' AND retry_at IS NOT NULL)) "
+                f"AND code NOT LIKE 'pgcrond:%%' AND {which}",
+                {"last_key": last_key},
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
 
         def settled() -> bool:
             now = self.db_now()
-            if now >= give_up:
-                return True
             if now < quiet_from:
                 return False
             with psycopg.connect(self.direct, autocommit=True) as conn:
-                # Every tick of the window and every request ended (no row
-                # RUNNING, no retry pending); no request left undone.
-                row = conn.execute(
-                    f"SELECT (SELECT count(*) FROM {SCHEMA}.{TABLE} "
-                    "WHERE (status = 'RUNNING' OR (status = 'FAIL' AND retry_at IS NOT NULL)) "
-                    "AND code NOT LIKE 'pgcrond:%%' "
-                    "AND (run_key IS NULL OR run_key <= %s OR run_key LIKE 'request:%%')) "
-                    f"+ (SELECT count(*) FROM {SCHEMA}.{TABLE}_requests WHERE done_at IS NULL)",
-                    (last_key,),
+                ticks = now >= ticks_by or not open_rows(
+                    conn, "(run_key IS NULL OR run_key <= %(last_key)s)"
+                )
+                undone = conn.execute(
+                    f"SELECT count(*) FROM {SCHEMA}.{TABLE}_requests WHERE done_at IS NULL"
                 ).fetchone()
-            return row is not None and row[0] == 0
+                requests = now >= requests_by or (
+                    undone is not None
+                    and undone[0] == 0
+                    and not open_rows(conn, "run_key LIKE 'request:%%'")
+                )
+            return ticks and requests
 
-        wait_until(settled, (give_up - self.db_now()).total_seconds() + 30, "the cluster to settle")
+        bound = max(ticks_by, requests_by) - self.db_now()
+        wait_until(settled, bound.total_seconds() + 30, "the cluster to settle")
 
     # -- observing ----------------------------------------------------------------------
 
