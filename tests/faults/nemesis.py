@@ -260,6 +260,8 @@ class Observations:
     def logs_about(self, job: str, run_key: str, limit: int = 20) -> list[str]:
         """The replicas' log events about one tick, oldest first: to explain a violation."""
         found: list[tuple[str, str]] = []
+        if not job or not run_key:  # a crash outside any fire: its detail says it all
+            return []
         for spawn in self.spawns:
             with contextlib.suppress(FileNotFoundError):
                 for line in spawn.log.read_text(errors="replace").splitlines():
