@@ -3,10 +3,12 @@
     .venv/bin/python -m bench.faults --duration 600 --seed N [--ref HEAD] [--keep DIR]
 
 Runs tests/faults/nemesis.py (three real replicas through the fault proxy, a
-throwaway PostgreSQL of its own, a seeded schedule of kills, SIGSTOPs, server
-restarts, connection cuts, partitions, blackholes and clock skew) for
-``--duration`` seconds, lets the cluster settle, and checks the ledger against
-the lease table (tests/faults/checker.py). Progress goes to stderr. The table
+throwaway PostgreSQL of its own, entrypoint, command and ``sql:`` jobs, a seeded
+schedule of kills, SIGSTOPs, server restarts, connection cuts, partitions,
+blackholes, clock skew and pause/resume, with detached requests) for
+``--duration`` seconds, lets the cluster settle, and checks the ledger, the
+requests and the replicas' logs (crashed fires) against the lease table
+(tests/faults/checker.py). Progress goes to stderr. The table
 goes to stdout: aligned text on a terminal, otherwise one JSON line per fault
 kind (``"fault": "none"``: violations near no fault; ``"total"``: all), then
 one JSON line per kind of violation with its first example (``--examples``
@@ -50,7 +52,9 @@ def main() -> int:
             print(checker.table_text(report))
             print(
                 f"\nseed {args.seed}, {args.duration:g}s: {report.ticks_checked} ticks checked, "
-                f"{report.effects} effects, {len(report.violations)} violations"
+                f"{report.effects} effects, {len(observations.requests)} requests, "
+                f"{len(observations.pauses)} pauses, {len(report.violations)} violations "
+                f"({report.total('crashed_fire')} crashed fires)"
             )
         else:
             for row in report.rows():

@@ -10,14 +10,39 @@ Inputs, all read after the cluster settled, every time by the database clock:
   each claim;
 * the **fault log**: each fault's kind, start and end, and the replica's pids
   it hit (none: the whole cluster);
-* the jobs (period, misfire grace, forbid, run-once) and the run window.
+* the jobs (period, misfire grace, forbid, run-once, ``sql:``) and the run window;
+* the **detached requests** made during the run (``pgcrond trigger --detach``:
+  job, run key, when), the **pauses** (``pgcrond pause`` / ``resume``: the job
+  or ``*``, when each command ran and returned) and the **crashes** the
+  replicas' logs show (:func:`crashes_in_log`).
+
+An ``sql:`` job's effect is its ledger row, inserted by its statements in the
+transaction that records its SUCCESS: it has no 'start' row, and none of the
+lease's inherent limits applies to it (a second effect, or an effect without
+its SUCCESS, is a defect whatever the faults).
 
 :func:`check` returns every violation of these invariants:
 
 ``lost_tick``
-    a tick in the window with no finished run ('end') and no SKIPPED row of a
-    ``concurrency: forbid`` job, unless the database was unreachable for the
-    whole of the tick's misfire window; a run-once job that never finished.
+    a tick in the window with no finished run ('end'), no SKIPPED/overlap row
+    of a ``concurrency: forbid`` job and no SKIPPED/paused row written while a
+    pause of the job was in force, unless the database was unreachable for
+    the whole of the tick's misfire window; a run-once job that never finished.
+``lost_request``
+    a detached request with no finished run: requests are never missed,
+    paused or skipped (the jobs requested allow overlap).
+``duplicate_sql``
+    more than one effect for one tick or request of an ``sql:`` job.
+``ran_while_paused``
+    a claim (a first run, a retry or a takeover) of a tick of a paused job
+    whose statement reached the server after the pause command returned and
+    before the resume command began; or any claim of a tick after it was
+    recorded SKIPPED/paused. Manual runs (requests) are never paused.
+``crashed_fire``
+    an exception escaping a fire, or any other unhandled exception in a
+    replica: ``fire_crashed``, ``uncaught_exception``, asyncio's "exception
+    was never retrieved" / "Exception in callback", a logged traceback, or a
+    bare traceback on a replica's stderr.
 ``duplicate_current`` / ``duplicate_fenced``
     more than one effect ('end') for one tick. The effect of the tick's
     recorded owner is the one that counts; every other one is a duplicate by
@@ -57,6 +82,7 @@ Inputs, all read after the cluster settled, every time by the database clock:
     its tick (plus ``start_slack``: the ledger row is written just after the
     claim), or any run earlier than the tick itself. Retries and takeovers of
     a started tick are not bounded by the grace: the tick is followed to its end.
+    An ``sql:`` job's start is its first claim (from the history), else its effect.
 
 Every violation is attributed to the faults it may be due to: those of its
 replicas (or cluster-wide ones) active during its span, extended by
@@ -65,7 +91,10 @@ replicas (or cluster-wide ones) active during its span, extended by
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -74,7 +103,9 @@ from typing import Any
 
 KINDS = (
     "lost_tick",
+    "lost_request",
     "duplicate_current",
+    "duplicate_sql",
     "duplicate_lapsed",
     "duplicate_fenced",
     "fenced_outcome",
@@ -85,6 +116,8 @@ KINDS = (
     "forbid_overlap",
     "started_late",
     "started_early",
+    "ran_while_paused",
+    "crashed_fire",
 )
 # The lease's inherent limit, reported but not a defect: an effect written by
 # an owner that was fenced before it wrote, or whose lease lapsed at the
@@ -94,6 +127,13 @@ INHERENT = frozenset({"duplicate_fenced", "duplicate_lapsed", "outcome_lapsed"})
 UNREACHABLE = frozenset({"pg_restart", "partition", "blackhole"})
 INITIAL = "INITIAL"
 TERMINAL = ("end", "fail", "cancelled")
+ALL_JOBS = "*"
+# Log events that are an exception escaping a fire or a task (pgcrond's own,
+# and what asyncio says of a task or callback whose exception nobody handled).
+CRASH_EVENTS = frozenset({"fire_crashed", "uncaught_exception"})
+CRASH_TEXTS = ("exception was never retrieved", "Exception in callback", "Unhandled error")
+TRACEBACK = "Traceback (most recent call last)"
+_TICK_KEY = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
 @dataclass(frozen=True)
@@ -104,6 +144,8 @@ class JobSpec:
     every_s: int | None
     misfire_grace: timedelta
     forbid: bool = False
+    # An sql: job: its effect commits with its SUCCESS (no 'start' row).
+    sql: bool = False
 
     @property
     def once(self) -> bool:
@@ -152,6 +194,13 @@ class LeaseVersion:
     op: str = "UPDATE"
     # The lease's expiry as this version left it (the database's clock).
     expires_at: datetime | None = None
+    # When the statement that wrote it reached the server (statement_timestamp()):
+    # what it read of the job-state table is as of then. None: use ``at``.
+    stmt_at: datetime | None = None
+
+    @property
+    def sent_at(self) -> datetime:
+        return self.stmt_at or self.at
 
 
 @dataclass(frozen=True)
@@ -171,6 +220,47 @@ class Window:
 
     start: datetime
     end: datetime
+
+
+@dataclass(frozen=True)
+class Request:
+    """A detached request (``pgcrond trigger --detach``), recorded by ``at``."""
+
+    job: str
+    run_key: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Pause:
+    """One ``pgcrond pause CODE`` (``*``: every job) and its ``resume``, by the database clock.
+
+    Ticks claimed between ``paused`` (the pause command returned: committed)
+    and ``lifting`` (the resume command began) must be SKIPPED/paused; from
+    ``begin`` to ``lifted`` a tick may be either.
+    """
+
+    code: str
+    begin: datetime
+    paused: datetime
+    lifting: datetime
+    lifted: datetime
+
+    def holds(self, job: str) -> bool:
+        return self.code in (job, ALL_JOBS)
+
+
+@dataclass(frozen=True)
+class Crash:
+    """An unhandled exception a replica's log shows."""
+
+    replica: str
+    pid: int
+    at: datetime
+    event: str
+    job: str = ""
+    run_key: str = ""
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,6 +337,9 @@ def check(
     window: Window,
     history: Iterable[LeaseVersion] = (),
     *,
+    requests: Sequence[Request] = (),
+    pauses: Sequence[Pause] = (),
+    crashes: Sequence[Crash] = (),
     start_slack: timedelta = timedelta(milliseconds=500),
     horizon: timedelta = timedelta(seconds=3),
 ) -> Report:
@@ -266,28 +359,47 @@ def check(
     found: list[Violation] = []
     ticks_checked = 0
     for job in jobs:
+        mine = [p for p in pauses if p.holds(job.code)]
         in_window = [""] if job.once else [_key(t) for t in _ticks(job.every_s, window)]
         # Also the ticks before the window's end that left rows behind (before the
         # window, or off the job's grid): all settled, so all checked but for losses.
         # Later ticks may still be running; they are not looked at.
         keys = in_window + sorted(
-            {k for (code, k) in by_tick if code == job.code and k and _parse(k) <= window.end}
+            {
+                k
+                for (code, k) in by_tick
+                if code == job.code and _is_tick(k) and _parse(k) <= window.end
+            }
             - set(in_window)
         )
-        for key in keys:
+        asked = {r.run_key: r for r in requests if r.job == job.code}
+        # Manual run keys: the requests, and any other that left rows (checked
+        # but for losses).
+        manual = sorted(
+            set(asked) | {k for (code, k) in by_tick if code == job.code and k and not _is_tick(k)}
+        )
+        for key in keys + manual:
             rows = by_tick.get((job.code, key), [])
             lease = lease_by_tick.get((job.code, key))
             tick_claims = claims.get((job.code, key), [])
+            tick_versions = versions.get((job.code, key), [])
             if key in in_window:
                 ticks_checked += 1
-                found += _lost(job, key, rows, lease, faults)
-                found += _stuck(job, key, rows, lease, window)
-            found += _duplicates(job, key, rows, lease, tick_claims, versions.get((job.code, key)))
-            found += _outcomes(job, key, rows, lease, tick_claims, versions.get((job.code, key)))
-            if not job.once:
-                found += _timing(job, key, rows, start_slack)
+                found += _lost(job, key, rows, lease, faults, mine, tick_versions)
+                since = _parse(key) if key else (rows[0].at if rows else window.start)
+                found += _stuck(job, key, rows, lease, since)
+            elif key in asked:
+                ticks_checked += 1
+                found += _lost_request(job, asked[key], rows, lease)
+                found += _stuck(job, key, rows, lease, asked[key].at)
+            found += _duplicates(job, key, rows, lease, tick_claims, tick_versions)
+            found += _outcomes(job, key, rows, lease, tick_claims, tick_versions)
+            if _is_tick(key):
+                found += _timing(job, key, rows, tick_claims, start_slack)
+                found += _paused_claims(job, key, rows, tick_versions, mine)
         if job.forbid:
             found += _overlaps(job, by_tick, faults)
+    found += [_crashed(crash) for crash in crashes]
 
     attributed = [_attribute(v, faults, horizon) for v in found]
     attributed.sort(key=lambda v: (v.start, v.kind, v.job, v.run_key))
@@ -304,10 +416,16 @@ def _lost(
     rows: list[LedgerRow],
     lease: LeaseRow | None,
     faults: Sequence[Fault],
+    pauses: Sequence[Pause] = (),
+    versions: Sequence[LeaseVersion] = (),
 ) -> list[Violation]:
     if any(r.phase == "end" for r in rows):
         return []
-    if job.forbid and lease is not None and lease.status == "SKIPPED":
+    skipped = lease is not None and lease.status == "SKIPPED"
+    paused = skipped and lease is not None and lease.reason == "paused"
+    if skipped and not paused and job.forbid:
+        return []
+    if paused and _skipped_while_paused(key, versions, pauses):
         return []
     if job.once:
         start = rows[0].at if rows else datetime.min.replace(tzinfo=UTC)
@@ -323,6 +441,8 @@ def _lost(
         return []
     phases = ", ".join(f"{r.phase}#{r.attempt}(pid {r.pid})" for r in rows) or "no run at all"
     status = "no lease row" if lease is None else f"lease {lease.status}/{lease.reason}"
+    if paused:
+        status += ", with no pause of the job in force"
     return [
         _violation(
             "lost_tick",
@@ -337,12 +457,48 @@ def _lost(
     ]
 
 
+def _skipped_while_paused(
+    key: str, versions: Sequence[LeaseVersion], pauses: Sequence[Pause]
+) -> bool:
+    """Whether the tick's SKIPPED/paused row was written while a pause was in force."""
+    written = next(
+        (v.sent_at for v in versions if v.status == "SKIPPED" and v.reason == "paused"),
+        None,
+    )
+    if written is None:  # no history: the tick itself stands for its claim
+        written = _parse(key) if key else None
+    return written is not None and any(p.begin <= written <= p.lifted for p in pauses)
+
+
+def _lost_request(
+    job: JobSpec, request: Request, rows: list[LedgerRow], lease: LeaseRow | None
+) -> list[Violation]:
+    if any(r.phase == "end" for r in rows):
+        return []
+    phases = ", ".join(f"{r.phase}#{r.attempt}(pid {r.pid})" for r in rows) or "no run at all"
+    status = (
+        "no lease row" if lease is None else f"lease {lease.status}/{lease.reason} ({lease.owner})"
+    )
+    end = max([request.at, *(r.at for r in rows)])
+    return [
+        _violation(
+            "lost_request",
+            job,
+            request.run_key,
+            f"requested at {_iso(request.at)}, no finished run: {phases}; {status}",
+            rows,
+            lease,
+            request.at,
+            end,
+        )
+    ]
+
+
 def _stuck(
-    job: JobSpec, key: str, rows: list[LedgerRow], lease: LeaseRow | None, window: Window
+    job: JobSpec, key: str, rows: list[LedgerRow], lease: LeaseRow | None, start: datetime
 ) -> list[Violation]:
     if lease is None or lease.status != "RUNNING":
         return []
-    start = _parse(key) if key else (rows[0].at if rows else window.start)
     # It should have been resolved within the tick's misfire window.
     end = max([start + job.misfire_grace, *(r.at for r in rows)])
     return [
@@ -387,6 +543,15 @@ def _duplicates(
                 f"{effect.fencing_token} (pid {effect.pid}) besides attempt {keep.attempt} "
                 f"token {keep.fencing_token} (pid {keep.pid})"
             )
+        elif job.sql:
+            # Committed with a SUCCESS under the row's lock: no owner, fenced or
+            # lapsed, may commit a second one.
+            kind = "duplicate_sql"
+            detail = (
+                f"sql: effect committed twice: attempt {effect.attempt} token "
+                f"{effect.fencing_token} (pid {effect.pid}) at {_iso(effect.at)} and attempt "
+                f"{keep.attempt} token {keep.fencing_token} (pid {keep.pid}) at {_iso(keep.at)}"
+            )
         else:
             newer = _newer_claim(effect, claims)
             if newer is None and _lapsed(effect, claims, versions):
@@ -429,13 +594,14 @@ def _outcomes(
     start = rows[0].at if rows else None
     end = rows[-1].at if rows else None
     # Every effect must be the recorded outcome, unless its owner was fenced
-    # before it wrote: then recording nothing is right (duplicate_fenced).
+    # before it wrote: then recording nothing is right (duplicate_fenced). An
+    # sql: job's effect commits with its outcome: never fenced, never lapsed.
     for effect in (r for r in rows if r.phase == "end"):
         if (
             lease is not None
             and lease.status == "SUCCESS"
             and (lease.fencing_token == effect.fencing_token)
-        ) or _newer_claim(effect, claims) is not None:
+        ) or (not job.sql and _newer_claim(effect, claims) is not None):
             continue
         recorded = (
             "no lease row"
@@ -443,7 +609,7 @@ def _outcomes(
             else f"lease {lease.status}/{lease.reason} by attempt {lease.attempt} token "
             f"{lease.fencing_token} ({lease.owner})"
         )
-        lapsed = _lapsed(effect, claims, versions)
+        lapsed = not job.sql and _lapsed(effect, claims, versions)
         found.append(
             _violation(
                 "outcome_lapsed" if lapsed else "lost_outcome",
@@ -511,45 +677,185 @@ def _outcomes(
 
 
 def _timing(
-    job: JobSpec, key: str, rows: list[LedgerRow], start_slack: timedelta
+    job: JobSpec,
+    key: str,
+    rows: list[LedgerRow],
+    claims: list[tuple[int, datetime]],
+    start_slack: timedelta,
 ) -> list[Violation]:
     found = []
     tick = _parse(key)
-    # misfire_grace bounds a tick's first start: once one attempt started, its
-    # retries and takeovers follow the tick to its end, whenever that is.
-    first_start = min((r.attempt for r in rows if r.phase == "start"), default=None)
-    for start in (r for r in rows if r.phase == "start"):
-        if start.at < tick:
+    # (when, what, whether it is the tick's first start, its ledger rows)
+    starts: list[tuple[datetime, str, bool, list[LedgerRow]]] = []
+    if job.sql:
+        # No 'start' row: an attempt begins at its claim (the history), else,
+        # without history, the first attempt at its effect.
+        first_claim = min((at for _, at in claims), default=None)
+        starts = [(at, f"claim of token {token}", at == first_claim, []) for token, at in claims]
+        if not starts:
+            starts = [
+                (r.at, f"attempt 1 token {r.fencing_token} (pid {r.pid}) effect", True, [r])
+                for r in rows
+                if r.phase == "end" and r.attempt == 1
+            ]
+    else:
+        # misfire_grace bounds a tick's first start: once one attempt started, its
+        # retries and takeovers follow the tick to its end, whenever that is.
+        first_start = min((r.attempt for r in rows if r.phase == "start"), default=None)
+        starts = [
+            (
+                r.at,
+                f"attempt {r.attempt} token {r.fencing_token} (pid {r.pid})",
+                r.attempt == first_start,
+                [r],
+            )
+            for r in rows
+            if r.phase == "start"
+        ]
+    for at, what, first, evidence in starts:
+        if at < tick:
             found.append(
                 _violation(
                     "started_early",
                     job,
                     key,
-                    f"attempt {start.attempt} token {start.fencing_token} (pid {start.pid}) "
-                    f"started {(tick - start.at).total_seconds():.3f}s before its tick",
-                    [start],
+                    f"{what} started {(tick - at).total_seconds():.3f}s before its tick",
+                    evidence,
                     None,
-                    start.at,
+                    at,
                     tick,
                 )
             )
-        lateness = start.at - tick
-        if start.attempt == first_start and lateness > job.misfire_grace + start_slack:
+        lateness = at - tick
+        if first and lateness > job.misfire_grace + start_slack:
             found.append(
                 _violation(
                     "started_late",
                     job,
                     key,
-                    f"attempt {start.attempt} token {start.fencing_token} (pid {start.pid}) "
-                    f"started {lateness.total_seconds():.3f}s after its tick "
+                    f"{what} started {lateness.total_seconds():.3f}s after its tick "
                     f"(misfire_grace {job.misfire_grace.total_seconds():g}s)",
-                    [start],
+                    evidence,
                     None,
                     tick,
-                    start.at,
+                    at,
                 )
             )
     return found
+
+
+def _paused_claims(
+    job: JobSpec,
+    key: str,
+    rows: list[LedgerRow],
+    versions: Sequence[LeaseVersion],
+    pauses: Sequence[Pause],
+) -> list[Violation]:
+    """Claims of a tick made while its job was paused, or after it was skipped as paused."""
+    found = []
+    skipped_at: datetime | None = None
+    claimed: set[int] = set()
+    for version in versions:
+        if version.status == "SKIPPED" and version.reason == "paused":
+            skipped_at = skipped_at or version.at
+            continue
+        # A token's first RUNNING version is its claim; the later ones are heartbeats.
+        if version.status != "RUNNING" or version.fencing_token in claimed:
+            continue
+        claimed.add(version.fencing_token)
+        sent = version.sent_at
+        during = next((p for p in pauses if p.paused < sent < p.lifting), None)
+        if during is not None:
+            why = (
+                f"while {during.code} was paused (from {_iso(during.paused)} "
+                f"to {_iso(during.lifting)})"
+            )
+        elif skipped_at is not None:
+            why = f"after the tick was recorded SKIPPED/paused at {_iso(skipped_at)}"
+        else:
+            continue
+        pid = owner_pid(version.owner)
+        found.append(
+            Violation(
+                "ran_while_paused",
+                job.code,
+                key,
+                f"token {version.fencing_token} ({version.owner}) claimed at {_iso(sent)} {why}",
+                sent,
+                sent,
+                frozenset({pid} if pid is not None else set())
+                | {r.pid for r in rows if r.fencing_token == version.fencing_token},
+            )
+        )
+    return found
+
+
+def _crashed(crash: Crash) -> Violation:
+    return Violation(
+        "crashed_fire",
+        crash.job,
+        crash.run_key,
+        f"{crash.event} on {crash.replica} (pid {crash.pid}): {crash.detail}",
+        crash.at,
+        crash.at,
+        frozenset({crash.pid}),
+    )
+
+
+def crashes_in_log(text: str, replica: str, pid: int) -> list[Crash]:
+    """The unhandled exceptions in one replica's log (JSON lines, and bare stderr lines).
+
+    A job's own failure is never one: pgcrond records it as the run's outcome
+    without a traceback. A bare line is dated by the last JSON line before it.
+    """
+    found = []
+    lines = text.splitlines()
+    last_at = datetime.min.replace(tzinfo=UTC)
+    for n, line in enumerate(lines):
+        event = _json_event(line)
+        if event is None:
+            if TRACEBACK in line:
+                found.append(Crash(replica, pid, last_at, "traceback", detail=_raised(lines, n)))
+            continue
+        stamp = event.get("timestamp")
+        if isinstance(stamp, str):
+            with contextlib.suppress(ValueError):
+                last_at = datetime.fromisoformat(stamp)
+        name = str(event.get("event", ""))
+        trace = event.get("exception")
+        if not (name in CRASH_EVENTS or trace or any(text_ in name for text_ in CRASH_TEXTS)):
+            continue
+        raised = str(trace).strip().splitlines()[-1] if trace else ""
+        found.append(
+            Crash(
+                replica,
+                pid,
+                last_at,
+                name.splitlines()[0][:200] if name else "exception",
+                str(event.get("job") or ""),
+                str(event.get("run_key") or ""),
+                raised or str(event.get("error") or ""),
+            )
+        )
+    return found
+
+
+def _json_event(line: str) -> dict[str, Any] | None:
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _raised(lines: list[str], at: int) -> str:
+    """A bare traceback's last line: the exception raised."""
+    for line in lines[at + 1 :]:
+        if line and not line[0].isspace() and not line.startswith(TRACEBACK):
+            return line.strip()
+    return lines[at].strip()
 
 
 @dataclass(frozen=True)
@@ -764,6 +1070,11 @@ def _ticks(every_s: int | None, window: Window) -> list[datetime]:
         ticks.append(datetime.fromtimestamp(moment, UTC))
         moment += every_s
     return ticks
+
+
+def _is_tick(key: str) -> bool:
+    """Whether ``key`` is a tick's run key (not a manual one, not a run-once job's)."""
+    return _TICK_KEY.fullmatch(key) is not None
 
 
 def _key(moment: datetime) -> str:

@@ -10,6 +10,10 @@ a server restart so that an outage never erases the ground truth; the row's
 ``at`` is the database clock when the row landed, except for 'cancelled':
 when the job saw its cancellation and stopped (its write may land later).
 
+``python -m tests.faults.ledger`` is the same job as a ``command:``: a child
+process reading its run from ``PGCRON_*``, stopped by SIGTERM, whose ledger
+rows carry its replica's pid (its parent) like the in-process ones.
+
 ``HISTORY_DDL`` adds a trigger that copies every version of every lease row
 (as JSON, so a changed lease table still works) with the database clock: the
 claim history the checker needs to tell a current owner from a fenced one.
@@ -18,6 +22,7 @@ claim history the checker needs to tell a current owner from a fenced one.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +30,9 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 import psycopg
+
+from pgcrond.run.cancel import Cancellation
+from pgcrond.run.context import RunContext
 
 # Long enough to outlast a server restart; a write that still fails raises.
 WRITE_PATIENCE_S = 30.0
@@ -70,7 +78,12 @@ class _Origin:
 
 
 def _append(
-    ctx: Context, phase: str | None = None, *, effect: bool = False, origin: _Origin | None = None
+    ctx: Context,
+    phase: str | None = None,
+    *,
+    effect: bool = False,
+    origin: _Origin | None = None,
+    pid: int | None = None,
 ) -> tuple[str, datetime]:
     """Insert one ledger row, retried through an outage; the phase written and its ``at``.
 
@@ -99,7 +112,7 @@ def _append(
                         ctx.idempotency_key,
                         ctx.attempt,
                         ctx.fencing_token,
-                        os.getpid(),
+                        os.getpid() if pid is None else pid,
                         ctx.env.get("FAULT_REPLICA", ""),
                         written,
                         time.time(),
@@ -114,17 +127,30 @@ def _append(
             time.sleep(0.2)
 
 
-def record(ctx: Context) -> None:
-    _, started_at = _append(ctx, "start")
+def record(ctx: Context, *, pid: int | None = None) -> None:
+    """The job; ``pid``: the replica's pid to record (default: this process's)."""
+    _, started_at = _append(ctx, "start", pid=pid)
     origin = _Origin(started_at, time.monotonic())
     seconds = float(ctx.env.get("FAULT_SLEEP", "0"))
     if seconds and ctx.cancelled.wait_sync(seconds):
-        _append(ctx, "cancelled", origin=origin)
+        _append(ctx, "cancelled", origin=origin, pid=pid)
         return
     if ctx.attempt <= int(ctx.env.get("FAULT_FAIL_ATTEMPTS", "0")):
-        _append(ctx, "fail")
+        _append(ctx, "fail", pid=pid)
         raise RuntimeError(f"attempt {ctx.attempt} fails on purpose")
-    _append(ctx, effect=True, origin=origin)
+    _append(ctx, effect=True, origin=origin, pid=pid)
+
+
+def main() -> None:
+    """The job as a command: its run from ``PGCRON_*``, SIGTERM as its cancellation."""
+    cancellation = Cancellation()
+    signal.signal(signal.SIGTERM, lambda *_: cancellation.cancel("SIGTERM"))
+    # The runner execs the command in place of `setpriv`: the parent is the replica.
+    record(RunContext.from_environ(os.environ, cancellation), pid=os.getppid())
+
+
+if __name__ == "__main__":
+    main()
 
 
 LEDGER_DDL = """
@@ -147,10 +173,13 @@ CREATE TABLE {schema}.ledger (
 
 HISTORY_DDL = """
 CREATE TABLE {schema}.lease_history (
-    id    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    op    text NOT NULL,
-    at    timestamptz NOT NULL DEFAULT clock_timestamp(),
-    row   jsonb NOT NULL
+    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    op      text NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- when the writing statement reached the server: what it read (the
+    -- job-state table of a claim) is as of then
+    stmt_at timestamptz NOT NULL DEFAULT statement_timestamp(),
+    row     jsonb NOT NULL
 );
 CREATE FUNCTION {schema}.copy_lease() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -13,9 +13,20 @@ schedule then, one fault at a time, with quiet gaps between:
 * ``blackhole``: drop every byte and refuse connections for 2-4 s;
 * ``clock_skew``: restart a replica (SIGTERM) under the clock shim, its wall
   clock 2 s fast (the first time) or fast or slow (later), for 8-15 s, then
-  restart it with the true clock.
+  restart it with the true clock;
+* ``job_pause``: ``pgcrond pause`` one job (or every job, ``*``) for 3-6 s,
+  mostly just after one of its attempts failed (a retry is pending) or while
+  one runs, whose replica is then killed half of the time (its takeover is
+  due while paused), then ``pgcrond resume``.
 
 ``kill`` and ``pause`` mostly hit a replica that is in the middle of a run.
+Before most faults a detached request (``pgcrond trigger --detach``, in the
+background, straight to the server) asks for a manual run of an entrypoint,
+command or ``sql:`` job, so that it is taken and run during the fault.
+
+The jobs are in-process entrypoints, one ``command:`` (a child process) and
+``sql:`` jobs, whose effect is the ledger row their statements insert in the
+transaction that records their SUCCESS.
 
 The first faults are one of each kind, shuffled; then kinds are drawn at
 random until the duration is over. Every fault is logged with its start and
@@ -33,6 +44,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -56,8 +68,31 @@ LEASE = timedelta(seconds=2)
 GRACE = timedelta(seconds=8)
 LONG_SLEEP_S = 3.0
 ENTRYPOINT = "tests.faults.ledger:record"
-KINDS = ("kill", "pause", "pg_restart", "cut", "partition", "blackhole", "clock_skew")
+LEDGER_MODULE = "tests.faults.ledger"
+SQL_RETRIES = {"retries": "5", "retry_delay": "300ms"}
+# The longest chain of retries of a tick that started in the window (sql-flaky's
+# 1.5-3, 3-6, 6-12 s): how much longer settling may wait for pending retries.
+RETRIES_S = 25.0
+KINDS = (
+    "kill",
+    "pause",
+    "pg_restart",
+    "cut",
+    "partition",
+    "blackhole",
+    "clock_skew",
+    "job_pause",
+)
 SKEW_MS = 2000
+# What `pgcrond pause` targets ("*": every job): a job with retries, a long
+# job (takeovers), an sql: job with retries.
+PAUSED = ("flaky", "long", "sql-flaky", "*")
+# What detached requests ask for: jobs that allow overlap (never skipped).
+REQUESTED = ("tick-a", "long", "cmd", "sql-tick")
+REQUEST_EVERY_FAULT = 0.7  # the chance of a request before each fault
+# A request taken by a replica that died before its claim is taken again after
+# pgcrond.daemon.requests.RETAKE_AFTER (1 min): settling waits that long for it.
+REQUEST_SETTLE = timedelta(seconds=75)
 Progress = Callable[[str], None]
 
 
@@ -69,9 +104,15 @@ class Job:
     sleep_s: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    # The action: the ledger entrypoint in-process (default), as a child
+    # process ("command"), or these statements before the ledger insert ("sql").
+    action: str = "entrypoint"
+    sql_before: tuple[str, ...] = ()
 
     def spec(self) -> checker.JobSpec:
-        return checker.JobSpec(self.code, self.every_s, GRACE, forbid=self.forbid)
+        return checker.JobSpec(
+            self.code, self.every_s, GRACE, forbid=self.forbid, sql=self.action == "sql"
+        )
 
     def yaml(self) -> str:
         lines = [f"  {self.code}:"]
@@ -80,7 +121,14 @@ class Job:
         else:
             seconds = "*" if self.every_s == 1 else f"*/{self.every_s}"
             lines.append(f'    cron: "{seconds} * * * * *"')
-        lines.append(f"    entrypoint: {ENTRYPOINT}")
+        if self.action == "sql":
+            lines.append("    sql: |")
+            for statement in (*self.sql_before, ledger_insert(self.code)):
+                lines += [f"      {line}" for line in f"{statement};".splitlines()]
+        elif self.action == "command":
+            lines.append(f"    command: {json.dumps([sys.executable, '-m', LEDGER_MODULE])}")
+        else:
+            lines.append(f"    entrypoint: {ENTRYPOINT}")
         if self.forbid:
             lines.append("    concurrency: forbid")
         lines += [f"    {key}: {value}" for key, value in self.extra.items()]
@@ -99,15 +147,46 @@ JOBS = (
     Job("tick-b", 1),
     # A short forbid job: SKIPPED only while an earlier tick holds a live lease.
     Job("tick-forbid", 2, forbid=True),
-    # Fails its first attempt; the retry goes through the lease.
-    Job(
-        "flaky", 3, extra={"retries": "2", "retry_delay": "500ms"}, env={"FAULT_FAIL_ATTEMPTS": "1"}
-    ),
+    # Fails its first attempt; the retry goes through the lease, 3-6 s later
+    # (longer than `pgcrond pause` takes: job_pause finds a retry pending).
+    Job("flaky", 3, extra={"retries": "2", "retry_delay": "6s"}, env={"FAULT_FAIL_ATTEMPTS": "1"}),
     # Long jobs on a 2 s lease: they live on heartbeats.
     Job("long", 4, sleep_s=LONG_SLEEP_S),
     Job("long-forbid", 2, forbid=True, sleep_s=LONG_SLEEP_S),
     Job("seed", None, sleep_s=1.0),
+    # A child process: killed with its replica (PDEATHSIG), SIGTERMed when stopped.
+    Job("cmd", 2, sleep_s=1.0, action="command"),
+    # sql: jobs, exactly-once by their transaction. Retried: a fault that breaks
+    # the transaction fails the attempt (its outcome unknown), and the retry
+    # (same key) must commit the effect once.
+    Job("sql-tick", 1, action="sql", extra=SQL_RETRIES),
+    Job("sql-slow", 3, action="sql", extra=SQL_RETRIES, sql_before=("SELECT pg_sleep(0.4)",)),
+    Job(
+        "sql-flaky",
+        3,
+        action="sql",
+        extra={"retries": "4", "retry_delay": "3s"},
+        # Division by zero on the first attempt: rolled back, retried.
+        sql_before=("SELECT 1 / (CASE WHEN :attempt <= 1 THEN 0 ELSE 1 END)",),
+    ),
 )
+
+
+def ledger_insert(code: str) -> str:
+    """An sql: job's effect: its ledger row, in the transaction of its SUCCESS.
+
+    The pid is its replica's, read from the lease row it holds locked (its
+    owner ``host:pid``); ``local_at`` is the server's clock (no local one).
+    """
+    return (
+        f"INSERT INTO {SCHEMA}.ledger (job, run_key, tick, idempotency_key, attempt,\n"
+        "    fencing_token, pid, replica, phase, local_at)\n"
+        f"SELECT '{code}', :run_key, :fire_time, :idempotency_key, :attempt, :fencing_token,\n"
+        "    coalesce(substring(l.owner from '[0-9]+$')::integer, 0), coalesce(l.owner, ''),\n"
+        "    'end', extract(epoch FROM clock_timestamp())\n"
+        f"FROM (SELECT 1) one LEFT JOIN {SCHEMA}.{TABLE} l ON l.code = '{code}'\n"
+        "    AND l.type = 'SCHEDULE' AND l.run_key = :run_key AND l.fencing_token = :fencing_token"
+    )
 
 
 def config_text(jobs: tuple[Job, ...] = JOBS) -> str:
@@ -161,15 +240,28 @@ class Observations:
     window: checker.Window
     spawns: list[Spawn]
     workdir: Path
+    requests: list[checker.Request] = field(default_factory=list)
+    pauses: list[checker.Pause] = field(default_factory=list)
+    crashes: list[checker.Crash] = field(default_factory=list)
 
     def check(self) -> checker.Report:
         return checker.check(
-            self.jobs, self.ledger, self.leases, self.faults, self.window, self.history
+            self.jobs,
+            self.ledger,
+            self.leases,
+            self.faults,
+            self.window,
+            self.history,
+            requests=self.requests,
+            pauses=self.pauses,
+            crashes=self.crashes,
         )
 
     def logs_about(self, job: str, run_key: str, limit: int = 20) -> list[str]:
         """The replicas' log events about one tick, oldest first: to explain a violation."""
         found: list[tuple[str, str]] = []
+        if not job or not run_key:  # a crash outside any fire: its detail says it all
+            return []
         for spawn in self.spawns:
             with contextlib.suppress(FileNotFoundError):
                 for line in spawn.log.read_text(errors="replace").splitlines():
@@ -212,6 +304,10 @@ class Cluster:
         self.replicas: dict[str, Replica] = {}
         self.spawns: list[Spawn] = []
         self.faults: list[FaultRecord] = []
+        self.pauses: list[checker.Pause] = []
+        # Detached requests whose `pgcrond trigger --detach` has not returned 0 yet.
+        self.asking: list[tuple[str, str, subprocess.Popen[bytes]]] = []
+        self.requested = 0
         self.began = time.monotonic()
 
     # -- set-up -----------------------------------------------------------------
@@ -262,6 +358,60 @@ class Cluster:
             replica.stop()
         self.proxy.close()
 
+    # -- operator commands ----------------------------------------------------------
+
+    def _command(self, *args: str) -> list[str]:
+        return [str(PGCROND), *args, "-c", str(self.config)]
+
+    def _operator_env(self) -> dict[str, str]:
+        """An operator's shell: straight to the server, never through the fault proxy."""
+        env = self._base_env("operator")
+        env["PGCROND_DATABASE_URL"] = self.direct
+        return env
+
+    def operate(self, *args: str) -> None:
+        """Run ``pgcrond ARGS`` to success, retried through a server restart."""
+
+        def done() -> bool:
+            finished = subprocess.run(
+                self._command(*args),
+                env=self._operator_env(),
+                cwd=ROOT,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+            return finished.returncode == 0
+
+        wait_until(done, 60, f"pgcrond {' '.join(args)}")
+
+    def request(self) -> None:
+        """Ask for a detached run of a job, in the background: it is taken during the next fault."""
+        self.requested += 1
+        self._ask(self.rng.choice(REQUESTED), f"request:{self.requested}")
+
+    def _ask(self, code: str, run_key: str) -> None:
+        process = subprocess.Popen(
+            self._command("trigger", code, "--detach", "--run-key", run_key),
+            env=self._operator_env(),
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.asking.append((code, run_key, process))
+
+    def collect_requests(self, *, wait: bool = False) -> None:
+        """Reap the request commands; ask again for those that failed (the server was down)."""
+        asking, self.asking = self.asking, []
+        for code, run_key, process in asking:
+            if wait:
+                process.wait(60)
+            if process.poll() is None:
+                self.asking.append((code, run_key, process))
+            elif process.returncode != 0:
+                self._ask(code, run_key)
+
     # -- clocks -------------------------------------------------------------------
 
     def db_now(self) -> datetime:
@@ -306,20 +456,25 @@ class Cluster:
             names = [name for name in names if self.replicas[name].pid == pid] or names
         return self.replicas[self.rng.choice(names)]
 
-    def _running_owners(self) -> set[int]:
+    def _running_owners(self, codes: list[str] | None = None) -> set[int]:
+        """The pids of the replicas holding a live lease (of ``codes``; None: of any job)."""
         with (
             contextlib.suppress(psycopg.OperationalError),
             psycopg.connect(self.direct, autocommit=True, connect_timeout=3) as conn,
         ):
             rows = conn.execute(
                 f"SELECT owner FROM {SCHEMA}.{TABLE} WHERE status = 'RUNNING' "
-                "AND expires_at > clock_timestamp() AND code NOT LIKE 'pgcrond:%'"
+                "AND expires_at > clock_timestamp() AND code NOT LIKE 'pgcrond:%%' "
+                "AND (%s::text[] IS NULL OR code = ANY(%s::text[]))",
+                (codes, codes),
             ).fetchall()
             return {pid for (owner,) in rows if (pid := checker.owner_pid(owner)) is not None}
         return set()
 
     def _kill(self) -> FaultRecord:
-        victim = self._victim()
+        return self._kill_replica(self._victim())
+
+    def _kill_replica(self, victim: Replica) -> FaultRecord:
         pid = victim.pid
         start = self.db_now()
         victim.signal(signal.SIGKILL)
@@ -382,6 +537,51 @@ class Cluster:
             "clock_skew", start, end, victim.name, [skewed.pid], f"{skew:+d}ms for {hold:.1f}s"
         )
 
+    def _job_pause(self) -> FaultRecord:
+        target = self.rng.choice(PAUSED)
+        codes = [job.code for job in JOBS] if target == checker.ALL_JOBS else [target]
+        hold = self.rng.uniform(3.0, 6.0)
+        # Mostly just after an attempt failed (its retry is due while paused), or
+        # while one runs (its owner may die: the takeover is due while paused).
+        self._await_row(
+            codes, "status = 'FAIL' AND retry_at > clock_timestamp() + interval '1.5 s'", 4.0
+        )
+        begin = self.db_now()
+        self.operate(*(("pause", "--all") if target == checker.ALL_JOBS else ("pause", target)))
+        paused, lift_at = self.db_now(), time.monotonic() + hold
+        detail = f"{target} for {hold:.1f}s"
+        owners = self._running_owners(codes)
+        if owners and self.rng.random() < 0.5:
+            pid = self.rng.choice(sorted(owners))
+            victim = next((r for r in self.replicas.values() if r.pid == pid), None)
+            if victim is not None:
+                self.faults.append(self._kill_replica(victim))
+                detail += f", its run's owner {victim.name} killed"
+        time.sleep(max(0.0, lift_at - time.monotonic()))
+        lifting = self.db_now()
+        self.operate(*(("resume", "--all") if target == checker.ALL_JOBS else ("resume", target)))
+        lifted = self.db_now()
+        self.pauses.append(checker.Pause(target, begin, paused, lifting, lifted))
+        return FaultRecord("job_pause", begin, lifted, detail=detail)
+
+    def _await_row(self, codes: list[str], condition: str, timeout: float) -> bool:
+        """Wait (bounded) for a lease row of ``codes`` matching ``condition``, or one RUNNING."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(psycopg.OperationalError),
+                psycopg.connect(self.direct, autocommit=True, connect_timeout=3) as conn,
+            ):
+                row = conn.execute(
+                    f"SELECT 1 FROM {SCHEMA}.{TABLE} WHERE code = ANY(%s) AND "
+                    f"(({condition}) OR (status = 'RUNNING' AND expires_at > clock_timestamp()))",
+                    (codes,),
+                ).fetchone()
+                if row is not None:
+                    return True
+            time.sleep(0.05)
+        return False
+
     def _stop_gracefully(self, replica: Replica) -> None:
         replica.signal(signal.SIGTERM)
         try:
@@ -398,33 +598,60 @@ class Cluster:
         began = time.monotonic()
         while first or time.monotonic() - began < duration:
             kind = first.pop() if first else self.rng.choice(KINDS)
+            if self.rng.random() < REQUEST_EVERY_FAULT:
+                self.request()
             self.inject(kind)
+            self.collect_requests()
             time.sleep(self.rng.uniform(1.0, 3.0))  # a quiet gap between faults
+        while self.asking:
+            self.collect_requests(wait=True)
 
     def settle(self, window_end: datetime) -> None:
-        """Wait until every tick of the window is past its grace and no row of it RUNNING."""
+        """Wait until the window's ticks and the requests are done, each within its bound.
+
+        The window's ticks: past their grace, no row RUNNING, no retry pending.
+        The requests: each done, no row RUNNING. The bounds only stop the wait
+        for what a defect left undone; settling ends as soon as nothing is left.
+        """
         self.proxy.heal()
         for replica in self.replicas.values():
             replica.signal(signal.SIGCONT)
         quiet_from = window_end + GRACE + timedelta(seconds=1)
-        give_up = quiet_from + 2 * LEASE + timedelta(seconds=LONG_SLEEP_S + 5)
+        ticks_by = quiet_from + 2 * LEASE + timedelta(seconds=LONG_SLEEP_S + 5 + RETRIES_S)
+        requests_by = self.db_now() + REQUEST_SETTLE
         last_key = _key(window_end)
+
+        def open_rows(conn: psycopg.Connection[Any], which: str) -> int:
+            """Rows of ``which`` ticks still RUNNING or with a retry pending."""
+            row = conn.execute(
+                f"SELECT count(*) FROM {SCHEMA}.{TABLE} "
+                "WHERE (status = 'RUNNING' OR (status = 'FAIL' AND retry_at IS NOT NULL)) "
+                f"AND code NOT LIKE 'pgcrond:%%' AND {which}",
+                {"last_key": last_key},
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
 
         def settled() -> bool:
             now = self.db_now()
-            if now >= give_up:
-                return True
             if now < quiet_from:
                 return False
             with psycopg.connect(self.direct, autocommit=True) as conn:
-                row = conn.execute(
-                    f"SELECT count(*) FROM {SCHEMA}.{TABLE} WHERE status = 'RUNNING' "
-                    "AND code NOT LIKE 'pgcrond:%%' AND (run_key IS NULL OR run_key <= %s)",
-                    (last_key,),
+                ticks = now >= ticks_by or not open_rows(
+                    conn, "(run_key IS NULL OR run_key <= %(last_key)s)"
+                )
+                undone = conn.execute(
+                    f"SELECT count(*) FROM {SCHEMA}.{TABLE}_requests WHERE done_at IS NULL"
                 ).fetchone()
-            return row is not None and row[0] == 0
+                requests = now >= requests_by or (
+                    undone is not None
+                    and undone[0] == 0
+                    and not open_rows(conn, "run_key LIKE 'request:%%'")
+                )
+            return ticks and requests
 
-        wait_until(settled, (give_up - self.db_now()).total_seconds() + 30, "the cluster to settle")
+        bound = max(ticks_by, requests_by) - self.db_now()
+        wait_until(settled, bound.total_seconds() + 30, "the cluster to settle")
 
     # -- observing ----------------------------------------------------------------------
 
@@ -435,6 +662,18 @@ class Cluster:
                 f"SELECT * FROM {SCHEMA}.{TABLE} WHERE code NOT LIKE 'pgcrond:%' ORDER BY id"
             ).fetchall()
             history = conn.execute(f"SELECT * FROM {SCHEMA}.lease_history ORDER BY id").fetchall()
+            requests = conn.execute(
+                f"SELECT * FROM {SCHEMA}.{TABLE}_requests ORDER BY requested_at"
+            ).fetchall()
+        crashes = [
+            crash
+            for spawn in self.spawns
+            for crash in checker.crashes_in_log(
+                spawn.log.read_text(errors="replace") if spawn.log.exists() else "",
+                spawn.replica,
+                spawn.pid,
+            )
+        ]
         dump = {
             "window": [window.start.isoformat(), window.end.isoformat()],
             "faults": [asdict(f) for f in self.faults],
@@ -442,6 +681,9 @@ class Cluster:
             "ledger": ledger,
             "leases": leases,
             "history": history,
+            "requests": requests,
+            "pauses": [asdict(p) for p in self.pauses],
+            "crashes": [asdict(c) for c in crashes],
         }
         (self.workdir / "observations.json").write_text(json.dumps(dump, default=str, indent=1))
         return Observations(
@@ -477,6 +719,11 @@ class Cluster:
             window=window,
             spawns=list(self.spawns),
             workdir=self.workdir,
+            requests=[
+                checker.Request(r["code"], r["run_key"], r["requested_at"]) for r in requests
+            ],
+            pauses=list(self.pauses),
+            crashes=crashes,
         )
 
 
@@ -492,6 +739,7 @@ def _version(history: dict[str, Any]) -> checker.LeaseVersion:
         history["at"],
         history["op"],
         _instant(row.get("expires_at")),
+        history.get("stmt_at"),
     )
 
 
@@ -563,5 +811,9 @@ def run(
         progress(f"[{running.elapsed():6.1f}s] {len(running.faults)} faults; settling")
         running.settle(window_end)
         observations = running.observe(checker.Window(window_start, window_end))
-        progress(f"[{running.elapsed():6.1f}s] observed {len(observations.ledger)} ledger rows")
+        progress(
+            f"[{running.elapsed():6.1f}s] observed {len(observations.ledger)} ledger rows, "
+            f"{len(observations.requests)} requests, {len(observations.pauses)} pauses, "
+            f"{len(observations.crashes)} crashes in the logs"
+        )
         return observations

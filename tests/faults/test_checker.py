@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tests.faults.checker import (
+    Crash,
     Fault,
     JobSpec,
     LeaseRow,
     LeaseVersion,
     LedgerRow,
+    Pause,
     Report,
+    Request,
     Window,
     check,
+    crashes_in_log,
     table_text,
 )
 
@@ -413,3 +418,256 @@ def test_violations_are_attributed_to_the_faults_of_their_replicas_and_time() ->
     assert 0 == rows["pause"]["lost_tick"] and 0 == rows["none"]["lost_tick"]
     assert 4 == rows["total"]["injected"] and 1 == rows["total"]["stuck_running"]
     assert "stuck_running" in table_text(report)
+
+
+# -- sql: jobs ------------------------------------------------------------------
+
+SQL = JobSpec("sql", 1, GRACE, sql=True)
+
+
+def sql_clean(
+    ticks: range = range(3),
+) -> tuple[list[LedgerRow], list[LeaseRow], list[LeaseVersion]]:
+    """Every tick's effect committed with its SUCCESS: no 'start' rows, one claim each."""
+    ledger, leases, history = [], [], []
+    for n in ticks:
+        ledger.append(row(SQL, n, "end", n + 0.05, token=10 + n))
+        leases.append(lease(SQL, n, "SUCCESS", token=10 + n))
+        history.append(claim(SQL, n, n + 0.01, token=10 + n, expires=n + 2.0))
+    return ledger, leases, history
+
+
+def test_a_clean_sql_history_has_no_violation() -> None:
+    ledger, leases, history = sql_clean()
+    report = check([SQL], ledger, leases, [], WINDOW, history)
+    assert [] == report.violations
+    assert 3 == report.effects
+
+
+def test_a_second_sql_effect_is_a_defect_even_by_a_fenced_owner() -> None:
+    """After a newer claim: the lease's limit for an entrypoint, a defect for an sql: job."""
+    ledger, leases, history = sql_clean()
+    # Token 11 claimed at 1.01, token 21 took over at 3.0; both committed an effect.
+    ledger.append(row(SQL, 1, "end", 3.5, token=21, attempt=2, pid=200))
+    history.append(claim(SQL, 1, 3.0, token=21, pid=200))
+    report = check([SQL], ledger, leases, [], WINDOW, history)
+    assert "duplicate_sql" in kinds(report)
+    assert not {"duplicate_fenced", "duplicate_lapsed"} & set(kinds(report))
+    duplicate = next(v for v in report.violations if v.kind == "duplicate_sql")
+    assert "committed twice" in duplicate.detail and {100, 200} == duplicate.pids
+    # The same rows for an entrypoint job: only the inherent limit.
+    entry = JobSpec("sql", 1, GRACE)
+    ledger_with_starts = (
+        ledger
+        + [row(SQL, n, "start", n + 0.02, token=10 + n) for n in range(3)]
+        + [row(SQL, 1, "start", 3.1, token=21, attempt=2, pid=200)]
+    )
+    assert "duplicate_sql" not in kinds(
+        check([entry], ledger_with_starts, leases, [], WINDOW, history)
+    )
+
+
+def test_an_sql_effect_without_its_success_is_a_lost_outcome_never_lapsed() -> None:
+    ledger, leases, history = sql_clean()
+    # The lease of token 11 lapsed at 2.0 before token 21 claimed at 3.9: for an
+    # entrypoint that is the inherent limit; an sql: effect commits with its outcome.
+    leases = [x for x in leases if x.run_key != key(1)] + [
+        lease(SQL, 1, "FAIL", token=11, reason="abandoned")
+    ]
+    report = check([SQL], ledger, leases, [], WINDOW, history)
+    assert ["lost_outcome"] == kinds(report)
+
+
+def test_an_sql_success_without_its_effect_is_a_fenced_outcome() -> None:
+    ledger, leases, history = sql_clean()
+    report = check([SQL], without(ledger, 1), leases, [], WINDOW, history)
+    assert sorted(["fenced_outcome", "lost_tick"]) == sorted(kinds(report))
+
+
+def test_an_sql_job_s_first_claim_bounds_its_start() -> None:
+    ledger, leases, history = sql_clean()
+    # Tick 1's first claim came 9 s late (attempt 1 failed then; attempt 2's
+    # effect came later still): late. Tick 2 claimed before its tick: early.
+    history = [h for h in history if h.run_key not in (key(1), key(2))] + [
+        claim(SQL, 1, 1 + 9.0, token=11),
+        claim(SQL, 2, 1.5, token=12),
+    ]
+    report = check([SQL], ledger, leases, [], WINDOW, history)
+    assert sorted(["started_early", "started_late"]) == sorted(kinds(report))
+    # Without history the first attempt's effect dates it.
+    late = [*without(ledger, 1), row(SQL, 1, "end", 1 + 9.0, token=11)]
+    assert ["started_late"] == kinds(check([SQL], late, leases, [], WINDOW))
+
+
+# -- detached requests ------------------------------------------------------------
+
+
+def test_a_request_run_once_is_clean_and_one_never_run_is_lost() -> None:
+    ledger, leases = clean()
+    asked = [Request(TICK.code, "request:1", at(0.5)), Request(TICK.code, "request:2", at(0.6))]
+    ledger += [
+        LedgerRow(TICK.code, "request:1", 1, 50, 100, "start", at(0.7)),
+        LedgerRow(TICK.code, "request:1", 1, 50, 100, "end", at(0.8)),
+    ]
+    leases.append(LeaseRow(TICK.code, "request:1", "SUCCESS", 1, 50, "host:100"))
+    report = check([TICK], ledger, leases, [], WINDOW, requests=asked)
+    assert ["lost_request"] == kinds(report)
+    assert "request:2" == report.violations[0].run_key
+    assert "no run at all" in report.violations[0].detail
+    assert 5 == report.ticks_checked
+
+
+def test_a_request_run_twice_by_current_owners_and_one_left_running() -> None:
+    ledger, leases = clean()
+    asked = [Request(TICK.code, "request:1", at(0.5)), Request(TICK.code, "request:2", at(0.6))]
+    ledger += [
+        LedgerRow(TICK.code, "request:1", 1, 50, 100, "start", at(0.7)),
+        LedgerRow(TICK.code, "request:1", 1, 50, 100, "end", at(0.8)),
+        LedgerRow(TICK.code, "request:1", 2, 51, 200, "start", at(4.0)),
+        LedgerRow(TICK.code, "request:1", 2, 51, 200, "end", at(4.1)),
+        LedgerRow(TICK.code, "request:2", 1, 60, 100, "start", at(0.7)),
+    ]
+    leases += [
+        LeaseRow(TICK.code, "request:1", "SUCCESS", 2, 51, "host:200"),
+        LeaseRow(TICK.code, "request:2", "RUNNING", 1, 60, "host:100"),
+    ]
+    history = [
+        LeaseVersion(TICK.code, "request:1", "RUNNING", 50, "host:100", None, at(0.6)),
+        LeaseVersion(TICK.code, "request:1", "RUNNING", 51, "host:200", None, at(3.9)),
+    ]
+    report = check([TICK], ledger, leases, [], WINDOW, history, requests=asked)
+    assert sorted(["duplicate_current", "lost_outcome", "lost_request", "stuck_running"]) == sorted(
+        kinds(report)
+    )
+
+
+# -- pause and resume -------------------------------------------------------------
+
+# Paused from 0.5 (the command returned at 0.6) to 2.4 (resume began; returned at 2.5).
+PAUSE = Pause(TICK.code, at(0.5), at(0.6), at(2.4), at(2.5))
+
+
+def skipped(job: JobSpec, tick: int, when: float, *, token: int) -> LeaseVersion:
+    return LeaseVersion(job.code, key(tick), "SKIPPED", token, "host:100", "paused", at(when))
+
+
+def paused_history() -> tuple[list[LedgerRow], list[LeaseRow], list[LeaseVersion]]:
+    """Ticks 1 and 2 fell while paused: SKIPPED/paused, not run."""
+    ledger, leases = clean(ticks=range(1))
+    leases += [lease(TICK, n, "SKIPPED", token=10 + n, reason="paused") for n in (1, 2)]
+    history = [claim(TICK, 0, 0.01, token=10)] + [
+        skipped(TICK, n, n + 0.01, token=10 + n) for n in (1, 2)
+    ]
+    return ledger, leases, history
+
+
+def test_ticks_skipped_while_paused_are_not_lost() -> None:
+    ledger, leases, history = paused_history()
+    assert [] == check([TICK], ledger, leases, [], WINDOW, history, pauses=[PAUSE]).violations
+    # A pause of every job holds this one too.
+    every = Pause("*", PAUSE.begin, PAUSE.paused, PAUSE.lifting, PAUSE.lifted)
+    assert [] == check([TICK], ledger, leases, [], WINDOW, history, pauses=[every]).violations
+
+
+def test_a_tick_skipped_as_paused_with_no_pause_in_force_is_lost() -> None:
+    ledger, leases, history = paused_history()
+    other = Pause("other", PAUSE.begin, PAUSE.paused, PAUSE.lifting, PAUSE.lifted)
+    report = check([TICK], ledger, leases, [], WINDOW, history, pauses=[other])
+    assert ["lost_tick", "lost_tick"] == kinds(report)
+    assert "no pause of the job in force" in report.violations[0].detail
+    # Paused only until 1.5: tick 2's skip (at 2.01) came after the resume.
+    short = Pause(TICK.code, at(0.5), at(0.6), at(1.4), at(1.5))
+    report = check([TICK], ledger, leases, [], WINDOW, history, pauses=[short])
+    assert [key(2)] == [v.run_key for v in report.violations]
+
+
+def test_a_tick_claimed_while_its_job_was_paused_ran_while_paused() -> None:
+    ledger, leases = clean()
+    # Tick 1 was claimed at 1.01 and ran, while paused from 0.6 to 2.4.
+    history = [claim(TICK, n, n + 0.01, token=10 + n) for n in range(3)]
+    report = check([TICK], ledger, leases, [], WINDOW, history, pauses=[PAUSE])
+    found = [v for v in report.violations if v.kind == "ran_while_paused"]
+    assert [key(1), key(2)] == [v.run_key for v in found]
+    assert "while tick was paused" in found[0].detail and {100} == found[0].pids
+    # A claim whose statement reached the server before the pause command
+    # returned (it read the job-state table before the pause committed) is not.
+    racing = LeaseVersion(
+        TICK.code, key(1), "RUNNING", 11, "host:100", None, at(1.01), stmt_at=at(0.55)
+    )
+    history[1] = racing
+    assert [key(2)] == [
+        v.run_key
+        for v in check([TICK], ledger, leases, [], WINDOW, history, pauses=[PAUSE]).violations
+    ]
+
+
+def test_a_takeover_while_paused_and_a_claim_after_a_paused_skip_both_ran_while_paused() -> None:
+    ledger, leases, history = paused_history()
+    # Tick 0: its owner died; a survivor took it over at 1.5, during the pause.
+    history.append(claim(TICK, 0, 1.5, token=20, pid=200))
+    # Tick 2: skipped as paused at 2.01, then claimed again after the resume.
+    history.append(claim(TICK, 2, 3.0, token=22, pid=200))
+    report = check([TICK], ledger, leases, [], WINDOW, history, pauses=[PAUSE])
+    found = [v for v in report.violations if v.kind == "ran_while_paused"]
+    assert [key(0), key(2)] == [v.run_key for v in found]
+    assert "after the tick was recorded SKIPPED/paused" in found[1].detail
+
+
+# -- crashed fires ----------------------------------------------------------------
+
+
+def log_line(**fields: object) -> str:
+    return json.dumps({"timestamp": "2026-01-01T00:00:01.500000Z", "level": "info", **fields})
+
+
+def test_crashes_are_found_in_a_replica_s_log_and_ordinary_events_are_not() -> None:
+    text = "\n".join(
+        [
+            log_line(
+                event="run_finished",
+                job="tick",
+                run_key=key(0),
+                outcome="fail",
+                error="RuntimeError: attempt 1 fails on purpose",
+            ),
+            log_line(
+                event="fire_crashed",
+                level="error",
+                job="tick",
+                run_key=key(1),
+                exception="Traceback (most recent call last):\n  File ...\n"
+                "asyncio.exceptions.InvalidStateError: invalid state",
+            ),
+            log_line(
+                event="Task exception was never retrieved\nfuture: <Task ...>",
+                level="error",
+                exception="Traceback ...\nKeyError: 'x'",
+            ),
+            log_line(event="uncaught_exception", level="critical"),
+            log_line(event="heartbeat_sent", exception="Traceback ...\nValueError: odd"),
+            "Traceback (most recent call last):",
+            '  File "x.py", line 1, in <module>',
+            "ZeroDivisionError: division by zero",
+            "job output that is not JSON",
+        ]
+    )
+    found = crashes_in_log(text, "replica-0", 321)
+    assert [
+        ("fire_crashed", "tick", key(1), "asyncio.exceptions.InvalidStateError: invalid state"),
+        ("Task exception was never retrieved", "", "", "KeyError: 'x'"),
+        ("uncaught_exception", "", "", ""),
+        ("heartbeat_sent", "", "", "ValueError: odd"),
+        ("traceback", "", "", "ZeroDivisionError: division by zero"),
+    ] == [(c.event, c.job, c.run_key, c.detail) for c in found]
+    assert {("replica-0", 321, at(1.5))} == {(c.replica, c.pid, c.at) for c in found}
+
+
+def test_a_crashed_fire_is_a_defect_attributed_to_its_replica_s_faults() -> None:
+    ledger, leases = clean()
+    crash = Crash("replica-0", 321, at(1.5), "fire_crashed", "tick", key(1), "InvalidStateError")
+    faults = [Fault("blackhole", at(1.0), at(2.0)), Fault("kill", at(1.0), at(2.0), frozenset({9}))]
+    report = check([TICK], ledger, leases, faults, WINDOW, crashes=[crash])
+    assert ["crashed_fire"] == kinds(report)
+    assert ("blackhole",) == report.violations[0].causes
+    assert "fire_crashed on replica-0 (pid 321)" in report.violations[0].detail
+    assert 1 == {r["fault"]: r for r in report.rows()}["total"]["crashed_fire"]

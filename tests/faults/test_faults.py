@@ -1,9 +1,11 @@
 """The short, seeded form of the fault suite: every invariant holds under every fault.
 
 One run of :mod:`tests.faults.nemesis` (one fault of each kind, shuffled by the
-seed, then random ones until ``FAULT_DURATION`` seconds, 45 by default) against
-three real replicas and a server of its own; the checker must find no defect
-(the lease's inherent limits, ``checker.INHERENT``, are only reported).
+seed, then random ones until ``FAULT_DURATION`` seconds, 45 by default; detached
+requests before most faults) against three real replicas and a server of its
+own, with entrypoint, command and ``sql:`` jobs; the checker must find no
+defect, and no crashed fire in the replicas' logs (the lease's inherent limits,
+``checker.INHERENT``, are only reported).
 The long form is ``python -m bench.faults --duration 600 --seed N``.
 """
 
@@ -31,6 +33,8 @@ def test_no_invariant_is_violated_under_faults(tmp_path: Path) -> None:
     kinds = {fault.kind for fault in report.faults}
     assert set(nemesis.KINDS) == kinds, "every kind of fault was injected"
     assert report.ticks_checked > 0 and report.effects > 0
+    assert observations.requests and observations.pauses, "requests and pauses were made"
+    assert {r.job for r in observations.ledger} >= {j.code for j in nemesis.JOBS}, "every job ran"
     print(checker.table_text(report))
     explained = []
     for violation in report.examples().values():
