@@ -15,6 +15,13 @@ from tests.daemon_harness import PGCROND
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parent.parent
+INI = """[pytest]
+asyncio_default_fixture_loop_scope = function
+markers =
+    unit
+    integration
+    system
+"""
 
 SUITE = """
 import subprocess
@@ -72,6 +79,7 @@ def test_a_test_that_does_more_than_its_tier_allows_fails(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    pytester.makeini(INI)
     pytester.makeconftest("from tests.conftest import *  # noqa: F403\n")
     pytester.makepyfile(test_suite=SUITE.replace("PGCROND", str(PGCROND)))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
@@ -99,15 +107,13 @@ def test_a_test_that_does_more_than_its_tier_allows_fails(
     )
 
 
-@pytest.mark.usefixtures("subprocesses")
-def test_a_tier_marked_by_hand_is_refused(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+def test_a_tier_marked_by_hand_is_refused(pytester: pytest.Pytester) -> None:
+    pytester.makeini(INI)
     pytester.makeconftest("from tests.conftest import *  # noqa: F403\n")
     pytester.makepyfile(
         test_suite="import pytest\n\n@pytest.mark.unit\ndef test_x():\n    pass\n"
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    # Refused while collecting, before anything runs: in this process.
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--collect-only")
     assert pytest.ExitCode.USAGE_ERROR == result.ret
     result.stderr.fnmatch_lines(["*test_x: tier marked by hand (unit)*"])
