@@ -94,8 +94,13 @@ class EmbeddedServerError(PgcrondError):
 class SqlJobFailed(PgcrondError):
     """An sql: job's statement failed; its transaction was rolled back."""
 
-    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+    def __init__(
+        self, message: str, sqlstate: str | None = None, *, permanent: bool = False
+    ) -> None:
         self.sqlstate = sqlstate
+        # Not to be retried: a statement ended the transaction itself, so what
+        # it did may have committed (a retry would do it again).
+        self.permanent = permanent
         super().__init__(message)
 
 

@@ -95,6 +95,13 @@ def _count(node: yaml.Node) -> int:
     return value
 
 
+def _positive_count(node: yaml.Node) -> int:
+    value = scalar(node)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"must be a whole number 1 or more, got {kind(node)}")
+    return value
+
+
 def _duration(node: yaml.Node) -> timedelta:
     return parse_duration(scalar(node))
 
@@ -249,6 +256,7 @@ string = Converter(_string, {"type": "string"})
 nonempty_string = Converter(_nonempty_string, {"type": "string", "minLength": 1})
 boolean = Converter(_bool, {"type": "boolean"})
 count = Converter(_count, {"type": "integer", "minimum": 0})
+positive_count = Converter(_positive_count, {"type": "integer", "minimum": 1})
 duration = Converter(_duration, {"$ref": "#/$defs/duration"})
 positive_duration = Converter(_positive_duration, {"$ref": "#/$defs/duration"})
 timeout = Converter(_timeout, {"anyOf": [{"$ref": "#/$defs/duration"}, {"type": "null"}]})

@@ -104,6 +104,13 @@ DATABASE = _table(
         False,
         "server-side prepared claims: only direct, session pooling or PgBouncer >= 1.21",
     ),
+    Field(
+        "sql_connections",
+        c.positive_count,
+        4,
+        "connections for sql: jobs' transactions, apart from the claims' pool: one per "
+        "running sql: job; more wait for one within their timeout",
+    ),
 )
 
 HTTP = _table(

@@ -404,6 +404,9 @@ class _Loader:
         prepared = self.read(
             section, "prepared_statements", DATABASE["prepared_statements"].convert
         )
+        sql_connections = self.read(
+            section, "sql_connections", DATABASE["sql_connections"].convert
+        )
         # An override wins over the whole file choice, embedded included: the
         # same config then serves a laptop (embedded) and production (URL in env).
         flag_url = database_url or None
@@ -451,6 +454,7 @@ class _Loader:
             schema=schema or DatabaseConfig.schema,
             table=table or DatabaseConfig.table,
             prepared_statements=bool(prepared),
+            sql_connections=sql_connections or DatabaseConfig.sql_connections,
         )
 
     def check_url(

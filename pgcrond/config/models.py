@@ -58,6 +58,7 @@ class DatabaseConfig:
     schema: str = default(DATABASE, "schema")
     table: str = default(DATABASE, "table")
     prepared_statements: bool = default(DATABASE, "prepared_statements")
+    sql_connections: int = default(DATABASE, "sql_connections")
 
     def __post_init__(self) -> None:
         # Every later redact() scrubs this password, also the fragments libpq may
@@ -74,7 +75,8 @@ class DatabaseConfig:
         return (
             f"DatabaseConfig(url={self.redacted_url!r}, embedded={self.embedded!r}, "
             f"state_dir={self.state_dir!r}, schema={self.schema!r}, table={self.table!r}, "
-            f"prepared_statements={self.prepared_statements!r})"
+            f"prepared_statements={self.prepared_statements!r}, "
+            f"sql_connections={self.sql_connections!r})"
         )
 
 

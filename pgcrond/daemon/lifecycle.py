@@ -149,6 +149,7 @@ class Daemon:
         self._groups: dict[str, list[str]] = {}
         self._db: Database | None = None
         self._advisory_db: Database | None = None
+        self._sql_db: Database | None = None
         self._firing: Firing | None = None
         self._firing_now: dict[Identity, asyncio.Task[None]] = {}
         self._hooks = FailureHooks(self.replica)
@@ -201,13 +202,22 @@ class Daemon:
             max_size=_advisory_pool_size(self.config),
             application_name=f"pgcrond-advisory/{self.replica}",
         )
+        # sql: jobs' transactions, each holding a connection while it runs:
+        # never the connections the claims and heartbeats of other jobs need.
+        self._sql_db = Database.for_sql_jobs(
+            dsn,
+            max_size=self.config.database.sql_connections,
+            application_name=f"pgcrond-sql/{self.replica}",
+        )
         await self._db.open()
         await self._advisory_db.open()
+        await self._sql_db.open()
         store = LeaseStore(
             self._db,
             schema=self.config.database.schema,
             table=self.config.database.table,
             owner=self.replica,
+            sql_db=self._sql_db,
         )
         self._store = store
         self._firing = Firing(
@@ -568,7 +578,7 @@ class Daemon:
             await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
         if self._http is not None:
             await self._http.stop()
-        for db in (self._db, self._advisory_db):
+        for db in (self._db, self._advisory_db, self._sql_db):
             if db is not None:
                 await db.close()
         if self._server is not None:

@@ -10,7 +10,10 @@ decides the run's outcome:
 * fenced: another replica holds the tick; nothing ran (``cancelled``,
   reason ``lease_lost``, so nothing is recorded by this replica);
 * a statement failed, or hit its ``statement_timeout``: ``fail`` /
-  ``timeout``, everything rolled back, retried like any failure;
+  ``timeout``, everything rolled back, retried like any failure (no
+  connection for ``sql:`` jobs came free within the timeout: the same);
+* a statement ended the transaction itself: ``fail``, never retried (what it
+  did may have committed);
 * an outage: ``fail``. Whether the COMMIT landed is unknown, and recording a
   FAIL is what is safe: a SUCCESS that did land fences it.
 
@@ -89,7 +92,7 @@ async def run_sql(
         if exc.sqlstate == QUERY_CANCELED:
             seconds = action.statement_timeout.total_seconds()
             return _Ending("timeout", f"timeout after {seconds:g}s (statement_timeout)")
-        return _Ending("fail", str(exc))
+        return _Ending("fail", str(exc), permanent=exc.permanent)
     except DatabaseUnavailable as exc:
         return _Ending("fail", f"{exc} (the transaction's outcome is unknown)")
     except PgcrondError as exc:

@@ -85,15 +85,21 @@ AttemptWithBackoff.INITIAL_DELAY = 0.5
 AttemptWithBackoff.DELAY_BACKOFF = 1.0
 
 
+class NoConnection(DatabaseUnavailable):
+    """No pooled connection came free (or could be made) within the wait."""
+
+
 def translate(exc: Exception) -> PgcrondError:
     """Map a driver error to ours: outages are retryable, the rest is not.
 
     The message is redacted: libpq quotes the connection string in some errors
     (a malformed DSN), and these messages end up in logs.
     """
+    if isinstance(exc, PoolTimeout):
+        return NoConnection(redact(f"database unavailable: {exc}".strip()))
     # A read-only server (a demoted primary that DNS still points at, just
     # after a failover) is an outage to wait out, like a refused connection.
-    if isinstance(exc, psycopg.OperationalError | PoolTimeout | ReadOnlySqlTransaction):
+    if isinstance(exc, psycopg.OperationalError | ReadOnlySqlTransaction):
         return DatabaseUnavailable(redact(f"database unavailable: {exc}".strip()))
     return DatabaseError(redact(f"{type(exc).__name__}: {exc}".strip()))
 
@@ -101,6 +107,14 @@ def translate(exc: Exception) -> PgcrondError:
 # fetchall_after's transaction (see there).
 _BEGIN = sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED")
 _COMMIT = sql.SQL("COMMIT")
+# A connection back from an sql: job: everything its session may still hold
+# (settings, role, advisory locks, temporary tables, LISTENs, cursors) ends.
+_DISCARD_ALL = sql.SQL("DISCARD ALL")
+
+
+async def _discard_session(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.execute(_DISCARD_ALL)
+
 
 class Database:
     """A small connection pool; ``open()`` does not wait for the server."""
@@ -114,8 +128,13 @@ class Database:
         timeout: float = 5.0,
         application_name: str = "pgcrond",
         prepared: bool = False,
+        discard_sessions: bool = False,
     ) -> None:
-        """``prepared``: let psycopg prepare statements server-side (see CONNECTION_SETTINGS)."""
+        """``prepared``: let psycopg prepare statements server-side (see CONNECTION_SETTINGS).
+
+        ``discard_sessions``: a connection given back is reset (``DISCARD
+        ALL``) before anyone gets it again (:meth:`for_sql_jobs`).
+        """
         self.conninfo = conninfo
         self.timeout = timeout
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[DictRow]] = AsyncConnectionPool(
@@ -132,6 +151,26 @@ class Database:
             timeout=timeout,
             open=False,
             name=application_name,
+            reset=_discard_session if discard_sessions else None,
+        )
+
+    @classmethod
+    def for_sql_jobs(
+        cls, conninfo: str, *, max_size: int, application_name: str = "pgcrond-sql"
+    ) -> Database:
+        """The connections ``sql:`` jobs' transactions run on, apart from the guard's pool.
+
+        A job holds one for its whole transaction, so they must never be the
+        connections that claims, heartbeats and finalizes of other jobs wait
+        for. None is kept open while no job runs, and each is reset when the
+        job gives it back: a job's session-level leftovers never meet the next.
+        """
+        return cls(
+            conninfo,
+            min_size=0,
+            max_size=max_size,
+            application_name=application_name,
+            discard_sessions=True,
         )
 
     async def open(self) -> None:
@@ -145,9 +184,12 @@ class Database:
         await self._pool.close()
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[DictRow]]:
+    async def connection(
+        self, *, wait: float | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[DictRow]]:
+        """A pooled connection, waited for ``wait`` seconds (the pool's timeout by default)."""
         try:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection(timeout=wait) as conn:
                 yield conn
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc) from exc

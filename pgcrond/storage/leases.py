@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
-import psycopg
 import structlog
 
 from pgcrond.core.actions import SqlWork
 from pgcrond.core.keys import Identity, lock_id
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import LeaseTiming, to_ms
-from pgcrond.errors import LeaseLost, PgcrondError, SqlJobFailed
+from pgcrond.errors import LeaseLost, PgcrondError
 from pgcrond.run.cancel import Cancellation
+from pgcrond.storage import sqljob
 from pgcrond.storage.batch import Pending, TurnBatch
 from pgcrond.storage.db import Database
 from pgcrond.storage.sql import Queries, migrations
@@ -43,11 +43,6 @@ NotAcquiredReason = Literal[
     "held", "done", "failed", "retry_pending", "overlap", "not_due", "late", "paused"
 ]
 MAX_ERROR_LENGTH = 4000
-# An sql: job's transaction: how often the server checks that the client is
-# still there while a statement runs (PostgreSQL 14+), and the statement
-# timeout of the SUCCESS finalize that ends it.
-_CONNECTION_CHECK_MS = 1000
-_FINALIZE_TIMEOUT_S = 5
 # How long a finalize waits for the outcomes of other runs still open on this
 # replica (co-fired runs end close together, rarely in one loop turn), so they
 # share one statement; sent at once when no other run is open. It delays only
@@ -157,8 +152,12 @@ class LeaseStore:
         schema: str = "pgcrond",
         table: str = "leases",
         owner: str | None = None,
+        sql_db: Database | None = None,
     ) -> None:
+        """``sql_db``: where sql: jobs' transactions run (``Database.for_sql_jobs``); ``db``
+        when not given, for tools that run one job on one connection."""
         self.db = db
+        self.sql_db = db if sql_db is None else sql_db
         self.queries = Queries(schema, table)
         self.owner = owner or default_owner()
         self._claims: TurnBatch[Acquired | NotAcquired] = TurnBatch(self._claim, keys=_claim_keys)
@@ -337,56 +336,10 @@ class LeaseStore:
     async def complete_with(self, lease: Acquired, work: SqlWork) -> bool:
         """Run an sql: job's statements and record SUCCESS in one transaction; False when fenced.
 
-        The lease row is locked first, by id and owner token (``sql_job_lock``):
-        fenced or lapsed, nothing runs. The job's statements follow under its
-        role, then the SUCCESS finalize (``sql_job_success``), then COMMIT: the
-        effects and the SUCCESS land together or not at all. A failing statement rolls it all
-        back and raises :class:`SqlJobFailed`; an outage raises
-        DatabaseUnavailable, and then it is unknown whether the COMMIT landed,
-        so the caller must never record a plain SUCCESS after it (a FAIL is
-        safe: it is fenced by a SUCCESS that did land). One connection, one
-        transaction, nothing prepared or session-scoped: works behind PgBouncer.
+        On the sql: jobs' own connections (``sql_db``); see :mod:`pgcrond.storage.sqljob`.
         """
         self._unfinalized.discard(lease)
-        async with self.db.connection() as conn, conn.transaction():
-            cursor = await conn.execute(
-                self.queries.get("sql_job_lock"),
-                {
-                    "id": lease.id,
-                    "owner_token": lease.owner_token,
-                    "statement_timeout_ms": to_ms(work.statement_timeout),
-                    "idle_timeout_ms": to_ms(work.idle_timeout),
-                    "check_interval_ms": _CONNECTION_CHECK_MS,
-                },
-            )
-            if await cursor.fetchone() is None:
-                return False
-            if work.role is not None:
-                await conn.execute(self.queries.get("sql_job_role"), {"role": work.role})
-            for statement in work.statements:
-                try:
-                    # The job's own SQL is data, run once: never prepared.
-                    await conn.execute(statement, work.params, prepare=False)
-                except psycopg.Error as exc:
-                    if _is_outage(exc):
-                        raise  # translated by the connection
-                    # The job's own error (psycopg files a statement_timeout,
-                    # a deadlock or a lock timeout under OperationalError too).
-                    raise SqlJobFailed(
-                        f"{type(exc).__name__}: {exc}".strip(), exc.sqlstate
-                    ) from exc
-            await conn.execute(
-                self.queries.get("sql_job_done"),
-                {"statement_timeout_ms": to_ms(timedelta(seconds=_FINALIZE_TIMEOUT_S))},
-            )
-            cursor = await conn.execute(
-                self.queries.get("sql_job_success"),
-                {"id": lease.id, "owner_token": lease.owner_token},
-            )
-            # Locked by us above, so it is still ours; checked all the same.
-            if await cursor.fetchone() is None:
-                raise LeaseLost(f"lease of {lease.identity} changed under its row lock")
-        return True
+        return await sqljob.commit_with(self.sql_db, self.queries, lease, work)
 
     async def fail(
         self,
@@ -600,12 +553,6 @@ class _Outcome:
     reason: str | None
     error: str | None
     retry_ms: int | None
-
-
-def _is_outage(exc: psycopg.Error) -> bool:
-    """The connection or server failed (no SQLSTATE, class 08, 57P0x, read-only), not the SQL."""
-    state = exc.sqlstate
-    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03", "25006")
 
 
 def _abandon(task: asyncio.Task[Any]) -> None:

@@ -585,37 +585,59 @@ FROM seen
 GROUP BY owner
 ORDER BY max(at) DESC, owner
 
--- name: sql_job_lock
--- The first statement of an sql: job's transaction, its fencing check: the
--- lease row, still ours by owner token and live, locked FOR UPDATE until the
--- transaction ends, so nobody can take the tick over while the job's own
--- statements run and the SUCCESS recorded after them cannot be fenced. No row:
--- fenced (or lapsed), and nothing runs. The settings last as long as the
--- transaction (nothing session-scoped, so PgBouncer in transaction pooling
--- works): the job's statement_timeout, and server-side bounds for a client
--- that vanishes mid-transaction (killed, paused, partitioned), whose row lock
--- must not outlive it for long.
-SELECT l.id,
-       set_config('statement_timeout', %(statement_timeout_ms)s::text, true) AS statement_timeout,
+-- name: sql_job_bounds
+-- The first statement of an sql: job's transaction, and again before its
+-- SUCCESS finalize: the statement timeout (the job's, then the finalize's),
+-- and server-side bounds for a client that vanishes mid-transaction (killed,
+-- paused, partitioned), whose row lock must not outlive it for long. All for
+-- the transaction only (nothing session-scoped, so PgBouncer in transaction
+-- pooling works).
+SELECT set_config('statement_timeout', %(statement_timeout_ms)s::text, true) AS statement_timeout,
        set_config('idle_in_transaction_session_timeout', %(idle_timeout_ms)s::text, true)
          AS idle_timeout,
        CASE WHEN current_setting('server_version_num')::int >= 140000
             THEN set_config('client_connection_check_interval', %(check_interval_ms)s::text, true)
        END AS check_interval
-FROM (SELECT id FROM {table}
-      WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
-        AND expires_at > clock_timestamp()
-      FOR UPDATE) l
+
+-- name: sql_job_lock
+-- An sql: job's fencing check: the lease row, still ours by owner token and
+-- live, locked FOR UPDATE until the transaction ends, so nobody can take the
+-- tick over while the job's own statements run and the SUCCESS recorded after
+-- them cannot be fenced. No row: fenced (or lapsed), and nothing runs.
+SELECT id FROM {table}
+WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
+  AND expires_at > clock_timestamp()
+FOR UPDATE
 
 -- name: sql_job_role
 -- The job's role (SET LOCAL ROLE) for its own statements only.
 SELECT set_config('role', %(role)s, true) AS role
 
--- name: sql_job_done
--- After the job's statements: back to the daemon's own role and a short
--- statement timeout for the SUCCESS finalize that follows in the same transaction.
-SELECT set_config('role', 'none', true) AS role,
-       set_config('statement_timeout', %(statement_timeout_ms)s::text, true) AS statement_timeout
+-- name: sql_job_state
+-- What an sql: job's statements must leave as they found it, read after the
+-- set-up and after each statement: who they run as, the bounds sql_job_bounds
+-- set, and the transaction they run in (its start time: a statement that
+-- ended it is seen even if another began).
+SELECT current_user AS "current_user",
+       session_user AS "session_user",
+       current_setting('statement_timeout') AS statement_timeout,
+       current_setting('idle_in_transaction_session_timeout')
+         AS idle_in_transaction_session_timeout,
+       current_setting('client_connection_check_interval', true)
+         AS client_connection_check_interval,
+       current_setting('transaction_timeout', true) AS transaction_timeout,
+       transaction_timestamp() AS transaction_started
+
+-- name: sql_job_reset_settings
+-- After an sql: job's statements, in its transaction: every setting back to
+-- the session's default, including any a statement set session-wide (a
+-- function's set_config(…, false)); committed with the SUCCESS, so behind a
+-- transaction pooler too nothing of the job outlives it on the connection.
+RESET ALL
+
+-- name: sql_job_reset_user
+-- The same for the session's user and role (RESET ALL leaves them alone).
+SET SESSION AUTHORIZATION DEFAULT
 
 -- name: status_page_no_jit
 -- Sent before a status page statement, in the same message and implicit
