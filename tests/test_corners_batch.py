@@ -37,14 +37,14 @@ def row_locked(pg_dsn: str, schema: str, code: str) -> Iterator[Callable[[], Non
 
 
 async def until_waiting_on_a_lock(pg_dsn: str, query_start: str) -> None:
-    """Return once a pgcrond statement starting with ``query_start`` waits on a lock."""
+    """Return once a statement containing ``query_start`` waits on a lock."""
     deadline = time.monotonic() + 10
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         while time.monotonic() < deadline:
             cursor = await conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgcrond'"
-                " AND wait_event_type = 'Lock' AND ltrim(query) LIKE %s",
-                (query_start + "%",),
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database() AND query LIKE %s",
+                ("%" + query_start + "%",),
             )
             found = await cursor.fetchone()
             if found and found[0]:
@@ -85,7 +85,7 @@ async def test_a_claim_given_up_on_in_flight_leaves_the_others_of_its_batch_thei
     held = await claim(store, "held")
     assert await store.fail(held, "boom", retry_after=timedelta(0))
     claims = [store.claim(Identity.schedule(code, TICK), TIMING) for code in ("gone", "held", "c")]
-    won = await given_up_while_in_flight(pg_dsn, schema, "held", "WITH request", claims)
+    won = await given_up_while_in_flight(pg_dsn, schema, "held", "WITH request AS", claims)
     assert all(isinstance(lease, Acquired) for lease in won)
     recorded = [await store.complete(lease) for lease in won if isinstance(lease, Acquired)]
     assert [True, True] == recorded
@@ -99,7 +99,7 @@ async def test_a_finalize_given_up_on_in_flight_leaves_the_others_recorded(
     """The given-up finalize was sent, so it lands too; the caller's retry finds it recorded."""
     gone, held, third = [await claim(store, code) for code in ("gone", "held", "c")]
     finalizes = [store.complete(gone), store.complete(held), store.fail(third, "x")]
-    recorded = await given_up_while_in_flight(pg_dsn, schema, "held", "WITH outcome", finalizes)
+    recorded = await given_up_while_in_flight(pg_dsn, schema, "held", "WITH outcome AS", finalizes)
     assert [True, True] == recorded
     assert {"gone": "SUCCESS", "held": "SUCCESS", "c": "FAIL"} == statuses(pg_dsn, schema)
     # What the guard's bounded retry sends again: the same outcome, recorded already.
@@ -111,7 +111,7 @@ async def test_a_renew_given_up_on_in_flight_leaves_the_other_heartbeats_renewed
 ) -> None:
     gone, held, third = [await claim(store, code) for code in ("gone", "held", "c")]
     beats = [store.renew(gone), store.renew(held), store.renew(third)]
-    renewed = await given_up_while_in_flight(pg_dsn, schema, "held", "WITH beat", beats)
+    renewed = await given_up_while_in_flight(pg_dsn, schema, "held", "WITH beat AS", beats)
     assert all(renewal is not None for renewal in renewed)
 
 

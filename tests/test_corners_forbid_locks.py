@@ -9,6 +9,7 @@ once, needs 8,000: "out of shared memory", for every application there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from datetime import timedelta
 
@@ -33,8 +34,8 @@ async def waiting_on_locks(dsn: str, count: int, claims: list[asyncio.Task[objec
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         while time.monotonic() < deadline and not any(task.done() for task in claims):
             cursor = await conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgcrond'"
-                " AND wait_event_type = 'Lock'"
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()"
             )
             found = await cursor.fetchone()
             if found and found[0] >= count:
@@ -66,29 +67,27 @@ async def test_four_replicas_claiming_3000_forbid_jobs_each_at_once_fit_default_
     # taken: holding that table makes every chunk keep its locks, all at once
     # (4 replicas x 6 pooled connections x 500 jobs).
     blocker = psycopg.connect(dsn)
-    stores: list[LeaseStore] = []
     try:
         blocker.execute("LOCK TABLE pgcrond.leases_job_state IN ACCESS EXCLUSIVE MODE")
-        for n in range(REPLICAS):
-            stores.append(
-                await open_store(
-                    dsn, "pgcrond", owner=f"r{n}", migrate=False, max_size=POOL
-                ).__aenter__()
-            )
-        claims: list[asyncio.Task[object]] = [
-            asyncio.ensure_future(claim_all(store, n)) for n, store in enumerate(stores)
-        ]
-        await waiting_on_locks(dsn, REPLICAS * POOL, claims)
-        blocker.commit()
-        answers = await asyncio.gather(*claims, return_exceptions=True)
-        errors = [answer for answer in answers if isinstance(answer, BaseException)]
-        assert [] == [str(error) for error in errors]
-        won = [a for batch in answers if isinstance(batch, list) for a in batch]
-        assert REPLICAS * JOBS == sum(isinstance(answer, Acquired) for answer in won)
+        async with contextlib.AsyncExitStack() as stack:
+            stores = [
+                await stack.enter_async_context(
+                    open_store(dsn, "pgcrond", owner=f"r{n}", migrate=False, max_size=POOL)
+                )
+                for n in range(REPLICAS)
+            ]
+            claims: list[asyncio.Task[object]] = [
+                asyncio.ensure_future(claim_all(store, n)) for n, store in enumerate(stores)
+            ]
+            await waiting_on_locks(dsn, REPLICAS * POOL, claims)
+            blocker.commit()
+            answers = await asyncio.gather(*claims, return_exceptions=True)
     finally:
         blocker.close()
-        for store in stores:
-            await store.db.close()
+    errors = [answer for answer in answers if isinstance(answer, BaseException)]
+    assert [] == [str(error) for error in errors]
+    won = [a for batch in answers if isinstance(batch, list) for a in batch]
+    assert REPLICAS * JOBS == sum(isinstance(answer, Acquired) for answer in won)
 
 
 async def test_forbid_still_refuses_a_tick_while_another_tick_of_the_job_runs(
