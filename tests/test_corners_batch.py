@@ -26,11 +26,14 @@ TICK = "2026-01-01T00:00:00Z"
 
 
 @contextmanager
-def row_locked(pg_dsn: str, schema: str, code: str) -> Iterator[Callable[[], None]]:
-    """Hold ``code``'s lease row FOR UPDATE on another connection until released."""
+def table_locked(pg_dsn: str, schema: str) -> Iterator[Callable[[], None]]:
+    """Hold the lease table in SHARE mode until released: every write to it waits.
+
+    (A row lock would not do: claims and heartbeats skip a locked row.)
+    """
     conn = psycopg.connect(pg_dsn)
     try:
-        conn.execute(f'SELECT id FROM "{schema}".leases WHERE code = %s FOR UPDATE', (code,))
+        conn.execute(f'LOCK TABLE "{schema}".leases IN SHARE MODE')
         yield conn.commit
     finally:
         conn.close()
@@ -60,10 +63,10 @@ def statuses(pg_dsn: str, schema: str) -> dict[str, str]:
 
 
 async def given_up_while_in_flight(
-    pg_dsn: str, schema: str, locked: str, query_start: str, calls: Sequence[Awaitable[Any]]
+    pg_dsn: str, schema: str, query_start: str, calls: Sequence[Awaitable[Any]]
 ) -> list[Any]:
-    """Start ``calls`` in one turn; cancel the first while the statement waits on ``locked``."""
-    with row_locked(pg_dsn, schema, locked) as release:
+    """Start ``calls`` in one turn; cancel the first while their statement waits."""
+    with table_locked(pg_dsn, schema) as release:
         tasks = [asyncio.ensure_future(call) for call in calls]
         await until_waiting_on_a_lock(pg_dsn, query_start)
         tasks[0].cancel()
@@ -81,11 +84,11 @@ async def test_a_claim_given_up_on_in_flight_leaves_the_others_of_its_batch_thei
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
     """The others win, are run and recorded; before the fix they raised InvalidStateError."""
-    # A retryable FAIL row the claim reclaims: its row lock holds the statement.
+    # A retryable FAIL row the claim reclaims.
     held = await claim(store, "held")
     assert await store.fail(held, "boom", retry_after=timedelta(0))
     claims = [store.claim(Identity.schedule(code, TICK), TIMING) for code in ("gone", "held", "c")]
-    won = await given_up_while_in_flight(pg_dsn, schema, "held", "WITH request AS", claims)
+    won = await given_up_while_in_flight(pg_dsn, schema, "WITH request AS", claims)
     assert all(isinstance(lease, Acquired) for lease in won)
     recorded = [await store.complete(lease) for lease in won if isinstance(lease, Acquired)]
     assert [True, True] == recorded
@@ -99,7 +102,7 @@ async def test_a_finalize_given_up_on_in_flight_leaves_the_others_recorded(
     """The given-up finalize was sent, so it lands too; the caller's retry finds it recorded."""
     gone, held, third = [await claim(store, code) for code in ("gone", "held", "c")]
     finalizes = [store.complete(gone), store.complete(held), store.fail(third, "x")]
-    recorded = await given_up_while_in_flight(pg_dsn, schema, "held", "WITH outcome AS", finalizes)
+    recorded = await given_up_while_in_flight(pg_dsn, schema, "WITH outcome AS", finalizes)
     assert [True, True] == recorded
     assert {"gone": "SUCCESS", "held": "SUCCESS", "c": "FAIL"} == statuses(pg_dsn, schema)
     # What the guard's bounded retry sends again: the same outcome, recorded already.
@@ -111,7 +114,7 @@ async def test_a_renew_given_up_on_in_flight_leaves_the_other_heartbeats_renewed
 ) -> None:
     gone, held, third = [await claim(store, code) for code in ("gone", "held", "c")]
     beats = [store.renew(gone), store.renew(held), store.renew(third)]
-    renewed = await given_up_while_in_flight(pg_dsn, schema, "held", "WITH beat AS", beats)
+    renewed = await given_up_while_in_flight(pg_dsn, schema, "WITH beat AS", beats)
     assert all(renewal is not None for renewal in renewed)
 
 
