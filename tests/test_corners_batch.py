@@ -40,7 +40,11 @@ def table_locked(pg_dsn: str, schema: str) -> Iterator[Callable[[], None]]:
 
 
 async def until_waiting_on_a_lock(pg_dsn: str, query_start: str) -> None:
-    """Return once a statement containing ``query_start`` waits on a lock."""
+    """Return once a statement containing ``query_start`` waits on a lock.
+
+    pg_stat_activity keeps the first 1024 bytes of a query (track_activity_query_size):
+    match text near its start.
+    """
     deadline = time.monotonic() + 10
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         while time.monotonic() < deadline:
@@ -88,7 +92,7 @@ async def test_a_claim_given_up_on_in_flight_leaves_the_others_of_its_batch_thei
     held = await claim(store, "held")
     assert await store.fail(held, "boom", retry_after=timedelta(0))
     claims = [store.claim(Identity.schedule(code, TICK), TIMING) for code in ("gone", "held", "c")]
-    won = await given_up_while_in_flight(pg_dsn, schema, "WITH request AS", claims)
+    won = await given_up_while_in_flight(pg_dsn, schema, "Claim a batch of identities", claims)
     assert all(isinstance(lease, Acquired) for lease in won)
     recorded = [await store.complete(lease) for lease in won if isinstance(lease, Acquired)]
     assert [True, True] == recorded
