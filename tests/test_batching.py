@@ -7,13 +7,14 @@ owner was fenced, and record or renew the others.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 
 import psycopg
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.storage.batch import Pending, TurnBatch
+from pgcrond.storage.batch import TurnBatch
 from pgcrond.storage.leases import FINALIZE_LINGER_S, Acquired, LeaseStore
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
@@ -131,10 +132,9 @@ async def test_a_turn_of_more_requests_than_a_batch_holds_goes_as_several_bounde
 ):
     sizes: list[int] = []
 
-    async def send(batch: list[Pending[int]]) -> None:
+    async def send(batch: list[int]) -> Callable[[int], int]:
         sizes.append(len(batch))
-        for pending in batch:
-            pending.result.set_result(pending.request)
+        return lambda request: request
 
     batch: TurnBatch[int] = TurnBatch(send, max_size=500)
     answers = await asyncio.gather(*(batch.submit(n) for n in range(1200)))

@@ -169,9 +169,8 @@ class LeaseGuard(Guard):
         late = request.deadline is not None and (
             (lease.db_now_at_latest() or request.deadline) > request.deadline
         )
-        if late and not precise:
-            await self._quietly(self.store.release(lease), lease)
-            return Refused(request.identity, "held", "RUNNING", wait=timedelta(0))
+        if late and not precise and request.deadline is not None:
+            return await self._give_back(request, lease, request.deadline)
         if late:
             # Nobody may run it any more: close the row for good, saying why.
             await self._quietly(
@@ -205,6 +204,41 @@ class LeaseGuard(Guard):
         )
         self._open[request.identity] = _Open(lease, held)
         return held
+
+    async def _give_back(
+        self, request: ClaimRequest, lease: Acquired, deadline: datetime
+    ) -> Held | Refused:
+        """Give the claim back, and claim again at once inside the same window.
+
+        Refused "held" (as before) would have the fire follow the tick with no
+        misfire bound, and run it after its window; the re-claim keeps the
+        window, so the database refuses it "late" once the window is over.
+        The give-back takes back the attempt it counted.
+        """
+        try:
+            given = await _bounded(
+                self.store.give_back(lease, deadline), FINALIZE_TIMEOUT_S, "finalize"
+            )
+        except PgcrondError as exc:
+            # The row expires by itself; a follower then decides.
+            log.warning(
+                "claim_not_returned",
+                job=lease.identity.code,
+                run_key=lease.identity.run_key,
+                error=str(exc),
+            )
+            return Refused(request.identity, "held", "RUNNING", wait=timedelta(0))
+        log.info(
+            "claim_given_back",
+            job=lease.identity.code,
+            run_key=lease.identity.run_key,
+            reason=given,
+        )
+        if given == "late":
+            return Refused(request.identity, "late", "FAIL", attempt=lease.attempt)
+        if given is None:
+            return Refused(request.identity, "held", "RUNNING", wait=timedelta(0))
+        return await self.claim(dataclasses.replace(request, spreadable=False))
 
     async def _quietly(self, write: Awaitable[bool], lease: Acquired) -> None:
         try:

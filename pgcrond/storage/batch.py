@@ -10,6 +10,11 @@ batch, which is sent only once this one is answered: decided after it, in order.
 A batch is at most ``max_size`` requests: more (10,000 jobs on one cron)
 go as several statements side by side, so none is unbounded.
 
+A request given up on (its bound ran out, its fire was stopped: its future is
+cancelled) is left out of a batch not yet sent, and skipped when the answer
+comes; an answer that cannot be made for one request fails that request
+only. No request ever affects another of its batch.
+
 Runs that finish near each other rarely finish in the same turn, so a batch
 may *linger*: held up to ``linger`` seconds for requests still expected
 (``expected()`` says how many), and sent the moment the last of them arrives.
@@ -38,15 +43,16 @@ def _loop() -> asyncio.AbstractEventLoop:
 
 
 class TurnBatch(Generic[T]):
-    """Collect requests for one loop turn; ``send(batch)`` answers each ``Pending``.
+    """Collect requests for one loop turn; ``send(requests)`` makes one statement of them.
 
-    ``send`` must resolve every future of its batch (``settle``/``fail_all``
-    help); an exception it raises is handed to every request still waiting.
+    ``send`` returns how to answer each of its requests (called once per
+    request still waited for); an exception it raises itself (the statement
+    failed) is handed to every request still waiting.
     """
 
     def __init__(
         self,
-        send: Callable[[list[Pending[T]]], Awaitable[None]],
+        send: Callable[[list[Any]], Awaitable[Callable[[Any], T]]],
         *,
         keys: Callable[[Any], Iterable[Hashable]] = lambda _: (),
         linger: float = 0.0,
@@ -115,11 +121,24 @@ class TurnBatch(Generic[T]):
             waiting.add_done_callback(lambda _: self._add_all(later))
 
     async def _run(self, batch: list[Pending[T]]) -> None:
+        live = [pending for pending in batch if not pending.result.done()]
+        if not live:
+            return
         try:
-            await self._send(batch)
+            answer = await self._send([pending.request for pending in live])
         except BaseException as exc:
-            for pending in batch:
+            for pending in live:
                 if not pending.result.done():
                     pending.result.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
+            return
+        for pending in live:
+            if pending.result.done():
+                continue  # given up on while the statement was out
+            try:
+                value = answer(pending.request)
+            except Exception as exc:
+                pending.result.set_exception(exc)
+            else:
+                pending.result.set_result(value)

@@ -255,8 +255,9 @@ class LeaseStore:
         )
         return await self._claims.submit(request)
 
-    async def _claim(self, pending: list[Pending[Acquired | NotAcquired]]) -> None:
-        batch: list[_ClaimRequest] = [p.request for p in pending]
+    async def _claim(
+        self, batch: list[_ClaimRequest]
+    ) -> Callable[[_ClaimRequest], Acquired | NotAcquired]:
         # The send time, not the time the batch started waiting for a
         # connection: the answer's age is judged from it.
         sent = [time.monotonic()]
@@ -282,7 +283,7 @@ class LeaseStore:
             }
             if forbid_codes:
                 # Same round trip, same transaction: the per-job lock first.
-                params["forbid_lock_ids"] = [lock_id(f"forbid:{code}") for code in forbid_codes]
+                params["forbid_codes"] = forbid_codes
                 rows = await self.db.fetchall_after(
                     self.queries.get("forbid_lock"),
                     self.queries.get("claim"),
@@ -294,12 +295,16 @@ class LeaseStore:
         finally:
             received_at = time.monotonic()
         by_key = {row["lock_key"]: row for row in rows}
-        for waiting, request in zip(pending, batch, strict=True):
-            row = by_key.get(request.identity.idempotency_key)
-            answer = request.outcome(row, sent[0], received_at)
-            if isinstance(answer, Acquired):
-                self._unfinalized.add(answer)
-            waiting.result.set_result(answer)
+
+        def answer(request: _ClaimRequest) -> Acquired | NotAcquired:
+            outcome = request.outcome(
+                by_key.get(request.identity.idempotency_key), sent[0], received_at
+            )
+            if isinstance(outcome, Acquired):
+                self._unfinalized.add(outcome)
+            return outcome
+
+        return answer
 
     async def heartbeat(self, lease: Acquired) -> timedelta | None:
         """Extend a live lease; how long it now has left, or None when fenced or lapsed.
@@ -314,8 +319,9 @@ class LeaseStore:
         """As :meth:`heartbeat`, with the database's clock at the answer."""
         return await self._beats.submit(lease)
 
-    async def _heartbeat_batch(self, pending: list[Pending[Renewal | None]]) -> None:
-        leases: list[Acquired] = [p.request for p in pending]
+    async def _heartbeat_batch(
+        self, leases: list[Acquired]
+    ) -> Callable[[Acquired], Renewal | None]:
         rows = await self.db.fetchall(
             self.queries.get("heartbeat"),
             {
@@ -326,8 +332,7 @@ class LeaseStore:
         renewed = {
             row["id"]: Renewal(row["expires_at"] - row["db_now"], row["db_now"]) for row in rows
         }
-        for waiting, lease in zip(pending, leases, strict=True):
-            waiting.result.set_result(renewed.get(lease.id))
+        return lambda lease: renewed.get(lease.id)
 
     async def complete(self, lease: Acquired) -> bool:
         """Record SUCCESS; False when fenced. A SUCCESS row is never claimed again."""
@@ -358,6 +363,19 @@ class LeaseStore:
             lease, "FAIL", "released", "released by its owner", timedelta(0)
         )
 
+    async def give_back(self, lease: Acquired, late_after: datetime) -> str | None:
+        """Give back a claim that ran nothing; the database judges its window (``give_back``).
+
+        "released": inside the window, reclaimable at once with the attempt
+        not counted; "late": closed for good; None: fenced (nothing changed).
+        """
+        self._unfinalized.discard(lease)
+        row = await self.db.fetchone(
+            self.queries.get("give_back"),
+            {"id": lease.id, "owner_token": lease.owner_token, "late_after": late_after},
+        )
+        return None if row is None else str(row["reason"])
+
     async def _finalize(
         self,
         lease: Acquired,
@@ -378,8 +396,7 @@ class LeaseStore:
             )
         )
 
-    async def _finalize_batch(self, pending: list[Pending[bool]]) -> None:
-        outcomes: list[_Outcome] = [p.request for p in pending]
+    async def _finalize_batch(self, outcomes: list[_Outcome]) -> Callable[[_Outcome], bool]:
         rows = await self.db.fetchall(
             self.queries.get("finalize"),
             {
@@ -392,8 +409,10 @@ class LeaseStore:
             },
         )
         recorded = {row["id"] for row in rows}
-        for waiting, outcome in zip(pending, outcomes, strict=True):
-            waiting.result.set_result(outcome.lease.id in recorded)
+        # A finalize given up on was sent all the same (or, given up before
+        # the send, is not): its caller retries it, and a repeated finalize
+        # that did land is recorded again (see the finalize query).
+        return lambda outcome: outcome.lease.id in recorded
 
     async def keep_alive(
         self, lease: Acquired, on_failure: Callable[[Exception], None] | None = None
@@ -622,6 +641,12 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
         reason: NotAcquiredReason = "overlap" if row["reason"] == "overlap" else "paused"
         return NotAcquired(identity, reason, status, owner, attempt=attempt, detail=row["detail"])
     paused: str | None = row["paused"]
+    if row["locked"]:
+        # Another transaction holds the row (an sql: job's, while it runs; a
+        # claim or finalize of it just now): its owner has it, for now.
+        return NotAcquired(
+            identity, "held", status, owner, max(row["expires_at"] - db_now, timedelta()), attempt
+        )
     if status == "RUNNING":
         wait = max(row["expires_at"] - db_now, timedelta())
         if paused and not wait:

@@ -71,6 +71,7 @@ class Queries:
             "reason_check": own("reason_by_status"),
             "job_state": sql.Identifier(self.schema, f"{self.table}_job_state"),
             "requests": sql.Identifier(self.schema, f"{self.table}_requests"),
+            "forbid_rows": sql.Identifier(self.schema, f"{self.table}_forbid"),
             "requests_pending": own("requests_pending_idx"),
         }
 

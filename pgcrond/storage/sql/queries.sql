@@ -4,10 +4,14 @@
 -- name: forbid_lock
 -- Serialise the claims of concurrency: forbid jobs across replicas: sent in the
 -- same message as the claim, before it, so the claim (a statement of its own in
--- the same implicit transaction) reads a snapshot taken after the lock. Lock
--- ids in ascending order, so two batches never wait on each other in a cycle.
-SELECT count(pg_advisory_xact_lock(id)) AS locked
-FROM (SELECT DISTINCT id FROM unnest(%(forbid_lock_ids)s::bigint[]) AS id ORDER BY id) ids
+-- the same implicit transaction) reads a snapshot taken after the lock. One row
+-- lock per job (its row inserted on the first claim; DO UPDATE … WHERE false
+-- locks the row, even one committed after this statement's snapshot, and
+-- writes nothing), none of them in the shared lock table. Codes in ascending
+-- order, so two batches never wait on each other in a cycle.
+INSERT INTO {forbid_rows} AS f (code)
+SELECT DISTINCT code FROM unnest(%(forbid_codes)s::text[]) AS code ORDER BY code
+ON CONFLICT (code) DO UPDATE SET code = EXCLUDED.code WHERE false
 
 -- name: claim
 -- Claim a batch of identities (co-firing jobs share the round trip) for one
@@ -35,8 +39,19 @@ WITH request AS (
         %(pausable)s::boolean[], %(suspended)s::text[]
     ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap,
             fire_time, late_after, pausable, suspended)
+), mine AS MATERIALIZED (
+    -- The existing rows, locked without waiting: a row another transaction
+    -- holds (an sql: job's own, while its statements run) is refused as held
+    -- by its owner and never waited for, so it stalls no other claim of the
+    -- statement. Only absent or locked-here rows go to the INSERT below.
+    SELECT e.lock_key FROM {table} e JOIN request r ON r.lock_key = e.lock_key
+    ORDER BY e.lock_key
+    FOR UPDATE OF e SKIP LOCKED
 ), checked AS (
     SELECT r.*, EXISTS (
+        SELECT 1 FROM {table} e
+        WHERE e.lock_key = r.lock_key AND e.lock_key NOT IN (SELECT lock_key FROM mine)
+    ) AS locked, EXISTS (
         SELECT 1 FROM {table} o
         WHERE r.forbid_overlap AND o.code = r.code AND o.type = 'SCHEDULE'
           AND o.status = 'RUNNING' AND o.expires_at > clock_timestamp()
@@ -88,7 +103,8 @@ WITH request AS (
                     || (c.late_after - c.fire_time)
                 WHEN c.pause_reason IS NOT NULL THEN c.pause_detail END
     FROM checked c
-    WHERE (c.timely AND NOT (c.pause_reason IS NOT NULL AND c.type = 'INITIAL')) OR c.missed
+    WHERE ((c.timely AND NOT (c.pause_reason IS NOT NULL AND c.type = 'INITIAL')) OR c.missed)
+      AND NOT c.locked
     -- One insertion order on every replica, so two batches never wait on each
     -- other's uncommitted keys in a cycle.
     ORDER BY c.lock_key
@@ -123,11 +139,11 @@ WITH request AS (
 )
 SELECT true AS claimed, lock_key, id, status, owner, owner_token, attempt, fencing_token,
        expires_at, retry_at, reason, false AS busy, NULL::text AS paused, error AS detail,
-       clock_timestamp() AS db_now
+       false AS locked, clock_timestamp() AS db_now
 FROM claim
 UNION ALL
 SELECT false, e.lock_key, e.id, e.status, e.owner, e.owner_token, e.attempt, e.fencing_token,
-       e.expires_at, e.retry_at, e.reason, c.busy, c.pause_reason, c.pause_detail,
+       e.expires_at, e.retry_at, e.reason, c.busy, c.pause_reason, c.pause_detail, c.locked,
        clock_timestamp()
 FROM {table} e
 JOIN checked c ON c.lock_key = e.lock_key
@@ -137,7 +153,7 @@ SELECT false, c.lock_key, NULL,
        CASE WHEN c.timely THEN 'PAUSED' WHEN c.fire_time > clock_timestamp() THEN 'NOT_DUE'
             ELSE 'LATE' END,
        NULL, NULL, NULL, NULL, c.fire_time, NULL, NULL, false, c.pause_reason, c.pause_detail,
-       clock_timestamp()
+       false, clock_timestamp()
 FROM checked c
 WHERE NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = c.lock_key)
   AND (NOT c.timely
@@ -149,20 +165,31 @@ WHERE NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = c.lock_key)
 -- statement); only each row's current owner can, and only while it is live: a
 -- heartbeat arriving after the expiry must not revive a lease that a follower
 -- may already be taking over. Rows are locked in lock-key order, the order the
--- claim inserts in, so a batch never waits on another in a cycle.
+-- claim inserts in, so a batch never waits on another in a cycle. A row another
+-- transaction holds (an sql: job's own, while its statements run) is not
+-- waited for, so it stalls no other lease of the batch: it is answered live
+-- and not renewed, with the expiry it has, which holds (no claim takes a
+-- locked row, and the sql: job's statement timeout ends inside its lease).
 WITH beat AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(owner_tokens)s::uuid[]) AS h (id, owner_token)
-), mine AS (
+), mine AS MATERIALIZED (
     SELECT l.id FROM {table} l JOIN beat h ON l.id = h.id AND l.owner_token = h.owner_token
     ORDER BY l.lock_key
-    FOR UPDATE OF l
+    FOR UPDATE OF l SKIP LOCKED
+), renewed AS (
+    UPDATE {table} AS l
+    SET heartbeat_at = clock_timestamp(),
+        expires_at = clock_timestamp() + l.lease_ms * interval '1 millisecond'
+    FROM mine
+    WHERE l.id = mine.id AND l.status = 'RUNNING' AND l.expires_at > clock_timestamp()
+    RETURNING l.id, l.expires_at
 )
-UPDATE {table} AS l
-SET heartbeat_at = clock_timestamp(),
-    expires_at = clock_timestamp() + l.lease_ms * interval '1 millisecond'
-FROM mine
-WHERE l.id = mine.id AND l.status = 'RUNNING' AND l.expires_at > clock_timestamp()
-RETURNING l.id, l.expires_at, clock_timestamp() AS db_now
+SELECT id, expires_at, clock_timestamp() AS db_now FROM renewed
+UNION ALL
+SELECT l.id, l.expires_at, clock_timestamp()
+FROM {table} l JOIN beat h ON l.id = h.id AND l.owner_token = h.owner_token
+WHERE l.status = 'RUNNING' AND l.expires_at > clock_timestamp()
+  AND l.id NOT IN (SELECT id FROM mine)
 
 -- name: finalize
 -- Record SUCCESS or FAIL for a batch of runs (co-finishing runs share the
@@ -191,6 +218,25 @@ FROM outcome f
 WHERE l.id = f.id AND l.id IN (SELECT id FROM mine)
   AND (l.status = 'RUNNING' OR (l.status = f.status AND l.finished_at IS NOT NULL))
 RETURNING l.id
+
+-- name: give_back
+-- Give back a won claim that ran nothing, because its answer came too slowly
+-- to tell whether the tick is still inside its window. The database clock
+-- decides: past late_after the row is closed FAIL/late for good (nobody may run
+-- it); inside, it is FAIL/released, reclaimable at once, and the attempt it
+-- counted is taken back (the next claim counts it again), so a give-back never
+-- costs the job a retry. By the current owner only.
+UPDATE {table}
+SET status = 'FAIL',
+    finished_at = clock_timestamp(),
+    reason = CASE WHEN clock_timestamp() > %(late_after)s THEN 'late' ELSE 'released' END,
+    error = CASE WHEN clock_timestamp() > %(late_after)s
+                 THEN 'the claim was answered after the tick''s misfire window'
+                 ELSE 'given back unrun: its answer came too slowly to judge the window' END,
+    retry_at = CASE WHEN clock_timestamp() > %(late_after)s THEN NULL ELSE clock_timestamp() END,
+    attempt = CASE WHEN clock_timestamp() > %(late_after)s THEN attempt ELSE attempt - 1 END
+WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
+RETURNING id, reason
 
 -- name: schema_exists
 SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s) AS present
