@@ -42,6 +42,7 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import running_dsn
 from pgcrond.storage.history import abandon_stale, prune
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.requests import prune_requests
 
 # The exit codes are pgcrond.cli.ExitCode, one enum for every command.
 EXIT_OK = ExitCode.OK
@@ -562,4 +563,8 @@ async def _prune(args: argparse.Namespace, target: Target, store: LeaseStore) ->
             f"deleted {total} finished rows{which} older than "
             f"{format_duration(rule.older_than)} from {target.table_name}"
         )
+    # Finished `trigger --detach` requests go with the history of the same age.
+    requests = await prune_requests(store, older_than)
+    if requests:
+        print(f"deleted {requests} finished requests older than {format_duration(older_than)}")
     return EXIT_OK
