@@ -102,8 +102,8 @@ class Requests:
         self.resumed_channel = channel(store, "resumed")
         # Take statements sent (the idle cost, for tests and the docs).
         self.takes = 0
-        # The requests this replica runs now, by id: kept taken by every take,
-        # and not started twice when taken again.
+        # The requests this replica runs now, by id: every take keeps them
+        # taken (so only a dead taker's go stale) and never takes them again.
         self._running: set[int] = set()
         # The last take said a request of these jobs is open somewhere.
         self._open = False
@@ -209,11 +209,6 @@ class Requests:
         return taken
 
     def _start(self, request: Request) -> None:
-        if request.id in self._running:
-            # Taken again while this replica still runs it (its renewal was
-            # late, say through an outage): the running fire finishes it.
-            log.info("request_retaken", job=request.code, run_key=request.run_key)
-            return
         self._running.add(request.id)
         task = asyncio.create_task(
             self._run_request(request), name=f"request:{request.code}:{request.run_key}"
