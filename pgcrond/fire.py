@@ -420,6 +420,17 @@ class Firing:
                 detail="the replica stopped before the database came back",
             )
             raise
+        except Exception as exc:
+            # The guard kept failing (a bug, not an outage): the row stays
+            # RUNNING until its lease lapses, and this replica follows the tick
+            # like a lost lease, so that it is taken over, not left open.
+            bound.exception(
+                "outcome_not_recorded",
+                outcome=result.outcome,
+                error=_describe(exc),
+                detail="followed until its lease lapses, then taken over",
+            )
+            return "lease_lost", False
         if recorded == "fenced":
             bound.warning(
                 "outcome_fenced",

@@ -205,3 +205,17 @@ async def test_a_new_tick_of_a_paused_job_is_a_skip_not_a_wait(tmp_path: Path) -
         firing.fire(job(tmp_path, "command: ['true']"), tick, identity), 2
     )
     assert "skip" == outcome
+
+
+async def test_a_finalize_that_keeps_failing_is_followed_and_taken_over_not_left_open(
+    tmp_path: Path,
+) -> None:
+    guard = Breaking(breaks="record", times=3)
+    tick, identity = now_tick()
+    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing.fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "success" == outcome
+    # The first attempt's row lapsed (lease 200ms) and was taken over here.
+    assert (2, "SUCCESS") == (guard.rows[identity].attempt, guard.rows[identity].status)
+    assert any(e["event"] == "outcome_not_recorded" for e in logs)

@@ -244,7 +244,12 @@ class Requests:
         identity = Identity.schedule(request.code, request.run_key)
 
         async def started() -> None:
-            await start_request(self.store, request, by=self.replica)
+            try:
+                await start_request(self.store, request, by=self.replica)
+            except PgcrondError as exc:
+                # It still runs: only a retake after a lost finish as well
+                # would then run it again.
+                bound.warning("request_start_not_recorded", error=str(exc))
 
         # An unexpected error is Firing's to record and log ("crashed").
         with structlog.contextvars.bound_contextvars(job=job.code, run_key=identity.run_key):
