@@ -100,16 +100,10 @@ class Firing:
     )
     # Rung by resumed(): fires of started ticks waiting out a pause.
     _resume: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-    _waiting_for_resume: int = 0
 
     def in_flight(self, identity: Identity) -> bool:
         """Whether this replica fires ``identity`` now."""
         return identity in self._in_flight
-
-    @property
-    def waiting_for_resume(self) -> int:
-        """How many fires wait for a pause to be lifted."""
-        return self._waiting_for_resume
 
     def resumed(self) -> None:
         """A pause may have been lifted: every fire waiting for one claims again."""
@@ -527,13 +521,11 @@ class Firing:
             detail=refusal.detail,
             attempt=refusal.attempt,
         )
-        self._waiting_for_resume += 1
         resume = asyncio.ensure_future(self._resume.wait())
         stop = asyncio.ensure_future(self.stopping.wait())
         try:
             await asyncio.wait({resume, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self._waiting_for_resume -= 1
             resume.cancel()
             stop.cancel()
 

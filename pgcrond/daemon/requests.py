@@ -172,9 +172,8 @@ class Requests:
 
     async def _poll(self) -> None:
         while not self.stopping.is_set():
-            if self.firing.waiting_for_resume:
-                # No notification arrives here: a fire waiting out a pause asks again.
-                self.firing.resumed()
+            # No notification arrives here: a fire waiting out a pause asks again.
+            self.firing.resumed()
             try:
                 await self.take()
             except PgcrondError as exc:
