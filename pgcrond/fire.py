@@ -98,8 +98,10 @@ class Firing:
     _in_flight: dict[Identity, asyncio.Future[FireOutcome]] = field(
         default_factory=dict, repr=False
     )
-    # Rung by resumed(): fires of started ticks waiting out a pause.
+    # Rung by resumed(): fires of started ticks waiting out a pause. The
+    # count lets a fire see a resume that came while its claim was on its way.
     _resume: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    _resumes: int = 0
 
     def in_flight(self, identity: Identity) -> bool:
         """Whether this replica fires ``identity`` now."""
@@ -107,6 +109,7 @@ class Firing:
 
     def resumed(self) -> None:
         """A pause may have been lifted: every fire waiting for one claims again."""
+        self._resumes += 1
         self._resume.set()
         self._resume = asyncio.Event()
 
@@ -236,6 +239,7 @@ class Firing:
                 suspended=f"suspended: true in {job.source}" if job.suspended else None,
                 spreadable=outcome is None and deadline is not None,
             )
+            resumes = self._resumes
             answer = await self._with_outage_retry(
                 job, "claim", functools.partial(guard.claim, request), deadline
             )
@@ -278,7 +282,7 @@ class Firing:
                     # (A new tick was recorded SKIPPED; a YAML suspension ends
                     # with a reload, which fires run-once jobs again.)
                     deadline = None
-                    await self._wait_for_resume(bound, answer)
+                    await self._wait_for_resume(bound, answer, resumes)
                     continue
             if answer.reason in ("overlap", "paused"):
                 self.metrics.skips.labels(job.code, answer.reason).inc()
@@ -512,9 +516,11 @@ class Firing:
             stop.cancel()
 
     async def _wait_for_resume(
-        self, bound: structlog.typing.FilteringBoundLogger, refusal: Refused
+        self, bound: structlog.typing.FilteringBoundLogger, refusal: Refused, resumes: int
     ) -> None:
-        """Until :meth:`resumed` rings (or the replica stops)."""
+        """Until :meth:`resumed` rings after the claim went out (or the replica stops)."""
+        if self._resumes != resumes:
+            return  # rung while the claim that found the pause was on its way
         bound.info(
             "waiting_for_resume",
             status=refusal.status,
