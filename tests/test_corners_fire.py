@@ -219,3 +219,23 @@ async def test_a_finalize_that_keeps_failing_is_followed_and_taken_over_not_left
     # The first attempt's row lapsed (lease 200ms) and was taken over here.
     assert (2, "SUCCESS") == (guard.rows[identity].attempt, guard.rows[identity].status)
     assert any(e["event"] == "outcome_not_recorded" for e in logs)
+
+
+async def test_a_resume_that_arrives_while_the_claim_is_on_its_way_is_not_missed(
+    tmp_path: Path,
+) -> None:
+    identity = Identity.initial("seed")
+    firing: Firing
+
+    @dataclass
+    class ResumedMeanwhile(MemoryGuard):
+        async def claim(self, request: ClaimRequest) -> Held | Refused:
+            if not self.calls:
+                firing.resumed()  # the NOTIFY came before this claim's answer
+            return await super().claim(request)
+
+    guard = ResumedMeanwhile(script=deque([Refused(identity, "paused", detail="by ops")]))
+    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    seed = job(tmp_path, "command: ['true']", code="seed")
+    outcome = await asyncio.wait_for(firing.fire(seed, datetime.now(UTC), identity), 5)
+    assert "success" == outcome
