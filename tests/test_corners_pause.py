@@ -84,7 +84,7 @@ def test_a_retry_due_while_paused_runs_once_resumed(
             config(
                 schema,
                 f'  flaky:\n    at: "{at(3)}"\n    entrypoint: {LEDGER}\n'
-                "    retries: 1\n    retry_delay: 2s\n"
+                "    retries: 1\n    retry_delay: 8s\n"
                 '    env: {LEDGER_FAIL: "1"}\n',
             )
         )
@@ -121,7 +121,7 @@ def test_the_daemons_prune_removes_old_finished_requests(
 ) -> None:
     with cluster(pg_dsn, schema, tmp_path) as running:
         path = running.write_config(
-            config(schema, f'  once:\n    at: "{at(3)}"\n    entrypoint: {LEDGER}\n')
+            config(schema, f'  once:\n    at: "{at(5)}"\n    entrypoint: {LEDGER}\n')
         )
         command(running, path, "migrate")
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
