@@ -18,7 +18,13 @@ In short:
   or FAIL as the current holder only; a failure with retries left is claimed
   again (by whichever replica follows it; retries are not misfires);
 * a database outage is retried with backoff: a claim until ``misfire_grace``
-  runs out, an outcome until it lands.
+  runs out, an outcome until it lands; an unexpected error from the guard is
+  retried the same way a few times, and one on a won run is that run's
+  failure, recorded like any other;
+* a replica fires one identity at most once at a time: a second fire of it
+  joins the first's outcome;
+* a takeover, a retry or a run-once job refused ``paused`` waits for
+  :meth:`Firing.resumed` (``pgcrond resume``), then claims again.
 """
 
 from __future__ import annotations
