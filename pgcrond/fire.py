@@ -18,7 +18,13 @@ In short:
   or FAIL as the current holder only; a failure with retries left is claimed
   again (by whichever replica follows it; retries are not misfires);
 * a database outage is retried with backoff: a claim until ``misfire_grace``
-  runs out, an outcome until it lands.
+  runs out, an outcome until it lands; an unexpected error from the guard is
+  retried the same way a few times, and one on a won run is that run's
+  failure, recorded like any other;
+* a replica fires one identity at most once at a time: a second fire of it
+  joins the first's outcome;
+* a takeover, a retry or a run-once job refused ``paused`` waits for
+  :meth:`Firing.resumed` (``pgcrond resume``), then claims again.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
 from pgcrond.daemon.metrics import Metrics
-from pgcrond.errors import DatabaseUnavailable
+from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
 from pgcrond.run.cancel import Cancellation
 from pgcrond.run.runner import RunRequest, RunResult, execute
@@ -48,9 +54,10 @@ T = TypeVar("T")
 log = structlog.get_logger("pgcrond.fire")
 
 # What one fire came to on this replica. "lose": its claim lost (another replica
-# runs or ran the tick); "lease_lost": it won, but lost the lease while running.
+# runs or ran the tick); "lease_lost": it won, but lost the lease while running;
+# "crashed": an unexpected error ended it (logged as fire_crashed).
 FireOutcome = Literal[
-    "success", "fail", "timeout", "cancelled", "lease_lost", "lose", "skip", "misfire"
+    "success", "fail", "timeout", "cancelled", "lease_lost", "lose", "skip", "misfire", "crashed"
 ]
 
 # Outage retries: fast enough to claim within about a second of the database
@@ -64,6 +71,10 @@ _LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
 # Re-checks wake together on a grid of the loop's clock, so that the re-checks
 # of co-firing ticks (whose leases expire a few ms apart) share one claim.
 _RECHECK_GRID_S = 0.25
+# A guard call that raises an error which is not a PgcrondError (a bug, say a
+# batch answering a request given up on) is retried like an outage, since
+# every guard call is safe to repeat (the contract); this many times in a row.
+_UNEXPECTED_TRIES = 3
 
 
 @dataclass
@@ -87,6 +98,26 @@ class Firing:
     # daemon's on_failure hooks. Must not block: it is called on the loop.
     on_failure: Callable[[JobConfig, Held, RunResult], None] | None = None
     _slots: dict[float, asyncio.Future[None]] = field(default_factory=dict, repr=False)
+    # The one place that knows which identities this replica fires now: a
+    # second fire of one (a request, catch-up, a resumed open tick) joins the
+    # first's outcome instead of claiming with the same owner token.
+    _in_flight: dict[Identity, asyncio.Future[FireOutcome]] = field(
+        default_factory=dict, repr=False
+    )
+    # Rung by resumed(): fires of started ticks waiting out a pause. The
+    # count lets a fire see a resume that came while its claim was on its way.
+    _resume: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    _resumes: int = 0
+
+    def in_flight(self, identity: Identity) -> bool:
+        """Whether this replica fires ``identity`` now."""
+        return identity in self._in_flight
+
+    def resumed(self) -> None:
+        """A pause may have been lifted: every fire waiting for one claims again."""
+        self._resumes += 1
+        self._resume.set()
+        self._resume = asyncio.Event()
 
     async def fire(
         self,
@@ -96,6 +127,7 @@ class Firing:
         *,
         follow: bool = True,
         started: bool = False,
+        on_start: Callable[[], Awaitable[None]] | None = None,
     ) -> FireOutcome:
         """Handle one fire of ``job`` for ``tick``; returns what this replica did.
 
@@ -103,7 +135,39 @@ class Firing:
         take over or retry (``pgcrond trigger`` reports and exits).
         ``started=True``: the tick already ran and a retry is pending (a
         replica resuming open ticks at start), so no misfire bound applies.
+        ``on_start`` is awaited once this replica won the claim, before the
+        first attempt runs (a request's own record that its run started).
+        An identity this replica fires already is not fired twice: the call
+        returns what that fire comes to.
         """
+        current = self._in_flight.get(identity)
+        if current is not None:
+            log.info("fire_joined", job=job.code, run_key=identity.run_key)
+            return await asyncio.shield(current)
+        done: asyncio.Future[FireOutcome] = asyncio.get_running_loop().create_future()
+        self._in_flight[identity] = done
+        try:
+            outcome = await self._fire_once(
+                job, tick, identity, follow=follow, started=started, on_start=on_start
+            )
+        except BaseException:
+            done.cancel()
+            raise
+        finally:
+            del self._in_flight[identity]
+        done.set_result(outcome)
+        return outcome
+
+    async def _fire_once(
+        self,
+        job: JobConfig,
+        tick: datetime,
+        identity: Identity,
+        *,
+        follow: bool,
+        started: bool,
+        on_start: Callable[[], Awaitable[None]] | None,
+    ) -> FireOutcome:
         self.metrics.fires.labels(job.code).inc()
         bound = log.bind(job=job.code, run_key=identity.run_key)
         if identity.type == "SCHEDULE" and not started and self._too_late(job, tick):
@@ -111,8 +175,19 @@ class Firing:
         guard = self.guards(job)
         try:
             return await self._fire(
-                job, guard, tick, identity, bound, follow=follow, started=started
+                job,
+                guard,
+                tick,
+                identity,
+                bound,
+                follow=follow,
+                started=started,
+                on_start=on_start,
             )
+        except Exception as exc:
+            # Past every retry: said once, with the error, and the fire ends.
+            bound.exception("fire_crashed", error=_describe(exc))
+            return "crashed"
         finally:
             await guard.forget(identity)
 
@@ -153,6 +228,7 @@ class Firing:
         *,
         follow: bool,
         started: bool,
+        on_start: Callable[[], Awaitable[None]] | None,
     ) -> FireOutcome:
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
@@ -169,6 +245,7 @@ class Firing:
                 suspended=f"suspended: true in {job.source}" if job.suspended else None,
                 spreadable=outcome is None and deadline is not None,
             )
+            resumes = self._resumes
             answer = await self._with_outage_retry(
                 job, "claim", functools.partial(guard.claim, request), deadline
             )
@@ -181,6 +258,8 @@ class Firing:
             if isinstance(answer, Held):
                 if answer.identity.type == "INITIAL" or tick_of(answer.identity.run_key or ""):
                     self.metrics.paused.labels(job.code).set(0)  # a tick ran: not paused
+                if on_start is not None and outcome is None:
+                    await on_start()
                 outcome, retry = await self._run(job, guard, tick, answer)
                 # The tick started: from now on it is followed until it is
                 # done (retries, takeovers, a give-back); misfire_grace bounds
@@ -203,6 +282,14 @@ class Firing:
                 return outcome
             if answer.reason == "paused":
                 self.metrics.paused.labels(job.code).set(1)
+                if follow and answer.status != "SKIPPED" and not job.suspended:
+                    # A started tick (a takeover or retry due) or a run-once job:
+                    # it waits for `pgcrond resume`, not for a replica's restart.
+                    # (A new tick was recorded SKIPPED; a YAML suspension ends
+                    # with a reload, which fires run-once jobs again.)
+                    deadline = None
+                    await self._wait_for_resume(bound, answer, resumes)
+                    continue
             if answer.reason in ("overlap", "paused"):
                 self.metrics.skips.labels(job.code, answer.reason).inc()
                 bound.info(
@@ -272,8 +359,24 @@ class Firing:
         self.metrics.wins.labels(job.code).inc()
         if held.claimed_from == "takeover":
             self.metrics.takeovers.labels(job.code).inc()
-        async with guard.hold(held):
-            result = await self._execute(job, tick, held, guard)
+        result: RunResult | None = None
+        try:
+            async with guard.hold(held):
+                result = await self._execute(job, tick, held, guard)
+        except Exception as exc:
+            # A bug on the run path (keep-alive, runner, executor): the run won
+            # its claim, so it is recorded as this run's failure, never left
+            # RUNNING with nobody running it.
+            error = _describe(exc)
+            log.exception(
+                "run_crashed",
+                job=job.code,
+                run_key=held.identity.run_key,
+                attempt=held.attempt,
+                error=error,
+            )
+            if result is None:
+                result = RunResult(outcome="fail", error=error, exit_code=None, duration_s=0.0)
         # Keep-alive ends with the run: a heartbeat racing the finalize would
         # find the row finished and cry "lease lost".
         return await self._record(job, guard, held, result)
@@ -321,6 +424,17 @@ class Firing:
                 detail="the replica stopped before the database came back",
             )
             raise
+        except Exception as exc:
+            # The guard kept failing (a bug, not an outage): the row stays
+            # RUNNING until its lease lapses, and this replica follows the tick
+            # like a lost lease, so that it is taken over, not left open.
+            bound.exception(
+                "outcome_not_recorded",
+                outcome=result.outcome,
+                error=_describe(exc),
+                detail="followed until its lease lapses, then taken over",
+            )
+            return "lease_lost", False
         if recorded == "fenced":
             bound.warning(
                 "outcome_fenced",
@@ -334,7 +448,10 @@ class Firing:
         # A run-once job out of retries is retried by the next start, not now.
         retry = recorded == "retry" and held.attempt <= job.retries
         if kind in ("fail", "timeout") and not retry and self.on_failure is not None:
-            self.on_failure(job, held, result)
+            try:
+                self.on_failure(job, held, result)
+            except Exception as exc:
+                bound.exception("failure_hook_crashed", error=_describe(exc))
         return result.outcome, retry
 
     async def _with_outage_retry(
@@ -350,10 +467,14 @@ class Firing:
         is retried until it lands even while stopping, bounded by the caller.
         """
         delay = _BACKOFF_FIRST
+        unexpected = 0
         while True:
             try:
                 answer = await call()
-            except DatabaseUnavailable as exc:
+            except PgcrondError as exc:
+                if not isinstance(exc, DatabaseUnavailable):
+                    raise
+
                 if self.on_database is not None:
                     self.on_database(False)
                 self.metrics.database_errors.labels(operation).inc()
@@ -362,6 +483,17 @@ class Firing:
                     job=job.code,
                     operation=operation,
                     error=str(exc),
+                    retry_in_s=delay,
+                )
+            except Exception as exc:
+                unexpected += 1
+                if unexpected >= _UNEXPECTED_TRIES:
+                    raise
+                log.exception(
+                    "guard_failed",
+                    job=job.code,
+                    operation=operation,
+                    error=_describe(exc),
                     retry_in_s=delay,
                 )
             else:
@@ -387,6 +519,26 @@ class Firing:
         try:
             await asyncio.wait({wake, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            stop.cancel()
+
+    async def _wait_for_resume(
+        self, bound: structlog.typing.FilteringBoundLogger, refusal: Refused, resumes: int
+    ) -> None:
+        """Until :meth:`resumed` rings after the claim went out (or the replica stops)."""
+        if self._resumes != resumes:
+            return  # rung while the claim that found the pause was on its way
+        bound.info(
+            "waiting_for_resume",
+            status=refusal.status,
+            detail=refusal.detail,
+            attempt=refusal.attempt,
+        )
+        resume = asyncio.ensure_future(self._resume.wait())
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({resume, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            resume.cancel()
             stop.cancel()
 
     def _ring(self, slot: float) -> None:
@@ -458,3 +610,7 @@ class Firing:
             exit_code=result.exit_code,
         )
         return result
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

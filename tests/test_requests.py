@@ -125,7 +125,7 @@ async def test_the_listener_wakes_on_the_request_within_a_bound(
         assert not woken.done()  # nothing requested: it waits
         sent = time.monotonic()
         await request_run(store, "report", "manual:w", by="shell")
-        assert await asyncio.wait_for(woken, 2.0) >= 1
+        assert {channel(store)} == await asyncio.wait_for(woken, 2.0)
         assert time.monotonic() - sent < 1.0
     finally:
         await listener.close()

@@ -57,6 +57,7 @@ from pgcrond.storage.embedded import LocalServer, attach
 from pgcrond.storage.history import abandon_stale, open_ticks, ping, prune
 from pgcrond.storage.leases import LeaseStore, NotAcquired, default_owner
 from pgcrond.storage.pooling import log_pooling
+from pgcrond.storage.requests import prune_requests
 from pgcrond.storage.ticks import job_ticks
 
 log = structlog.get_logger("pgcrond.daemon.lifecycle")
@@ -151,7 +152,6 @@ class Daemon:
         self._advisory_db: Database | None = None
         self._sql_db: Database | None = None
         self._firing: Firing | None = None
-        self._firing_now: dict[Identity, asyncio.Task[None]] = {}
         self._hooks = FailureHooks(self.replica)
         self._store: LeaseStore | None = None
         self._accounting: Accounting | None = None
@@ -377,19 +377,16 @@ class Daemon:
         self, job: JobConfig, tick: datetime, identity: Identity, *, started: bool = False
     ) -> None:
         assert self._firing is not None
-        if identity in self._firing_now:
+        if self._firing.in_flight(identity):
             # This replica already follows the tick (say, the scheduler's fire
             # still retrying through an outage when start-up or catch-up finds
-            # the same tick): one fire per identity, or both would claim with
-            # one owner token and both run.
+            # the same tick): Firing would join it; no task is needed for that.
             return
         task = asyncio.create_task(
             self._fire(job, tick, identity, started=started), name=f"fire:{identity}"
         )
-        self._firing_now[identity] = task
         self.fire_tasks.add(task)
         task.add_done_callback(self.fire_tasks.discard)
-        task.add_done_callback(lambda _: self._firing_now.pop(identity, None))
 
     async def _resume_open_ticks(self) -> None:
         """Follow the ticks other replicas started and nobody finished (one query, at start).
@@ -431,12 +428,9 @@ class Daemon:
         self, job: JobConfig, tick: datetime, identity: Identity, *, started: bool = False
     ) -> None:
         assert self._firing is not None
-        try:
-            with structlog.contextvars.bound_contextvars(job=job.code, run_key=identity.run_key):
-                outcome: FireOutcome = await self._firing.fire(job, tick, identity, started=started)
-        except Exception:
-            log.exception("fire_crashed", job=job.code, run_key=identity.run_key)
-            return
+        # An unexpected error is Firing's to record and log (fire_crashed).
+        with structlog.contextvars.bound_contextvars(job=job.code, run_key=identity.run_key):
+            outcome: FireOutcome = await self._firing.fire(job, tick, identity, started=started)
         if identity.type == "INITIAL":
             # Says, on every replica and at every start, what became of the
             # run-once job here ("lose" once another replica has it done).
@@ -460,14 +454,16 @@ class Daemon:
         hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
         identity = Identity.schedule(PRUNE_CODE, run_key_for(hour))
 
-        async def prune_history(_: object) -> tuple[int, int]:
+        async def prune_history(_: object) -> tuple[int, int, int]:
             abandoned = await abandon_stale(store, min_history_retention(self.config.jobs))
             deleted = 0
             for rule in prune_rules(self.config):
                 deleted += await prune(
                     store, rule.older_than, only=rule.only, excluding=rule.excluding
                 )
-            return abandoned, deleted
+            # Finished requests go with the history of the same age.
+            requests = await prune_requests(store, self.config.history_retention)
+            return abandoned, deleted, requests
 
         try:
             done = await store.run_exclusive(identity, prune_history, retry_after=None)
@@ -479,6 +475,7 @@ class Daemon:
                 "history_pruned",
                 abandoned=done[0],
                 deleted=done[1],
+                requests=done[2],
                 older_than_s=self.config.history_retention.total_seconds(),
             )
 

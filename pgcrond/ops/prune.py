@@ -15,6 +15,7 @@ from pgcrond.errors import CommandError
 from pgcrond.ops.session import EXIT_OK, Target, run_command
 from pgcrond.storage.history import abandon_stale, prune
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.requests import prune_requests
 
 
 def prune_command(args: argparse.Namespace) -> int:
@@ -66,4 +67,8 @@ async def _prune(args: argparse.Namespace, target: Target, store: LeaseStore) ->
             f"deleted {total} finished rows{which} older than "
             f"{format_duration(rule.older_than)} from {target.table_name}"
         )
+    # Finished `trigger --detach` requests go with the history of the same age.
+    requests = await prune_requests(store, older_than)
+    if requests:
+        print(f"deleted {requests} finished requests older than {format_duration(older_than)}")
     return EXIT_OK

@@ -2,7 +2,9 @@
 
 A row is a paused job (code ``'*'``: every job). Nothing polls it: the claim
 statement reads it in its own round trip (``claim`` in ``sql/queries.sql``),
-so every replica honours a pause at the job's next tick, with no reload.
+so every replica honours a pause at the job's next tick, with no reload. A
+resume NOTIFYs the resumed channel, so that the takeovers, retries and
+run-once jobs that wait for it claim again at once.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.requests import channel
 
 ALL_JOBS = "*"
 
@@ -40,7 +43,8 @@ async def pause(store: LeaseStore, codes: list[str], *, by: str, reason: str | N
 async def resume(store: LeaseStore, codes: list[str], *, all_jobs: bool = False) -> list[str]:
     """Resume ``codes`` (every pause with ``all_jobs``); the codes whose pause was lifted."""
     rows = await store.db.fetchall(
-        store.queries.get("resume_jobs"), {"codes": codes, "all_jobs": all_jobs}
+        store.queries.get("resume_jobs"),
+        {"codes": codes, "all_jobs": all_jobs, "channel": channel(store, "resumed")},
     )
     return sorted(row["code"] for row in rows)
 

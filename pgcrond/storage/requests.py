@@ -11,15 +11,18 @@ together take disjoint rows; the lease table still decides who runs the run
 key, so a request taken twice (its taker died) runs once.
 
 Nothing here polls: an idle listener sends nothing (the kernel's TCP
-keepalives are not statements). Behind PgBouncer in transaction pooling LISTEN
-does not survive the transaction; the daemon then takes requests on a slow
-timer instead (``pgcrond.daemon.requests``).
+keepalives are not statements). The take says whether a request is still
+open (taken by a replica that may die); the daemon takes again on a slow timer
+only while one is, and behind PgBouncer in transaction pooling (where LISTEN
+does not survive the transaction) on a faster one (``pgcrond.daemon.requests``).
+The same listener hears ``pgcrond resume`` (the resumed channel).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -35,16 +38,17 @@ from pgcrond.storage.leases import LeaseStore
 _MAX_CHANNEL = 63
 
 
-def channel(store: LeaseStore) -> str:
-    """The requests channel of ``store``'s table: ``<schema>.<table>_requests``.
+def channel(store: LeaseStore, kind: str = "requests") -> str:
+    """The ``kind`` channel of ``store``'s table: ``<schema>.<table>_<kind>``.
 
-    Both sides use it as is: pg_notify takes it as text, LISTEN as a quoted
+    ``requests`` (a request was made) or ``resumed`` (``pgcrond resume``). Both
+    sides use it as is: pg_notify takes it as text, LISTEN as a quoted
     identifier. Names too long for an identifier get a digest instead.
     """
-    name = f"{store.queries.schema}.{store.queries.table}_requests"
+    name = f"{store.queries.schema}.{store.queries.table}_{kind}"
     if len(name.encode()) <= _MAX_CHANNEL:
         return name
-    return "pgcrond_requests_" + hashlib.sha256(name.encode()).hexdigest()[:32]
+    return f"pgcrond_{kind}_" + hashlib.sha256(name.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,8 @@ class Request:
     requested_by: str
     requested_at: datetime
     taken_at: datetime
+    # When a taker's run of it started (recorded for advisory jobs only).
+    started_at: datetime | None = None
 
     @property
     def waited(self) -> timedelta:
@@ -104,6 +110,14 @@ async def request_run(store: LeaseStore, code: str, run_key: str, *, by: str) ->
     )
 
 
+class Taken(list[Request]):
+    """The requests one take took, oldest first, and whether any is still open."""
+
+    def __init__(self, found: Iterable[Request] = (), *, open: bool = False) -> None:
+        super().__init__(found)
+        self.open = open
+
+
 async def take_requests(
     store: LeaseStore,
     codes: list[str],
@@ -112,10 +126,14 @@ async def take_requests(
     within: timedelta,
     retake_after: timedelta,
     limit: int,
-) -> list[Request]:
-    """Take up to ``limit`` pending requests of ``codes`` for replica ``by``: one statement."""
+    running: Sequence[int] = (),
+) -> Taken:
+    """Take up to ``limit`` pending requests of ``codes`` for replica ``by``: one statement.
+
+    ``running``: the ids of the requests ``by`` runs now, kept taken by it.
+    """
     if not codes:
-        return []
+        return Taken()
     rows = await store.db.fetchall(
         store.queries.get("take_requests"),
         {
@@ -124,9 +142,35 @@ async def take_requests(
             "within_ms": int(within.total_seconds() * 1000),
             "retake_ms": int(retake_after.total_seconds() * 1000),
             "limit": limit,
+            "running": list(running),
         },
     )
-    return sorted((_request(row) for row in rows), key=lambda r: (r.requested_at, r.id))
+    found = sorted(
+        (_request(row) for row in rows if row["id"] is not None),
+        key=lambda r: (r.requested_at, r.id),
+    )
+    return Taken(found, open=any(bool(row["open"]) for row in rows if row["id"] is None))
+
+
+async def start_request(store: LeaseStore, request: Request, *, by: str) -> bool:
+    """Record that ``request``'s run starts here; False if it is not ours any more."""
+    touched = await store.db.execute(
+        store.queries.get("start_request"), {"id": request.id, "by": by}
+    )
+    return touched == 1
+
+
+async def prune_requests(
+    store: LeaseStore, older_than: timedelta, *, batch_size: int = 1000
+) -> int:
+    """Delete requests whose fire ended more than ``older_than`` ago; how many."""
+    params = {"older_than_ms": int(older_than.total_seconds() * 1000), "batch_size": batch_size}
+    total = 0
+    while True:
+        deleted = await store.db.execute(store.queries.get("prune_requests"), params)
+        total += deleted
+        if deleted < batch_size:
+            return total
 
 
 async def finish_request(store: LeaseStore, request: Request, *, by: str, outcome: str) -> bool:
@@ -154,21 +198,23 @@ def _request(row: DictRow) -> Request:
         requested_by=str(row["requested_by"]),
         requested_at=row["requested_at"],
         taken_at=row["taken_at"],
+        started_at=row["started_at"],
     )
 
 
 class RequestListener:
-    """One connection of its own, LISTENing on the requests channel.
+    """One connection of its own, LISTENing on the requests (and resumed) channels.
 
-    ``open()`` connects and LISTENs; ``wait()`` returns once one or more
-    notifications arrived (those queued meanwhile are drained with it, so a
-    burst wakes the replica once) and raises :class:`DatabaseUnavailable`
-    when the connection is lost. Nothing is sent while it waits.
+    ``open()`` connects and LISTENs; ``wait()`` returns the channels heard once
+    one or more notifications arrived (those queued meanwhile are drained with
+    it, so a burst wakes the replica once), or nothing after ``within`` seconds, and
+    raises :class:`DatabaseUnavailable` when the connection is lost. Nothing is
+    sent while it waits.
     """
 
-    def __init__(self, conninfo: str, channel_name: str, *, application_name: str) -> None:
+    def __init__(self, conninfo: str, *channel_names: str, application_name: str) -> None:
         self.conninfo = conninfo
-        self.channel = channel_name
+        self.channels = channel_names
         self.application_name = application_name
         self._conn: psycopg.AsyncConnection[DictRow] | None = None
 
@@ -182,25 +228,26 @@ class RequestListener:
             raise translate(exc) from exc
         self._conn = conn
         try:
-            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            for name in self.channels:
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(name)))
         except psycopg.Error as exc:
             await self.close()
             raise translate(exc) from exc
 
-    async def wait(self) -> int:
-        """Until a notification arrives; how many arrived (at least one)."""
+    async def wait(self, within: float | None = None) -> set[str]:
+        """Until a notification arrives (or ``within`` seconds passed); the channels heard."""
         conn = self._conn
         if conn is None:
             raise PgcrondError("the request listener is not open")
-        received = 0
+        heard: set[str] = set()
         try:
-            async for _ in conn.notifies(stop_after=1):
-                received += 1
-            async for _ in conn.notifies(timeout=0.0):
-                received += 1
+            async for notify in conn.notifies(stop_after=1, timeout=within):
+                heard.add(notify.channel)
+            async for notify in conn.notifies(timeout=0.0):
+                heard.add(notify.channel)
         except psycopg.Error as exc:
             raise translate(exc) from exc
-        return received
+        return heard
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None

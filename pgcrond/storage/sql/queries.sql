@@ -424,10 +424,17 @@ ON CONFLICT (code) DO UPDATE SET reason = coalesce(EXCLUDED.reason, s.reason)
 RETURNING code, paused_by, paused_at, reason
 
 -- name: resume_jobs
--- Resume jobs: their rows go (with all_jobs, every row, '*' included).
-DELETE FROM {job_state}
-WHERE %(all_jobs)s OR code = ANY(%(codes)s::text[])
-RETURNING code
+-- Resume jobs: their rows go (with all_jobs, every row, '*' included), and the
+-- replicas are woken (resumed channel) when any did: a takeover, retry or
+-- run-once job that waits for the resume claims again at once.
+WITH resumed AS (
+    DELETE FROM {job_state}
+    WHERE %(all_jobs)s OR code = ANY(%(codes)s::text[])
+    RETURNING code
+), woken AS (
+    SELECT pg_notify(%(channel)s, '') FROM (SELECT 1 FROM resumed LIMIT 1) any_resumed
+)
+SELECT code FROM resumed CROSS JOIN (SELECT count(*) FROM woken) notified
 
 -- name: paused_jobs
 -- Every pause in force, for status, the metric and the daemon's start.
@@ -748,23 +755,61 @@ LEFT JOIN {table} lease
 
 -- name: take_requests
 -- A replica takes the pending requests of its jobs: not done, not taken (or
--- taken so long ago that its taker may have died: firing it again is safe, the
--- lease decides), requested within the window. SKIP LOCKED: replicas woken
--- together take disjoint rows. Bounded, down the partial pending index.
-UPDATE {requests} r
-SET taken_by = %(by)s, taken_at = now()
-FROM (
-    SELECT id
-    FROM {requests}
-    WHERE done_at IS NULL AND code = ANY(%(codes)s::text[])
-      AND requested_at > now() - %(within_ms)s * interval '1 millisecond'
-      AND (taken_at IS NULL OR taken_at < now() - %(retake_ms)s * interval '1 millisecond')
-    ORDER BY requested_at
-    LIMIT %(limit)s
+-- taken and not kept for so long that its taker died: firing it again is
+-- safe, the lease decides; an advisory one that started is not run again),
+-- requested within the window. The same statement keeps this replica's own
+-- running requests taken (%(running)s: their taken_at is renewed), so only a
+-- dead taker's go stale, and says whether any request of these jobs is still
+-- open (the last row, id NULL): while one is, the replica takes again on a
+-- slow timer. SKIP LOCKED: replicas woken together take disjoint rows.
+-- Bounded, down the partial pending index.
+WITH kept AS (
+    UPDATE {requests}
+    SET taken_at = now()
+    WHERE id = ANY(%(running)s::bigint[]) AND taken_by = %(by)s AND done_at IS NULL
+    RETURNING id
+), taken AS (
+    UPDATE {requests} r
+    SET taken_by = %(by)s, taken_at = now()
+    FROM (
+        SELECT id
+        FROM {requests}
+        WHERE done_at IS NULL AND code = ANY(%(codes)s::text[])
+          AND NOT (id = ANY(%(running)s::bigint[]))
+          AND requested_at > now() - %(within_ms)s * interval '1 millisecond'
+          AND (taken_at IS NULL OR taken_at < now() - %(retake_ms)s * interval '1 millisecond')
+        ORDER BY requested_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) pending
+    WHERE r.id = pending.id
+    RETURNING r.id, r.code, r.run_key, r.requested_by, r.requested_at, r.taken_at, r.started_at
+)
+SELECT id, code, run_key, requested_by, requested_at, taken_at, started_at, NULL::boolean AS open
+FROM taken
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, EXISTS (
+    SELECT 1 FROM {requests} o
+    WHERE o.done_at IS NULL AND o.code = ANY(%(codes)s::text[])
+      AND o.requested_at > now() - %(within_ms)s * interval '1 millisecond'
+)
+
+-- name: start_request
+-- The taker's run of a request starts (advisory guard: nothing else records it).
+UPDATE {requests}
+SET started_at = now()
+WHERE id = %(id)s AND taken_by = %(by)s AND done_at IS NULL
+
+-- name: prune_requests
+-- Delete one batch of requests whose fire ended before the cutoff (history
+-- pruning's age): pending and taken ones stay.
+DELETE FROM {requests}
+WHERE id IN (
+    SELECT id FROM {requests}
+    WHERE done_at < now() - %(older_than_ms)s * interval '1 millisecond'
+    LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
-) pending
-WHERE r.id = pending.id
-RETURNING r.id, r.code, r.run_key, r.requested_by, r.requested_at, r.taken_at
+)
 
 -- name: finish_request
 -- The taker's fire came to an end: what it came to here (history has the run).
