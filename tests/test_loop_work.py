@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pgcrond.catchup import plan_job
+from pgcrond.catchup import newest_ticks, plan_job
 from pgcrond.config.loader import Config, load_config
 from pgcrond.core.schedule import CronSchedule, run_key_for
 from pgcrond.daemon.accounting import find_plan
@@ -177,3 +179,37 @@ async def test_the_scan_plans_200_per_minute_jobs_after_a_day_without_holding_th
     assert 200 == len(plans)
     assert all(1000 == len(p.ticks) for p in plans)
     assert lag.worst < STALL_BOUND_S, f"the loop stalled {lag.worst:.3f}s during the plan"
+
+
+@pytest.mark.parametrize(
+    ("expression", "zone"),
+    [
+        ("* * * * *", "UTC"),
+        ("*/7 * * * *", "UTC"),
+        ("* * * * * *", "UTC"),
+        ("0 9 * * 1-5", "UTC"),
+        ("30 2 * * *", "Europe/Berlin"),
+        ("*/20 1-3 * * *", "America/New_York"),
+        ("0 0 29 2 *", "UTC"),
+    ],
+)
+def test_the_newest_ticks_are_those_a_walk_over_the_whole_span_finds(
+    expression: str, zone: str
+) -> None:
+    """newest_ticks against brute force: every tick of the span, the newest cap kept."""
+    schedule = CronSchedule.parse(expression, ZoneInfo(zone))
+    rng = random.Random(expression)
+    base = datetime(2026, 3, 1, tzinfo=UTC)
+    # Spans of a day at most: the brute force walks a per-second job's every tick.
+    for _ in range(20):
+        after = base + timedelta(seconds=rng.randrange(0, 40 * 86400))
+        length = timedelta(seconds=rng.choice([30, 600, 3600, 86400]))
+        until = after + length
+        cap = rng.choice([1, 3, 50, 400])
+        every: list[datetime] = []
+        tick = schedule.next_after(after)
+        while tick is not None and tick <= until:
+            every.append(tick)
+            tick = schedule.next_after(tick)
+        expected = every[max(len(every) - cap, 0) :]
+        assert (expected, len(every) > cap) == newest_ticks(schedule, after, until, cap)
