@@ -43,9 +43,11 @@ class LoopLag:
 
     def __init__(self) -> None:
         self.worst = 0.0
+        self._last = time.monotonic()
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> LoopLag:
+        self._last = time.monotonic()
         self._task = asyncio.create_task(self._tick())
         await asyncio.sleep(0)
         return self
@@ -53,14 +55,15 @@ class LoopLag:
     async def __aexit__(self, *_: object) -> None:
         assert self._task is not None
         self._task.cancel()
+        # A stall that lasted up to the end of the block was never woken from.
+        self.worst = max(self.worst, time.monotonic() - self._last)
 
     async def _tick(self) -> None:
-        last = time.monotonic()
         while True:
             await asyncio.sleep(0.001)
             now = time.monotonic()
-            self.worst = max(self.worst, now - last)
-            last = now
+            self.worst = max(self.worst, now - self._last)
+            self._last = now
 
 
 class Witness(Collector):
