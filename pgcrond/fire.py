@@ -192,6 +192,11 @@ class Firing:
             await guard.forget(identity)
 
     def _too_late(self, job: JobConfig, tick: datetime) -> bool:
+        # A guard that remembers judges the window in its claim, by the
+        # database's clock, and records the miss itself: this replica's clock
+        # (stepped forward, or running ahead) must not decide for the cluster.
+        if self.guards(job).remembers:
+            return False
         return self.clock() - tick > job.misfire_grace
 
     def _misfire(

@@ -114,11 +114,23 @@ async def test_an_outage_longer_than_the_misfire_window_is_a_miss(tmp_path: Path
 
 
 async def test_a_fire_later_than_the_misfire_grace_never_claims(tmp_path: Path) -> None:
-    guard = MemoryGuard()
+    """Under a guard without history: the replica's clock is all there is to judge by."""
+    guard = MemoryGuard(remembers=False)
     tick, identity = now_tick(-2)
     outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
     assert "misfire" == outcome
     assert [] == guard.calls
+
+
+async def test_a_late_fire_under_a_guard_with_history_is_judged_by_its_claim(
+    tmp_path: Path,
+) -> None:
+    """Issue 20 item 5: the guard's clock (the database's) decides, not the replica's."""
+    guard = MemoryGuard()
+    tick, identity = now_tick(-2)
+    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "misfire" == outcome
+    assert ["claim"] == guard.calls
 
 
 @pytest.mark.usefixtures("subprocesses")

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -33,17 +34,35 @@ from pgcrond.catchup import JobPlan, Planned, plan
 from pgcrond.config.loader import Config, JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for, tick_of
+from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import PgcrondError
 from pgcrond.fire import FireOutcome, Firing
 from pgcrond.storage.jobstate import pause_of, paused
 from pgcrond.storage.leases import LeaseStore, NotAcquired
-from pgcrond.storage.ticks import Miss, database_now, last_ticks, record_missed
+from pgcrond.storage.ticks import (
+    Miss,
+    database_now,
+    last_ticks,
+    record_missed,
+    running_scan,
+)
 
+T = TypeVar("T")
 log = structlog.get_logger("pgcrond.daemon.accounting")
 
 SCAN_CODE = "pgcrond:catch-up"
+# The scan's lease is short and heartbeated like a run's: a replica that dies
+# mid-scan holds the others up for seconds, not for the default 15 min.
+SCAN_TIMING = LeaseTiming.build(timedelta(seconds=10))
 # Ticks kept while the database is unreachable, to record once it answers.
 PENDING_CAP = 10_000
+# Jobs planned per hop to a worker thread: a per-minute job after a day's gap
+# is ~1,000 schedule evaluations (~20 ms), so a hop is about a second of work
+# that the loop (heartbeats, the scan's own among them) never waits for, and
+# shutdown waits for at most one.
+PLAN_CHUNK = 50
+# The loop-side walks over every job (logging, firing) yield this often.
+YIELD_EVERY_S = 0.005
 
 
 def scan_identity(now: datetime) -> Identity:
@@ -58,26 +77,40 @@ def scan_identity(now: datetime) -> Identity:
 async def find_plan(
     store: LeaseStore,
     config: Config,
-    now: datetime,
     *,
     outage: tuple[datetime, datetime] | None = None,
     before: datetime | None = None,
 ) -> list[JobPlan]:
     """What becomes of every tick no replica recorded, per job (one query).
 
-    ``before``: see :func:`~pgcrond.storage.ticks.last_ticks`.
+    Judged by the database's clock, read in the same statement: a replica
+    whose own runs ahead would take ticks still to come for missed ones.
+    Planned off the loop, a chunk of jobs at a time. ``before``: see
+    :func:`~pgcrond.storage.ticks.last_ticks`.
     """
     jobs = list(config.jobs.values())
     window = config.catch_up_window
     # A little past the window, so that a record ending just before it is found.
-    last = await last_ticks(store, [job.code for job in jobs], within=window * 2, before=before)
-    return plan(jobs, last, now, window=window, outage=outage)
+    ends = await last_ticks(store, [job.code for job in jobs], within=window * 2, before=before)
+    plans: list[JobPlan] = []
+    for start in range(0, len(jobs), PLAN_CHUNK):
+        chunk = jobs[start : start + PLAN_CHUNK]
+        plans += await asyncio.to_thread(
+            plan, chunk, ends.last, ends.db_now, window=window, outage=outage
+        )
+    return plans
 
 
-async def record_plan(store: LeaseStore, plans: list[JobPlan]) -> list[Miss]:
+async def record_plan(store: LeaseStore, config: Config, plans: list[JobPlan]) -> list[Miss]:
     """Record the plan's missed ticks; the ones recorded now (not by someone else first)."""
     misses = [
-        Miss(p.code, p.tick, p.reason or "no_replica", p.why or "")
+        Miss(
+            p.code,
+            p.tick,
+            p.reason or "no_replica",
+            p.why or "",
+            config.jobs[p.code].misfire_grace,
+        )
         for job_plan in plans
         for p in job_plan.ticks
         if p.action == "missed"
@@ -118,8 +151,8 @@ class Accounting:
     fire_now: Callable[[JobConfig, datetime, Identity], None]
     replica: str
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
-    # How long a scan waits for another replica's to end before it tries again.
-    overlap_wait: timedelta = timedelta(milliseconds=250)
+    # How often a scan waiting for another replica's looks again (a read; no row).
+    overlap_wait: timedelta = timedelta(seconds=1)
     _pending: list[Miss] = field(default_factory=list)
     _outage_since: datetime | None = None
     # The database's clock when this replica began, before its scheduler started.
@@ -136,7 +169,7 @@ class Accounting:
         fired, tick = tick, tick_of(identity.run_key or "") or tick
         if cause == "database_unavailable":
             if len(self._pending) < PENDING_CAP:
-                self._pending.append(Miss(job.code, tick, cause, ""))
+                self._pending.append(Miss(job.code, tick, cause, "", job.misfire_grace))
             return
         lateness = self.clock() - fired
         shifted = f" (its jittered fire time {run_key_for(fired)})" if fired != tick else ""
@@ -144,7 +177,8 @@ class Accounting:
             f"replica too late: {self.replica} fired it {_seconds(lateness)} after the "
             f"tick{shifted}, past misfire_grace {_seconds(job.misfire_grace)}"
         )
-        self.spawn(self._record([Miss(job.code, tick, "late", why)]))
+        # Recorded only if the database's clock agrees that the window is over.
+        self.spawn(self._record([Miss(job.code, tick, "late", why, job.misfire_grace)]))
 
     def on_database(self, ok: bool) -> None:
         if not ok:
@@ -182,7 +216,7 @@ class Accounting:
         since, until = (run_key_for(moment) for moment in outage)
         pending, self._pending = self._pending, []
         text = f"database unreachable from {since} to {until} (as seen by {self.replica})"
-        await self._record([Miss(m.code, m.tick, m.reason, text) for m in pending])
+        await self._record([Miss(m.code, m.tick, m.reason, text, m.grace) for m in pending])
         # The claims that found the database back must not hide the outage's gap.
         await self.scan(outage=outage, before=outage[0])
 
@@ -227,40 +261,57 @@ class Accounting:
     ) -> None:
         """Record the ticks no replica ran and run the catch-up ones; one replica at a time.
 
-        A scan that finds another replica's running waits for it to end and
-        tries again: the other looks before its own start, which may be later
-        than this replica's, so it may not see the gap this one sees.
+        A scan that finds another replica's running waits for it to end (or
+        for its lease to lapse, if that replica died) and tries again: the
+        other looks before its own start, which may be later than this
+        replica's, so it may not see the gap this one sees. Waiting reads the
+        other's lease row; it writes nothing.
         """
         config = self.config()
         plans: list[JobPlan] = []
+
+        async def account(_: object) -> list[Miss]:
+            log.info("catch_up_scan_started", jobs=len(config.jobs))
+            plans[:] = await find_plan(self.store, config, outage=outage, before=before)
+            return await record_plan(self.store, config, plans)
+
+        waited_for: str | None = None
         while True:
-            now = self.clock()
-
-            async def account(_: object, now: datetime = now) -> list[Miss]:
-                found = await find_plan(self.store, config, now, outage=outage, before=before)
-                plans[:] = found
-                return await record_plan(self.store, found)
-
+            done: list[Miss] | NotAcquired | None = None
             try:
-                done = await self.store.run_exclusive(
-                    scan_identity(now), account, forbid_overlap=True, retry_after=None
-                )
+                holder = await running_scan(self.store, SCAN_CODE)
+                if holder is None:
+                    done = await self.store.run_exclusive(
+                        scan_identity(self.clock()),
+                        account,
+                        timing=SCAN_TIMING,
+                        forbid_overlap=True,
+                        retry_after=None,
+                    )
             except PgcrondError as exc:
                 log.warning("catch_up_scan_failed", error=str(exc))
                 return
-            if not isinstance(done, NotAcquired):
+            if isinstance(done, list):
                 break
-            log.debug("catch_up_scan_waiting", reason=done.reason)
+            wait = self.overlap_wait
+            if holder is not None:
+                # A lapse is seen at the first look after it: no sooner is useful.
+                wait = min(wait, holder.remaining)
+                if holder.owner != waited_for:
+                    waited_for = holder.owner
+                    log.info(
+                        "catch_up_scan_waiting",
+                        holder=holder.owner,
+                        lease_left_s=round(holder.remaining.total_seconds(), 1),
+                    )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self.firing.stopping.wait(), self.overlap_wait.total_seconds()
-                )
+                await asyncio.wait_for(self.firing.stopping.wait(), wait.total_seconds())
             if self.firing.stopping.is_set():
                 return
         self._count(done)
         log.info("catch_up_scan_done", jobs=len(plans), missed_recorded=len(done))
         recorded = {(miss.code, miss.identity.run_key) for miss in done}
-        for job_plan in plans:
+        async for job_plan in _paced(plans):
             counts = {a: sum(p.action == a for p in job_plan.ticks) for a in ("run", "due")}
             # Only what this scan recorded: a later scan finds the same gap already filled.
             counts["missed"] = sum(
@@ -278,7 +329,7 @@ class Accounting:
                     beyond_window=job_plan.dropped,
                 )
         jobs = dict(config.jobs)
-        for job_plan in plans:
+        async for job_plan in _paced(plans):
             job = jobs[job_plan.code]
             for item in job_plan.ticks:
                 if item.action == "due":
@@ -286,6 +337,16 @@ class Accounting:
             catch_up = [p for p in job_plan.ticks if p.action == "run"]
             if catch_up:
                 self.spawn(run_catch_up(self.firing, jobs, catch_up))
+
+
+async def _paced(items: Iterable[T]) -> AsyncIterator[T]:
+    """``items``, giving the loop a turn every few ms: a walk over 10,000 jobs must not hold it."""
+    mark = time.monotonic()
+    for item in items:
+        yield item
+        if time.monotonic() - mark > YIELD_EVERY_S:
+            await asyncio.sleep(0)
+            mark = time.monotonic()
 
 
 def _seconds(delta: timedelta) -> str:

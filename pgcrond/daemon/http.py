@@ -75,6 +75,8 @@ class HealthServer:
         self._ready_timeout = ready_timeout
         self._ready_detail = ready_detail
         self._server: asyncio.Server | None = None
+        # The /metrics render in progress, per content type.
+        self._renders: dict[str, asyncio.Future[bytes]] = {}
 
     @property
     def port(self) -> int:
@@ -140,10 +142,26 @@ class HealthServer:
             if self._ready_detail is not None:
                 body += "".join(f"{line}\n" for line in _safe_detail(self._ready_detail))
             return (200 if ready else 503), TEXT, body.encode()
+        return 200, *await self._metrics(accept)
+
+    async def _metrics(self, accept: str) -> tuple[str, bytes]:
+        """The registry, rendered on a worker thread; concurrent scrapes share one render.
+
+        A render walks every series (seconds and megabytes at thousands of
+        jobs): on the loop, heartbeats and stop deadlines would wait for it.
+        prometheus_client collects under its own locks, so a render may run
+        beside the loop's updates.
+        """
         # prometheus_client's own negotiation: OpenMetrics when the scraper
         # asks for it (Prometheus does by default), else the classic text format.
         encoder, content_type = choose_encoder(accept)
-        return 200, content_type, encoder(self._registry)
+        render = self._renders.get(content_type)
+        if render is None:
+            render = asyncio.ensure_future(asyncio.to_thread(encoder, self._registry))
+            self._renders[content_type] = render
+            render.add_done_callback(lambda _: self._renders.pop(content_type, None))
+        # A client that goes away must not cancel the render others wait on.
+        return content_type, await asyncio.shield(render)
 
     async def _is_ready(self) -> bool:
         try:

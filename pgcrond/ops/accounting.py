@@ -12,7 +12,13 @@ import argparse
 from datetime import UTC, datetime
 
 from pgcrond.catchup import JobPlan
-from pgcrond.daemon.accounting import find_plan, record_plan, run_catch_up, scan_identity
+from pgcrond.daemon.accounting import (
+    SCAN_TIMING,
+    find_plan,
+    record_plan,
+    run_catch_up,
+    scan_identity,
+)
 from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import CommandError, ExitCode
@@ -107,17 +113,17 @@ async def _catch_up(args: argparse.Namespace, target: Target, store: LeaseStore)
     config = target.config
     now = datetime.now(UTC)
     if args.dry_run:
-        plans = await find_plan(store, config, now)
+        plans = await find_plan(store, config)
         _print_plan(args, plans, "would be")
         return ExitCode.OK
     plans = []
 
     async def account(_: object) -> int:
-        plans.extend(await find_plan(store, config, now))
-        return len(await record_plan(store, plans))
+        plans.extend(await find_plan(store, config))
+        return len(await record_plan(store, config, plans))
 
     recorded = await store.run_exclusive(
-        scan_identity(now), account, forbid_overlap=True, retry_after=None
+        scan_identity(now), account, timing=SCAN_TIMING, forbid_overlap=True, retry_after=None
     )
     if isinstance(recorded, NotAcquired):
         print(f"not done: a replica is accounting for missed ticks right now ({recorded.reason})")

@@ -30,6 +30,9 @@ class Miss:
     tick: datetime
     reason: str
     why: str
+    # The job's misfire_grace: the row is written only once tick + grace is
+    # past by the database's clock.
+    grace: timedelta
 
     @property
     def identity(self) -> Identity:
@@ -44,14 +47,22 @@ async def database_now(store: LeaseStore) -> datetime:
     return now
 
 
+@dataclass(frozen=True)
+class RecordEnds:
+    """Where each job's record ends (None: no row), and the database's clock then."""
+
+    last: dict[str, datetime | None]
+    db_now: datetime
+
+
 async def last_ticks(
     store: LeaseStore,
     codes: list[str],
     *,
     within: timedelta,
     before: datetime | None = None,
-) -> dict[str, datetime | None]:
-    """The newest tick with a row of each job, claimed within ``within`` (None: none).
+) -> RecordEnds:
+    """The newest tick with a row of each job, claimed within ``within``, and the database's now.
 
     ``before`` (the database's clock) leaves out rows claimed from then on:
     a starting replica passes the moment it started, so the ticks it and its
@@ -65,11 +76,29 @@ async def last_ticks(
     for row in rows:
         if row["last_run_key"] is not None:
             found[row["code"]] = tick_of(row["last_run_key"])
-    return found
+    return RecordEnds(found, rows[0]["db_now"])
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A live lease of a code: whose, and how long until it could lapse."""
+
+    owner: str
+    remaining: timedelta
+
+
+async def running_scan(store: LeaseStore, code: str) -> Holder | None:
+    """The live lease of any tick of ``code`` (by the database's clock), or None."""
+    row = await store.db.fetchone(store.queries.get("running_scan"), {"code": code})
+    return None if row is None else Holder(row["owner"], row["remaining"])
 
 
 async def record_missed(store: LeaseStore, misses: list[Miss]) -> list[Miss]:
-    """Record ``misses`` MISSED in one statement; the ones that had no row until now."""
+    """Record ``misses`` MISSED in one statement; the ones that had no row until now.
+
+    A tick still inside its misfire_grace by the database's clock is not
+    recorded (nor returned), whatever the caller's clock said.
+    """
     if not misses:
         return []
     for miss in misses:
@@ -82,6 +111,7 @@ async def record_missed(store: LeaseStore, misses: list[Miss]) -> list[Miss]:
             "codes": [m.code for m in misses],
             "run_keys": [m.identity.run_key for m in misses],
             "fire_times": [m.tick for m in misses],
+            "grace_ms": [to_ms(m.grace) for m in misses],
             "reasons": [m.reason for m in misses],
             "errors": [storable(m.why) for m in misses],
             "owner": store.owner,

@@ -446,11 +446,16 @@ SELECT code, paused_by, paused_at, reason FROM {job_state} ORDER BY code
 -- expected ticks after it. Manual run keys are not ticks. Bounded: jobs x 20 rows.
 -- %(before)s (database clock, or NULL): rows acquired from then on are left
 -- out, so a tick claimed since the replica started cannot hide the gap before it.
-WITH jobs AS (
+-- db_now: the database's clock, which decides what is missed (a replica's own
+-- may run ahead); one row with a NULL code when no code is given.
+WITH now AS (
+    SELECT clock_timestamp() AS db_now
+), jobs AS (
     SELECT code FROM unnest(%(codes)s::text[]) AS code
 )
-SELECT jobs.code, newest.run_key AS last_run_key
-FROM jobs
+SELECT now.db_now, jobs.code, newest.run_key AS last_run_key
+FROM now
+LEFT JOIN jobs ON true
 LEFT JOIN LATERAL (
     SELECT max(t.run_key) AS run_key
     FROM (
@@ -467,9 +472,12 @@ LEFT JOIN LATERAL (
 -- name: record_missed
 -- Record ticks MISSED, each with its reason and why; a tick that has a row
 -- (it ran, runs, or was recorded already) is left alone, so any replica may
--- record the same tick and the first record stands. In lock-key order, like
--- the claim, so it never deadlocks with one. A MISSED row was never acquired:
--- acquired_at is its tick, so history sorts it where it belongs.
+-- record the same tick and the first record stands. Only a tick whose misfire
+-- deadline (tick + %(grace_ms)s) is past by the database's clock: a replica
+-- whose clock runs ahead must not close a tick that every replica may still
+-- claim. In lock-key order, like the claim, so it never deadlocks with one. A
+-- MISSED row was never acquired: acquired_at is its tick, so history sorts it
+-- where it belongs.
 INSERT INTO {table} (
     lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
     lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, reason, error
@@ -479,11 +487,24 @@ SELECT m.lock_key, 'SCHEDULE', m.code, m.run_key, 'MISSED', gen_random_uuid(), %
        clock_timestamp(), clock_timestamp(), m.reason, left(m.error, 4000)
 FROM unnest(
     %(lock_keys)s::text[], %(codes)s::text[], %(run_keys)s::text[],
-    %(fire_times)s::timestamptz[], %(reasons)s::text[], %(errors)s::text[]
-) AS m (lock_key, code, run_key, fire_time, reason, error)
+    %(fire_times)s::timestamptz[], %(grace_ms)s::bigint[], %(reasons)s::text[],
+    %(errors)s::text[]
+) AS m (lock_key, code, run_key, fire_time, grace_ms, reason, error)
+WHERE m.fire_time + m.grace_ms * interval '1 millisecond' < clock_timestamp()
 ORDER BY m.lock_key
 ON CONFLICT (lock_key) DO NOTHING
 RETURNING code, run_key
+
+-- name: running_scan
+-- The live lease of a tick of one code (the catch-up scan's), if any, and how
+-- long until it could lapse by the database's clock: a scan reads it before
+-- claiming, so that waiting for another replica's scan writes no row.
+SELECT owner, expires_at - clock_timestamp() AS remaining
+FROM {table}
+WHERE code = %(code)s AND type = 'SCHEDULE' AND status = 'RUNNING'
+  AND expires_at > clock_timestamp()
+ORDER BY expires_at DESC
+LIMIT 1
 
 -- name: job_ticks
 -- Per job, for status and the alert gauges: the newest tick with a row, the
