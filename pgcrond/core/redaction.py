@@ -23,6 +23,7 @@ scrubbing is for the URLs that reach a library before or around it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -223,6 +224,28 @@ def forget_all() -> None:
     global _by_length  # noqa: PLW0603 - the one process-wide registry
     _secrets.clear()
     _by_length = ()
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each of ``secrets`` replaced by ``***``, however a message quotes it.
+
+    As written, without its surrounding whitespace, and as ``repr()`` shows
+    it in a ``str`` or ``bytes`` (h11: ``Illegal header value b'Bearer …\\n'``).
+    Any length: these are whole values, never fragments.
+    """
+    forms: set[str] = set()
+    for secret in secrets:
+        forms.update(
+            (
+                secret,
+                secret.strip(),
+                repr(secret)[1:-1],
+                repr(secret.encode("utf-8", "backslashreplace"))[2:-1],
+            )
+        )
+    for form in sorted(forms - {""}, key=len, reverse=True):
+        text = text.replace(form, MASK)
+    return text
 
 
 def redact(text: str) -> str:
