@@ -467,8 +467,10 @@ class _NotFound(Exception):
 
 
 def _not_found(path: str) -> str:
-    if path.startswith(f"{PREFIX}/jobs/"):
-        return f"no job {unquote(path[len(PREFIX) + len('/jobs/') :])!r} in this replica's config"
+    job_prefix = f"{PREFIX}/jobs/"
+    if path.startswith(job_prefix):
+        code = unquote(path[len(job_prefix) :])
+        return f"no job {code.removesuffix('.json')!r} in this replica's config"
     return f"nothing at {path}; the status page is at {PREFIX}"
 
 
