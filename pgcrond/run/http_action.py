@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import HttpAction
-from pgcrond.core.redaction import scrub
+from pgcrond.core.redaction import MIN_FRAGMENT, scrub
 
 if TYPE_CHECKING:
     import httpx
@@ -97,8 +97,12 @@ def header_secrets(action: HttpAction, environ: Mapping[str, str]) -> list[str]:
     """What an error's text must never show: every ``${VAR}`` value, secret-looking headers'."""
     secrets: list[str] = []
     for name, template in action.headers.items():
-        secrets += [environ[var] for var in _VARIABLE.findall(template) if var in environ]
-        if is_secret_header(name):
+        secret = is_secret_header(name)
+        values = [environ[var] for var in _VARIABLE.findall(template) if var in environ]
+        # A value this short in an ordinary header is a count or a flag, and
+        # masking it would mask the status code ("5**").
+        secrets += [value for value in values if secret or len(value.strip()) >= MIN_FRAGMENT]
+        if secret:
             secrets.append(_VARIABLE.sub(lambda m: environ.get(m.group(1), ""), template))
     return secrets
 
