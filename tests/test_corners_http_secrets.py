@@ -205,3 +205,12 @@ def test_any_other_character_a_header_cannot_carry_is_refused_without_the_value(
         request_headers(action, run_request(), {"T": value})
     assert "s3" not in str(caught.value)
     assert str(caught.value).startswith("header Authorization: the value from ${T} holds")
+
+
+def test_a_secret_is_scrubbed_as_written_and_as_a_message_quotes_it() -> None:
+    from pgcrond.core.redaction import scrub
+
+    error = "http: LocalProtocolError: Illegal header value b'Bearer tok-1\\n' (str: 'tok-1\\n')"
+    assert "http: LocalProtocolError: Illegal header value b'***' (str: '***')" == scrub(
+        error, ["Bearer tok-1\n", "tok-1\n"]
+    )
