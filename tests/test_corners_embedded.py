@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psycopg
@@ -24,20 +26,20 @@ import pytest
 from pgcrond.storage.embedded import attach, running_dsn
 
 
-def test_the_embedded_server_refuses_tcp_and_other_users(tmp_path: Path) -> None:
-    state_dir = tmp_path / "state"
-    state_dir.mkdir()
-    # Under root the server runs as 'nobody', which must be able to enter the path.
-    for directory in (tmp_path, state_dir):
-        directory.chmod(0o755)
+def test_the_embedded_server_refuses_tcp_and_other_users() -> None:
+    # Under root the server runs as 'nobody', which must be able to enter the
+    # path: pytest's tmp_path is private to root.
+    state_dir = Path(tempfile.mkdtemp(prefix="pgcrond-test-"))
+    state_dir.chmod(0o755)
     dsn, server = attach(state_dir)
     assert server is not None
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             ((listening,),) = conn.execute("SHOW listen_addresses").fetchall()
         assert "" == listening
-        with pytest.raises(ConnectionRefusedError), socket.create_connection(
-            ("127.0.0.1", server.port), timeout=5
+        with (
+            pytest.raises(ConnectionRefusedError),
+            socket.create_connection(("127.0.0.1", server.port), timeout=5),
         ):
             pass
         # The socket's directory is private to the server's user.
@@ -65,3 +67,4 @@ def test_the_embedded_server_refuses_tcp_and_other_users(tmp_path: Path) -> None
             assert "Permission denied" in probe.stderr
     finally:
         server.remove()
+        shutil.rmtree(state_dir, ignore_errors=True)
