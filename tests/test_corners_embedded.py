@@ -16,14 +16,13 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from pgcrond.storage.embedded import attach, running_dsn
+from pgcrond.storage.embedded import attach, find_bindir, running_dsn
 
 
 def test_the_embedded_server_refuses_tcp_and_other_users() -> None:
@@ -53,8 +52,10 @@ def test_the_embedded_server_refuses_tcp_and_other_users() -> None:
             # Any other local user is refused at the directory, before PostgreSQL.
             other = pwd.getpwnam("daemon")
             assert other.pw_uid != mode.st_uid
+            psql = find_bindir() / "psql"
             probe = subprocess.run(
-                [sys.executable, "-c", f"import psycopg; psycopg.connect({dsn!r})"],
+                [str(psql), "-h", str(server.socket_dir), "-p", str(server.port), "-U", "postgres",
+                 "-c", "SELECT 1"],
                 capture_output=True,
                 text=True,
                 user=other.pw_uid,
@@ -62,7 +63,7 @@ def test_the_embedded_server_refuses_tcp_and_other_users() -> None:
                 extra_groups=[],
                 check=False,
                 cwd="/",
-            )
+            )  # fmt: skip
             assert 0 != probe.returncode
             assert "Permission denied" in probe.stderr
     finally:
