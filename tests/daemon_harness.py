@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from tests.ledger_jobs import LEDGER_DDL
@@ -172,7 +173,9 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGCROND_")}
         env.update(
             PGCROND_DATABASE_URL=self.dsn,
-            LEDGER_DSN=self.ledger_dsn or self.dsn,
+            # In key=value form: a variable holding the daemon's own URL is kept
+            # out of every job's environment, and the ledger jobs need this one.
+            LEDGER_DSN=make_conninfo("", **conninfo_to_dict(self.ledger_dsn or self.dsn)),
             LEDGER_TABLE=self.ledger,
             PYTHONPATH=str(ROOT),
         )

@@ -413,10 +413,12 @@ class _Loader:
         env_url = None if flag_url else self.environ.get(DATABASE_URL_ENV) or None
         override = flag_url or env_url
         url = override
+        variables: tuple[str, ...] = ()
         if embedded and file_url is not None:
             self.report(section, "url", "set either url or embedded: true, not both")
         elif override is None and file_url is not None:
             url = self.interpolate(section, file_url)
+            variables = tuple(m.group(1) for m in _INTERPOLATION.finditer(file_url) if m.group(1))
             if not self.url_unset:
                 self.check_url(section, url, interpolated="${" in file_url)
         elif (
@@ -455,6 +457,7 @@ class _Loader:
             table=table or DatabaseConfig.table,
             prepared_statements=bool(prepared),
             sql_connections=sql_connections or DatabaseConfig.sql_connections,
+            url_variables=variables,
         )
 
     def check_url(

@@ -59,11 +59,14 @@ class DatabaseConfig:
     table: str = default(DATABASE, "table")
     prepared_statements: bool = default(DATABASE, "prepared_statements")
     sql_connections: int = default(DATABASE, "sql_connections")
+    # The environment variables `url` was read from (its ${VAR}s): kept out of jobs.
+    url_variables: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Every later redact() scrubs this password, also the fragments libpq may
-        # quote on their own (a host name holding the tail of a password).
-        remember(self.url)
+        # quote on their own (a host name holding the tail of a password); no
+        # job's environment carries it, nor the variables it came from.
+        remember(self.url, self.url_variables)
 
     @property
     def redacted_url(self) -> str | None:

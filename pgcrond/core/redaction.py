@@ -23,6 +23,7 @@ scrubbing is for the URLs that reach a library before or around it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -44,6 +45,14 @@ _PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 # A fragment this short would mask ordinary words everywhere; the whole
 # password is always scrubbed, whatever its length.
 MIN_FRAGMENT = 3
+
+# Whole values a job's environment must not carry (see holds_connection_secret):
+# the URLs and their whole passwords, and the variables a URL was read from.
+# A password shorter than this is matched only as a variable's whole value:
+# as a substring it would strip ordinary variables (PATH) too.
+MIN_CONTAINED = 8
+_connection_values: set[str] = set()
+_connection_variables: set[str] = set()
 
 _secrets: set[str] = set()
 # The same, longest first (so that a fragment inside a longer one cannot leave
@@ -181,6 +190,18 @@ def _decodes(value: str) -> bool:
 
 def password_fragments(url: str) -> set[str]:
     """Every piece of the password a message may quote: whole, as libpq cut it, and split."""
+    whole, cut = _passwords(url)
+    pieces: set[str] = set()
+    for secret in whole | cut:
+        for form in (secret, unquote(secret)):
+            if form and (secret in whole or len(form) >= MIN_FRAGMENT):
+                pieces.add(form)
+            pieces.update(p for p in _DELIMITERS.split(form) if len(p) >= MIN_FRAGMENT)
+    return pieces
+
+
+def _passwords(url: str) -> tuple[set[str], set[str]]:
+    """The password(s) of a URL or DSN: as the user meant them, and as libpq cuts them."""
     whole: set[str] = set()
     for match in _KV_PASSWORD.finditer(url):
         whole.add(match.group(2).strip("'"))
@@ -201,28 +222,67 @@ def password_fragments(url: str) -> set[str]:
             parts = None
         if parts is not None and parts.password is not None:
             cut.add(parts.password)
-    pieces: set[str] = set()
-    for secret in whole | cut:
-        for form in (secret, unquote(secret)):
-            if form and (secret in whole or len(form) >= MIN_FRAGMENT):
-                pieces.add(form)
-            pieces.update(p for p in _DELIMITERS.split(form) if len(p) >= MIN_FRAGMENT)
-    return pieces
+    return whole, cut
 
 
-def remember(url: str | None) -> None:
-    """Scrub this URL's password (and every fragment of it) from all later :func:`redact` output."""
+def remember(url: str | None, variables: Iterable[str] = ()) -> None:
+    """Scrub this URL's password (and every fragment of it) from all later :func:`redact` output.
+
+    The URL, its whole password and the environment ``variables`` it was read
+    from are kept out of every job's environment too (:func:`holds_connection_secret`).
+    """
     global _by_length  # noqa: PLW0603 - the one process-wide registry
+    _connection_variables.update(variables)
     if url:
         _secrets.update(password_fragments(url))
         _by_length = tuple(sorted(_secrets, key=len, reverse=True))
+        whole, _ = _passwords(url)
+        _connection_values.update({url, *whole, *(unquote(p) for p in whole)} - {""})
+
+
+def holds_connection_secret(name: str, value: str) -> bool:
+    """Whether an environment variable carries the database's secret: a remembered URL's.
+
+    True for a variable a URL was read from (``url: ${MY_DSN}``), and for
+    one whose value holds a remembered URL or a whole password.
+    """
+    if name in _connection_variables:
+        return True
+    return any(
+        secret in value if len(secret) >= MIN_CONTAINED else secret == value
+        for secret in _connection_values
+    )
 
 
 def forget_all() -> None:
     """Drop every remembered secret (tests)."""
     global _by_length  # noqa: PLW0603 - the one process-wide registry
     _secrets.clear()
+    _connection_values.clear()
+    _connection_variables.clear()
     _by_length = ()
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each of ``secrets`` replaced by ``***``, however a message quotes it.
+
+    As written, without its surrounding whitespace, and as ``repr()`` shows
+    it in a ``str`` or ``bytes`` (h11: ``Illegal header value b'Bearer …\\n'``).
+    Any length: these are whole values, never fragments.
+    """
+    forms: set[str] = set()
+    for secret in secrets:
+        forms.update(
+            (
+                secret,
+                secret.strip(),
+                repr(secret)[1:-1],
+                repr(secret.encode("utf-8", "backslashreplace"))[2:-1],
+            )
+        )
+    for form in sorted(forms - {""}, key=len, reverse=True):
+        text = text.replace(form, MASK)
+    return text
 
 
 def redact(text: str) -> str:

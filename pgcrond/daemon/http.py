@@ -35,11 +35,18 @@ REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    500: "Internal Server Error",
     503: "Service Unavailable",
 }
 TEXT = "text/plain; charset=utf-8"
 # What a slow, truncated, oversized or non-HTTP request raises while it is read.
 _UNREADABLE = (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError)
+# After refusing a request it did not read to its end, the server reads on
+# (and drops) up to this much for up to this long before it closes: a socket
+# closed with unread input is reset, and the reset can destroy the 400 before
+# the client reads it.
+DISCARD_BYTES = 1024 * 1024
+DISCARD_S = 1.0
 
 
 def parse_listen(listen: str) -> tuple[str | None, int]:
@@ -105,8 +112,14 @@ class HealthServer:
                 )
             except _UNREADABLE:
                 await _respond(writer, 400, TEXT, b"bad request\n")
+                await _discard_input(reader, writer)
                 return
-            status, content_type, body = await self._route(method, path, accept)
+            try:
+                status, content_type, body = await self._route(method, path, accept)
+            except Exception as exc:
+                # A bug must cost one answer, not the connection unanswered.
+                log.error("http_request_failed", path=path[:200], error=repr(exc)[:500])
+                status, content_type, body = 500, TEXT, b"internal error\n"
             extra = {"Allow": "GET, HEAD"} if status == 405 else {}
             await _respond(
                 writer,
@@ -207,6 +220,16 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, str]:
         if name.strip().lower() == "accept":
             accept.append(value.strip())
     raise ValueError("too many header lines")
+
+
+async def _discard_input(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError, RuntimeError):
+        writer.write_eof()
+    left = DISCARD_BYTES
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        async with asyncio.timeout(DISCARD_S):
+            while left > 0 and (chunk := await reader.read(min(left, 65536))):
+                left -= len(chunk)
 
 
 async def _respond(

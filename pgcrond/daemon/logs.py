@@ -32,7 +32,10 @@ LogFormat = Literal["auto", "json", "console"]
 # Libraries log below WARNING about their normal work (psycopg_pool: every
 # connection handed out); pgcrond's own events say what matters. Their warnings
 # and errors (a failed connection attempt) always come through.
-LIBRARY_LOGGERS = ("psycopg", "apscheduler", "asyncio")
+# httpx and httpcore too: their info and debug lines quote a request's URL
+# with its query values, and responses' headers and reason phrases (which
+# may echo a request's secret); pgcrond logs its own, redacted, lines.
+LIBRARY_LOGGERS = ("psycopg", "apscheduler", "asyncio", "httpx", "httpcore")
 LIBRARY_FLOOR = logging.WARNING
 
 

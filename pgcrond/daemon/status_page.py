@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from html import escape
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote, unquote
 
 import structlog
@@ -77,6 +78,9 @@ OUTCOME_CLASSES = {
 }
 
 Answer = tuple[int, str, bytes]
+# ASCII digits only, and few of them: str.isdigit() also takes '²', which
+# int() refuses, and int() refuses more than 4300 digits; no page is that far.
+_PAGE_NUMBER = re.compile(r"[0-9]{1,9}")
 
 
 def esc(value: object) -> str:
@@ -87,6 +91,47 @@ def esc(value: object) -> str:
 def job_path(code: str, suffix: str = "") -> str:
     """The path of a job's page; a code may hold any printable character, '/' too."""
     return f"{PREFIX}/jobs/{quote(code, safe='')}{suffix}"
+
+
+@dataclass(frozen=True)
+class Route:
+    """What a path under ``/status`` asks for (see :func:`route`)."""
+
+    view: Literal["overview", "running", "replicas", "job", "stylesheet"]
+    as_json: bool = False
+    page: int = 1
+    code: str = ""
+
+
+def route(path: str, jobs: Container[str]) -> Route | None:
+    """The view ``path`` names, or None (a 404); ``jobs`` holds the job codes.
+
+    Total: any text, whatever bytes the request carried, is a route or None,
+    never an exception (one would drop the connection unanswered).
+    """
+    if path == STYLESHEET:
+        return Route("stylesheet")
+    job_prefix = f"{PREFIX}/jobs/"
+    if path.startswith(job_prefix):
+        code = unquote(path[len(job_prefix) :])
+        # A job's code may itself end in ".json": the longest match wins.
+        if code in jobs:
+            return Route("job", code=code)
+        if code.endswith(".json") and code[: -len(".json")] in jobs:
+            return Route("job", as_json=True, code=code[: -len(".json")])
+        return None
+    as_json = path.endswith(".json")
+    view = path[: -len(".json")] if as_json else path
+    if view in ("/", PREFIX):
+        return Route("overview", as_json)
+    if view == f"{PREFIX}/running":
+        return Route("running", as_json)
+    if view == f"{PREFIX}/replicas":
+        return Route("replicas", as_json)
+    page_prefix = f"{PREFIX}/page/"
+    if view.startswith(page_prefix) and _PAGE_NUMBER.fullmatch(view[len(page_prefix) :]):
+        return Route("overview", as_json, page=int(view[len(page_prefix) :]))
+    return None
 
 
 class ScheduleMemo:
@@ -186,12 +231,17 @@ class StatusPage:
 
     async def answer(self, path: str, accept: str) -> Answer:
         """(status, content type, body) of a GET (the HTTP layer drops the body for HEAD)."""
-        if path == STYLESHEET:
+        found = route(path, self._config().jobs)
+        if found is not None and found.view == "stylesheet":
             return 200, CSS, _stylesheet()
-        as_json = self._json_suffix(path) or _prefers_json(accept)
+        as_json = (path.endswith(".json") if found is None else found.as_json) or _prefers_json(
+            accept
+        )
+        if found is None:
+            return self._error(404, "Not found", _not_found(path), as_json)
         started = time.perf_counter()
         try:
-            view = await asyncio.wait_for(self._view(path), self._query_timeout)
+            view = await asyncio.wait_for(self._view(found), self._query_timeout)
         except _NotFound as exc:
             return self._error(404, "Not found", str(exc), as_json)
         except TimeoutError:
@@ -207,34 +257,24 @@ class StatusPage:
         took_ms = (time.perf_counter() - started) * 1000
         return 200, HTML, self._page(view.title, view.body, view.json_path, took_ms).encode()
 
-    def _json_suffix(self, path: str) -> bool:
-        """Whether ``path`` ends in ``.json`` that is not part of a job's code."""
-        if not path.endswith(".json"):
-            return False
-        job_prefix = f"{PREFIX}/jobs/"
-        return not (
-            path.startswith(job_prefix) and unquote(path[len(job_prefix) :]) in self._config().jobs
-        )
-
-    async def _view(self, path: str) -> View:
-        route = path[: -len(".json")] if path.endswith(".json") else path
+    async def _view(self, found: Route) -> View:
         async with self._one_at_a_time:
             store = self._store()
             if store is None:
                 raise records_unavailable()
             config = self._config()
             now = datetime.now(UTC)
-            if route in ("/", PREFIX):
-                return await self._overview(store, config, now, 1)
-            if route.startswith(f"{PREFIX}/page/") and route.rsplit("/", 1)[1].isdigit():
-                return await self._overview(store, config, now, int(route.rsplit("/", 1)[1]))
-            if route == f"{PREFIX}/running":
-                return await self._running_view(store, config, now)
-            if route == f"{PREFIX}/replicas":
-                return await self._replicas_view(store, now)
-            if path.startswith(f"{PREFIX}/jobs/"):
-                return await self._job_view(store, config, path, now)
-        raise _NotFound(f"nothing at {path}; the status page is at {PREFIX}")
+            match found.view:
+                case "overview":
+                    return await self._overview(store, config, now, found.page)
+                case "running":
+                    return await self._running_view(store, config, now)
+                case "replicas":
+                    return await self._replicas_view(store, now)
+                case "job" if found.code in config.jobs:
+                    return await self._job_view(store, config.jobs[found.code], now)
+        # A reload between routing and here removed the job.
+        raise _NotFound(f"no job {found.code!r} in this replica's config")
 
     # -- views ------------------------------------------------------------------------------
 
@@ -306,15 +346,7 @@ class StatusPage:
         )
         return View("Replicas", f"{PREFIX}/replicas.json", data, body)
 
-    async def _job_view(self, store: LeaseStore, config: Config, path: str, now: datetime) -> View:
-        tail = path[len(f"{PREFIX}/jobs/") :]
-        code = unquote(tail)
-        # A job's code may itself end in ".json": the longest match wins.
-        if code not in config.jobs and code.endswith(".json"):
-            code = code[: -len(".json")]
-        job = config.jobs.get(code)
-        if job is None:
-            raise _NotFound(f"no job {code!r} in this replica's config")
+    async def _job_view(self, store: LeaseStore, job: JobConfig, now: datetime) -> View:
         [entry] = await self._job_entries(store, [job], now, next_fires=NEXT_FIRES)
         rows = [tick_entry(row) for row in await reads.ticks(store, job.code)]
         data = {"generated_at": now, "replica": self.replica, "job": entry, "ticks": rows}
@@ -432,6 +464,14 @@ class StatusPage:
 
 class _NotFound(Exception):
     pass
+
+
+def _not_found(path: str) -> str:
+    job_prefix = f"{PREFIX}/jobs/"
+    if path.startswith(job_prefix):
+        code = unquote(path[len(job_prefix) :])
+        return f"no job {code.removesuffix('.json')!r} in this replica's config"
+    return f"nothing at {path}; the status page is at {PREFIX}"
 
 
 def _pager(page: int, pages: int, label: str) -> str:

@@ -13,7 +13,16 @@ a 429 (the job's retry policy then claims the tick again, under the same key,
 not before the ``Retry-After`` the server asked for), and *permanently* on any
 other status outside ``expect``. The log shows method, URL (credentials and
 query values removed), status and duration, and the request's headers with
-every secret-looking value redacted by name.
+every secret-looking value (by name) and every ``${VAR}``-filled one redacted.
+
+Header secrets never leave through an error's text either: the values of
+secret-looking headers and every ``${VAR}`` value are scrubbed from the error
+an attempt ends with (logged, stored in the lease row, shown by ``status`` and
+the status page, sent to ``on_failure``), as written and as a message would
+quote them (``b'Bearer …\\n'``). A ``${VAR}`` value loses one trailing
+newline (``\\n`` or ``\\r\\n``: a Secret written with ``echo``); a value that
+still holds a character a header cannot carry fails the run, once, with an
+error that names the header and the variable and never the value.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
@@ -29,6 +38,7 @@ from typing import TYPE_CHECKING
 from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import HttpAction
+from pgcrond.core.redaction import MIN_FRAGMENT, scrub
 
 if TYPE_CHECKING:
     import httpx
@@ -44,25 +54,57 @@ TRANSIENT_STATUSES = frozenset({408, 429})
 # would outlive any sensible schedule); the job's own delay applies then.
 MAX_RETRY_AFTER = timedelta(hours=1)
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# `echo "$TOKEN" > secret` ends a value with one newline; more is not an accident.
+_TRAILING_NEWLINE = re.compile(r"\r?\n\Z")
+# What a header value may not hold (RFC 9110 field-value, as h11 enforces it,
+# ASCII only as httpx encodes it): C0 controls but tab, DEL, and non-ASCII.
+_UNCARRIABLE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]|[^\x00-\x7f]")
 
 
 class _Unset(ValueError):
     """A ``${VAR}`` in a header is not set in the run's environment."""
 
 
-def redact_headers(headers: Mapping[str, str], keep: tuple[str, ...] = ()) -> dict[str, str]:
+class HeaderValueRefused(ValueError):
+    """A header value holds what no header can carry; the message never quotes it."""
+
+
+def is_secret_header(name: str) -> bool:
+    lower = name.lower()
+    return lower in SECRET_HEADERS or any(word in lower for word in SECRET_WORDS)
+
+
+def redact_headers(
+    headers: Mapping[str, str], keep: tuple[str, ...] = (), also: Collection[str] = ()
+) -> dict[str, str]:
     """``headers`` fit for a log: secret-looking values (by name) replaced by ``***``.
 
     ``keep`` names headers shown as they are (the idempotency key and fencing
-    token, which are logged with every run anyway).
+    token, which are logged with every run anyway); ``also`` names more to
+    hide (those filled from ``${VAR}``s).
     """
     kept = {name.lower() for name in keep}
+    hidden = {name.lower() for name in also}
     shown = {}
     for name, value in headers.items():
         lower = name.lower()
-        secret = lower in SECRET_HEADERS or any(word in lower for word in SECRET_WORDS)
+        secret = is_secret_header(name) or lower in hidden
         shown[name] = REDACTED if secret and lower not in kept else value
     return shown
+
+
+def header_secrets(action: HttpAction, environ: Mapping[str, str]) -> list[str]:
+    """What an error's text must never show: every ``${VAR}`` value, secret-looking headers'."""
+    secrets: list[str] = []
+    for name, template in action.headers.items():
+        secret = is_secret_header(name)
+        values = [environ[var] for var in _VARIABLE.findall(template) if var in environ]
+        # A value this short in an ordinary header is a count or a flag, and
+        # masking it would mask the status code ("5**").
+        secrets += [value for value in values if secret or len(value.strip()) >= MIN_FRAGMENT]
+        if secret:
+            secrets.append(_VARIABLE.sub(lambda m: environ.get(m.group(1), ""), template))
+    return secrets
 
 
 def retry_after(response: httpx.Response, now: datetime | None = None) -> timedelta | None:
@@ -90,13 +132,7 @@ def request_headers(
 ) -> dict[str, str]:
     """The configured headers (``${VAR}``s read), then the key and the fencing token."""
 
-    def substitute(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in environ:
-            raise _Unset(f"${{{name}}} is not set in the run's environment")
-        return environ[name]
-
-    headers = {name: _VARIABLE.sub(substitute, value) for name, value in action.headers.items()}
+    headers = {name: _header_value(name, value, environ) for name, value in action.headers.items()}
     # Ours win: a configured header of the same name would describe another run.
     ours = {action.idempotency_header.lower(), action.fencing_header.lower()}
     headers = {name: value for name, value in headers.items() if name.lower() not in ours}
@@ -104,6 +140,39 @@ def request_headers(
     if request.fencing_token is not None:
         headers[action.fencing_header] = str(request.fencing_token)
     return headers
+
+
+def _header_value(header: str, template: str, environ: Mapping[str, str]) -> str:
+    """``template`` with its ``${VAR}``s read; raises without quoting any value."""
+
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise _Unset(f"${{{name}}} is not set in the run's environment")
+        value = _TRAILING_NEWLINE.sub("", environ[name], count=1)
+        if found := _UNCARRIABLE.search(value):
+            raise HeaderValueRefused(
+                f"header {header}: the value from ${{{name}}} holds "
+                f"{_character_kind(found.group())} (only one trailing newline is dropped); "
+                "the value is not shown"
+            )
+        return value
+
+    value = _VARIABLE.sub(substitute, template)
+    if found := _UNCARRIABLE.search(value):
+        raise HeaderValueRefused(
+            f"header {header}: the value holds {_character_kind(found.group())}; "
+            "the value is not shown"
+        )
+    if value != value.strip(" \t"):
+        raise HeaderValueRefused(
+            f"header {header}: the value begins or ends with a space or tab; the value is not shown"
+        )
+    return value
+
+
+def _character_kind(character: str) -> str:
+    return "a character outside ASCII" if ord(character) > 0x7F else "a control character"
 
 
 async def run_http(
@@ -117,14 +186,20 @@ async def run_http(
 
     try:
         headers = request_headers(action, request, environ)
-    except _Unset as exc:
+    except (_Unset, HeaderValueRefused) as exc:
+        # The environment the value came from will not change before a retry.
         return _Ending("fail", f"http: {exc}", permanent=True)
+    secrets = header_secrets(action, environ)
     shown_url = action.shown_url
     log.debug(
         "http_request",
         method=action.method,
         url=shown_url,
-        headers=redact_headers(headers, (action.idempotency_header, action.fencing_header)),
+        headers=redact_headers(
+            headers,
+            (action.idempotency_header, action.fencing_header),
+            also=[name for name, value in action.headers.items() if _VARIABLE.search(value)],
+        ),
     )
     started = time.monotonic()
     task = asyncio.ensure_future(_send(action, headers))
@@ -140,8 +215,9 @@ async def run_http(
         response = task.result()
     except httpx.HTTPError as exc:
         # Connect errors, timeouts, a broken connection: the request may or may
-        # not have arrived; the retry carries the same key.
-        error = f"http: {type(exc).__name__}: {exc}".strip().rstrip(":")
+        # not have arrived; the retry carries the same key. The text may quote
+        # what was sent (h11 quotes a header value it refuses).
+        error = scrub(f"http: {type(exc).__name__}: {exc}".strip().rstrip(":"), secrets)
         log.warning(
             "http_failed",
             method=action.method,
@@ -162,7 +238,8 @@ async def run_http(
     )
     if success:
         return _Ending("success")
-    error = f"http: {status} {response.reason_phrase}".rstrip()
+    # A server may quote what it refused in its reason phrase.
+    error = scrub(f"http: {status} {response.reason_phrase}".rstrip(), secrets)
     if status >= 500 or status in TRANSIENT_STATUSES:
         return _Ending("fail", error, retry_after=retry_after(response))
     return _Ending("fail", f"{error} (not retried: not a transient status)", permanent=True)

@@ -46,6 +46,7 @@ from pgcrond.core.actions import (
     SqlAction,
     SqlWork,
 )
+from pgcrond.core.redaction import holds_connection_secret
 from pgcrond.run.cancel import Cancellation
 from pgcrond.run.context import ENV_PREFIX, RunContext
 from pgcrond.run.entrypoints import resolve
@@ -54,7 +55,8 @@ from pgcrond.run.isolated import describe
 Outcome = Literal["success", "fail", "timeout", "cancelled"]
 
 # Never handed to a job unless its own `env` sets them: pgcrond's settings
-# (PGCROND_*) and the libpq secrets the daemon itself connects with.
+# (PGCROND_*), the libpq secrets the daemon itself connects with, and any
+# variable holding the database's URL or password (holds_connection_secret).
 SECRET_PREFIX = "PGCROND_"  # noqa: S105 - a name prefix, not a password
 SECRET_NAMES = frozenset({"PGPASSWORD", "PGPASSFILE", "DATABASE_URL"})
 
@@ -128,7 +130,9 @@ def job_environ(
     environ = {
         name: value
         for name, value in base.items()
-        if not name.startswith(SECRET_PREFIX) and name not in SECRET_NAMES
+        if not name.startswith(SECRET_PREFIX)
+        and name not in SECRET_NAMES
+        and not holds_connection_secret(name, value)
     }
     environ.update(job_env)
     environ = {name: value for name, value in environ.items() if not name.startswith(ENV_PREFIX)}

@@ -5,6 +5,12 @@ and by the test suite for throwaway servers. It uses the system's PostgreSQL
 binaries, or those of the ``pgserver`` wheel when installed. PostgreSQL
 refuses to run as root, so under root the server runs as ``nobody`` and owns
 only its data directory.
+
+The server trusts whoever reaches it (no password to keep), so who can reach
+it is the guard: the embedded server listens on no TCP port at all, only on a
+Unix socket in its data directory, which PostgreSQL keeps private to the
+server's user (0700). Throwaway servers for tests (``tcp=True``) listen on
+127.0.0.1 as well: proxies, PgBouncer and standbys reach them by address.
 """
 
 from __future__ import annotations
@@ -22,10 +28,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 from pgcrond.errors import EmbeddedServerError
 
 READY_TIMEOUT_S = 60.0
+# sun_path holds 108 bytes with its NUL: a deeper data directory cannot hold
+# the socket, which then goes to a private directory of its own in /tmp.
+MAX_SOCKET_PATH = 107
 
 
 def find_bindir() -> Path:
@@ -80,18 +90,21 @@ class LocalServer:
         port: int | None = None,
         durable: bool = True,
         max_connections: int = 100,
+        tcp: bool = True,
     ) -> None:
         self.data_dir = data_dir.resolve()
         self.port = port or free_port()
         self.durable = durable
         self.max_connections = max_connections
+        self.tcp = tcp
+        self.socket_dir = self.data_dir
         self._bindir = find_bindir()
         self._process: subprocess.Popen[bytes] | None = None
         self._run_as = pwd.getpwnam("nobody") if os.geteuid() == 0 else None
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return _dsn(self.port, None if self.tcp else self.socket_dir)
 
     @property
     def log_file(self) -> Path:
@@ -146,9 +159,11 @@ class LocalServer:
     def start(self) -> None:
         """Start and wait until it accepts connections; raises with the server log."""
         self._prepare()
+        self.socket_dir = self._private_socket_dir()
         settings = [
-            "listen_addresses=127.0.0.1",
-            f"unix_socket_directories={self.data_dir}",
+            f"listen_addresses={'127.0.0.1' if self.tcp else ''}",
+            f"unix_socket_directories={self.socket_dir}",
+            "unix_socket_permissions=0700",
             f"max_connections={self.max_connections}",
         ]
         if not self.durable:
@@ -175,6 +190,14 @@ class LocalServer:
         log.close()
         self._wait_ready()
 
+    def _private_socket_dir(self) -> Path:
+        if len(f"{self.data_dir}/.s.PGSQL.{self.port}".encode()) <= MAX_SOCKET_PATH:
+            return self.data_dir  # 0700, the server's user's: PostgreSQL insists
+        directory = Path(tempfile.mkdtemp(prefix="pgcrond-pg-"))  # 0700
+        if self._run_as is not None:
+            os.chown(directory, self._run_as.pw_uid, self._run_as.pw_gid)
+        return directory
+
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -184,8 +207,9 @@ class LocalServer:
                     f"PostgreSQL exited with status {self._process.returncode}:\n"
                     + self._log_tail()
                 )
+            host = "127.0.0.1" if self.tcp else str(self.socket_dir)
             probe = subprocess.run(
-                [str(self._bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port)],
+                [str(self._bindir / "pg_isready"), "-q", "-h", host, "-p", str(self.port)],
                 check=False,
             )
             if probe.returncode == 0:
@@ -234,6 +258,7 @@ class LocalServer:
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.data_dir, ignore_errors=True)
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             self.log_file.unlink()
 
@@ -262,11 +287,22 @@ def _group_alive(data_dir: Path) -> bool:
     return False
 
 
+def _dsn(port: int, socket_dir: Path | None) -> str:
+    if socket_dir is None:
+        return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    return f"postgresql://postgres@/postgres?host={quote(str(socket_dir), safe='')}&port={port}"
+
+
 def running_dsn(data_dir: Path) -> str | None:
-    """The DSN of a server already running on ``data_dir``, from its postmaster.pid."""
+    """The DSN of a server already running on ``data_dir``, from its postmaster.pid.
+
+    By its socket when it listens on no TCP address (the embedded server since
+    it stopped listening on 127.0.0.1; one started before still does).
+    """
     try:
         lines = (data_dir / "postmaster.pid").read_text().splitlines()
         pid, port = int(lines[0]), int(lines[3])
+        socket_dir, listening = lines[4], lines[5]
     except (OSError, IndexError, ValueError):
         return None
     try:
@@ -275,7 +311,7 @@ def running_dsn(data_dir: Path) -> str | None:
         return None
     except PermissionError:
         pass  # alive, owned by 'nobody'
-    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    return _dsn(port, None if listening.strip() else Path(socket_dir))
 
 
 def attach(state_dir: Path) -> tuple[str, LocalServer | None]:
@@ -287,7 +323,7 @@ def attach(state_dir: Path) -> tuple[str, LocalServer | None]:
     data_dir = state_dir / "data"
     if dsn := running_dsn(data_dir):
         return dsn, None
-    server = LocalServer(data_dir)
+    server = LocalServer(data_dir, tcp=False)
     server.start()
     return server.dsn, server
 

@@ -1,0 +1,108 @@
+"""Issue 20, item 15 (c): the database's DSN reaches no job's environment.
+
+Only ``PGCROND_*``, ``PGPASSWORD``, ``PGPASSFILE`` and ``DATABASE_URL`` used to
+be stripped: a config saying ``url: ${MY_DSN}`` handed ``MY_DSN`` (and any
+other variable holding the same DSN) to every job. Now every variable named in
+``database.url`` and every variable whose value holds the DSN or its password
+is stripped from every job environment: commands, shell, isolated and
+in-process entrypoints, and ``on_failure`` commands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pgcrond.config.loader import load_config
+from pgcrond.core.redaction import forget_all
+from pgcrond.run.context import RunContext
+from pgcrond.run.runner import job_environ
+from tests.daemon_harness import Replica, cluster, wait_until
+from tests.test_daemon import at
+
+
+def write_environ(ctx: RunContext) -> None:
+    """A job that writes the environment it was given, one NAME=value a line."""
+    lines = [f"{name}={value}" for name, value in sorted(ctx.env.items())]
+    Path(ctx.env["ENV_OUT"]).write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.slow
+def test_no_job_environment_holds_the_dsn(pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    out = tmp_path / "env"
+    out.mkdir()
+    entry = "tests.test_corners_job_env:write_environ"
+    jobs = (
+        f"  command:\n"
+        f'    at: "{at(4)}"\n'
+        f'    command: [/bin/sh, -c, "env > {out}/command.env; exit 3"]\n'
+        f'    on_failure: {{command: [/bin/sh, -c, "env > {out}/hook.env"], timeout: 5s}}\n'
+        f"  shell:\n"
+        f'    at: "{at(4)}"\n'
+        f'    shell: "env > {out}/shell.env"\n'
+        f"  isolated:\n"
+        f'    at: "{at(4)}"\n'
+        f"    entrypoint: {entry}\n"
+        f"    isolate: true\n"
+        f"    env: {{ENV_OUT: {out}/isolated.env}}\n"
+        f"  inprocess:\n"
+        f'    at: "{at(4)}"\n'
+        f"    entrypoint: {entry}\n"
+        f"    env: {{ENV_OUT: {out}/inprocess.env}}\n"
+    )
+    text = (
+        f"database:\n  url: ${{MY_DSN}}\n  schema: {schema}\n"
+        "defaults: {misfire_grace: 30s, lease: 20s}\n"
+        f"jobs:\n{jobs}"
+    )
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(text)
+        env = {k: v for k, v in running.env().items() if k != "PGCROND_DATABASE_URL"}
+        env.update(MY_DSN=pg_dsn, ALIAS_DSN=pg_dsn, KEEP_ME="1")
+        replica = Replica("replica-0", path, tmp_path / "replica-0.log", env)
+        running.replicas.append(replica.start())
+        replica.wait_event("daemon_ready", timeout=30)
+        names = ("command", "hook", "shell", "isolated", "inprocess")
+        wait_until(
+            lambda: all((out / f"{n}.env").exists() for n in names), 30, "every job's environment"
+        )
+        replica.wait_event("hook_sent", where=lambda e: e.get("job") == "command")
+    for name in names:
+        environ = (out / f"{name}.env").read_text()
+        assert "KEEP_ME=1" in environ, name
+        assert "PGCRON_IDEMPOTENCY_KEY=" in environ, name
+        leaked = [
+            line
+            for line in environ.splitlines()
+            if pg_dsn in line or line.startswith(("MY_DSN=", "ALIAS_DSN="))
+        ]
+        assert [] == leaked, name
+
+
+def test_a_variable_holding_the_password_is_stripped_and_others_kept(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "database: {url: 'postgresql://app:${DB_PASSWORD}@${DB_HOST}/x'}\n"
+        "jobs: {j: {cron: '* * * * *', command: ['true']}}\n"
+    )
+    forget_all()
+    try:
+        load_config([path], environ={"DB_PASSWORD": "pw-4e9c1a77", "DB_HOST": "db.internal"})
+        base = {
+            "DB_PASSWORD": "pw-4e9c1a77",
+            "DB_HOST": "db.internal",
+            "OTHER_URL": "postgresql://app:pw-4e9c1a77@replica/x",
+            "PATH": "/usr/bin:/bin",
+            "HOME": "/root",
+        }
+        environ = job_environ({"MINE": "pw-4e9c1a77"}, {"PGCRON_ATTEMPT": "1"}, base)
+    finally:
+        forget_all()
+    # A job's own env: is what it asked for, even a copy of the password.
+    assert {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/root",
+        "MINE": "pw-4e9c1a77",
+        "PGCRON_ATTEMPT": "1",
+    } == environ
