@@ -46,6 +46,7 @@ CACHE = Path(os.environ.get("PGCROND_TEST_CACHE", "/var/cache/pgcrond-test"))
 BASE_TARBALL = CACHE / "debian-bookworm-python3.tar"
 BASE = "localhost/pgcrond-test-base:bookworm"
 IMAGE = "localhost/pgcrond:test"
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEBOOTSTRAP_PACKAGES = "python3,python3-venv,python-is-python3,ca-certificates"
 # The base's own CA bundle: the build's certificate must not end up over it.
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -145,7 +146,8 @@ def ensure_base(podman: Podman) -> None:
             subprocess.run(["tar", "-C", str(root), "-cf", str(partial), "."], check=True)
             # Renamed into place only when whole: an interrupted run leaves no half base.
             partial.rename(BASE_TARBALL)
-    podman("import", str(BASE_TARBALL), BASE, timeout=300)
+    # A tarball carries no image config: give it the PATH an official base has.
+    podman("import", "--change", f"ENV PATH={BASE_PATH}", str(BASE_TARBALL), BASE, timeout=300)
 
 
 def pip_settings() -> dict[str, str]:
