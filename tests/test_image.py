@@ -194,8 +194,12 @@ def git_revision() -> str:
 
 
 @pytest.fixture(scope="session")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Image]:
-    """The Dockerfile built with podman on the debootstrap'd base; removed at the end."""
+def image(tmp_path_factory: pytest.TempPathFactory, system_processes: None) -> Iterator[Image]:
+    """The Dockerfile built with podman on the debootstrap'd base; removed at the end.
+
+    Every test that uses it is in the system tier (``system_processes``): it
+    builds an image and starts containers.
+    """
     work = tmp_path_factory.mktemp("image")
     podman = podman_or_skip(work)
     ensure_base(podman)

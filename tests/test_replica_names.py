@@ -127,6 +127,7 @@ def test_the_daemon_logs_how_its_name_was_chosen(
     assert expected[0] == daemon.replica
 
 
+@pytest.mark.usefixtures("system_processes")
 def test_run_says_how_its_name_was_chosen_and_records_its_runs_under_it(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
@@ -158,6 +159,7 @@ def test_run_says_how_its_name_was_chosen_and_records_its_runs_under_it(
         assert [0, 0] == [named.wait_exit(45), automatic.wait_exit(45)]
 
 
+@pytest.mark.usefixtures("system_processes")
 def test_run_refuses_a_replica_name_with_a_space() -> None:
     result = subprocess.run(
         [str(PGCROND), "run", "-c", "config/example.yaml", "--replica", "two words"],
