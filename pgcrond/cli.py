@@ -27,6 +27,7 @@ examples:
 
 environment:
   PGCROND_DATABASE_URL   database URL; overrides database.url in the config
+  PGCROND_REPLICA        run: this replica's name, like --replica
 """
 
 # command name -> "module:function"; each function takes the parsed namespace
@@ -72,6 +73,16 @@ def _add_database(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="PostgreSQL URL; overrides PGCROND_DATABASE_URL and database.url",
     )
+
+
+def _replica(text: str) -> str:
+    from pgcrond.core.replica import check_name
+    from pgcrond.errors import ValidationError
+
+    try:
+        return check_name(text)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{exc.field}: ")) from None
 
 
 def _listen(text: str) -> str:
@@ -161,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="address of /healthz, /readyz and /metrics; empty to turn off "
         "(default: http.listen in the config, else 127.0.0.1:9464)",
+    )
+    run.add_argument(
+        "--replica",
+        type=_replica,
+        metavar="NAME",
+        help="this replica's name in the lease table, status and hooks (default: "
+        "PGCROND_REPLICA, else HOSTNAME:pid in Kubernetes, else host:pid-RANDOM)",
     )
     _add_logging(run)
 

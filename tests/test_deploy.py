@@ -461,7 +461,8 @@ def test_image_runs_the_console_script_like_the_deployment() -> None:
     assert "${PYTHON_IMAGE}" == base
     default_base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
     assert default_base is not None
-    assert re.fullmatch(r"python:3\.1\d-slim-\w+", default_base.group(1))
+    # The official base by digest, its tag beside it for people.
+    assert re.fullmatch(r"python:3\.1\d-slim-\w+@sha256:[0-9a-f]{64}", default_base.group(1))
 
 
 def test_image_holds_no_postgresql_and_no_secrets() -> None:

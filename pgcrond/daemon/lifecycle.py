@@ -36,6 +36,7 @@ from pgcrond.config.models import prune_rules
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
+from pgcrond.core.replica import this_process
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for, tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE
 from pgcrond.daemon import notify
@@ -55,7 +56,7 @@ from pgcrond.guard.spread import Spread
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, attach
 from pgcrond.storage.history import abandon_stale, open_ticks, ping, prune
-from pgcrond.storage.leases import LeaseStore, NotAcquired, default_owner
+from pgcrond.storage.leases import LeaseStore, NotAcquired
 from pgcrond.storage.pooling import log_pooling
 from pgcrond.storage.requests import prune_requests
 from pgcrond.storage.ticks import job_ticks
@@ -127,12 +128,16 @@ class Daemon:
         *,
         database_url: str | None = None,
         http_listen: str | None = None,
+        replica: str | None = None,
     ) -> None:
         self.config = config
         self.paths = list(paths)
         self.database_url = database_url
         self.http_listen = config.http_listen if http_listen is None else http_listen
-        self.replica = default_owner()
+        # No registry yet to refuse a name another live replica holds: say how it was chosen.
+        named = this_process(replica)
+        self.replica = named.name
+        log.info("replica_named", replica=named.name, chosen_by=named.chosen_by)
         self._spread = Spread(self.replica, config.spread)
         self.metrics = Metrics()
         self.metrics.set_jobs(config.jobs, _alert_after(config))
@@ -669,8 +674,15 @@ def run_command(args: argparse.Namespace) -> int:
             "pgcrond did not start: fix these and run `pgcrond check` to verify.", file=sys.stderr
         )
         return ExitCode.ERROR
-    daemon = Daemon(config, args.config, database_url=args.database_url, http_listen=args.http)
     try:
+        # Inside: a PGCROND_REPLICA that cannot name a replica is refused here.
+        daemon = Daemon(
+            config,
+            args.config,
+            database_url=args.database_url,
+            http_listen=args.http,
+            replica=args.replica,
+        )
         return asyncio.run(daemon.run())
     except PgcrondError as exc:
         log.error("daemon_failed", error=str(exc))

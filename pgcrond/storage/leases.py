@@ -13,8 +13,6 @@ import asyncio
 import contextlib
 import functools
 import math
-import os
-import socket
 import time
 import uuid
 import weakref
@@ -27,6 +25,7 @@ import structlog
 
 from pgcrond.core.actions import SqlWork
 from pgcrond.core.keys import Identity, lock_id
+from pgcrond.core.replica import this_process
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import LeaseTiming, to_ms
 from pgcrond.errors import LeaseLost, PgcrondError
@@ -63,8 +62,8 @@ def storable(text: str) -> str:
 
 
 def default_owner() -> str:
-    """``host:pid``: for humans reading the table, never used for fencing."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process's replica name (pgcrond.core.replica): for humans, never for fencing."""
+    return this_process().name
 
 
 @dataclass(frozen=True)
