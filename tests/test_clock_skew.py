@@ -29,6 +29,9 @@ from pgcrond.storage.leases import LeaseStore
 from tests.daemon_harness import Replica, cluster, wait_until
 from tests.faults.clockshift import ShimUnavailable, build, shifted
 
+# Starts replicas or servers: the system tier.
+pytestmark = pytest.mark.usefixtures("system_processes")
+
 GRACE = timedelta(seconds=2)
 
 

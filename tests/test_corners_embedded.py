@@ -24,6 +24,9 @@ import pytest
 
 from pgcrond.storage.embedded import attach, find_bindir, running_dsn
 
+# Starts replicas or servers: the system tier.
+pytestmark = pytest.mark.usefixtures("system_processes")
+
 
 def test_the_embedded_server_refuses_tcp_and_other_users() -> None:
     # Under root the server runs as 'nobody', which must be able to enter the

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 import structlog
 
 from pgcrond.config.loader import JobConfig, load_config
@@ -25,6 +26,9 @@ from pgcrond.daemon.metrics import Metrics
 from pgcrond.fire import Firing
 from pgcrond.guard.base import ClaimRequest, Held, Recorded, Refused, Verdict
 from pgcrond.guard.memory import MemoryGuard, Row
+
+# Runs commands: the integration tier.
+pytestmark = pytest.mark.usefixtures("subprocesses")
 
 
 def job(tmp_path: Path, body: str, code: str = "j") -> JobConfig:

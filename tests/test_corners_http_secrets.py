@@ -35,6 +35,9 @@ from pgcrond.run.runner import RunRequest
 from tests.daemon_harness import Replica, cluster, wait_until
 from tests.test_daemon import at, config
 
+# Starts replicas or servers: the system tier.
+pytestmark = pytest.mark.usefixtures("system_processes")
+
 NEWLINE_TOKEN = "tok-nl-5f1e0c9a7b"
 CONTROL_TOKEN = "tok-ctl-9d3b2a18e4"
 ECHOED_TOKEN = "tok-echo-77a0c3e1f2"

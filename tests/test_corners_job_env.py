@@ -21,6 +21,9 @@ from pgcrond.run.runner import job_environ
 from tests.daemon_harness import Replica, cluster, wait_until
 from tests.test_daemon import at
 
+# Starts replicas or servers: the system tier.
+pytestmark = pytest.mark.usefixtures("system_processes")
+
 
 def write_environ(ctx: RunContext) -> None:
     """A job that writes the environment it was given, one NAME=value a line."""

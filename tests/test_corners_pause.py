@@ -19,7 +19,8 @@ import pytest
 from tests.daemon_harness import PGCROND, Cluster, cluster, wait_until
 from tests.test_daemon import LEDGER, at, config
 
-pytestmark = pytest.mark.slow
+# Starts replicas or servers: the system tier.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
 
 def command(running: Cluster, path: Path, *args: str) -> str:

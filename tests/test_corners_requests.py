@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 import structlog
 
 from pgcrond.config.loader import Config, load_config
@@ -28,6 +29,9 @@ from pgcrond.storage import requests as stored
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.pooling import Pooling
 from pgcrond.storage.requests import request_run, take_requests
+
+# Starts replicas or servers: the system tier.
+pytestmark = pytest.mark.usefixtures("system_processes")
 
 Logs = list[dict[str, Any]]
 

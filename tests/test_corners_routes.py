@@ -23,6 +23,9 @@ from pgcrond.daemon.status_page import STYLESHEET, Route, StatusPage, route
 from tests.daemon_harness import cluster
 from tests.test_daemon import config
 
+# Starts replicas or servers: the system tier.
+pytestmark = pytest.mark.usefixtures("system_processes")
+
 JOBS = frozenset({"nightly", "a/b", "x.json", "x", "ünï"})
 
 

@@ -40,6 +40,9 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.leases import Acquired, LeaseStore
 from tests.daemon_harness import cluster, wait_until
 
+# Starts replicas or servers: the system tier.
+pytestmark = pytest.mark.usefixtures("system_processes")
+
 # -- item 7 (b): the lint at `check` ---------------------------------------------
 
 # The smuggle: PostgreSQL reads `x€$a$` as one identifier (every non-ASCII

@@ -20,7 +20,8 @@ from pgcrond.core.schedule import run_key_for
 from tests.daemon_harness import Replica, cluster
 from tests.test_accounting_daemon import pgcrond
 
-pytestmark = pytest.mark.slow
+# Starts replicas or servers: the system tier.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
 JOBS = 100
 

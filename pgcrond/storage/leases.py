@@ -31,7 +31,7 @@ from pgcrond.core.timing import LeaseTiming, to_ms
 from pgcrond.errors import LeaseLost, PgcrondError
 from pgcrond.run.cancel import Cancellation
 from pgcrond.storage import sqljob
-from pgcrond.storage.batch import Pending, TurnBatch
+from pgcrond.storage.batch import TurnBatch
 from pgcrond.storage.db import Database
 from pgcrond.storage.sql import Queries, migrations
 

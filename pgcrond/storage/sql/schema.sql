@@ -38,6 +38,10 @@ CREATE SEQUENCE pgcrond.leases_fencing_seq
     NO MAXVALUE
     CACHE 1;
 
+CREATE TABLE pgcrond.leases_forbid (
+    code text NOT NULL
+);
+
 ALTER TABLE pgcrond.leases ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME pgcrond.leases_id_seq
     START WITH 1
@@ -68,7 +72,8 @@ CREATE TABLE pgcrond.leases_requests (
     taken_by text,
     taken_at timestamp with time zone,
     done_at timestamp with time zone,
-    outcome text
+    outcome text,
+    started_at timestamp with time zone
 );
 
 CREATE SEQUENCE pgcrond.leases_requests_id_seq
@@ -81,6 +86,9 @@ CREATE SEQUENCE pgcrond.leases_requests_id_seq
 ALTER SEQUENCE pgcrond.leases_requests_id_seq OWNED BY pgcrond.leases_requests.id;
 
 ALTER TABLE ONLY pgcrond.leases_requests ALTER COLUMN id SET DEFAULT nextval('pgcrond.leases_requests_id_seq'::regclass);
+
+ALTER TABLE ONLY pgcrond.leases_forbid
+    ADD CONSTRAINT leases_forbid_pkey PRIMARY KEY (code);
 
 ALTER TABLE ONLY pgcrond.leases_job_state
     ADD CONSTRAINT leases_job_state_pkey PRIMARY KEY (code);
