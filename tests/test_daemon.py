@@ -19,6 +19,7 @@ import pytest
 
 from pgcrond.storage.embedded import LocalServer
 from tests.daemon_harness import Cluster, Replica, cluster, wait_until
+from tests.faults.checker import owner_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
@@ -169,7 +170,7 @@ def test_a_stopped_runner_is_taken_over_and_fenced_when_it_resumes(
     assert "lease_lost" == finished["outcome"]
     assert 1 == len(leases)
     assert "SUCCESS" == leases[0]["status"]
-    assert leases[0]["owner"].endswith(f":{survivor.pid}")
+    assert survivor.pid == owner_pid(leases[0]["owner"])
     assert 2 == leases[0]["attempt"]
 
 

@@ -32,6 +32,7 @@ from tests.daemon_harness import Cluster, Replica, wait_until
 from tests.ledger_jobs import LEDGER_DDL
 from tests.replication import ReplicatedPair, replicated_pair
 from tests.test_daemon import LEDGER, at, attempted_initial, config
+from tests.faults.checker import owner_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
@@ -270,8 +271,8 @@ def test_async_standby_failover_repeats_only_ticks_of_the_lost_window(
 
     def survived(run: dict[str, Any]) -> bool:
         lease = recorded.get((run["job"], run["run_key"]))
-        return lease is not None and (lease["owner"], lease["fencing_token"]) == (
-            lease["owner"].rsplit(":", 1)[0] + f":{run['pid']}",
+        return lease is not None and (owner_pid(lease["owner"]), lease["fencing_token"]) == (
+            run["pid"],
             run["fencing_token"],
         )
 

@@ -33,6 +33,7 @@ from pgcrond.guard import Guards
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import Acquired, LeaseStore
 from tests import pgbouncer as bouncer
+from tests.faults.checker import owner_pid
 
 # -- the placeholder translation ------------------------------------------------
 
@@ -510,7 +511,7 @@ def test_under_kills_pauses_and_cuts_every_tick_s_row_exists_exactly_once(
                     "ORDER BY acquired_at DESC"
                 )
                 for row in running:
-                    pid = int(row["owner"].rsplit(":", 1)[1])
+                    pid = owner_pid(row["owner"])
                     for replica in replicas:
                         alive = replica.process is not None and replica.process.poll() is None
                         if replica.pid == pid and alive:

@@ -1090,9 +1090,9 @@ def _parse_or_min(key: str) -> datetime:
 
 
 def owner_pid(owner: str) -> int | None:
-    """The pid of an owner name ``host:pid``."""
-    tail = owner.rpartition(":")[2]
-    return int(tail) if tail.isdigit() else None
+    """The pid of an owner name ``host:pid`` or ``host:pid-suffix`` (core/replica.py)."""
+    pid = owner.rpartition(":")[2].partition("-")[0]
+    return int(pid) if pid.isdigit() else None
 
 
 def _iso(moment: datetime) -> str:
