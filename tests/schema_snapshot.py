@@ -34,8 +34,12 @@ def normalise(dump: str, schema: str) -> str:
     """The dump with the schema renamed to ``pgcrond`` and pg_dump's noise removed."""
     lines = [line for line in dump.splitlines() if not _NOISE.match(line)]
     text = re.sub(r"\n{2,}", "\n\n", "\n".join(lines)).strip() + "\n"
-    return HEADER + "\n" + re.sub(rf'\b"?{re.escape(schema)}"?\.', "pgcrond.", text).replace(
-        f"SCHEMA {schema}", "SCHEMA pgcrond"
+    return (
+        HEADER
+        + "\n"
+        + re.sub(rf'\b"?{re.escape(schema)}"?\.', "pgcrond.", text).replace(
+            f"SCHEMA {schema}", "SCHEMA pgcrond"
+        )
     )
 
 

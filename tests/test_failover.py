@@ -29,10 +29,10 @@ import pytest
 from psycopg.rows import dict_row
 
 from tests.daemon_harness import Cluster, Replica, wait_until
+from tests.faults.checker import owner_pid
 from tests.ledger_jobs import LEDGER_DDL
 from tests.replication import ReplicatedPair, replicated_pair
 from tests.test_daemon import LEDGER, at, attempted_initial, config
-from tests.faults.checker import owner_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
@@ -253,11 +253,15 @@ def test_async_standby_failover_repeats_only_ticks_of_the_lost_window(
             (job, tick) for job in ("tick-a", "tick-b") for tick in ticks(window_start, window_end)
         }
         wait_until(
-            lambda: expected
-            <= {
-                (row["job"], row["run_key"])
-                for row in running.rows("SELECT job, run_key FROM {ledger} WHERE phase = 'start'")
-            },
+            lambda: (
+                expected
+                <= {
+                    (row["job"], row["run_key"])
+                    for row in running.rows(
+                        "SELECT job, run_key FROM {ledger} WHERE phase = 'start'"
+                    )
+                }
+            ),
             35,
             "every tick of the window to have started",
         )

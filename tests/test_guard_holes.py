@@ -148,9 +148,7 @@ async def test_hole_10_a_claim_answered_after_its_lease_is_going_is_given_back(
     tick, identity = tick_identity("late-answer", 1)
     # The answer "arrives" 10 s after it was sent: as a partition that heals would deliver it.
     guard = LeaseGuard(store, clock=lambda: time.monotonic() + 10)
-    answer = await guard.claim(
-        ClaimRequest(identity, tick, TWO_S, deadline=None)
-    )
+    answer = await guard.claim(ClaimRequest(identity, tick, TWO_S, deadline=None))
     assert isinstance(answer, Refused) and "retry_pending" == answer.reason
     stored = row(pg_dsn, schema, identity)
     assert ("FAIL", "released") == (stored["status"], stored["reason"])
@@ -162,9 +160,7 @@ async def test_hole_10_a_claim_past_the_misfire_window_by_the_database_clock_tou
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
     _, identity = tick_identity("too-late", 1)
-    late = await store.claim(
-        identity, TWO_S, late_after=datetime.now(UTC) - timedelta(seconds=1)
-    )
+    late = await store.claim(identity, TWO_S, late_after=datetime.now(UTC) - timedelta(seconds=1))
     assert isinstance(late, NotAcquired) and "late" == late.reason
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         count = conn.execute(f'SELECT count(*) FROM "{schema}".leases').fetchone()
@@ -215,9 +211,7 @@ async def test_a_won_claim_through_the_guard_is_held_with_its_fencing_token(
 ) -> None:
     tick, identity = tick_identity("held", 1)
     guard = LeaseGuard(store)
-    answer = await guard.claim(
-        ClaimRequest(identity, tick, TWO_S, deadline=None)
-    )
+    answer = await guard.claim(ClaimRequest(identity, tick, TWO_S, deadline=None))
     assert isinstance(answer, Held)
     assert answer.fencing_token is not None and 1 == answer.attempt
     assert "done" == await guard.record(answer, Verdict("success"))

@@ -58,9 +58,7 @@ async def test_fifty_connections_racing_one_identity_have_exactly_one_winner(
         await asyncio.gather(*(store.db.fetchone("SELECT 1") for store in contenders))
         for round_number in range(20):
             identity = Identity.schedule("race", f"2026-01-01T00:{round_number:02d}:00Z")
-            results = await asyncio.gather(
-                *(store.claim(identity, SHORT) for store in contenders)
-            )
+            results = await asyncio.gather(*(store.claim(identity, SHORT) for store in contenders))
             winners = [r for r in results if isinstance(r, Acquired)]
             losers = [r for r in results if isinstance(r, NotAcquired)]
             assert 1 == len(winners), f"round {round_number}"

@@ -110,9 +110,7 @@ def test_a_test_that_does_more_than_its_tier_allows_fails(
 def test_a_tier_marked_by_hand_is_refused(pytester: pytest.Pytester) -> None:
     pytester.makeini(INI)
     pytester.makeconftest("from tests.conftest import *  # noqa: F403\n")
-    pytester.makepyfile(
-        test_suite="import pytest\n\n@pytest.mark.unit\ndef test_x():\n    pass\n"
-    )
+    pytester.makepyfile(test_suite="import pytest\n\n@pytest.mark.unit\ndef test_x():\n    pass\n")
     # Refused while collecting, before anything runs: in this process.
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--collect-only")
     assert pytest.ExitCode.USAGE_ERROR == result.ret

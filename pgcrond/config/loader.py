@@ -404,9 +404,7 @@ class _Loader:
         prepared = self.read(
             section, "prepared_statements", DATABASE["prepared_statements"].convert
         )
-        sql_connections = self.read(
-            section, "sql_connections", DATABASE["sql_connections"].convert
-        )
+        sql_connections = self.read(section, "sql_connections", DATABASE["sql_connections"].convert)
         # An override wins over the whole file choice, embedded included: the
         # same config then serves a laptop (embedded) and production (URL in env).
         flag_url = database_url or None

@@ -79,16 +79,13 @@ class MemoryGuard(Guard):
             return Refused(identity, "late")
         row = self.rows.get(identity)
         if row is not None:
-            reclaimable = (row.status == "FAIL" and row.retry_at is not None
-                           and row.retry_at <= now) or (
-                row.status == "RUNNING" and row.expires_at <= now
-            )
+            reclaimable = (
+                row.status == "FAIL" and row.retry_at is not None and row.retry_at <= now
+            ) or (row.status == "RUNNING" and row.expires_at <= now)
             if not reclaimable:
                 return _refusal(identity, row, now)
         self._tokens += 1
-        claimed_from = None if row is None else (
-            "takeover" if row.status == "RUNNING" else "retry"
-        )
+        claimed_from = None if row is None else ("takeover" if row.status == "RUNNING" else "retry")
         attempt = 1 if row is None else row.attempt + 1
         self.rows[identity] = Row("RUNNING", attempt, self._tokens, now + request.timing.lease)
         self._fenced.discard(identity)
@@ -123,11 +120,16 @@ class MemoryGuard(Guard):
 
 def _refusal(identity: Identity, row: Row, now: datetime) -> Refused:
     if row.status == "RUNNING":
-        return Refused(identity, "held", row.status, wait=row.expires_at - now,
-                       attempt=row.attempt)
+        return Refused(identity, "held", row.status, wait=row.expires_at - now, attempt=row.attempt)
     if row.status == "FAIL" and row.retry_at is not None:
-        return Refused(identity, "retry_pending", row.status, wait=row.retry_at - now,
-                       attempt=row.attempt, cause=row.reason)
+        return Refused(
+            identity,
+            "retry_pending",
+            row.status,
+            wait=row.retry_at - now,
+            attempt=row.attempt,
+            cause=row.reason,
+        )
     if row.status == "FAIL":
         return Refused(identity, "failed", row.status, attempt=row.attempt)
     return Refused(identity, "done", row.status, attempt=row.attempt)

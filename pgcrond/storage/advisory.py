@@ -369,9 +369,7 @@ class SyncAdvisoryLock:
 
 
 @contextlib.contextmanager
-def advisory_lock_sync(
-    conninfo: str, key: str | int, **options: Any
-) -> Iterator[AdvisoryLease]:
+def advisory_lock_sync(conninfo: str, key: str | int, **options: Any) -> Iterator[AdvisoryLease]:
     """One guarded run from synchronous code, on a pool of one opened for it.
 
     ``options`` are :meth:`SyncAdvisoryLock.lock`'s. For many runs, keep a

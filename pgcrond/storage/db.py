@@ -74,7 +74,6 @@ def connection_settings(
     return {**DRIVER_SETTINGS, **added}
 
 
-
 # The pool reconnects after a failure with exponential backoff (1 s, 2 s, 4 s,
 # ...): after a 10 s outage its next attempt can come 8 s after the database
 # is back, while every claim waits for a connection and the ticks' misfire
