@@ -265,8 +265,15 @@ async def test_an_idle_listener_with_no_open_request_sends_nothing(
         with structlog.testing.capture_logs() as logs:
             listening = asyncio.create_task(one.requests.run(_pooling("direct")))
             try:
+                # The take at listening start follows its log line: the idle
+                # window begins once that take has been answered.
                 await until(
-                    lambda: any(e["event"] == "requests_listening" for e in logs), 5, "listening"
+                    lambda: (
+                        one.requests.takes >= 1
+                        and any(e["event"] == "requests_listening" for e in logs)
+                    ),
+                    5,
+                    "listening and the take at its start answered",
                 )
                 swept = one.requests.takes
                 await asyncio.sleep(1.0)  # ten sweep intervals: none may be sent
