@@ -83,7 +83,7 @@ def scrape(replica: Replica) -> list[Sample]:
 
 
 def value(samples: list[Sample], name: str, job: str) -> float | None:
-    return next((v for n, labels, v in samples if n == name and labels.get("job") == job), None)
+    return next((v for n, labels, v in samples if n == name and labels.get("cronjob") == job), None)
 
 
 def readyz(replica: Replica) -> str:
@@ -178,7 +178,7 @@ def test_the_shipped_rules_fire_on_a_real_daemons_metrics_after_a_restart(
     )
     scraped = series(samples, "replica-1", *names)
     stale_broken = [
-        s for s in scraped if s.startswith("pgcrond_job_stale{") and 'job="broken"' in s
+        s for s in scraped if s.startswith("pgcrond_job_stale{") and 'cronjob="broken"' in s
     ]
     assert 1 == len(stale_broken)
     # The same replica's series, and another replica that saw broken succeed just now.
@@ -187,14 +187,14 @@ def test_the_shipped_rules_fire_on_a_real_daemons_metrics_after_a_restart(
     missed = list(series(samples, "replica-1", "pgcrond_missed_total"))
     assert missed  # present at 0 for each job and cause from the start
     stale_alert = {
-        "exp_labels": {"job": "broken", "severity": "warning"},
+        "exp_labels": {"cronjob": "broken", "severity": "warning"},
         "exp_annotations": rendered("PgcrondJobStale", "broken", 1.0),
     }
     failing_alert = {
-        "exp_labels": {"job": "broken", "severity": "warning"},
+        "exp_labels": {"cronjob": "broken", "severity": "warning"},
         "exp_annotations": rendered("PgcrondJobFailing", "broken", failures or 0),
     }
-    missed_job = missed[0].split('job="')[1].split('"')[0]
+    missed_job = missed[0].split('cronjob="')[1].split('"')[0]
     tests = [
         {
             "interval": "1m",
@@ -231,7 +231,7 @@ def test_the_shipped_rules_fire_on_a_real_daemons_metrics_after_a_restart(
                     "alertname": "PgcrondTicksMissed",
                     "exp_alerts": [
                         {
-                            "exp_labels": {"job": missed_job, "severity": "warning"},
+                            "exp_labels": {"cronjob": missed_job, "severity": "warning"},
                             "exp_annotations": rendered("PgcrondTicksMissed", missed_job, 0),
                         }
                     ],
@@ -263,6 +263,6 @@ def rendered(alert: str, job: str, alert_value: float) -> dict[str, str]:
     (rule,) = [r for r in rules_of(RULES) if r["alert"] == alert]
     shown = f"{alert_value:g}"
     return {
-        key: text.replace("{{ $labels.job }}", job).replace("{{ $value }}", shown)
+        key: text.replace("{{ $labels.cronjob }}", job).replace("{{ $value }}", shown)
         for key, text in rule["annotations"].items()
     }
