@@ -10,6 +10,7 @@ only when promtool is not installed (Debian: ``apt-get install prometheus``).
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,8 @@ from tests.test_daemon import LEDGER, config
 
 RULES = ROOT / "deploy" / "prometheus" / "pgcrond-rules.yaml"
 OPERATOR = ROOT / "deploy" / "prometheus" / "prometheusrule.yaml"
+OPERATIONS = ROOT / "docs" / "operations.md"
+RUNBOOK = "https://github.com/pgcrond/pgcrond/blob/main/docs/operations.md#"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool not installed (Debian package prometheus)"
@@ -58,6 +61,24 @@ def test_the_prometheusrule_holds_the_plain_rules_and_the_kubernetes_readiness_o
         document["apiVersion"],
         document["kind"],
     )
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The fragment GitHub gives each heading: lower case, punctuation but - and _ dropped."""
+    headings = re.findall(r"^#+ (.+)$", markdown, flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def test_every_alert_links_its_runbook_section_in_operations_md() -> None:
+    anchors = github_anchors(OPERATIONS.read_text())
+    rules = rules_of(OPERATOR)
+    assert rules  # the PrometheusRule holds every plain rule too
+    for rule in rules:
+        url = rule["annotations"].get("runbook_url", "")
+        assert url.startswith(RUNBOOK), f"{rule['alert']}: runbook_url {url!r}"
+        assert url.removeprefix(RUNBOOK) in anchors, (
+            f"{rule['alert']}: no heading in docs/operations.md has the anchor of {url}"
+        )
 
 
 @needs_promtool
