@@ -43,7 +43,7 @@ from tests import deploy_contract as contract
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 UNIT = DEPLOY / "systemd" / "pgcrond.service"
-FALLBACK_DROP_IN = DEPLOY / "systemd" / "systemd-before-253.conf"
+NOTIFY_RELOAD_DROP_IN = DEPLOY / "systemd" / "notify-reload.conf"
 K8S = DEPLOY / "kubernetes"
 COMPOSE = DEPLOY / "compose.yaml"
 DOCKERFILE = REPO / "Dockerfile"
@@ -162,22 +162,12 @@ def unit_with_local_program(tmp_path: Path) -> Path:
     """The unit verbatim except ExecStart's program, which must exist for verify.
 
     Only the path of the executable changes (to this venv's console script);
-    every argument and every other line is checked as shipped. On systemd
-    older than 253, ``Type=notify-reload`` is replaced by the lines of the
-    shipped drop-in for older systemd, as installing that drop-in would do.
+    every argument and every other line is checked as shipped.
     """
     program = shutil.which(contract.CONSOLE_SCRIPT, path=str(Path(sys.executable).parent))
     assert program is not None, "the pgcrond console script is not installed in this venv"
     text = UNIT.read_text()
     assert text.count(f"ExecStart={contract.SYSTEMD_EXECUTABLE} ") == 1
-    if systemd_version() < 253:
-        # This systemd does not know Type=notify-reload: check the unit as the
-        # documented drop-in for older systemd makes it.
-        fallback = parse_unit(FALLBACK_DROP_IN)["Service"]
-        text = text.replace(
-            "Type=notify-reload\n",
-            "".join(f"{key}={value[0]}\n" for key, value in fallback.items()),
-        )
     copy = tmp_path / UNIT.name
     copy.write_text(
         text.replace(f"ExecStart={contract.SYSTEMD_EXECUTABLE} ", f"ExecStart={program} ")
@@ -185,17 +175,46 @@ def unit_with_local_program(tmp_path: Path) -> Path:
     return copy
 
 
-@pytest.mark.usefixtures("subprocesses")
-def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
-    """No unknown keys, no bad values, an executable ExecStart: verify says nothing."""
-    analyze = systemd_analyze()
-    unit = unit_with_local_program(tmp_path)
+def verify_complaints(unit: Path) -> list[str]:
+    """What ``systemd-analyze verify`` says about ``unit`` and its drop-ins (nothing: clean)."""
     result = subprocess.run(
-        [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=30, check=False
+        [systemd_analyze(), "verify", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     # verify also reports on unrelated units of the host; only ours must be clean.
     ours = [line for line in result.stderr.splitlines() if unit.name in line]
-    assert (0, []) == (result.returncode, ours), result.stderr
+    assert 0 == result.returncode, result.stderr
+    return ours
+
+
+@pytest.mark.usefixtures("subprocesses")
+def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    """No unknown keys, no bad values, an executable ExecStart: verify says nothing."""
+    assert [] == verify_complaints(unit_with_local_program(tmp_path))
+
+
+@pytest.mark.usefixtures("subprocesses")
+def test_the_notify_reload_drop_in_verifies_on_253_and_is_refused_by_older_systemd(
+    tmp_path: Path,
+) -> None:
+    """Installed as ``pgcrond.service.d/notify-reload.conf``: clean on systemd 253+.
+
+    Older systemd names notify-reload as the one thing it does not know (and
+    would run the service as Type=simple): why the unit's default is notify.
+    """
+    unit = unit_with_local_program(tmp_path)
+    drop_ins = tmp_path / f"{unit.name}.d"
+    drop_ins.mkdir()
+    shutil.copy(NOTIFY_RELOAD_DROP_IN, drop_ins / NOTIFY_RELOAD_DROP_IN.name)
+    complaints = verify_complaints(unit)
+    if systemd_version() >= 253:
+        assert [] == complaints
+    else:
+        assert 1 == len(complaints), complaints
+        assert "Failed to parse service type, ignoring: notify-reload" in complaints[0]
 
 
 @pytest.mark.usefixtures("subprocesses")
@@ -223,19 +242,17 @@ def test_unit_runs_the_daemon_as_documented() -> None:
         contract.SYSTEMD_EXECUTABLE, contract.RUN_COMMAND, "-c", contract.SYSTEMD_CONFIG_DIR
     ] == argv  # fmt: skip
     assert contract.SYSTEMD_ENV_FILE == unit_value(unit, "EnvironmentFile")
-    # notify-reload: systemd sends SIGHUP on `systemctl reload` and waits for RELOADING=1/READY=1.
-    assert ("notify-reload", "main") == (
-        unit_value(unit, "Type"),
-        unit_value(unit, "NotifyAccess"),
-    )
+    # notify works on every systemd the daemon supports; `systemctl reload` sends SIGHUP.
+    assert ("notify", "main") == (unit_value(unit, "Type"), unit_value(unit, "NotifyAccess"))
     assert contract.SYSTEMD_WATCHDOG_S == systemd_seconds(unit_value(unit, "WatchdogSec"))
-    # notify-reload sends SIGHUP itself; the drop-in for older systemd sends it by ExecReload.
-    assert "ExecReload" not in unit["Service"]
-    fallback = parse_unit(FALLBACK_DROP_IN)
-    assert "notify" == unit_value(fallback, "Type")
     assert f"/bin/kill -{contract.RELOAD_SIGNAL.removeprefix('SIG')} $MAINPID" == unit_value(
-        fallback, "ExecReload"
+        unit, "ExecReload"
     )
+    # The drop-in for systemd 253+: it sends the signal itself (SIGHUP, its default
+    # ReloadSignal) and waits for RELOADING=1 ... READY=1; the unit's kill is reset.
+    drop_in = parse_unit(NOTIFY_RELOAD_DROP_IN)["Service"]
+    assert {"Type": ["notify-reload"], "ExecReload": [""]} == drop_in
+    assert "SIGHUP" == contract.RELOAD_SIGNAL
     assert contract.STOP_SIGNAL == unit_value(unit, "KillSignal")
     # Only the daemon gets SIGTERM; its jobs are its to drain.
     assert "mixed" == unit_value(unit, "KillMode")
