@@ -35,7 +35,9 @@ import psycopg
 import pytest
 import yaml
 
+from pgcrond.config import fields
 from pgcrond.config.loader import load_config
+from pgcrond.core.durations import format_duration
 from pgcrond.errors import PgcrondError
 from pgcrond.storage.embedded import find_bindir, free_port
 from tests import deploy_contract as contract
@@ -399,6 +401,73 @@ def test_secret_example_holds_a_placeholder_not_a_password() -> None:
 
 
 # --- the shipped job configs -------------------------------------------------
+
+EXAMPLE = REPO / "config" / "example.yaml"
+# Where each table's fields go in a config file, as the message tells the reader.
+PLACES = {
+    "top": (fields.TOP, "add at the top level:"),
+    "database": (fields.DATABASE, "add under database:"),
+    "http": (fields.HTTP, "add under http:"),
+    "job": (fields.JOB, "add under a job:"),
+}
+
+
+def example_default(field: fields.Field) -> str:
+    """A field's default as YAML would spell it, or a placeholder where it has none."""
+    value = field.default
+    if value is fields.REQUIRED or value is None:
+        return "..."
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+
+
+def shown_fields(text: str) -> dict[str, set[str]]:
+    """The keys config/example.yaml shows, live (in their place) or as a commented-out example."""
+    document = yaml.safe_load(text)
+    jobs = [*document["jobs"].values(), document.get("defaults") or {}]
+    commented = set(re.findall(r"^\s*#\s+([a-z_]+):(?:\s|$)", text, flags=re.MULTILINE))
+    return {
+        "top": set(document) | commented,
+        "database": set(document.get("database") or {}) | commented,
+        "http": set(document.get("http") or {}) | commented,
+        "job": set().union(*jobs) | commented,
+    }
+
+
+def missing_fields(text: str) -> list[str]:
+    """One line per field of the table the example does not show: where, and what to write."""
+    shown = shown_fields(text)
+    return [
+        f"  {'add under defaults: or a job:' if field.defaultable else where} "
+        f"{name}: {example_default(field)}  # {field.doc}"
+        for place, (table, where) in PLACES.items()
+        for name, field in table.items()
+        if name not in shown[place]
+    ]
+
+
+def test_the_example_config_shows_every_field_of_the_field_table() -> None:
+    """config/example.yaml is the reference users copy from: no field may be missing."""
+    missing = missing_fields(EXAMPLE.read_text())
+    assert [] == missing, (
+        "config/example.yaml does not show these fields of pgcrond/config/fields.py; add "
+        "each in its place, live or as a commented-out example (# name: value), with its "
+        "default and meaning:\n" + "\n".join(missing)
+    )
+
+
+def test_a_field_missing_from_the_example_is_named_with_its_place_default_and_meaning() -> None:
+    text = EXAMPLE.read_text()
+    text = text.replace("  sql_connections: 4", "  # four connections").replace(
+        "spread: 25ms", "# no sharing"
+    )
+    assert [
+        "  add at the top level: spread: 25ms  # " + fields.TOP["spread"].doc,
+        "  add under database: sql_connections: 4  # " + fields.DATABASE["sql_connections"].doc,
+    ] == missing_fields(text)
 
 
 def shipped_configs(tmp_path: Path) -> dict[str, Path]:
