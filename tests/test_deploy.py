@@ -348,6 +348,9 @@ def test_deployment_matches_the_daemon() -> None:
     assert contract.HTTP_CONTAINER_LISTEN == args[args.index("--http") + 1]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert contract.CONTAINER_CONFIG_DIR == mounts["config"] == config_arg(args)
+    # A subPath mount never sees the kubelet's update; the directory reloads by
+    # itself (tests/test_reload.py: the ConfigMap's symlink swap).
+    assert all("subPath" not in m for m in container["volumeMounts"] if m["name"] == "config")
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert manifests["ConfigMap"]["metadata"]["name"] == volumes["config"]["configMap"]["name"]
 
