@@ -4,8 +4,11 @@
 is a rules file of its own); ``promtool test rules`` runs the stale, failing,
 missed and no-replica rules against series whose names, labels and values
 were scraped from a real ``pgcrond run`` (restarted in between: the gauges it
-shows come from the lease table, not from this process's own runs). Skipped
-only when promtool is not installed (Debian: ``apt-get install prometheus``).
+shows come from the lease table, not from this process's own runs). A real
+Prometheus, scraping a real daemon every second, evaluates every rule's
+expression and every query of the Grafana dashboard (deploy/grafana/). Each
+rule's runbook_url names a section of docs/operations.md. Skipped only when
+promtool or prometheus is not installed (Debian: ``apt-get install prometheus``).
 """
 
 from __future__ import annotations
