@@ -41,7 +41,7 @@ TIER_FIXTURES = {
 # and the slow external tools the issue puts there.
 SYSTEM_PROGRAMS = frozenset(
     {"postgres", "initdb", "pg_ctl", "pg_basebackup", "pgbouncer", "chromium",
-     "chromium-browser", "promtool"}
+     "chromium-browser", "promtool", "prometheus"}
 )  # fmt: skip
 
 

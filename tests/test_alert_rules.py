@@ -4,19 +4,30 @@
 is a rules file of its own); ``promtool test rules`` runs the stale, failing,
 missed and no-replica rules against series whose names, labels and values
 were scraped from a real ``pgcrond run`` (restarted in between: the gauges it
-shows come from the lease table, not from this process's own runs). Skipped
-only when promtool is not installed (Debian: ``apt-get install prometheus``).
+shows come from the lease table, not from this process's own runs). A real
+Prometheus, scraping a real daemon every second, evaluates every rule's
+expression and every query of the Grafana dashboard (deploy/grafana/). Each
+rule's runbook_url names a section of docs/operations.md. Skipped only when
+promtool or prometheus is not installed (Debian: ``apt-get install prometheus``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
 import shutil
 import signal
+import socket
 import subprocess
+import time
 import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,9 +37,16 @@ from tests.test_daemon import LEDGER, config
 
 RULES = ROOT / "deploy" / "prometheus" / "pgcrond-rules.yaml"
 OPERATOR = ROOT / "deploy" / "prometheus" / "prometheusrule.yaml"
+OPERATIONS = ROOT / "docs" / "operations.md"
+RUNBOOK = "https://github.com/pgcrond/pgcrond/blob/main/docs/operations.md#"
+DASHBOARD = ROOT / "deploy" / "grafana" / "pgcrond-dashboard.json"
 PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool not installed (Debian package prometheus)"
+)
+needs_prometheus = pytest.mark.skipif(
+    PROMETHEUS is None, reason="prometheus not installed (Debian package prometheus)"
 )
 Sample = tuple[str, dict[str, str], float]
 
@@ -60,6 +78,24 @@ def test_the_prometheusrule_holds_the_plain_rules_and_the_kubernetes_readiness_o
     )
 
 
+def github_anchors(markdown: str) -> set[str]:
+    """The fragment GitHub gives each heading: lower case, punctuation but - and _ dropped."""
+    headings = re.findall(r"^#+ (.+)$", markdown, flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def test_every_alert_links_its_runbook_section_in_operations_md() -> None:
+    anchors = github_anchors(OPERATIONS.read_text())
+    rules = rules_of(OPERATOR)
+    assert rules  # the PrometheusRule holds every plain rule too
+    for rule in rules:
+        url = rule["annotations"].get("runbook_url", "")
+        assert url.startswith(RUNBOOK), f"{rule['alert']}: runbook_url {url!r}"
+        assert url.removeprefix(RUNBOOK) in anchors, (
+            f"{rule['alert']}: no heading in docs/operations.md has the anchor of {url}"
+        )
+
+
 @needs_promtool
 @pytest.mark.usefixtures("system_processes")
 def test_promtool_accepts_both_rule_files(tmp_path: Path) -> None:
@@ -83,7 +119,7 @@ def scrape(replica: Replica) -> list[Sample]:
 
 
 def value(samples: list[Sample], name: str, job: str) -> float | None:
-    return next((v for n, labels, v in samples if n == name and labels.get("job") == job), None)
+    return next((v for n, labels, v in samples if n == name and labels.get("cronjob") == job), None)
 
 
 def readyz(replica: Replica) -> str:
@@ -178,7 +214,7 @@ def test_the_shipped_rules_fire_on_a_real_daemons_metrics_after_a_restart(
     )
     scraped = series(samples, "replica-1", *names)
     stale_broken = [
-        s for s in scraped if s.startswith("pgcrond_job_stale{") and 'job="broken"' in s
+        s for s in scraped if s.startswith("pgcrond_job_stale{") and 'cronjob="broken"' in s
     ]
     assert 1 == len(stale_broken)
     # The same replica's series, and another replica that saw broken succeed just now.
@@ -187,14 +223,14 @@ def test_the_shipped_rules_fire_on_a_real_daemons_metrics_after_a_restart(
     missed = list(series(samples, "replica-1", "pgcrond_missed_total"))
     assert missed  # present at 0 for each job and cause from the start
     stale_alert = {
-        "exp_labels": {"job": "broken", "severity": "warning"},
+        "exp_labels": {"cronjob": "broken", "severity": "warning"},
         "exp_annotations": rendered("PgcrondJobStale", "broken", 1.0),
     }
     failing_alert = {
-        "exp_labels": {"job": "broken", "severity": "warning"},
+        "exp_labels": {"cronjob": "broken", "severity": "warning"},
         "exp_annotations": rendered("PgcrondJobFailing", "broken", failures or 0),
     }
-    missed_job = missed[0].split('job="')[1].split('"')[0]
+    missed_job = missed[0].split('cronjob="')[1].split('"')[0]
     tests = [
         {
             "interval": "1m",
@@ -231,7 +267,7 @@ def test_the_shipped_rules_fire_on_a_real_daemons_metrics_after_a_restart(
                     "alertname": "PgcrondTicksMissed",
                     "exp_alerts": [
                         {
-                            "exp_labels": {"job": missed_job, "severity": "warning"},
+                            "exp_labels": {"cronjob": missed_job, "severity": "warning"},
                             "exp_annotations": rendered("PgcrondTicksMissed", missed_job, 0),
                         }
                     ],
@@ -263,6 +299,182 @@ def rendered(alert: str, job: str, alert_value: float) -> dict[str, str]:
     (rule,) = [r for r in rules_of(RULES) if r["alert"] == alert]
     shown = f"{alert_value:g}"
     return {
-        key: text.replace("{{ $labels.job }}", job).replace("{{ $value }}", shown)
+        key: text.replace("{{ $labels.cronjob }}", job).replace("{{ $value }}", shown)
         for key, text in rule["annotations"].items()
     }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def prometheus(workdir: Path, target: str) -> Iterator[httpx.Client]:
+    """A real Prometheus scraping ``target`` every second, with the shipped rules loaded."""
+    assert PROMETHEUS is not None
+    config = workdir / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(RULES)],
+                "scrape_configs": [
+                    {"job_name": "pgcrond", "static_configs": [{"targets": [target]}]}
+                ],
+            }
+        )
+    )
+    address = f"127.0.0.1:{free_port()}"
+    with (workdir / "prometheus.log").open("wb") as log:
+        server = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address={address}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        with httpx.Client(base_url=f"http://{address}", timeout=5) as client:
+
+            def ready() -> bool:
+                assert server.poll() is None, (workdir / "prometheus.log").read_text()[-3000:]
+                with contextlib.suppress(httpx.TransportError):
+                    return client.get("/-/ready").status_code == 200
+                return False
+
+            wait_until(ready, 30, "prometheus to be ready")
+            yield client
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def query(client: httpx.Client, expr: str) -> list[dict[str, Any]]:
+    """The instant vector ``expr`` returns now (an error in the query fails the test)."""
+    answer = client.get("/api/v1/query", params={"query": expr}).json()
+    assert "success" == answer["status"], f"{expr}: {answer}"
+    result: list[dict[str, Any]] = answer["data"]["result"]
+    return result
+
+
+def panel_queries() -> dict[str, str]:
+    """Every dashboard panel's queries, with Grafana's variables as a user would pick them."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    chosen = {"$job": "pgcrond", "$cronjob": ".*", "$__rate_interval": "10s"}
+    found = {}
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for variable, value in chosen.items():
+                expr = expr.replace(variable, value)
+            assert "$" not in expr, f"{panel['title']}: a variable the test does not set"
+            found[f"{panel['title']} {target['refId']}"] = expr
+    return found
+
+
+@needs_prometheus
+@pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
+def test_every_rule_and_dashboard_query_returns_data_from_prometheus_scraping_a_real_daemon(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """A failing job, a stale one and a missed tick, scraped by a real Prometheus.
+
+    The missed ticks: ``gap`` (misfire_grace 1s) has no replica while the
+    daemon is stopped, and the restarted one records them MISSED/no_replica
+    on the same scrape target. Every alert's expression is evaluated (not its
+    firing state: ``for:`` is minutes), PgcrondNoReplicaUp while no replica is up.
+    """
+    jobs = (
+        f'  ok: {{cron: "* * * * * *", entrypoint: {LEDGER}, alert_after: 1h}}\n'
+        '  broken: {cron: "* * * * * *", shell: "exit 3", alert_after: 2s}\n'
+        '  gap: {cron: "* * * * * *", command: ["true"], misfire_grace: 1s, lease: 500ms}\n'
+    )
+    port = free_port()
+    expressions = {rule["alert"]: rule["expr"] for rule in rules_of(RULES)}
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(config(schema, jobs))
+
+        def start(name: str) -> Replica:
+            replica = Replica(
+                name,
+                path,
+                tmp_path / f"{name}.log",
+                running.env(),
+                extra_args=["--http", f"127.0.0.1:{port}"],
+            ).start()
+            running.replicas.append(replica)
+            replica.wait_event("daemon_ready", timeout=30)
+            return replica
+
+        first = start("replica-1")
+        with prometheus(tmp_path, f"127.0.0.1:{port}") as client:
+
+            def rule_health() -> dict[str, str]:
+                groups = client.get("/api/v1/rules").json()["data"]["groups"]
+                return {rule["name"]: rule["health"] for g in groups for rule in g["rules"]}
+
+            # Prometheus loaded and evaluated each shipped rule without an error.
+            everything_ok = {name: "ok" for name in expressions}
+            wait_until(lambda: rule_health() == everything_ok, 15, "the rules' evaluation")
+
+            # The next fire follows the fires: a later tick than a moment ago.
+            def next_fire(code: str) -> float | None:
+                found = query(client, f'pgcrond_next_fire_timestamp_seconds{{cronjob="{code}"}}')
+                return float(found[0]["value"][1]) if found else None
+
+            seen: float = wait_until(lambda: next_fire("ok"), 15, "a next fire of ok")
+            assert seen > time.time() - 2  # per-second job: at most a scrape behind
+            wait_until(lambda: (next_fire("ok") or 0) > seen, 15, "the next fire of ok to move on")
+            # A reload adds a job: its next fire shows without a restart.
+            running.write_config(
+                config(schema, jobs + '  yearly: {cron: "0 0 1 1 *", command: ["true"]}\n')
+            )
+            first.signal(signal.SIGHUP)
+            first.wait_event("config_reloaded")
+            new_year = datetime(datetime.now(UTC).year + 1, 1, 1, tzinfo=UTC).timestamp()
+            wait_until(lambda: next_fire("yearly") == new_year, 15, "yearly's next fire")
+
+            first.signal(signal.SIGTERM)
+            assert 0 == first.wait_exit(60)
+            stopped = time.time()
+            # No replica up: the one alert that needs none.
+            wait_until(
+                lambda: query(client, expressions["PgcrondNoReplicaUp"]),
+                15,
+                "PgcrondNoReplicaUp's expression to return data",
+            )
+            # gap's ticks (misfire_grace 1s) must be past their window when the
+            # next replica scans, so that it records them MISSED.
+            wait_until(lambda: time.time() > stopped + 2.5, 5, "gap's missed window")
+            second = start("replica-2")
+            second.wait_event(
+                "ticks_accounted", where=lambda e: e.get("job") == "gap" and e["missed"] > 0
+            )
+
+            wanted = {
+                **{
+                    name: expr for name, expr in expressions.items() if name != "PgcrondNoReplicaUp"
+                },
+                **panel_queries(),
+            }
+
+            def empty() -> list[str]:
+                return [name for name, expr in wanted.items() if not query(client, expr)]
+
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: not empty(), 30, "every rule and panel to return data")
+            assert [] == empty(), "no data from these rules and panels"
+            stale = query(client, expressions["PgcrondJobStale"])
+            failing = query(client, expressions["PgcrondJobFailing"])
+            missed = query(client, expressions["PgcrondTicksMissed"])
+    assert ["broken"] == [sample["metric"]["cronjob"] for sample in stale]
+    assert ["broken"] == [sample["metric"]["cronjob"] for sample in failing]
+    assert "gap" in [sample["metric"]["cronjob"] for sample in missed]

@@ -85,11 +85,11 @@ def test_metrics_of_a_running_daemon_move_after_runs(
 
         def two_successes() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
             found = samples(get(url)[1])
-            key = ("pgcrond_runs_total", (("job", "every"), ("outcome", "success")))
+            key = ("pgcrond_runs_total", (("cronjob", "every"), ("outcome", "success")))
             return found if found.get(key, 0) >= 2 else None
 
         found = wait_until(two_successes, 15, "two successful runs in /metrics")
-    job = (("job", "every"),)
+    job = (("cronjob", "every"),)
     assert found[("pgcrond_fires_total", job)] >= 2
     assert found[("pgcrond_wins_total", job)] >= 2
     assert found[("pgcrond_fire_lateness_seconds_count", job)] >= 2

@@ -35,7 +35,9 @@ import psycopg
 import pytest
 import yaml
 
+from pgcrond.config import fields
 from pgcrond.config.loader import load_config
+from pgcrond.core.durations import format_duration
 from pgcrond.errors import PgcrondError
 from pgcrond.storage.embedded import find_bindir, free_port
 from tests import deploy_contract as contract
@@ -43,7 +45,7 @@ from tests import deploy_contract as contract
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 UNIT = DEPLOY / "systemd" / "pgcrond.service"
-FALLBACK_DROP_IN = DEPLOY / "systemd" / "systemd-before-253.conf"
+NOTIFY_RELOAD_DROP_IN = DEPLOY / "systemd" / "notify-reload.conf"
 K8S = DEPLOY / "kubernetes"
 COMPOSE = DEPLOY / "compose.yaml"
 DOCKERFILE = REPO / "Dockerfile"
@@ -162,22 +164,12 @@ def unit_with_local_program(tmp_path: Path) -> Path:
     """The unit verbatim except ExecStart's program, which must exist for verify.
 
     Only the path of the executable changes (to this venv's console script);
-    every argument and every other line is checked as shipped. On systemd
-    older than 253, ``Type=notify-reload`` is replaced by the lines of the
-    shipped drop-in for older systemd, as installing that drop-in would do.
+    every argument and every other line is checked as shipped.
     """
     program = shutil.which(contract.CONSOLE_SCRIPT, path=str(Path(sys.executable).parent))
     assert program is not None, "the pgcrond console script is not installed in this venv"
     text = UNIT.read_text()
     assert text.count(f"ExecStart={contract.SYSTEMD_EXECUTABLE} ") == 1
-    if systemd_version() < 253:
-        # This systemd does not know Type=notify-reload: check the unit as the
-        # documented drop-in for older systemd makes it.
-        fallback = parse_unit(FALLBACK_DROP_IN)["Service"]
-        text = text.replace(
-            "Type=notify-reload\n",
-            "".join(f"{key}={value[0]}\n" for key, value in fallback.items()),
-        )
     copy = tmp_path / UNIT.name
     copy.write_text(
         text.replace(f"ExecStart={contract.SYSTEMD_EXECUTABLE} ", f"ExecStart={program} ")
@@ -185,17 +177,46 @@ def unit_with_local_program(tmp_path: Path) -> Path:
     return copy
 
 
-@pytest.mark.usefixtures("subprocesses")
-def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
-    """No unknown keys, no bad values, an executable ExecStart: verify says nothing."""
-    analyze = systemd_analyze()
-    unit = unit_with_local_program(tmp_path)
+def verify_complaints(unit: Path) -> list[str]:
+    """What ``systemd-analyze verify`` says about ``unit`` and its drop-ins (nothing: clean)."""
     result = subprocess.run(
-        [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=30, check=False
+        [systemd_analyze(), "verify", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     # verify also reports on unrelated units of the host; only ours must be clean.
     ours = [line for line in result.stderr.splitlines() if unit.name in line]
-    assert (0, []) == (result.returncode, ours), result.stderr
+    assert 0 == result.returncode, result.stderr
+    return ours
+
+
+@pytest.mark.usefixtures("subprocesses")
+def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    """No unknown keys, no bad values, an executable ExecStart: verify says nothing."""
+    assert [] == verify_complaints(unit_with_local_program(tmp_path))
+
+
+@pytest.mark.usefixtures("subprocesses")
+def test_the_notify_reload_drop_in_verifies_on_253_and_is_refused_by_older_systemd(
+    tmp_path: Path,
+) -> None:
+    """Installed as ``pgcrond.service.d/notify-reload.conf``: clean on systemd 253+.
+
+    Older systemd names notify-reload as the one thing it does not know (and
+    would run the service as Type=simple): why the unit's default is notify.
+    """
+    unit = unit_with_local_program(tmp_path)
+    drop_ins = tmp_path / f"{unit.name}.d"
+    drop_ins.mkdir()
+    shutil.copy(NOTIFY_RELOAD_DROP_IN, drop_ins / NOTIFY_RELOAD_DROP_IN.name)
+    complaints = verify_complaints(unit)
+    if systemd_version() >= 253:
+        assert [] == complaints
+    else:
+        assert 1 == len(complaints), complaints
+        assert "Failed to parse service type, ignoring: notify-reload" in complaints[0]
 
 
 @pytest.mark.usefixtures("subprocesses")
@@ -223,19 +244,17 @@ def test_unit_runs_the_daemon_as_documented() -> None:
         contract.SYSTEMD_EXECUTABLE, contract.RUN_COMMAND, "-c", contract.SYSTEMD_CONFIG_DIR
     ] == argv  # fmt: skip
     assert contract.SYSTEMD_ENV_FILE == unit_value(unit, "EnvironmentFile")
-    # notify-reload: systemd sends SIGHUP on `systemctl reload` and waits for RELOADING=1/READY=1.
-    assert ("notify-reload", "main") == (
-        unit_value(unit, "Type"),
-        unit_value(unit, "NotifyAccess"),
-    )
+    # notify works on every systemd the daemon supports; `systemctl reload` sends SIGHUP.
+    assert ("notify", "main") == (unit_value(unit, "Type"), unit_value(unit, "NotifyAccess"))
     assert contract.SYSTEMD_WATCHDOG_S == systemd_seconds(unit_value(unit, "WatchdogSec"))
-    # notify-reload sends SIGHUP itself; the drop-in for older systemd sends it by ExecReload.
-    assert "ExecReload" not in unit["Service"]
-    fallback = parse_unit(FALLBACK_DROP_IN)
-    assert "notify" == unit_value(fallback, "Type")
     assert f"/bin/kill -{contract.RELOAD_SIGNAL.removeprefix('SIG')} $MAINPID" == unit_value(
-        fallback, "ExecReload"
+        unit, "ExecReload"
     )
+    # The drop-in for systemd 253+: it sends the signal itself (SIGHUP, its default
+    # ReloadSignal) and waits for RELOADING=1 ... READY=1; the unit's kill is reset.
+    drop_in = parse_unit(NOTIFY_RELOAD_DROP_IN)["Service"]
+    assert {"Type": ["notify-reload"], "ExecReload": [""]} == drop_in
+    assert "SIGHUP" == contract.RELOAD_SIGNAL
     assert contract.STOP_SIGNAL == unit_value(unit, "KillSignal")
     # Only the daemon gets SIGTERM; its jobs are its to drain.
     assert "mixed" == unit_value(unit, "KillMode")
@@ -329,6 +348,9 @@ def test_deployment_matches_the_daemon() -> None:
     assert contract.HTTP_CONTAINER_LISTEN == args[args.index("--http") + 1]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert contract.CONTAINER_CONFIG_DIR == mounts["config"] == config_arg(args)
+    # A subPath mount never sees the kubelet's update; the directory reloads by
+    # itself (tests/test_reload.py: the ConfigMap's symlink swap).
+    assert all("subPath" not in m for m in container["volumeMounts"] if m["name"] == "config")
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert manifests["ConfigMap"]["metadata"]["name"] == volumes["config"]["configMap"]["name"]
 
@@ -382,6 +404,73 @@ def test_secret_example_holds_a_placeholder_not_a_password() -> None:
 
 
 # --- the shipped job configs -------------------------------------------------
+
+EXAMPLE = REPO / "config" / "example.yaml"
+# Where each table's fields go in a config file, as the message tells the reader.
+PLACES = {
+    "top": (fields.TOP, "add at the top level:"),
+    "database": (fields.DATABASE, "add under database:"),
+    "http": (fields.HTTP, "add under http:"),
+    "job": (fields.JOB, "add under a job:"),
+}
+
+
+def example_default(field: fields.Field) -> str:
+    """A field's default as YAML would spell it, or a placeholder where it has none."""
+    value = field.default
+    if value is fields.REQUIRED or value is None:
+        return "..."
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+
+
+def shown_fields(text: str) -> dict[str, set[str]]:
+    """The keys config/example.yaml shows, live (in their place) or as a commented-out example."""
+    document = yaml.safe_load(text)
+    jobs = [*document["jobs"].values(), document.get("defaults") or {}]
+    commented = set(re.findall(r"^\s*#\s+([a-z_]+):(?:\s|$)", text, flags=re.MULTILINE))
+    return {
+        "top": set(document) | commented,
+        "database": set(document.get("database") or {}) | commented,
+        "http": set(document.get("http") or {}) | commented,
+        "job": set().union(*jobs) | commented,
+    }
+
+
+def missing_fields(text: str) -> list[str]:
+    """One line per field of the table the example does not show: where, and what to write."""
+    shown = shown_fields(text)
+    return [
+        f"  {'add under defaults: or a job:' if field.defaultable else where} "
+        f"{name}: {example_default(field)}  # {field.doc}"
+        for place, (table, where) in PLACES.items()
+        for name, field in table.items()
+        if name not in shown[place]
+    ]
+
+
+def test_the_example_config_shows_every_field_of_the_field_table() -> None:
+    """config/example.yaml is the reference users copy from: no field may be missing."""
+    missing = missing_fields(EXAMPLE.read_text())
+    assert [] == missing, (
+        "config/example.yaml does not show these fields of pgcrond/config/fields.py; add "
+        "each in its place, live or as a commented-out example (# name: value), with its "
+        "default and meaning:\n" + "\n".join(missing)
+    )
+
+
+def test_a_field_missing_from_the_example_is_named_with_its_place_default_and_meaning() -> None:
+    text = EXAMPLE.read_text()
+    text = text.replace("  sql_connections: 4", "  # four connections").replace(
+        "spread: 25ms", "# no sharing"
+    )
+    assert [
+        "  add at the top level: spread: 25ms  # " + fields.TOP["spread"].doc,
+        "  add under database: sql_connections: 4  # " + fields.DATABASE["sql_connections"].doc,
+    ] == missing_fields(text)
 
 
 def shipped_configs(tmp_path: Path) -> dict[str, Path]:

@@ -116,8 +116,8 @@ async def test_a_ready_check_slower_than_its_timeout_answers_503_in_time() -> No
 async def test_metrics_show_a_counter_after_it_is_incremented() -> None:
     metrics = Metrics()
     async with serving(metrics=metrics) as server:
-        metrics.runs.labels(job="nightly", outcome="success").inc()
-        metrics.runs.labels(job="nightly", outcome="success").inc()
+        metrics.runs.labels(cronjob="nightly", outcome="success").inc()
+        metrics.runs.labels(cronjob="nightly", outcome="success").inc()
         status, headers, body = await fetch(server.port, "/metrics")
     assert 200 == status
     assert headers["Content-Type"].startswith("text/plain; version=")
@@ -126,7 +126,7 @@ async def test_metrics_show_a_counter_after_it_is_incremented() -> None:
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for sample in families["pgcrond_runs"].samples
     }
-    assert 2.0 == samples[("pgcrond_runs_total", (("job", "nightly"), ("outcome", "success")))]
+    assert 2.0 == samples[("pgcrond_runs_total", (("cronjob", "nightly"), ("outcome", "success")))]
 
 
 async def test_unknown_paths_are_404_and_other_methods_405() -> None:
@@ -194,8 +194,8 @@ async def scrape(port: int) -> dict[str, Metric]:
 
 async def test_metrics_have_no_created_series_and_carry_build_and_process_metrics() -> None:
     metrics = Metrics()
-    metrics.runs.labels(job="nightly", outcome="success").inc()
-    metrics.run_duration.labels(job="nightly").observe(0.2)
+    metrics.runs.labels(cronjob="nightly", outcome="success").inc()
+    metrics.run_duration.labels(cronjob="nightly").observe(0.2)
     async with serving(metrics=metrics) as server:
         status, headers, body = await fetch(server.port, "/metrics")
     assert 200 == status
@@ -232,31 +232,31 @@ async def test_per_job_series_exist_at_zero_before_any_event_and_follow_a_reload
         }
 
     assert {
-        (("job", job), ("outcome", outcome)): 0.0
+        (("cronjob", job), ("outcome", outcome)): 0.0
         for job in ("nightly", "cache-warm")
         for outcome in ("success", "fail", "timeout", "cancelled")
     } == series(families, "pgcrond_runs_total")
-    assert {(("job", "nightly"),): 0.0, (("job", "cache-warm"),): 0.0} == series(
+    assert {(("cronjob", "nightly"),): 0.0, (("cronjob", "cache-warm"),): 0.0} == series(
         families, "pgcrond_fires_total"
     )
-    assert {(("job", "nightly"),): 0.0, (("job", "cache-warm"),): 0.0} == series(
+    assert {(("cronjob", "nightly"),): 0.0, (("cronjob", "cache-warm"),): 0.0} == series(
         families, "pgcrond_running_jobs"
     )
     # Histograms come with a job's first run (their buckets are most of the memory).
     assert {} == series(families, "pgcrond_run_duration_seconds_count")
     # After the reload: the removed job's series are gone (reasons too), the new one's exist.
-    assert {(("job", "nightly"),): 0.0, (("job", "hourly"),): 0.0} == series(
+    assert {(("cronjob", "nightly"),): 0.0, (("cronjob", "hourly"),): 0.0} == series(
         after, "pgcrond_fires_total"
     )
     assert {} == series(after, "pgcrond_skips_total")
     # No made-up "last success at 1970": that series appears with the first success.
     assert {} == series(after, "pgcrond_job_last_success_timestamp_seconds")
     # Consecutive failures are there from the start, at 0, for exactly the jobs.
-    assert {(("job", "nightly"),): 0.0, (("job", "hourly"),): 0.0} == series(
+    assert {(("cronjob", "nightly"),): 0.0, (("cronjob", "hourly"),): 0.0} == series(
         after, "pgcrond_job_consecutive_failures"
     )
     assert {"nightly", "hourly"} == {
-        dict(labels)["job"] for labels in series(after, "pgcrond_runs_total")
+        dict(labels)["cronjob"] for labels in series(after, "pgcrond_runs_total")
     }
 
 
@@ -302,6 +302,6 @@ async def test_metrics_format_is_negotiated_by_prometheus_clients_encoder(
     runs = {
         s.labels["outcome"]: s.value
         for s in families["pgcrond_runs"].samples
-        if s.name == "pgcrond_runs_total" and s.labels["job"] == "nightly"
+        if s.name == "pgcrond_runs_total" and s.labels["cronjob"] == "nightly"
     }
     assert {"success": 0.0, "fail": 1.0, "timeout": 0.0, "cancelled": 0.0} == runs

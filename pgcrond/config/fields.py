@@ -181,7 +181,14 @@ JOB = _table(
         "when a run fails for good: {webhook: URL, command: [argv], timeout, retries}",
         True,
     ),
-    Field("retry_delay", c.positive_duration, timedelta(seconds=30), "wait between attempts", True),
+    Field(
+        "retry_delay",
+        c.positive_duration,
+        timedelta(seconds=30),
+        "base of the exponential backoff between attempts: the retry after attempt n "
+        "waits between half and all of min(1h, retry_delay * 2^(n-1))",
+        True,
+    ),
     Field(
         "min_hold",
         c.duration,

@@ -9,8 +9,8 @@ no query: ``pgcrond_job_stale`` is computed at scrape time from what is known.
 
 What one replica knows is the table as of its start plus its own finalizes;
 a success another replica recorded since is not seen here. Across replicas,
-``max by (job)`` of the timestamps is the cluster's truth, and a job is stale
-when *every* replica says so (``min by (job) (pgcrond_job_stale)``): the
+``max by (cronjob)`` of the timestamps is the cluster's truth, and a job is stale
+when *every* replica says so (``min by (cronjob) (pgcrond_job_stale)``): the
 shipped rules in ``deploy/prometheus/`` aggregate that way.
 """
 
@@ -142,24 +142,24 @@ class JobAlerts(Collector):
             "pgcrond_job_last_success_timestamp_seconds",
             "Unix time of the job's last SUCCESS in the cluster, as this replica knows it: "
             "the lease table at start, then its own finalizes.",
-            labels=["job"],
+            labels=["cronjob"],
         )
         failure = GaugeMetricFamily(
             "pgcrond_job_last_failure_timestamp_seconds",
             "Unix time of the job's last FAIL in the cluster (released runs aside), as this "
             "replica knows it.",
-            labels=["job"],
+            labels=["cronjob"],
         )
         failures = GaugeMetricFamily(
             "pgcrond_job_consecutive_failures",
             "FAIL runs with no retry left since the job's last SUCCESS, as this replica knows it.",
-            labels=["job"],
+            labels=["cronjob"],
         )
         stale = GaugeMetricFamily(
             "pgcrond_job_stale",
             "1 while the job has not succeeded for longer than its alert_after (jobs with "
             "one only).",
-            labels=["job"],
+            labels=["cronjob"],
         )
         now = self._clock()
         stale_now = self.stale(now)

@@ -323,6 +323,19 @@ class Daemon:
         self._scheduler = scheduler
         self._regroup(self.config.jobs.values())
         scheduler.start()
+        self.metrics.next_fires.follow(self._next_ticks)
+
+    def _next_ticks(self) -> list[tuple[list[str], datetime | None]]:
+        """Each schedule's jobs and next tick, for a scrape (on the render's thread).
+
+        APScheduler's ``get_jobs`` copies its store under its own lock; a
+        reload replaces ``_groups`` whole, so one reference is a consistent map.
+        A schedule added by a reload after the copy shows from the next scrape.
+        """
+        scheduler, groups = self._scheduler, self._groups
+        if scheduler is None:
+            return []
+        return [(groups.get(entry.id, []), entry.next_run_time) for entry in scheduler.get_jobs()]
 
     def _regroup(self, started: Iterable[JobConfig]) -> None:
         """One APScheduler job per distinct schedule, fanning out to its jobs.

@@ -7,8 +7,8 @@ purpose; a *misfire* started later than ``misfire_grace`` after its tick.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from datetime import timedelta
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime, timedelta
 from typing import get_args
 
 from prometheus_client import (
@@ -21,6 +21,8 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from pgcrond import __version__
 from pgcrond.daemon.alerts import JobAlerts
@@ -59,65 +61,71 @@ class Metrics:
         self.build = Info("pgcrond_build", "The running pgcrond release.", registry=r)
         self.build.info({"version": __version__})
         self.fires = Counter(
-            "pgcrond_fires", "Fires of a tick on this replica.", ["job"], registry=r
+            "pgcrond_fires", "Fires of a tick on this replica.", ["cronjob"], registry=r
         )
-        self.wins = Counter("pgcrond_wins", "Fires whose claim won.", ["job"], registry=r)
+        self.wins = Counter("pgcrond_wins", "Fires whose claim won.", ["cronjob"], registry=r)
         self.losses = Counter(
-            "pgcrond_losses", "Fires whose claim lost, by reason.", ["job", "reason"], registry=r
+            "pgcrond_losses",
+            "Fires whose claim lost, by reason.",
+            ["cronjob", "reason"],
+            registry=r,
         )
         self.skips = Counter(
-            "pgcrond_skips", "Fires not run on purpose, by reason.", ["job", "reason"], registry=r
+            "pgcrond_skips",
+            "Fires not run on purpose, by reason.",
+            ["cronjob", "reason"],
+            registry=r,
         )
         self.misfires = Counter(
             "pgcrond_misfires",
             "Ticks not run because their fire came later than misfire_grace.",
-            ["job"],
+            ["cronjob"],
             registry=r,
         )
         self.missed = Counter(
             "pgcrond_missed",
             "Ticks this replica gave up on within their window, by cause: late (a "
             "misfire) or database_unavailable.",
-            ["job", "cause"],
+            ["cronjob", "cause"],
             registry=r,
         )
         self.missed_recorded = Counter(
             "pgcrond_missed_recorded",
             "MISSED rows this replica wrote to the lease table, by reason: no_replica "
             "(found by the scan at start), database_unavailable, late.",
-            ["job", "reason"],
+            ["cronjob", "reason"],
             registry=r,
         )
         self.takeovers = Counter(
             "pgcrond_takeovers",
             "Ticks this replica reclaimed from an owner that stopped heartbeating.",
-            ["job"],
+            ["cronjob"],
             registry=r,
         )
         self.runs = Counter(
-            "pgcrond_runs", "Finished runs, by outcome.", ["job", "outcome"], registry=r
+            "pgcrond_runs", "Finished runs, by outcome.", ["cronjob", "outcome"], registry=r
         )
         self.run_duration = Histogram(
             "pgcrond_run_duration_seconds",
             "Run duration.",
-            ["job"],
+            ["cronjob"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.lateness = Histogram(
             "pgcrond_fire_lateness_seconds",
             "Start of the run minus the tick's intended fire time.",
-            ["job"],
+            ["cronjob"],
             buckets=LATENESS_BUCKETS,
             registry=r,
         )
         self.running = Gauge(
-            "pgcrond_running_jobs", "Runs in progress on this replica.", ["job"], registry=r
+            "pgcrond_running_jobs", "Runs in progress on this replica.", ["cronjob"], registry=r
         )
         self.heartbeat_failures = Counter(
             "pgcrond_heartbeat_failures",
             "Heartbeats that could not reach the database.",
-            ["job"],
+            ["cronjob"],
             registry=r,
         )
         self.database_errors = Counter(
@@ -133,11 +141,14 @@ class Metrics:
         self.alerts = JobAlerts()
         r.register(self.alerts)
 
+        self.next_fires = NextFires()
+        r.register(self.next_fires)
+
         self.paused = Gauge(
             "pgcrond_job_paused",
             "1 while the job is paused (pgcrond pause) or suspended (YAML), as this "
             "replica last learnt it: at start, and from each claim's answer.",
-            ["job"],
+            ["cronjob"],
             registry=r,
         )
 
@@ -182,11 +193,53 @@ class Metrics:
 
 
 def _label_sets(metric: Counter | Gauge | Histogram) -> set[tuple[str, ...]]:
-    """The label values of each child of ``metric``, job first (as declared)."""
+    """The label values of each child of ``metric``, cronjob first (as declared)."""
     found: set[tuple[str, ...]] = set()
     for family in metric.collect():
         for sample in family.samples:
             labels = {k: v for k, v in sample.labels.items() if k != "le"}
-            if "job" in labels:
-                found.add((labels.pop("job"), *labels.values()))
+            if "cronjob" in labels:
+                found.add((labels.pop("cronjob"), *labels.values()))
     return found
+
+
+# What the scheduler will fire next: (the codes that share one schedule, its
+# next tick); a schedule with no tick left has none.
+NextTicks = Callable[[], Iterable[tuple[Iterable[str], datetime | None]]]
+
+
+class NextFires(Collector):
+    """``pgcrond_next_fire_timestamp_seconds``: each job's next tick, read at scrape time.
+
+    Asked of the scheduler when scraped, never stored: it is current as jobs
+    fire and after a reload without anything updating it. The scheduler holds
+    one entry per distinct schedule (``Daemon._regroup``), so a scrape asks
+    it for a handful of times and writes one sample per job: milliseconds at
+    10,000 jobs, on the render's worker thread.
+    """
+
+    def __init__(self) -> None:
+        self._source: NextTicks = lambda: ()
+
+    def follow(self, source: NextTicks) -> None:
+        """Read the next ticks from ``source`` (the running scheduler) from now on."""
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "pgcrond_next_fire_timestamp_seconds",
+            "Unix time of the job's next tick (its run key; jitter fires it up to jitter "
+            "later). Run-once jobs have none.",
+            labels=["cronjob"],
+        )
+        for codes, tick in self._source():
+            if tick is None:
+                continue
+            at = tick.timestamp()
+            for code in codes:
+                family.add_metric([code], at)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        # Without describe(), registering would call collect() to learn the names.
+        return iter(())
