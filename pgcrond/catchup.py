@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from pgcrond.config.loader import JobConfig
+from pgcrond.core.jitter import fire_time
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
 
 # At most this many ticks per job and scan (a per-second job down for a day
@@ -59,6 +60,17 @@ class JobPlan:
 def covered(job: JobConfig) -> bool:
     """Jobs whose every tick has a row: lease-guarded, with ticks (not run-once)."""
     return job.guard == "lease" and not isinstance(job.schedule, OnceSchedule)
+
+
+def superseded_at(job: JobConfig, following: datetime | None) -> datetime | None:
+    """When a tick of ``job`` is superseded: its next tick's fire time, for late_ticks: coalesce.
+
+    ``following`` is the tick after the one fired (the scheduler knows it once
+    per schedule); None when the schedule ends, or the job runs each late tick.
+    """
+    if job.late_ticks != "coalesce" or following is None:
+        return None
+    return fire_time(job.code, following, job.jitter)
 
 
 def newest_ticks(

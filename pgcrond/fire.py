@@ -128,6 +128,7 @@ class Firing:
         follow: bool = True,
         started: bool = False,
         on_start: Callable[[], Awaitable[None]] | None = None,
+        superseded_at: datetime | None = None,
     ) -> FireOutcome:
         """Handle one fire of ``job`` for ``tick``; returns what this replica did.
 
@@ -137,6 +138,9 @@ class Firing:
         replica resuming open ticks at start), so no misfire bound applies.
         ``on_start`` is awaited once this replica won the claim, before the
         first attempt runs (a request's own record that its run started).
+        ``superseded_at``: when the job's next tick fires (a scheduled tick of
+        a job with late_ticks: coalesce); a first claim answered after it
+        gives the tick up as coalesced, so only the newest late tick runs.
         An identity this replica fires already is not fired twice: the call
         returns what that fire comes to.
         """
@@ -148,7 +152,13 @@ class Firing:
         self._in_flight[identity] = done
         try:
             outcome = await self._fire_once(
-                job, tick, identity, follow=follow, started=started, on_start=on_start
+                job,
+                tick,
+                identity,
+                follow=follow,
+                started=started,
+                on_start=on_start,
+                superseded_at=superseded_at,
             )
         except BaseException:
             done.cancel()
@@ -167,11 +177,14 @@ class Firing:
         follow: bool,
         started: bool,
         on_start: Callable[[], Awaitable[None]] | None,
+        superseded_at: datetime | None,
     ) -> FireOutcome:
         self.metrics.fires.labels(job.code).inc()
         bound = log.bind(job=job.code, run_key=identity.run_key)
-        if identity.type == "SCHEDULE" and not started and self._too_late(job, tick):
-            return self._misfire(job, bound, identity, tick, "late")
+        if identity.type == "SCHEDULE" and not started:
+            cause = self._given_up_here(job, tick, superseded_at)
+            if cause is not None:
+                return self._misfire(job, bound, identity, tick, cause)
         guard = self.guards(job)
         try:
             return await self._fire(
@@ -183,6 +196,7 @@ class Firing:
                 follow=follow,
                 started=started,
                 on_start=on_start,
+                superseded_at=superseded_at,
             )
         except Exception as exc:
             # Past every retry: said once, with the error, and the fire ends.
@@ -191,13 +205,19 @@ class Firing:
         finally:
             await guard.forget(identity)
 
-    def _too_late(self, job: JobConfig, tick: datetime) -> bool:
-        # A guard that remembers judges the window in its claim, by the
-        # database's clock, and records the miss itself: this replica's clock
-        # (stepped forward, or running ahead) must not decide for the cluster.
+    def _given_up_here(
+        self, job: JobConfig, tick: datetime, superseded_at: datetime | None
+    ) -> str | None:
+        """Why a guard without history gives a tick up before claiming it: late, coalesced."""
+        # A guard that remembers judges both in its claim, by the database's
+        # clock, and records the miss itself: this replica's clock (stepped
+        # forward, or running ahead) must not decide for the cluster.
         if self.guards(job).remembers:
-            return False
-        return self.clock() - tick > job.misfire_grace
+            return None
+        now = self.clock()
+        if now - tick > job.misfire_grace:
+            return "late"
+        return "coalesced" if superseded_at is not None and now >= superseded_at else None
 
     def _misfire(
         self,
@@ -234,6 +254,7 @@ class Firing:
         follow: bool,
         started: bool,
         on_start: Callable[[], Awaitable[None]] | None,
+        superseded_at: datetime | None,
     ) -> FireOutcome:
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
@@ -247,6 +268,8 @@ class Firing:
                 job.timing,
                 forbid_overlap=job.concurrency == "forbid",
                 deadline=deadline,
+                # Like the misfire bound, coalescing bounds a tick's first start only.
+                superseded_at=superseded_at if deadline is not None else None,
                 suspended=f"suspended: true in {job.source}" if job.suspended else None,
                 spreadable=outcome is None and deadline is not None,
             )
@@ -279,11 +302,14 @@ class Firing:
                 # This replica's clock runs ahead of the database's.
                 await self._sleep_on_grid((answer.wait or timedelta()).total_seconds())
                 continue
-            if answer.reason == "late":
+            if answer.reason in ("late", "coalesced"):
                 if outcome is None:
-                    # A guard with history stored the tick (MISSED/late or FAIL/late).
+                    # A guard with history stored the tick (MISSED/late or
+                    # /coalesced, or FAIL/late).
                     recorded = answer.status is not None
-                    return self._misfire(job, bound, identity, tick, "late", recorded=recorded)
+                    return self._misfire(
+                        job, bound, identity, tick, answer.reason, recorded=recorded
+                    )
                 return outcome
             if answer.reason == "paused":
                 self.metrics.paused.labels(job.code).set(1)

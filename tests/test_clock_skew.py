@@ -91,7 +91,7 @@ async def test_a_fire_the_replica_clock_calls_late_is_judged_by_the_database_and
         config=lambda: config,
         firing=firing,
         spawn=lambda coro: tasks.add(asyncio.ensure_future(coro)),
-        fire_now=lambda *_: None,
+        fire_now=lambda *_, **__: None,
         replica="ahead:1",
         clock=firing.clock,
     )

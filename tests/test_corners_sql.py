@@ -410,7 +410,8 @@ def test_four_running_sql_jobs_leave_a_per_second_job_every_tick(
         f"  schema: {schema}\n"
         "jobs:\n"
         "  every-second:\n"
-        '    {cron: "* * * * * *", command: [/bin/true], misfire_grace: 3s, lease: 2s}\n'
+        '    {cron: "* * * * * *", command: [/bin/true], misfire_grace: 3s, lease: 2s,'
+        "     late_ticks: all}\n"
         f"{sleepers}"
     )
     with cluster(pg_dsn, schema, tmp_path) as running:

@@ -34,6 +34,9 @@ def config(schema: str, jobs: str, *, defaults: str = "", extra: str = "") -> st
         f"{extra}"
         "defaults:\n"
         "  misfire_grace: 30s\n"
+        # Every tick inside its window runs, late or not: these tests judge the
+        # lease's once-per-tick guarantee, not coalescing (tests/test_late_ticks.py).
+        "  late_ticks: all\n"
         # Below misfire_grace, so that a dead winner's tick can be taken over.
         "  lease: 20s\n"
         f"{defaults}"

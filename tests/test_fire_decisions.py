@@ -151,6 +151,47 @@ async def test_an_overlap_refusal_is_a_skip(tmp_path: Path, reason: str) -> None
     assert "skip" == outcome
 
 
+async def test_a_first_claim_after_the_next_tick_is_coalesced_by_the_guard(
+    tmp_path: Path,
+) -> None:
+    """late_ticks: coalesce: a guard with history decides, in its claim."""
+    guard = MemoryGuard()
+    tick, identity = now_tick(-0.5)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard).fire(
+            job(tmp_path, "command: ['true']"), tick, identity, superseded_at=tick
+        )
+    assert "misfire" == outcome
+    assert ["claim"] == guard.calls
+    assert ["coalesced"] == [e["cause"] for e in logs if e["event"] == "tick_missed"]
+
+
+async def test_a_coalesced_tick_under_a_guard_without_history_never_claims(
+    tmp_path: Path,
+) -> None:
+    guard = MemoryGuard(remembers=False)
+    tick, identity = now_tick(-0.5)
+    outcome = await firing(guard).fire(
+        job(tmp_path, "command: ['true']"), tick, identity, superseded_at=tick
+    )
+    assert "misfire" == outcome
+    assert [] == guard.calls
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_retry_is_never_coalesced(tmp_path: Path) -> None:
+    """Coalescing bounds a tick's first start only, like misfire_grace."""
+    guard = MemoryGuard()
+    tick, identity = now_tick(-0.5)
+    # The retry waits at least 400 ms (half of retry_delay): past superseded_at.
+    failing = job(tmp_path, "command: ['false'], retries: 1, retry_delay: 800ms")
+    superseded = datetime.now(UTC) + timedelta(milliseconds=300)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard).fire(failing, tick, identity, superseded_at=superseded)
+    assert "fail" == outcome
+    assert [1, 2] == [e["attempt"] for e in logs if e["event"] == "run_finished"]
+
+
 async def test_a_late_answer_is_a_miss_not_a_run(tmp_path: Path) -> None:
     tick, identity = now_tick()
     guard = MemoryGuard(script=deque([Refused(identity, "late")]))

@@ -455,6 +455,7 @@ def fault_config(schema: str) -> str:
         "    concurrency: allow\n"
         "    lease: 4s\n"
         "    misfire_grace: 12s\n"
+        "    late_ticks: all\n"
         "    retries: 5\n"
         "    retry_delay: 200ms\n"
         "    sql: |\n"

@@ -20,6 +20,7 @@ from pgcrond.core.keys import KeyHash
 Guard = Literal["lease", "advisory"]
 Concurrency = Literal["forbid", "allow"]
 CatchUp = Literal["none", "latest", "all"]
+LateTicks = Literal["coalesce", "all"]
 
 DATABASE_URL_ENV = "PGCROND_DATABASE_URL"
 # The floor of history_retention whatever the jobs say; see models.min_history_retention.
@@ -245,6 +246,14 @@ JOB = _table(
         "none",
         "ticks missed while no replica could run them: none (record MISSED), latest "
         "(run the newest once), all (run each, in order)",
+        True,
+    ),
+    Field(
+        "late_ticks",
+        c.choice(LateTicks),
+        "coalesce",
+        "several ticks due at once inside misfire_grace (a restart, a stall, a clock step): "
+        "coalesce (run the newest, record the others MISSED/coalesced), all (run each)",
         True,
     ),
     Field(

@@ -41,6 +41,7 @@ from pgcrond.config.fields import (
     CatchUp,
     Concurrency,
     Guard,
+    LateTicks,
 )
 from pgcrond.config.models import (
     DEFAULT_CATCH_UP_WINDOW,
@@ -645,6 +646,7 @@ class _Loader:
             suspended=bool(suspended),
             catch_up=cast(CatchUp, merged.get("catch_up", JOB["catch_up"].default)),
             max_catch_up=cast(int, merged.get("max_catch_up", JOB["max_catch_up"].default)),
+            late_ticks=cast(LateTicks, merged.get("late_ticks", JOB["late_ticks"].default)),
             alert_after=cast(
                 timedelta | None, merged.get("alert_after", JOB["alert_after"].default)
             ),

@@ -26,6 +26,7 @@ from pgcrond.config.fields import (
     CatchUp,
     Concurrency,
     Guard,
+    LateTicks,
     default,
 )
 from pgcrond.core.actions import Action
@@ -109,6 +110,7 @@ class JobConfig:
     suspended: bool = default(JOB, "suspended")
     catch_up: CatchUp = default(JOB, "catch_up")
     max_catch_up: int = default(JOB, "max_catch_up")
+    late_ticks: LateTicks = default(JOB, "late_ticks")
     alert_after: timedelta | None = default(JOB, "alert_after")
     # Its own pruning age, or None: the top-level history_retention.
     history_retention: timedelta | None = None

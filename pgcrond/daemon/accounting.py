@@ -26,11 +26,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from pgcrond.catchup import JobPlan, Planned, plan
+from pgcrond.catchup import JobPlan, Planned, plan, superseded_at
 from pgcrond.config.loader import Config, JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for, tick_of
@@ -139,6 +139,14 @@ async def run_catch_up(
     return done
 
 
+class FireNow(Protocol):
+    """Fires a tick like the scheduler would (the daemon tracks it for the drain)."""
+
+    def __call__(
+        self, job: JobConfig, tick: datetime, identity: Identity, *, superseded_at: datetime | None
+    ) -> None: ...
+
+
 @dataclass
 class Accounting:
     """One replica's part in accounting for every tick; see the module docstring."""
@@ -148,7 +156,7 @@ class Accounting:
     firing: Firing
     spawn: Callable[[Coroutine[Any, Any, Any]], None]
     # Fires a tick like the scheduler would (tracked for the drain).
-    fire_now: Callable[[JobConfig, datetime, Identity], None]
+    fire_now: FireNow
     replica: str
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     # How often a scan waiting for another replica's looks again (a read; no row).
@@ -163,7 +171,8 @@ class Accounting:
     def on_miss(
         self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
     ) -> None:
-        if recorded or identity.type != "SCHEDULE" or job.guard != "lease":
+        # A coalesced tick is recorded by the claim that found its successor due.
+        if recorded or cause == "coalesced" or identity.type != "SCHEDULE" or job.guard != "lease":
             return
         # ``tick`` is the fire time (moved by jitter); the row is the tick's.
         fired, tick = tick, tick_of(identity.run_key or "") or tick
@@ -333,7 +342,13 @@ class Accounting:
             job = jobs[job_plan.code]
             for item in job_plan.ticks:
                 if item.action == "due":
-                    self.fire_now(job, item.tick, Identity.schedule(job.code, item.run_key))
+                    # Several due ticks of a job coalesce like the scheduler's late fires.
+                    self.fire_now(
+                        job,
+                        item.tick,
+                        Identity.schedule(job.code, item.run_key),
+                        superseded_at=superseded_at(job, job.schedule.next_after(item.tick)),
+                    )
             catch_up = [p for p in job_plan.ticks if p.action == "run"]
             if catch_up:
                 self.spawn(run_catch_up(self.firing, jobs, catch_up))

@@ -30,6 +30,7 @@ from apscheduler.executors.base import BaseExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 
+from pgcrond import catchup
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.loader import Config, JobConfig, load_config, min_history_retention
 from pgcrond.config.models import prune_rules
@@ -365,10 +366,15 @@ class Daemon:
                 self._spawn_fire(job, datetime.now(UTC), Identity.initial(job.code))
 
     def _on_fire_group(self, key: str, tick: datetime) -> None:
-        for code in self._groups.get(key, ()):
-            self._on_fire(code, tick)
+        codes = self._groups.get(key, ())
+        if not codes:
+            return
+        # Once per schedule, not per job: when this tick is superseded.
+        following = self.config.jobs[codes[0]].schedule.next_after(tick)
+        for code in codes:
+            self._on_fire(code, tick, following)
 
-    def _on_fire(self, code: str, tick: datetime) -> None:
+    def _on_fire(self, code: str, tick: datetime, following: datetime | None) -> None:
         job = self.config.jobs.get(code)
         if job is None or self.stop_requested.is_set():
             return
@@ -380,19 +386,30 @@ class Daemon:
         at = fire_time(code, tick, job.jitter)
         delay = (at - datetime.now(UTC)).total_seconds()
         if delay <= 0:
-            self._fire_at(code, tick, at)
+            self._fire_at(code, tick, at, following)
         else:
-            asyncio.get_running_loop().call_later(delay, self._fire_at, code, tick, at)
+            asyncio.get_running_loop().call_later(delay, self._fire_at, code, tick, at, following)
 
-    def _fire_at(self, code: str, tick: datetime, at: datetime) -> None:
+    def _fire_at(self, code: str, tick: datetime, at: datetime, following: datetime | None) -> None:
         """Fire ``tick`` of ``code`` as due at ``at`` (its jittered fire time)."""
         job = self.config.jobs.get(code)
         if job is None or self.stop_requested.is_set():
             return  # removed by a reload while its shift ran, or stopping
-        self._spawn_fire(job, at, Identity.schedule(code, run_key_for(tick)))
+        self._spawn_fire(
+            job,
+            at,
+            Identity.schedule(code, run_key_for(tick)),
+            superseded_at=catchup.superseded_at(job, following),
+        )
 
     def _spawn_fire(
-        self, job: JobConfig, tick: datetime, identity: Identity, *, started: bool = False
+        self,
+        job: JobConfig,
+        tick: datetime,
+        identity: Identity,
+        *,
+        started: bool = False,
+        superseded_at: datetime | None = None,
     ) -> None:
         assert self._firing is not None
         if self._firing.in_flight(identity):
@@ -401,7 +418,8 @@ class Daemon:
             # the same tick): Firing would join it; no task is needed for that.
             return
         task = asyncio.create_task(
-            self._fire(job, tick, identity, started=started), name=f"fire:{identity}"
+            self._fire(job, tick, identity, started=started, superseded_at=superseded_at),
+            name=f"fire:{identity}",
         )
         self.fire_tasks.add(task)
         task.add_done_callback(self.fire_tasks.discard)
@@ -443,12 +461,20 @@ class Daemon:
             )
 
     async def _fire(
-        self, job: JobConfig, tick: datetime, identity: Identity, *, started: bool = False
+        self,
+        job: JobConfig,
+        tick: datetime,
+        identity: Identity,
+        *,
+        started: bool,
+        superseded_at: datetime | None,
     ) -> None:
         assert self._firing is not None
         # An unexpected error is Firing's to record and log (fire_crashed).
         with structlog.contextvars.bound_contextvars(job=job.code, run_key=identity.run_key):
-            outcome: FireOutcome = await self._firing.fire(job, tick, identity, started=started)
+            outcome: FireOutcome = await self._firing.fire(
+                job, tick, identity, started=started, superseded_at=superseded_at
+            )
         if identity.type == "INITIAL":
             # Says, on every replica and at every start, what became of the
             # run-once job here ("lose" once another replica has it done).

@@ -73,6 +73,10 @@ RefusalReason = Literal[
     # The claim arrived, or would start, later than the tick's misfire window
     # (a guard that keeps history records the tick MISSED/late).
     "late",
+    # A first claim answered once the job's next tick had come (late_ticks:
+    # coalesce): only the newest of late ticks runs (a guard that keeps
+    # history records this one MISSED/coalesced).
+    "coalesced",
     # The job is paused (`pgcrond pause`) or suspended (YAML): a guard that
     # keeps history records the tick SKIPPED; detail says who, when, why.
     "paused",
@@ -110,6 +114,9 @@ class ClaimRequest:
     forbid_overlap: bool = False
     # The end of the misfire window, or None (run-once jobs, retries).
     deadline: datetime | None = None
+    # When the job's next tick fires, for a first claim of a job with
+    # late_ticks: coalesce: a claim answered after it is refused "coalesced".
+    superseded_at: datetime | None = None
     # suspended: true in the YAML (the text says where): refused "paused" like
     # a pause in the database. Manual run keys are never paused.
     suspended: str | None = None

@@ -100,6 +100,7 @@ class LeaseGuard(Guard):
                 owner_token=token,
                 fire_time=request.tick if identity.type == "SCHEDULE" else None,
                 late_after=request.deadline,
+                superseded_at=request.superseded_at,
                 suspended=request.suspended,
             ),
             bound,

@@ -78,6 +78,9 @@ class MemoryGuard(Guard):
         if request.deadline is not None and now > request.deadline:
             return Refused(identity, "late")
         row = self.rows.get(identity)
+        if request.superseded_at is not None and now >= request.superseded_at:
+            # As the claim statement does: a row another claim wrote answers.
+            return Refused(identity, "coalesced") if row is None else _refusal(identity, row, now)
         if row is not None:
             reclaimable = (
                 row.status == "FAIL" and row.retry_at is not None and row.retry_at <= now

@@ -39,7 +39,7 @@ T = TypeVar("T")
 log = structlog.get_logger("pgcrond.storage.leases")
 
 NotAcquiredReason = Literal[
-    "held", "done", "failed", "retry_pending", "overlap", "not_due", "late", "paused"
+    "held", "done", "failed", "retry_pending", "overlap", "not_due", "late", "coalesced", "paused"
 ]
 MAX_ERROR_LENGTH = 4000
 # How long a finalize waits for the outcomes of other runs still open on this
@@ -228,6 +228,7 @@ class LeaseStore:
         owner_token: uuid.UUID | None = None,
         fire_time: datetime | None = None,
         late_after: datetime | None = None,
+        superseded_at: datetime | None = None,
         suspended: str | None = None,
     ) -> Acquired | NotAcquired:
         """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row.
@@ -239,6 +240,10 @@ class LeaseStore:
         ``fire_time`` / ``late_after``: by the database clock, a claim before
         the first is refused ``not_due`` (with the wait), after the second
         ``late`` (and the tick, if it has no row, recorded MISSED/late).
+        ``superseded_at``: when the job's next tick fires (late_ticks:
+        coalesce); a first claim after it, by the database clock, is refused
+        ``coalesced`` and the tick, if it has no row, recorded MISSED/coalesced
+        (a row another replica wrote is answered as usual).
         A tick of a paused job (``pgcrond pause``), or of a ``suspended`` one
         (the text says where it is suspended), is recorded SKIPPED and refused
         ``paused``; a manual run key (not a tick's) is never paused.
@@ -250,6 +255,7 @@ class LeaseStore:
             forbid_overlap and identity.type == "SCHEDULE",
             fire_time,
             late_after,
+            superseded_at,
             suspended,
         )
         return await self._claims.submit(request)
@@ -276,6 +282,7 @@ class LeaseStore:
                 "forbid_overlap": [r.forbid_overlap for r in batch],
                 "fire_times": [r.fire_time for r in batch],
                 "late_after": [r.late_after for r in batch],
+                "superseded_at": [r.superseded_at for r in batch],
                 "pausable": [r.pausable for r in batch],
                 "suspended": [r.suspended if r.pausable else None for r in batch],
                 "owner": self.owner,
@@ -587,6 +594,7 @@ class _ClaimRequest:
     forbid_overlap: bool
     fire_time: datetime | None = None
     late_after: datetime | None = None
+    superseded_at: datetime | None = None
     suspended: str | None = None
 
     @property
@@ -634,8 +642,9 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
         # A run-once job while paused: no row, so it runs once resumed.
         return NotAcquired(identity, "paused", None, None, detail=row["detail"])
     if status == "MISSED" and row["claimed"]:
-        # Past its window, and this claim recorded the tick MISSED/late.
-        return NotAcquired(identity, "late", status, owner, attempt=attempt, detail=row["detail"])
+        # Past its window or coalesced, and this claim recorded the tick MISSED.
+        missed: NotAcquiredReason = "coalesced" if row["reason"] == "coalesced" else "late"
+        return NotAcquired(identity, missed, status, owner, attempt=attempt, detail=row["detail"])
     if status == "SKIPPED" and row["claimed"]:
         reason: NotAcquiredReason = "overlap" if row["reason"] == "overlap" else "paused"
         return NotAcquired(identity, reason, status, owner, attempt=attempt, detail=row["detail"])

@@ -25,6 +25,10 @@ ON CONFLICT (code) DO UPDATE SET code = EXCLUDED.code WHERE false
 -- comes back as NOT_DUE (expires_at then carries the fire time, so the caller
 -- knows how long to wait); one after its misfire deadline records the tick
 -- MISSED/late when it has no row yet (else touches nothing) and comes back LATE.
+-- A first claim answered once the job's next tick has come (superseded_at, sent
+-- for jobs with late_ticks: coalesce) records the tick MISSED/coalesced when it
+-- has no row yet, or is answered with the row another replica wrote: of
+-- several late ticks only the newest runs, judged by the database's clock.
 -- A paused job (a row of the job-state table for its code or '*') or a
 -- suspended one (suspended: true, sent with the claim) has a new tick recorded
 -- SKIPPED with who, when and why, and its retries and takeovers refused
@@ -36,9 +40,9 @@ WITH request AS (
         %(lock_keys)s::text[], %(types)s::text[], %(codes)s::text[], %(run_keys)s::text[],
         %(owner_tokens)s::uuid[], %(lease_ms)s::bigint[], %(forbid_overlap)s::boolean[],
         %(fire_times)s::timestamptz[], %(late_after)s::timestamptz[],
-        %(pausable)s::boolean[], %(suspended)s::text[]
+        %(superseded_at)s::timestamptz[], %(pausable)s::boolean[], %(suspended)s::text[]
     ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap,
-            fire_time, late_after, pausable, suspended)
+            fire_time, late_after, superseded_at, pausable, suspended)
 ), mine AS MATERIALIZED (
     -- The existing rows, locked without waiting: a row another transaction
     -- holds (an sql: job's own, while its statements run) is refused as held
@@ -47,6 +51,12 @@ WITH request AS (
     SELECT e.lock_key FROM {table} e JOIN request r ON r.lock_key = e.lock_key
     ORDER BY e.lock_key
     FOR UPDATE OF e SKIP LOCKED
+), due AS (
+    SELECT r.*,
+           r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
+             AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after)
+             AND clock_timestamp() >= r.superseded_at AS coalesced
+    FROM request r
 ), checked AS (
     SELECT r.*, EXISTS (
         SELECT 1 FROM {table} e
@@ -58,16 +68,17 @@ WITH request AS (
           AND o.lock_key <> r.lock_key
     ) AS busy,
     (r.fire_time IS NULL OR r.fire_time <= clock_timestamp())
-      AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after) AS timely,
+      AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after)
+      AND r.coalesced IS NOT TRUE AS timely,
     r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
-      AND clock_timestamp() > r.late_after AS missed,
+      AND (clock_timestamp() > r.late_after OR r.coalesced IS TRUE) AS missed,
     CASE WHEN r.suspended IS NOT NULL THEN 'suspended'
          WHEN p.code IS NOT NULL THEN 'paused' END AS pause_reason,
     CASE WHEN r.suspended IS NOT NULL THEN r.suspended
          WHEN p.code IS NOT NULL THEN
              'paused by ' || p.paused_by || ' at ' || p.paused_at
              || coalesce(': ' || p.reason, '') END AS pause_detail
-    FROM request r
+    FROM due r
     -- The primary key holds at most two rows here: the job's and '*'.
     LEFT JOIN LATERAL (
         SELECT s.code, s.paused_by, s.paused_at, s.reason
@@ -94,9 +105,16 @@ WITH request AS (
            CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp()
                 ELSE clock_timestamp() + c.lease_ms * interval '1 millisecond' END,
            CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp() END,
-           CASE WHEN c.missed THEN 'late' WHEN c.pause_reason IS NOT NULL THEN c.pause_reason
+           CASE WHEN c.coalesced THEN 'coalesced' WHEN c.missed THEN 'late'
+                WHEN c.pause_reason IS NOT NULL THEN c.pause_reason
                 WHEN c.busy THEN 'overlap' END,
-           CASE WHEN c.missed THEN
+           CASE WHEN c.coalesced THEN
+                    'coalesced: ' || %(owner)s || ' claimed it '
+                    || date_trunc('milliseconds', clock_timestamp() - c.fire_time)
+                    || ' after the tick, when the next tick (due '
+                    || to_char(c.superseded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                    || ') had come; late_ticks: coalesce runs the newest of late ticks only'
+                WHEN c.missed THEN
                     'replica too late: ' || %(owner)s || ' claimed it '
                     || date_trunc('milliseconds', clock_timestamp() - c.fire_time)
                     || ' after the tick, past misfire_grace '
@@ -147,7 +165,8 @@ SELECT false, e.lock_key, e.id, e.status, e.owner, e.owner_token, e.attempt, e.f
        clock_timestamp()
 FROM {table} e
 JOIN checked c ON c.lock_key = e.lock_key
-WHERE c.timely AND NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = e.lock_key)
+-- A coalesced tick that has a row is answered with it: another replica ran it.
+WHERE (c.timely OR c.coalesced) AND NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = e.lock_key)
 UNION ALL
 SELECT false, c.lock_key, NULL,
        CASE WHEN c.timely THEN 'PAUSED' WHEN c.fire_time > clock_timestamp() THEN 'NOT_DUE'
@@ -156,6 +175,7 @@ SELECT false, c.lock_key, NULL,
        false, clock_timestamp()
 FROM checked c
 WHERE NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = c.lock_key)
+  AND c.coalesced IS NOT TRUE
   AND (NOT c.timely
        OR (c.pause_reason IS NOT NULL AND c.type = 'INITIAL'
            AND NOT EXISTS (SELECT 1 FROM {table} e WHERE e.lock_key = c.lock_key)))
