@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -28,6 +29,7 @@ examples:
 environment:
   PGCROND_DATABASE_URL   database URL; overrides database.url in the config
   PGCROND_REPLICA        run: this replica's name, like --replica
+  NO_COLOR               set (not empty): no colour in log lines unless --color always
 """
 
 # command name -> "module:function"; each function takes the parsed namespace
@@ -97,8 +99,18 @@ def _listen(text: str) -> str:
     return text
 
 
-def _add_json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+def _add_output(parser: argparse.ArgumentParser, wide: str = "as text") -> None:
+    """One convention for every command that prints: ``-o text|wide|json``, ``--json`` kept."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=["text", "wide", "json"],
+        default="text",
+        help=f"text (default), wide ({wide}), or json: one JSON document on stdout",
+    )
+    parser.add_argument(
+        "--json", dest="output", action="store_const", const="json", help="the same as -o json"
+    )
 
 
 def _add_logging(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +125,12 @@ def _add_logging(parser: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning", "error"],
         default="info",
         help="lowest level logged (default: info)",
+    )
+    parser.add_argument(
+        "--color",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="colour console log lines (default: auto, on a terminal unless NO_COLOR is set)",
     )
 
 
@@ -137,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config(check, required=False)
     _add_paths(check)
-    _add_json(check)
+    _add_output(check)
     check.add_argument(
         "--strict", action="store_true", help="an unset ${VAR} is an error, as for `run`"
     )
@@ -155,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--job", metavar="CODE", help="only this job")
     nxt.add_argument("-n", type=int, default=5, metavar="N", help="how many (default: 5)")
     nxt.add_argument("--from", dest="start", metavar="ISO", help="start after this instant")
-    _add_json(nxt)
+    _add_output(nxt)
 
     run = sub.add_parser(
         "run",
@@ -185,11 +203,18 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = sub.add_parser("migrate", help="create or upgrade the lease table")
     _add_config(migrate, required=False)
     _add_database(migrate)
+    _add_output(migrate)
 
-    status = sub.add_parser("status", help="one row per job: next fire, last run, running now")
+    status = sub.add_parser(
+        "status",
+        help="one row per job: next fire, last run, running now",
+        description="One row per job, 7 columns that fit 100 characters: JOB, SCHEDULE, GUARD, "
+        "NEXT FIRE, LAST RUN, RUNNING, FAILS. -o wide adds where and how long, the last tick, "
+        "success and failure, misses in 24 h and the pause; -o json has all of it.",
+    )
     _add_config(status)
     _add_database(status)
-    _add_json(status)
+    _add_output(status, wide="times, owners, last tick, success, failure, misses, pause")
 
     history = sub.add_parser("history", help="past runs, newest first")
     _add_config(history, required=False)
@@ -202,7 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="only this status",
     )
     history.add_argument("--limit", type=int, default=50, metavar="N", help="default: 50")
-    _add_json(history)
+    history.add_argument(
+        "--all",
+        action="store_true",
+        help="also pgcrond's own rows (pgcrond:catch-up, pgcrond:prune), hidden by default",
+    )
+    _add_output(history)
 
     trigger = sub.add_parser(
         "trigger",
@@ -225,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not run it here: record a request that one daemon replica runs, print the "
         "run key and exit 0 (see the outcome with `pgcrond history --job CODE`)",
     )
+    _add_output(trigger)
     _add_logging(trigger)
 
     unlock = sub.add_parser("unlock", help="release a stuck run, or allow a run-once job again")
@@ -234,12 +265,16 @@ def build_parser() -> argparse.ArgumentParser:
     which = unlock.add_mutually_exclusive_group(required=True)
     which.add_argument("--run-key", metavar="KEY", help="the tick to release")
     which.add_argument("--initial", action="store_true", help="the run-once (INITIAL) row")
-    unlock.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    unlock.add_argument(
+        "--yes", action="store_true", help="do not ask for confirmation (needed with -o json)"
+    )
+    _add_output(unlock)
 
     prune = sub.add_parser("prune", help="delete finished runs older than history_retention")
     _add_config(prune, required=False)
     _add_database(prune)
     prune.add_argument("--older-than", metavar="DURATION", help="default: history_retention")
+    _add_output(prune)
 
     for name, verb in (("pause", "pause"), ("resume", "resume")):
         state = sub.add_parser(
@@ -257,6 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
         state.add_argument("--all", action="store_true", help=f"{verb} every job")
         if name == "pause":
             state.add_argument("--reason", metavar="TEXT", help="why, shown with every skip")
+        state.add_argument(
+            "--by",
+            metavar="NAME",
+            help=f"who {verb}s, recorded beside this host:pid (default: the operator, "
+            "from SUDO_USER, USER or LOGNAME)",
+        )
+        _add_output(state)
 
     catch_up = sub.add_parser(
         "catch-up",
@@ -268,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(catch_up)
     _add_database(catch_up)
     catch_up.add_argument("--dry-run", action="store_true", help="print the plan only")
-    _add_json(catch_up)
+    _add_output(catch_up)
     _add_logging(catch_up)
 
     return parser
@@ -284,8 +326,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"{args.command}: give the config: -c PATH (or just PATH)")
     module_name, function_name = HANDLERS[args.command].split(":")
     handler = getattr(importlib.import_module(module_name), function_name)
-    code: int = handler(args)
+    try:
+        code: int = handler(args)
+        # Buffered output meets a closed pipe here, not at exit where it could not be caught.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _pipe_closed()
     return int(code)
+
+
+def _pipe_closed() -> int:
+    """The reader left (``| head -1``): exit quietly, as the Python docs' recipe does.
+
+    stdout is pointed at /dev/null so that the interpreter's flush at exit finds
+    nowhere to fail and prints no second traceback.
+    """
+    from pgcrond.errors import ExitCode
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return ExitCode.PIPE_CLOSED
 
 
 if __name__ == "__main__":

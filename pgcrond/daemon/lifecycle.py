@@ -184,7 +184,8 @@ class Daemon:
             )
             await self.stop_requested.wait()
             await self._shutdown()
-            return 0
+            # A forced stop is not a clean one: a supervisor or script can tell them apart.
+            return ExitCode.INTERRUPTED if self.stop_now.is_set() else ExitCode.OK
         finally:
             await self._close()
 
@@ -663,8 +664,9 @@ def _advisory_pool_size(config: Config) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """``pgcrond run``: exit 2 on a bad config (all errors printed), 0 after a clean stop."""
-    configure(args.log_format, args.log_level)
+    """``pgcrond run``: exit 2 on a bad config (all errors printed), 0 after a clean stop,
+    130 after a second SIGINT cut the drain short."""
+    configure(args.log_format, args.log_level, args.color)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
         config = load_config(args.config, database_url=args.database_url)
