@@ -32,7 +32,7 @@ from apscheduler.triggers.base import BaseTrigger
 
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.loader import Config, JobConfig, load_config, min_history_retention
-from pgcrond.config.models import prune_rules
+from pgcrond.config.models import changed_fields, prune_rules
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
@@ -529,7 +529,14 @@ class Daemon:
         if self._advisory_db is not None:
             await self._advisory_db.resize(_advisory_pool_size(new))
         self.metrics.set_jobs(new.jobs, _alert_after(new))
-        log.info("config_reloaded", added=added, removed=removed, changed=changed)
+        log.info(
+            "config_reloaded",
+            added=added,
+            removed=removed,
+            changed=changed,
+            # How each changed: the names of its fields that differ (schedule, timeout, ...).
+            changes={code: changed_fields(old_jobs[code], new.jobs[code]) for code in changed},
+        )
 
     def _running(self) -> list[str]:
         return [] if self._firing is None else list(self._firing.running)
