@@ -25,6 +25,7 @@ examples:
   pgcrond run -c config/example.yaml            run the daemon
   pgcrond status -c config/                     what runs, what ran, what failed
   pgcrond history --job nightly --status FAIL   past failures of one job
+  pgcrond init && pgcrond check pgcrond.yaml    start a config from a commented template
 
 environment:
   PGCROND_DATABASE_URL   database URL; overrides database.url in the config
@@ -48,6 +49,9 @@ HANDLERS: dict[str, str] = {
     "pause": "pgcrond.ops.accounting:pause_command",
     "resume": "pgcrond.ops.accounting:resume_command",
     "catch-up": "pgcrond.ops.accounting:catch_up_command",
+    "init": "pgcrond.ops.starter:init_command",
+    "completion": "pgcrond.ops.shell:completion_command",
+    "manpage": "pgcrond.ops.shell:manpage_command",
 }
 
 
@@ -312,6 +316,36 @@ def build_parser() -> argparse.ArgumentParser:
     catch_up.add_argument("--dry-run", action="store_true", help="print the plan only")
     _add_output(catch_up)
     _add_logging(catch_up)
+
+    init = sub.add_parser(
+        "init",
+        help="write a commented starter config",
+        description="Write a commented starter config that `pgcrond check` accepts: one lease "
+        "job, one advisory job, the database from PGCROND_DATABASE_URL. Refuses to overwrite "
+        "an existing file without --force. Exit 0: written; 2: not.",
+    )
+    init.add_argument(
+        "path", nargs="?", default="pgcrond.yaml", metavar="PATH",
+        help="where to write it (default: pgcrond.yaml; '-' prints it)",
+    )  # fmt: skip
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print the completion script of bash, zsh or fish, generated from this "
+        "parser. Install: see docs/operations.md (e.g. `pgcrond completion bash > "
+        "~/.local/share/bash-completion/completions/pgcrond`).",
+    )
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"])
+
+    sub.add_parser(
+        "manpage",
+        help="print the manual page (roff)",
+        description="Print pgcrond(1), the manual page shipped in the package. Read it with "
+        "`pgcrond manpage | man -l -`, install it with "
+        "`pgcrond manpage > ~/.local/share/man/man1/pgcrond.1`.",
+    )
 
     return parser
 
