@@ -45,7 +45,7 @@ def completion(parser: argparse.ArgumentParser, shell: str) -> str:
             if action.dest in PATH_DESTS:
                 action.complete = shtab.FILE  # type: ignore[attr-defined]
     script: str = shtab.complete(parser, shell=shell)
-    return script
+    return script if script.endswith("\n") else script + "\n"
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
