@@ -183,8 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run the daemon (one replica)",
         description="Run one replica: fire every job's ticks, claim each through its guard, "
-        "run the ones won. SIGTERM/SIGINT drain (running jobs get shutdown_grace), a second "
-        "SIGINT stops at once, SIGHUP reloads the config (a bad one is rejected).",
+        "run the ones won. SIGTERM/SIGINT drain (running jobs get shutdown_grace; exit 0), a "
+        "second SIGINT stops at once (exit 130), SIGHUP reloads the config (a bad one is "
+        "rejected).",
     )
     _add_config(run)
     _add_database(run)
