@@ -27,6 +27,14 @@ examples:
   pgcrond history --job nightly --status FAIL   past failures of one job
   pgcrond init && pgcrond check pgcrond.yaml    start a config from a commented template
 
+output:
+  -o text|wide|json on every command that prints (--json = -o json): one JSON
+  document on stdout; `pgcrond completion bash|zsh|fish`, `pgcrond manpage`
+
+exit codes:
+  0 done, 1 ran but not done, 2 error (one line on stderr), 3 not run here
+  (trigger, catch-up), 130 run stopped by a second SIGINT, 141 stdout closed
+
 environment:
   PGCROND_DATABASE_URL   database URL; overrides database.url in the config
   PGCROND_REPLICA        run: this replica's name, like --replica
