@@ -371,6 +371,10 @@ def test_zsh_and_fish_completions_name_every_command() -> None:
         "complete -c pgcrond -n '__fish_seen_subcommand_from status' "
         "-s o -l output -x -a 'text wide json'" in fish.stdout
     )
+    assert (
+        "complete -c pgcrond -n '__fish_seen_subcommand_from completion' -a 'bash zsh fish'"
+        in fish.stdout
+    )
 
 
 @pytest.mark.usefixtures("subprocesses")

@@ -77,7 +77,10 @@ def _fish(parser: argparse.ArgumentParser) -> str:
             if isinstance(action, argparse._HelpAction):
                 continue
             if not action.option_strings:
-                if action.dest in PATH_DESTS:
+                if action.choices is not None:
+                    choices = shlex.quote(" ".join(map(str, action.choices)))
+                    lines.append(f"complete -c {prog} -n {when} -a {choices}")
+                elif action.dest in PATH_DESTS:
                     lines.append(f"complete -c {prog} -n {when} -F")
                 continue
             flags = []
