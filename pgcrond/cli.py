@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -24,10 +25,20 @@ examples:
   pgcrond run -c config/example.yaml            run the daemon
   pgcrond status -c config/                     what runs, what ran, what failed
   pgcrond history --job nightly --status FAIL   past failures of one job
+  pgcrond init && pgcrond check pgcrond.yaml    start a config from a commented template
+
+output:
+  -o text|wide|json on every command that prints (--json = -o json): one JSON
+  document on stdout; `pgcrond completion bash|zsh|fish`, `pgcrond manpage`
+
+exit codes:
+  0 done, 1 ran but not done, 2 error (one line on stderr), 3 not run here
+  (trigger, catch-up), 130 run stopped by a second SIGINT, 141 stdout closed
 
 environment:
   PGCROND_DATABASE_URL   database URL; overrides database.url in the config
   PGCROND_REPLICA        run: this replica's name, like --replica
+  NO_COLOR               set (not empty): no colour in log lines unless --color always
 """
 
 # command name -> "module:function"; each function takes the parsed namespace
@@ -46,6 +57,9 @@ HANDLERS: dict[str, str] = {
     "pause": "pgcrond.ops.accounting:pause_command",
     "resume": "pgcrond.ops.accounting:resume_command",
     "catch-up": "pgcrond.ops.accounting:catch_up_command",
+    "init": "pgcrond.ops.starter:init_command",
+    "completion": "pgcrond.ops.shell:completion_command",
+    "manpage": "pgcrond.ops.shell:manpage_command",
 }
 
 
@@ -97,8 +111,18 @@ def _listen(text: str) -> str:
     return text
 
 
-def _add_json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+def _add_output(parser: argparse.ArgumentParser, wide: str = "as text") -> None:
+    """One convention for every command that prints: ``-o text|wide|json``, ``--json`` kept."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=["text", "wide", "json"],
+        default="text",
+        help=f"text (default), wide ({wide}), or json: one JSON document on stdout",
+    )
+    parser.add_argument(
+        "--json", dest="output", action="store_const", const="json", help="the same as -o json"
+    )
 
 
 def _add_logging(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +137,12 @@ def _add_logging(parser: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning", "error"],
         default="info",
         help="lowest level logged (default: info)",
+    )
+    parser.add_argument(
+        "--color",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="colour console log lines (default: auto, on a terminal unless NO_COLOR is set)",
     )
 
 
@@ -137,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config(check, required=False)
     _add_paths(check)
-    _add_json(check)
+    _add_output(check)
     check.add_argument(
         "--strict", action="store_true", help="an unset ${VAR} is an error, as for `run`"
     )
@@ -155,14 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--job", metavar="CODE", help="only this job")
     nxt.add_argument("-n", type=int, default=5, metavar="N", help="how many (default: 5)")
     nxt.add_argument("--from", dest="start", metavar="ISO", help="start after this instant")
-    _add_json(nxt)
+    _add_output(nxt)
 
     run = sub.add_parser(
         "run",
         help="run the daemon (one replica)",
         description="Run one replica: fire every job's ticks, claim each through its guard, "
-        "run the ones won. SIGTERM/SIGINT drain (running jobs get shutdown_grace), a second "
-        "SIGINT stops at once, SIGHUP reloads the config (a bad one is rejected).",
+        "run the ones won. SIGTERM/SIGINT drain (running jobs get shutdown_grace; exit 0), a "
+        "second SIGINT stops at once (exit 130), SIGHUP reloads the config (a bad one is "
+        "rejected).",
     )
     _add_config(run)
     _add_database(run)
@@ -185,11 +216,18 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = sub.add_parser("migrate", help="create or upgrade the lease table")
     _add_config(migrate, required=False)
     _add_database(migrate)
+    _add_output(migrate)
 
-    status = sub.add_parser("status", help="one row per job: next fire, last run, running now")
+    status = sub.add_parser(
+        "status",
+        help="one row per job: next fire, last run, running now",
+        description="One row per job, 7 columns that fit 100 characters: JOB, SCHEDULE, GUARD, "
+        "NEXT FIRE, LAST RUN, RUNNING, FAILS. -o wide adds where and how long, the last tick, "
+        "success and failure, misses in 24 h and the pause; -o json has all of it.",
+    )
     _add_config(status)
     _add_database(status)
-    _add_json(status)
+    _add_output(status, wide="times, owners, last tick, success, failure, misses, pause")
 
     history = sub.add_parser("history", help="past runs, newest first")
     _add_config(history, required=False)
@@ -202,7 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="only this status",
     )
     history.add_argument("--limit", type=int, default=50, metavar="N", help="default: 50")
-    _add_json(history)
+    history.add_argument(
+        "--all",
+        action="store_true",
+        help="also pgcrond's own rows (pgcrond:catch-up, pgcrond:prune), hidden by default",
+    )
+    _add_output(history)
 
     trigger = sub.add_parser(
         "trigger",
@@ -225,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not run it here: record a request that one daemon replica runs, print the "
         "run key and exit 0 (see the outcome with `pgcrond history --job CODE`)",
     )
+    _add_output(trigger)
     _add_logging(trigger)
 
     unlock = sub.add_parser("unlock", help="release a stuck run, or allow a run-once job again")
@@ -234,12 +278,16 @@ def build_parser() -> argparse.ArgumentParser:
     which = unlock.add_mutually_exclusive_group(required=True)
     which.add_argument("--run-key", metavar="KEY", help="the tick to release")
     which.add_argument("--initial", action="store_true", help="the run-once (INITIAL) row")
-    unlock.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    unlock.add_argument(
+        "--yes", action="store_true", help="do not ask for confirmation (needed with -o json)"
+    )
+    _add_output(unlock)
 
     prune = sub.add_parser("prune", help="delete finished runs older than history_retention")
     _add_config(prune, required=False)
     _add_database(prune)
     prune.add_argument("--older-than", metavar="DURATION", help="default: history_retention")
+    _add_output(prune)
 
     for name, verb in (("pause", "pause"), ("resume", "resume")):
         state = sub.add_parser(
@@ -257,6 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
         state.add_argument("--all", action="store_true", help=f"{verb} every job")
         if name == "pause":
             state.add_argument("--reason", metavar="TEXT", help="why, shown with every skip")
+        state.add_argument(
+            "--by",
+            metavar="NAME",
+            help=f"who {verb}s, recorded beside this host:pid (default: the operator, "
+            "from SUDO_USER, USER or LOGNAME)",
+        )
+        _add_output(state)
 
     catch_up = sub.add_parser(
         "catch-up",
@@ -268,8 +323,38 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(catch_up)
     _add_database(catch_up)
     catch_up.add_argument("--dry-run", action="store_true", help="print the plan only")
-    _add_json(catch_up)
+    _add_output(catch_up)
     _add_logging(catch_up)
+
+    init = sub.add_parser(
+        "init",
+        help="write a commented starter config",
+        description="Write a commented starter config that `pgcrond check` accepts: one lease "
+        "job, one advisory job, the database from PGCROND_DATABASE_URL. Refuses to overwrite "
+        "an existing file without --force. Exit 0: written; 2: not.",
+    )
+    init.add_argument(
+        "path", nargs="?", default="pgcrond.yaml", metavar="PATH",
+        help="where to write it (default: pgcrond.yaml; '-' prints it)",
+    )  # fmt: skip
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print the completion script of bash, zsh or fish, generated from this "
+        "parser. Install: see docs/operations.md (e.g. `pgcrond completion bash > "
+        "~/.local/share/bash-completion/completions/pgcrond`).",
+    )
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"])
+
+    sub.add_parser(
+        "manpage",
+        help="print the manual page (roff)",
+        description="Print pgcrond(1), the manual page shipped in the package. Read it with "
+        "`pgcrond manpage | man -l -`, install it with "
+        "`pgcrond manpage > ~/.local/share/man/man1/pgcrond.1`.",
+    )
 
     return parser
 
@@ -284,8 +369,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"{args.command}: give the config: -c PATH (or just PATH)")
     module_name, function_name = HANDLERS[args.command].split(":")
     handler = getattr(importlib.import_module(module_name), function_name)
-    code: int = handler(args)
+    try:
+        code: int = handler(args)
+        # Buffered output meets a closed pipe here, not at exit where it could not be caught.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _pipe_closed()
     return int(code)
+
+
+def _pipe_closed() -> int:
+    """The reader left (``| head -1``): exit quietly, as the Python docs' recipe does.
+
+    stdout is pointed at /dev/null so that the interpreter's flush at exit finds
+    nowhere to fail and prints no second traceback.
+    """
+    from pgcrond.errors import ExitCode
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return ExitCode.PIPE_CLOSED
 
 
 if __name__ == "__main__":

@@ -24,6 +24,11 @@ class ExitCode(enum.IntEnum):
     ERROR = 2
     # `trigger`: not run here, because the run key runs or ran elsewhere.
     NOT_RUN_HERE = 3
+    # `run`: a second SIGINT stopped it without draining (128 + SIGINT, as shells report).
+    INTERRUPTED = 130
+    # The reader of stdout went away (`pgcrond next | head -1`): 128 + SIGPIPE,
+    # what a shell reports for `seq` or `cat` in the same place.
+    PIPE_CLOSED = 141
 
 
 class PgcrondError(Exception):

@@ -199,7 +199,7 @@ def test_catch_up_dry_run_prints_what_catch_up_then_does(
                 )
         dry = pgcrond(running, "catch-up", "--dry-run", "--json", "-c", str(path))
         assert 0 == dry.returncode, dry.stderr
-        plan = json.loads(dry.stdout)
+        plan = json.loads(dry.stdout)["plan"]
         done = pgcrond(running, "catch-up", "-c", str(path))
         assert 0 == done.returncode, done.stdout + done.stderr
         rows = {
@@ -225,4 +225,4 @@ def test_catch_up_dry_run_prints_what_catch_up_then_does(
     assert set(planned_run) <= set(started)
     # Nothing is left to account for right after (bar the ticks since).
     assert all(p["action"] != "record MISSED" or p["run_key"] > max(k for _, k in planned_missed)
-               for p in json.loads(again.stdout))  # fmt: skip
+               for p in json.loads(again.stdout)["plan"])  # fmt: skip

@@ -292,6 +292,19 @@ def test_status_shows_next_fire_last_run_running_now_and_failures_per_job(
 
     code, out, _ = run(capsys, "status", "-c", config, "--database-url", pg_dsn)
     assert 0 == code
+    assert max(len(line) for line in out.splitlines()) <= 100
+    header, *table = [re.split(r"\s{2,}", line) for line in out.splitlines()]
+    assert ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING", "FAILS"] == header
+    narrow = {row[0]: row for row in table}
+    assert ["0 3 * * *", "lease"] == narrow["nightly"][1:3]
+    assert re.fullmatch(r"in [0-9dhms]+", narrow["nightly"][3])
+    assert re.fullmatch(r"FAIL/timeout [0-9dhms]+ ago", narrow["nightly"][4])
+    assert ["web-3:300", "2"] == narrow["nightly"][5:]
+    assert ["web-9:900 (STALE)", "0"] == narrow["hourly"][5:]
+    assert ["once", "lease", "never"] == narrow["seed"][1:4]
+
+    code, out, _ = run(capsys, "status", "-c", config, "--database-url", pg_dsn, "-o", "wide")
+    assert 0 == code
     header, *table = [re.split(r"\s{2,}", line) for line in out.splitlines()]
     assert [
         "JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING NOW", "FAILS",

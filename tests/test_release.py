@@ -162,6 +162,21 @@ def test_the_installed_check_accepts_the_example_config(installed: Installed) ->
     assert 0 == result.returncode, result.stdout + result.stderr
 
 
+def test_the_installed_init_config_passes_check_and_the_manual_and_completion_ship(
+    installed: Installed,
+) -> None:
+    """The starter config and the man page are package data: they come from the wheel."""
+    path = installed.home / "starter.yaml"
+    written = installed.run("init", str(path))
+    checked = installed.run("check", str(path))
+    page = installed.run("manpage")
+    completion = installed.run("completion", "bash")
+    assert (0, 0) == (written.returncode, checked.returncode), written.stderr + checked.stderr
+    assert "config OK: 1 job" in checked.stdout
+    assert (0, '.TH PGCROND "1"') == (page.returncode, page.stdout[:15])
+    assert (0, True) == (completion.returncode, "_shtab_pgcrond" in completion.stdout)
+
+
 def test_the_installed_migrate_creates_the_lease_table(
     installed: Installed, server: LocalServer
 ) -> None:

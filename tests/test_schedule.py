@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -156,13 +157,46 @@ def test_expressions_that_never_fire_are_refused(expr: str) -> None:
         ("* * * *", "expected 5 fields"),
         ("* * * * * * *", "expected 5 fields"),
         ("@every 5m", "unknown macro"),
-        ("@reboot", "@reboot is not supported: use .once: true."),
+        (
+            "@reboot",
+            "@reboot is not supported: a cluster has no boot. 'once: true' is not per "
+            "boot either: it runs the job once per cluster, ever.",
+        ),
+        (
+            "*/90 * * * * *",
+            "second: step 90 in '*/90' is beyond the field's range 0-59: "
+            "it fires only at second 0, not every 90; use a step of at most 60",
+        ),
+        ("*/61 * * * *", "minute: step 61 in '*/61' is beyond the field's range 0-59"),
+        ("0 */25 * * *", "hour: step 25 in '*/25' is beyond the field's range 0-23"),
+        ("0 0 */32 * *", "day-of-month: step 32 in '*/32' is beyond the field's range 1-31"),
+        (
+            "0 0 * 2-11/13 *",
+            "month: step 13 in '2-11/13' is beyond the field's range 1-12: "
+            "it fires only at month 2",
+        ),
         ("", "expected 5 fields"),
     ],
 )
 def test_bad_expressions_name_the_field(expr: str, message: str) -> None:
-    with pytest.raises(ValueError, match="^" + message.replace("*", r"\*").replace("(", r"\(")):
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
         CronSchedule.parse(expr, UTC_ZONE)
+
+
+def test_a_step_as_wide_as_its_field_is_still_allowed() -> None:
+    """'*/60' minutes is every 60 minutes (hourly at :00), which is what it says."""
+    assert ["0"] == [str(m) for m in CronSchedule.parse("*/60 * * * *", UTC_ZONE).minutes]
+
+
+def test_schedules_are_equal_by_expression_and_zone() -> None:
+    """A reload compares jobs: the same definition parsed twice is the same schedule."""
+    berlin = ZoneInfo("Europe/Berlin")
+    assert CronSchedule.parse("0 3 * * *", UTC_ZONE) == CronSchedule.parse("0  3 * * *", UTC_ZONE)
+    assert hash(CronSchedule.parse("0 3 * * *", berlin)) == hash(
+        CronSchedule.parse("0 3 * * *", berlin)
+    )
+    assert CronSchedule.parse("0 3 * * *", UTC_ZONE) != CronSchedule.parse("0 4 * * *", UTC_ZONE)
+    assert CronSchedule.parse("0 3 * * *", UTC_ZONE) != CronSchedule.parse("0 3 * * *", berlin)
 
 
 # --- seconds ----------------------------------------------------------------

@@ -11,7 +11,7 @@ drives the loader and the JSON Schema.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from pathlib import Path
 from types import MappingProxyType
@@ -115,7 +115,8 @@ class JobConfig:
     # Its own pruning age, or None: the top-level history_retention.
     history_retention: timedelta | None = None
     jitter: timedelta = default(JOB, "jitter")
-    source: str = "<code>"
+    # Where it is written (file:line) is not part of the job: moving it is no change.
+    source: str = field(default="<code>", compare=False)
 
     def __post_init__(self) -> None:
         if self.lock_key is None:
@@ -125,6 +126,15 @@ class JobConfig:
     def is_once(self) -> bool:
         """A run-once job: attempted at start under the INITIAL identity, never on a tick."""
         return isinstance(self.schedule, OnceSchedule)
+
+
+def changed_fields(old: JobConfig, new: JobConfig) -> list[str]:
+    """The names of the fields that differ between two versions of a job (a reload logs them)."""
+    return [
+        spec.name
+        for spec in fields(JobConfig)
+        if spec.compare and getattr(old, spec.name) != getattr(new, spec.name)
+    ]
 
 
 @dataclass(frozen=True)

@@ -140,22 +140,33 @@ def _parse_item(item: str, spec: _Field) -> range:
             raise ValueError(f"{spec.name}: step {step_text!r} must be a positive integer")
         step = int(step_text)
     if base == "*":
-        return range(spec.low, spec.high + 1, step)
-    start_text, dash, end_text = base.partition("-")
-    start = _parse_value(start_text, spec)
-    if not dash:
-        if slash:
+        values = range(spec.low, spec.high + 1, step)
+    else:
+        start_text, dash, end_text = base.partition("-")
+        start = _parse_value(start_text, spec)
+        if not dash:
+            if slash:
+                raise ValueError(
+                    f"{spec.name}: a step needs a range or '*', "
+                    f"write '{start_text}-{spec.high}/{step}' or '*/{step}'"
+                )
+            return range(start, start + 1)
+        end = _parse_value(end_text, spec)
+        if end < start:
             raise ValueError(
-                f"{spec.name}: a step needs a range or '*', "
-                f"write '{start_text}-{spec.high}/{step}' or '*/{step}'"
+                f"{spec.name}: range {base!r} runs backwards; write the smaller value first"
             )
-        return range(start, start + 1)
-    end = _parse_value(end_text, spec)
-    if end < start:
+        values = range(start, end + 1, step)
+    size = spec.high - spec.low + 1
+    if step > size:
+        # A step restarts at every wrap of its field: '*/90' seconds fires at
+        # second 0 of each minute, never every 90 seconds, so it is a mistake.
         raise ValueError(
-            f"{spec.name}: range {base!r} runs backwards; write the smaller value first"
+            f"{spec.name}: step {step} in {item!r} is beyond the field's range "
+            f"{spec.low}-{spec.high}: it fires only at {spec.name} {values[0]}, not every "
+            f"{step}; use a step of at most {size}"
         )
-    return range(start, end + 1, step)
+    return values
 
 
 def _parse_value(text: str, spec: _Field) -> int:
@@ -203,13 +214,30 @@ class CronSchedule:
     def __repr__(self) -> str:
         return f"CronSchedule({self.expression!r}, zone={self.zone.key!r})"
 
+    # Equal by definition, the expression as written and the zone, so that a
+    # reload tells an unchanged job from a changed one (the parsed fields
+    # follow from these two; the day cache is not part of the value).
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CronSchedule):
+            return NotImplemented
+        return (self.expression, self.zone.key) == (other.expression, other.zone.key)
+
+    def __hash__(self) -> int:
+        return hash((self.expression, self.zone.key))
+
     @classmethod
     def parse(cls, expression: str, zone: ZoneInfo) -> CronSchedule:
         """Read an expression; raise ``ValueError`` naming the faulty field."""
         text = " ".join(expression.split())
         if text.startswith("@"):
             if text.lower() == "@reboot":
-                raise ValueError("@reboot is not supported: use 'once: true' for a run-once job")
+                raise ValueError(
+                    "@reboot is not supported: a cluster has no boot. 'once: true' is not "
+                    "per boot either: it runs the job once per cluster, ever. The first "
+                    "replica to start runs it; once it has succeeded, no start or restart of "
+                    "any replica runs it again (a failed run is tried at the next start, and "
+                    "`pgcrond unlock CODE --initial` allows one more run)"
+                )
             if text.lower() not in MACROS:
                 raise ValueError(f"unknown macro {text!r}; allowed: {', '.join(MACROS)}")
             fields = ["0", *MACROS[text.lower()].split()]

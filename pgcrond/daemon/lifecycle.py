@@ -33,7 +33,7 @@ from apscheduler.triggers.base import BaseTrigger
 from pgcrond import catchup
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.loader import Config, JobConfig, load_config, min_history_retention
-from pgcrond.config.models import prune_rules
+from pgcrond.config.models import changed_fields, prune_rules
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
@@ -185,7 +185,8 @@ class Daemon:
             )
             await self.stop_requested.wait()
             await self._shutdown()
-            return 0
+            # A forced stop is not a clean one: a supervisor or script can tell them apart.
+            return ExitCode.INTERRUPTED if self.stop_now.is_set() else ExitCode.OK
         finally:
             await self._close()
 
@@ -567,7 +568,14 @@ class Daemon:
         if self._advisory_db is not None:
             await self._advisory_db.resize(_advisory_pool_size(new))
         self.metrics.set_jobs(new.jobs, _alert_after(new))
-        log.info("config_reloaded", added=added, removed=removed, changed=changed)
+        log.info(
+            "config_reloaded",
+            added=added,
+            removed=removed,
+            changed=changed,
+            # How each changed: the names of its fields that differ (schedule, timeout, ...).
+            changes={code: changed_fields(old_jobs[code], new.jobs[code]) for code in changed},
+        )
 
     def _running(self) -> list[str]:
         return [] if self._firing is None else list(self._firing.running)
@@ -702,8 +710,9 @@ def _advisory_pool_size(config: Config) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """``pgcrond run``: exit 2 on a bad config (all errors printed), 0 after a clean stop."""
-    configure(args.log_format, args.log_level)
+    """``pgcrond run``: exit 2 on a bad config (all errors printed), 0 after a clean stop,
+    130 after a second SIGINT cut the drain short."""
+    configure(args.log_format, args.log_level, args.color)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
         config = load_config(args.config, database_url=args.database_url)

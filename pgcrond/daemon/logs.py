@@ -16,6 +16,7 @@ message never reaches the log with its password.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from collections.abc import Mapping
@@ -28,6 +29,10 @@ from structlog.types import EventDict, Processor, WrappedLogger
 from pgcrond.core.redaction import redact
 
 LogFormat = Literal["auto", "json", "console"]
+ColorChoice = Literal["auto", "always", "never"]
+
+# https://no-color.org: set and not empty turns colour off; --color always wins.
+NO_COLOR_ENV = "NO_COLOR"
 
 # Libraries log below WARNING about their normal work (psycopg_pool: every
 # connection handed out); pgcrond's own events say what matters. Their warnings
@@ -73,7 +78,14 @@ class _StreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Our handler on the root logger, recognisable so ``configure`` can replace it."""
 
 
-def configure(fmt: LogFormat = "auto", level: str = "info") -> None:
+def use_color(choice: ColorChoice, isatty: bool) -> bool:
+    """``auto``: colour on a terminal unless ``NO_COLOR`` is set (to anything but empty)."""
+    if choice != "auto":
+        return choice == "always"
+    return isatty and not os.environ.get(NO_COLOR_ENV)
+
+
+def configure(fmt: LogFormat = "auto", level: str = "info", color: ColorChoice = "auto") -> None:
     """Route structlog, stdlib logging, warnings and uncaught exceptions to stderr."""
     stream = sys.stderr
     if fmt == "auto":
@@ -82,7 +94,7 @@ def configure(fmt: LogFormat = "auto", level: str = "info") -> None:
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        renderer = structlog.dev.ConsoleRenderer(colors=use_color(color, stream.isatty()))
     threshold = logging.getLevelNamesMapping()[level.upper()]
 
     handler = _StreamHandler(stream)

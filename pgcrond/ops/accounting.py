@@ -9,6 +9,7 @@ what a starting replica does with the ticks no replica ran: the same plan
 from __future__ import annotations
 
 import argparse
+import os
 from datetime import UTC, datetime
 
 from pgcrond.catchup import JobPlan
@@ -39,7 +40,7 @@ def resume_command(args: argparse.Namespace) -> int:
 
 
 def catch_up_command(args: argparse.Namespace) -> int:
-    configure(args.log_format, args.log_level)
+    configure(args.log_format, args.log_level, args.color)
     return run_command(args, _catch_up)
 
 
@@ -60,11 +61,36 @@ def _codes(args: argparse.Namespace, target: Target) -> list[str]:
     return list(args.codes)
 
 
+# Who runs the command: the person behind sudo first, then the login user.
+OPERATOR_ENV = ("SUDO_USER", "USER", "LOGNAME")
+
+
+def operator(given: str | None, process: str) -> str:
+    """``NAME (host:pid)``: who paused or resumed (``--by``, else the operator), and from where."""
+    name = (
+        given
+        if given is not None
+        else next((os.environ[var] for var in OPERATOR_ENV if os.environ.get(var)), "unknown")
+    )
+    name = " ".join(name.split())
+    if not name or not name.isprintable():
+        raise CommandError(f"--by {given!r}: give a name of printable characters, like --by alice")
+    return f"{name} ({process})"
+
+
+def _pause_json(pause: jobstate.Pause) -> dict[str, object]:
+    return {"job": pause.code, "by": pause.paused_by, "at": pause.paused_at, "reason": pause.reason}
+
+
 async def _pause(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
     codes = _codes(args, target)
+    by = operator(args.by, store.owner)
     # The job-state table comes with migration 2; a fresh cluster may not have it yet.
     await store.migrate()
-    pauses = await jobstate.pause(store, codes, by=store.owner, reason=args.reason)
+    pauses = await jobstate.pause(store, codes, by=by, reason=args.reason)
+    if args.output == "json":
+        print(report.to_json({"paused": [_pause_json(pause) for pause in pauses]}))
+        return ExitCode.OK
     for pause in pauses:
         which = "every job" if pause.code == jobstate.ALL_JOBS else pause.code
         print(f"paused {which}: {pause.describe()}")
@@ -74,15 +100,26 @@ async def _pause(args: argparse.Namespace, target: Target, store: LeaseStore) ->
 
 async def _resume(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
     codes = _codes(args, target)
+    by = operator(args.by, store.owner)
+    # The pause row goes with the resume: who resumed is in the command's output only.
     resumed = await jobstate.resume(store, codes, all_jobs=args.all)
+    left = await jobstate.paused(store)
+    still_all = left.get(jobstate.ALL_JOBS)
+    if args.output == "json":
+        document = {
+            "resumed": resumed,
+            "by": by,
+            "still_paused_all": None if still_all is None else _pause_json(still_all),
+        }
+        print(report.to_json(document))
+        return ExitCode.OK if resumed else ExitCode.FAILED
     if not resumed:
         print("nothing to resume: no such pause in force")
         return ExitCode.FAILED
     for code in resumed:
-        print(f"resumed {'every job' if code == jobstate.ALL_JOBS else code}")
-    left = await jobstate.paused(store)
-    if jobstate.ALL_JOBS in left:
-        print(f"note: every job is still paused ({left[jobstate.ALL_JOBS].describe()})")
+        print(f"resumed {'every job' if code == jobstate.ALL_JOBS else code} (by {by})")
+    if still_all is not None:
+        print(f"note: every job is still paused ({still_all.describe()})")
     return ExitCode.OK
 
 
@@ -111,10 +148,14 @@ async def _catch_up(args: argparse.Namespace, target: Target, store: LeaseStore)
     if target.config is None:
         raise CommandError("catch-up needs -c CONFIG: the jobs' schedules come from it")
     config = target.config
+    as_json = args.output == "json"
     now = datetime.now(UTC)
     if args.dry_run:
         plans = await find_plan(store, config)
-        _print_plan(args, plans, "would be")
+        if as_json:
+            print(report.to_json(_catch_up_json(True, True, plans, [])))
+        else:
+            _print_plan(plans, "would be")
         return ExitCode.OK
     plans = []
 
@@ -126,24 +167,47 @@ async def _catch_up(args: argparse.Namespace, target: Target, store: LeaseStore)
         scan_identity(now), account, timing=SCAN_TIMING, forbid_overlap=True, retry_after=None
     )
     if isinstance(recorded, NotAcquired):
-        print(f"not done: a replica is accounting for missed ticks right now ({recorded.reason})")
+        detail = f"a replica is accounting for missed ticks right now ({recorded.reason})"
+        if as_json:
+            print(report.to_json(_catch_up_json(False, False, [], [], detail)))
+        else:
+            print(f"not done: {detail}")
         return ExitCode.NOT_RUN_HERE
-    _print_plan(args, plans, "")
+    if not as_json:
+        _print_plan(plans, "")
     firing = Firing(guards=Guards(store, store.db).for_job, metrics=Metrics(), replica=store.owner)
-    failed = 0
+    runs: list[dict[str, object]] = []
     for job_plan in plans:
         todo = [p for p in job_plan.ticks if p.action in ("run", "due")]
         for item, outcome in await run_catch_up(firing, dict(config.jobs), todo):
-            print(f"{item.code} {item.run_key}: {outcome}")
-            failed += outcome in ("fail", "timeout", "lease_lost")
+            if not as_json:
+                print(f"{item.code} {item.run_key}: {outcome}")
+            runs.append({"job": item.code, "run_key": item.run_key, "outcome": outcome})
+    if as_json:
+        print(report.to_json(_catch_up_json(False, True, plans, runs)))
+    failed = sum(run["outcome"] in ("fail", "timeout", "lease_lost") for run in runs)
     return ExitCode.FAILED if failed else ExitCode.OK
 
 
-def _print_plan(args: argparse.Namespace, plans: list[JobPlan], mood: str) -> None:
+def _catch_up_json(
+    dry_run: bool,
+    done: bool,
+    plans: list[JobPlan],
+    runs: list[dict[str, object]],
+    detail: str | None = None,
+) -> dict[str, object]:
+    """`catch-up -o json`: the plan (a row per tick), and each run's outcome if not a dry run."""
+    return {
+        "dry_run": dry_run,
+        "done": done,
+        "detail": detail,
+        "plan": plan_rows(plans),
+        "runs": runs,
+    }
+
+
+def _print_plan(plans: list[JobPlan], mood: str) -> None:
     rows = plan_rows(plans)
-    if args.json:
-        print(report.to_json(rows))
-        return
     if not rows:
         print("every expected tick has a record: nothing to catch up")
         return

@@ -9,7 +9,7 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any
 
-from pgcrond.config.loader import Config
+from pgcrond.config.loader import Config, JobConfig
 from pgcrond.core.durations import parse_duration
 from pgcrond.errors import CommandError
 from pgcrond.ops import report
@@ -34,6 +34,9 @@ def history_command(args: argparse.Namespace) -> int:
 
 async def _migrate(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
     applied = await store.migrate()
+    if args.output == "json":
+        print(report.to_json({"table": target.table_name, "applied": list(applied)}))
+        return EXIT_OK
     for version in applied:
         print(f"applied migration {version} ({target.table_name})")
     if not applied:
@@ -49,17 +52,53 @@ async def _status(args: argparse.Namespace, target: Target, store: LeaseStore) -
     now = datetime.now(UTC)
     entries = [report.status_entry(config.jobs[row["code"]], row, now) for row in rows]
     await _add_ticks(store, config, entries)
-    if args.json:
+    if args.output == "json":
         print(report.to_json(entries))
-        return EXIT_OK
-    print(
-        report.table(
-            ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING NOW", "FAILS",
-             "LAST TICK", "LAST SUCCESS", "LAST FAILURE", "MISSED 24H", "PAUSED"],
-            [_status_cells(entry, now) + _tick_cells(entry) for entry in entries],
+    elif args.output == "wide":
+        print(
+            report.table(
+                ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING NOW", "FAILS",
+                 "LAST TICK", "LAST SUCCESS", "LAST FAILURE", "MISSED 24H", "PAUSED"],
+                [_status_cells(entry, now) + _tick_cells(entry) for entry in entries],
+            )
+        )  # fmt: skip
+    else:
+        print(
+            report.table(
+                ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING", "FAILS"],
+                [_narrow_cells(config.jobs[entry["job"]], entry, now) for entry in entries],
+            )
         )
-    )  # fmt: skip
     return EXIT_OK
+
+
+def _narrow_cells(job: JobConfig, entry: dict[str, Any], now: datetime) -> list[str]:
+    """Times relative to now and no hosts, so that a row fits 100 characters (-o wide has them)."""
+    if entry["paused"] is not None:
+        next_fire = "paused"
+    elif entry["runs_at_start"]:
+        next_fire = "at start"
+    elif entry["next_fire"] is None:
+        next_fire = "never"
+    else:
+        next_fire = report.relative(entry["next_fire"] - now)
+    last, running = entry["last_run"], entry["running"]
+    last_text = report.NONE
+    if last is not None:
+        outcome = last["status"] + (f"/{last['reason']}" if last["reason"] else "")
+        last_text = f"{outcome} {report.relative(last['finished_at'] - now)}"
+    running_text = report.NONE
+    if running is not None:
+        running_text = running["owner"] + (" (STALE)" if running["stale"] else "")
+    return [
+        entry["job"],
+        report.schedule_text(job),
+        entry["guard"],
+        next_fire,
+        last_text,
+        running_text,
+        str(entry["consecutive_failures"]),
+    ]
 
 
 async def _add_ticks(store: LeaseStore, config: Config, entries: list[dict[str, Any]]) -> None:
@@ -141,11 +180,18 @@ async def _history(args: argparse.Namespace, target: Target, store: LeaseStore) 
     if args.limit < 1:
         raise CommandError(f"--limit must be at least 1, got {args.limit}")
     since = None if args.since is None else _since(args.since, datetime.now(UTC))
+    # pgcrond's own rows (catch-up scans, prunes) are noise in a job's history;
+    # asking for one of them by --job shows it.
     rows = await records.history(
-        store, code=args.job, since=since, status=args.status, limit=args.limit
+        store,
+        code=args.job,
+        since=since,
+        status=args.status,
+        limit=args.limit,
+        internal=args.all or args.job is not None,
     )
     entries = [report.history_entry(row) for row in rows]
-    if args.json:
+    if args.output == "json":
         print(report.to_json(entries))
         return EXIT_OK
     if not entries:

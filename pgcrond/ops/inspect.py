@@ -25,7 +25,7 @@ def check_command(args: argparse.Namespace) -> int:
     config = _load(args, allow_unset=not getattr(args, "strict", False))
     if config is None:
         return ExitCode.ERROR
-    if args.json:
+    if args.output == "json":
         document = {
             "warnings": [_issue_json(w) for w in config.warnings],
             "files": list(config.files),
@@ -77,7 +77,7 @@ def next_command(args: argparse.Namespace) -> int:
             return ExitCode.ERROR
         jobs = [config.jobs[args.job]]
     listing = [(job, _ticks(job, start, args.n)) for job in jobs]
-    if args.json:
+    if args.output == "json":
         document = {
             "from": start.isoformat().replace("+00:00", "Z"),
             "jobs": [
@@ -135,7 +135,7 @@ def _load(args: argparse.Namespace, *, allow_unset: bool = True) -> Config | Non
     try:
         return load_config(args.config, allow_unset=allow_unset)
     except ConfigError as exc:
-        if getattr(args, "json", False):
+        if getattr(args, "output", "text") == "json":
             print(json.dumps({"errors": [_issue_json(i) for i in exc.issues]}, indent=2))
         else:
             for issue in exc.issues:

@@ -12,6 +12,7 @@ from pgcrond.config.loader import (
 from pgcrond.config.models import PruneRule, prune_rules
 from pgcrond.core.durations import format_duration, parse_duration
 from pgcrond.errors import CommandError
+from pgcrond.ops import report
 from pgcrond.ops.session import EXIT_OK, Target, run_command
 from pgcrond.storage.history import abandon_stale, prune
 from pgcrond.storage.leases import LeaseStore
@@ -46,29 +47,52 @@ async def _prune(args: argparse.Namespace, target: Target, store: LeaseStore) ->
             "a late replica could claim a pruned tick and run it again"
         )
 
+    as_json = args.output == "json"
+    say = _silent if as_json else print
+
     def progress(deleted: int) -> None:
-        print(f"deleted {deleted} rows…", flush=True)
+        say(f"deleted {deleted} rows…", flush=True)
 
     abandoned = await abandon_stale(store, floor)
     if abandoned:
-        print(f"closed {abandoned} RUNNING rows whose owner vanished (now FAIL/abandoned)")
+        say(f"closed {abandoned} RUNNING rows whose owner vanished (now FAIL/abandoned)")
     # --older-than is one age for every job; otherwise each job's history_retention.
     rules = (
         prune_rules(target.config)
         if args.older_than is None and target.config is not None
         else [PruneRule(older_than)]
     )
+    deleted: list[dict[str, object]] = []
     for rule in rules:
         total = await prune(
             store, rule.older_than, on_batch=progress, only=rule.only, excluding=rule.excluding
         )
         which = "" if rule.only is None else f" of {', '.join(rule.only)}"
-        print(
+        say(
             f"deleted {total} finished rows{which} older than "
             f"{format_duration(rule.older_than)} from {target.table_name}"
+        )
+        deleted.append(
+            {
+                "jobs": None if rule.only is None else list(rule.only),
+                "older_than": format_duration(rule.older_than),
+                "rows": total,
+            }
         )
     # Finished `trigger --detach` requests go with the history of the same age.
     requests = await prune_requests(store, older_than)
     if requests:
-        print(f"deleted {requests} finished requests older than {format_duration(older_than)}")
+        say(f"deleted {requests} finished requests older than {format_duration(older_than)}")
+    if as_json:
+        document = {
+            "table": target.table_name,
+            "abandoned": abandoned,
+            "deleted": deleted,
+            "requests": requests,
+        }
+        print(report.to_json(document))
     return EXIT_OK
+
+
+def _silent(*_: object, **__: object) -> None:
+    """With -o json the one document is all stdout carries."""

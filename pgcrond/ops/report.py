@@ -13,7 +13,7 @@ from typing import Any
 
 from pgcrond.config.models import JobConfig
 from pgcrond.core.durations import format_duration
-from pgcrond.core.schedule import OnceSchedule
+from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule
 
 NONE = "-"
 
@@ -73,8 +73,20 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def to_json(value: Sequence[Mapping[str, Any]]) -> str:
+def to_json(value: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> str:
+    """One JSON document, instants as ISO-8601 UTC with milliseconds."""
     return json.dumps(value, indent=2, ensure_ascii=False, default=_json_default)
+
+
+def schedule_text(job: JobConfig) -> str:
+    """The schedule as written, for narrow tables: ``0 3 * * *``, with its zone if not UTC."""
+    schedule = job.schedule
+    if isinstance(schedule, CronSchedule):
+        zone = schedule.zone.key
+        return schedule.expression + ("" if zone == "UTC" else f" ({zone})")
+    if isinstance(schedule, AtSchedule):
+        return f"at {when(schedule.at)}"
+    return "once"
 
 
 def _json_default(value: object) -> object:

@@ -19,13 +19,24 @@ from pgcrond.storage.requests import Requested, request_run
 _FINISHED = {"SUCCESS", "SKIPPED", "MISSED"}
 
 
-async def detach(job: JobConfig, run_key: str, store: LeaseStore) -> int:
+async def detach(job: JobConfig, run_key: str, store: LeaseStore, *, as_json: bool) -> int:
     """Record the request, print what was done and where to look; exit 0."""
     identity = Identity.schedule(job.code, run_key)  # refuses a malformed run key
     assert identity.run_key is not None
     done = await request_run(store, identity.code, identity.run_key, by=store.owner)
-    print(f"{identity.code} {identity.run_key}: {_said(done)}")
     note = _lease_note(done, identity)
+    if as_json:
+        document = {
+            "job": identity.code,
+            "run_key": identity.run_key,
+            "outcome": "requested" if done.opened else "already_requested",
+            "ran_here": False,
+            "detail": _said(done),
+            "note": note,
+        }
+        print(report.to_json(document))
+        return ExitCode.OK
+    print(f"{identity.code} {identity.run_key}: {_said(done)}")
     if note:
         print(note)
     print(f"see its outcome: pgcrond history --job {identity.code}")

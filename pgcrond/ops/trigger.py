@@ -11,11 +11,15 @@ from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import CommandError, ExitCode
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
+from pgcrond.ops import report
 from pgcrond.ops.session import EXIT_NOT_DONE, EXIT_OK, Target, run_command
 from pgcrond.storage.leases import LeaseStore
 
 # What `pgcrond trigger` exits with when this process did not run the job.
 EXIT_NOT_RUN_HERE = ExitCode.NOT_RUN_HERE
+
+# Outcomes of a fire that ran nothing in this process (exit 3).
+NOT_RUN_HERE = ("lose", "skip", "misfire")
 
 
 def manual_run_key(now: datetime) -> str:
@@ -24,7 +28,7 @@ def manual_run_key(now: datetime) -> str:
 
 
 def trigger_command(args: argparse.Namespace) -> int:
-    configure(args.log_format, args.log_level)
+    configure(args.log_format, args.log_level, args.color)
     return run_command(args, _trigger, needs_table=False)
 
 
@@ -41,14 +45,28 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
         # Recorded for the daemons (pgcrond.ops.requests); nothing runs here.
         from pgcrond.ops.requests import detach
 
-        return await detach(job, args.run_key or manual_run_key(now), store)
+        return await detach(
+            job, args.run_key or manual_run_key(now), store, as_json=args.output == "json"
+        )
     identity = Identity.schedule(job.code, args.run_key or manual_run_key(now))
     firing = Firing(guards=Guards(store, store.db).for_job, metrics=Metrics(), replica=store.owner)
     outcome = await firing.fire(job, now, identity, follow=False)
-    print(f"{job.code} {identity.run_key}: {TRIGGER_OUTCOMES.get(outcome, outcome)}")
+    detail = TRIGGER_OUTCOMES.get(outcome, outcome)
+    ran_here = outcome not in NOT_RUN_HERE
+    if args.output == "json":
+        document = {
+            "job": job.code,
+            "run_key": identity.run_key,
+            "outcome": outcome,
+            "ran_here": ran_here,
+            "detail": detail,
+        }
+        print(report.to_json(document))
+    else:
+        print(f"{job.code} {identity.run_key}: {detail}")
     if outcome == "success":
         return EXIT_OK
-    return EXIT_NOT_RUN_HERE if outcome in ("lose", "skip", "misfire") else EXIT_NOT_DONE
+    return EXIT_NOT_DONE if ran_here else EXIT_NOT_RUN_HERE
 
 
 TRIGGER_OUTCOMES = {

@@ -27,6 +27,9 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
         )
     except ValidationError as exc:
         raise CommandError(str(exc)) from exc
+    as_json = args.output == "json"
+    if as_json and not args.yes:
+        raise CommandError("-o json does not ask for confirmation: pass --yes to release")
     row = await records.unlock_row(store, identity)
     which = "run-once (INITIAL) row" if args.initial else f"run key {identity.run_key}"
     if row is None:
@@ -46,7 +49,8 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
             f"not releasing job {identity.code!r}, {which}: {why}; "
             f"use `pgcrond trigger {identity.code}` to run the job again"
         )
-    _show(row)
+    if not as_json:
+        _show(row)
     if not args.yes and not _confirmed():
         return EXIT_NOT_DONE
     released = await records.unlock_release(
@@ -56,6 +60,9 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
         owner_token=row["owner_token"],
         note=_release_note(row, store.owner),
     )
+    if as_json:
+        print(report.to_json(_unlock_json(identity, row, released)))
+        return EXIT_OK if released else EXIT_NOT_DONE
     if not released:
         now = await records.unlock_row(store, identity)
         state = "it is gone" if now is None else f"it is now {now['status']} by {now['owner']}"
@@ -76,6 +83,26 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
             f"pgcrond trigger {identity.code} --run-key {identity.run_key}"
         )
     return EXIT_OK
+
+
+def _unlock_json(identity: Identity, row: dict[str, Any], released: bool) -> dict[str, Any]:
+    """`unlock -o json`: whether it was released, and the row as it was before."""
+    return {
+        "job": identity.code,
+        "run_key": identity.run_key,
+        "initial": identity.run_key is None,
+        "released": released,
+        "was": {
+            "status": row["status"],
+            "reason": row["reason"],
+            "attempt": row["attempt"],
+            "owner": row["owner"],
+            "acquired_at": row["acquired_at"],
+            "expires_at": row["expires_at"],
+            "finished_at": row["finished_at"],
+            "stale": row["stale"],
+        },
+    }
 
 
 def _show(row: dict[str, Any]) -> None:

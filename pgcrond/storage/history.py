@@ -113,11 +113,15 @@ async def history(
     since: datetime | None = None,
     status: str | None = None,
     limit: int = 50,
+    internal: bool = True,
 ) -> list[dict[str, Any]]:
-    """Past runs, newest first; every filter optional."""
+    """Past runs, newest first; every filter optional.
+
+    ``internal=False`` leaves out pgcrond's own rows (codes ``pgcrond:…``).
+    """
     rows = await store.db.fetchall(
         store.queries.get("history"),
-        {"code": code, "since": since, "status": status, "limit": limit},
+        {"code": code, "since": since, "status": status, "limit": limit, "internal": internal},
     )
     return list(rows)
 

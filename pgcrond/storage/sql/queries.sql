@@ -354,11 +354,13 @@ LEFT JOIN LATERAL (
 ORDER BY array_position(%(codes)s::text[], jobs.code)
 
 -- name: history
--- Past runs, newest first; every filter is optional (NULL = any).
+-- Past runs, newest first; every filter is optional (NULL = any). Without
+-- %(internal)s, pgcrond's own rows (codes 'pgcrond:...') are left out.
 SELECT id, type, code, run_key, status, reason, attempt, owner, fencing_token,
        acquired_at, finished_at, expires_at, retry_at, error
 FROM {table}
 WHERE (%(code)s::text IS NULL OR code = %(code)s)
+  AND (%(internal)s OR code NOT LIKE 'pgcrond:%%')
   AND (%(since)s::timestamptz IS NULL OR acquired_at >= %(since)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY acquired_at DESC, id DESC
