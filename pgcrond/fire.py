@@ -47,6 +47,7 @@ from pgcrond.core.schedule import tick_of
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
+from pgcrond.run import leftovers
 from pgcrond.run.cancel import Cancellation
 from pgcrond.run.runner import RunRequest, RunResult, execute
 
@@ -60,6 +61,9 @@ FireOutcome = Literal[
     "success", "fail", "timeout", "cancelled", "lease_lost", "lose", "skip", "misfire", "crashed"
 ]
 
+# How often a forbid job's claim looks again whether an abandoned run of it
+# ended (a thread gives no signal when it ends).
+LEFTOVER_POLL_S = 0.05
 # Outage retries: fast enough to claim within about a second of the database
 # answering again, slow enough not to hammer a struggling server.
 _BACKOFF_FIRST = 0.2
@@ -274,6 +278,8 @@ class Firing:
                 spreadable=outcome is None and deadline is not None,
             )
             resumes = self._resumes
+            if request.forbid_overlap and leftovers.still_running(job.code):
+                await self._wait_for_leftovers(job, bound, deadline)
             answer = await self._with_outage_retry(
                 job, "claim", functools.partial(guard.claim, request), deadline
             )
@@ -352,6 +358,28 @@ class Firing:
                 return outcome
             await self._sleep_on_grid(wait)
         return outcome or "lose"
+
+    async def _wait_for_leftovers(
+        self,
+        job: JobConfig,
+        bound: structlog.typing.FilteringBoundLogger,
+        deadline: datetime | None,
+    ) -> None:
+        """Hold a forbid job's claim while a run of it abandoned here still runs.
+
+        Its lease may have lapsed at the database (the thread outlived its stop
+        grace), so the claim would be granted: the job would run twice at once.
+        Bounded by the tick's window: past it the claim records the miss.
+        """
+        bound.info(
+            "claim_waits",
+            detail="an earlier run of this job, abandoned after its stop grace, still runs "
+            "in this replica (concurrency: forbid)",
+        )
+        while leftovers.still_running(job.code) and not self.stopping.is_set():
+            if deadline is not None and self.clock() >= deadline:
+                return
+            await asyncio.sleep(LEFTOVER_POLL_S)
 
     def _follow(
         self,

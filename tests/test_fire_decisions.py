@@ -6,6 +6,7 @@ lease table would, or as a test scripts it.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,6 +21,7 @@ from pgcrond.daemon.metrics import Metrics
 from pgcrond.fire import Firing
 from pgcrond.guard.base import Refused
 from pgcrond.guard.memory import MemoryGuard
+from tests import jobs_fixture
 
 
 def job(tmp_path: Path, body: str) -> JobConfig:
@@ -232,3 +234,37 @@ async def test_a_started_tick_is_taken_over_past_the_misfire_window(tmp_path: Pa
     outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
     assert "success" == outcome
     assert ["claim", "claim", "record:success"] == guard.calls
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_forbid_claim_waits_while_an_abandoned_run_of_the_job_still_runs_here(
+    tmp_path: Path,
+) -> None:
+    """Its lease may have lapsed at the database: the claim would be granted beside it."""
+    guard = MemoryGuard(stop_grace=timedelta(milliseconds=200))
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "database: {url: 'postgresql://unused@127.0.0.1/x'}\n"
+        "jobs:\n"
+        "  j: {cron: '* * * * *', lease: 200ms, heartbeat: 0s, misfire_grace: 30s,\n"
+        "      entrypoint: 'tests.jobs_fixture:ignore_cancel', timeout: 100ms,\n"
+        "      concurrency: forbid}\n"
+    )
+    stuck = load_config([path]).jobs["j"]
+    first_tick, first = now_tick(-2)
+    second_tick, second = now_tick(-1)
+    jobs_fixture.RELEASE[second.run_key or ""].set()  # the next run returns at once
+    try:
+        with structlog.testing.capture_logs() as logs:
+            assert "timeout" == await firing(guard).fire(stuck, first_tick, first)
+            assert any(e["event"] == "entrypoint_thread_abandoned" for e in logs)
+            following = asyncio.create_task(firing(guard).fire(stuck, second_tick, second))
+            await asyncio.sleep(0.3)
+            # The abandoned thread still runs: no claim of the next tick yet.
+            assert ["claim", "record:timeout"] == guard.calls
+            jobs_fixture.RELEASE[first.run_key or ""].set()
+            assert "success" == await asyncio.wait_for(following, 5)
+    finally:
+        jobs_fixture.RELEASE[first.run_key or ""].set()
+    assert ["claim", "record:timeout", "claim", "record:success"] == guard.calls
+    assert 1 == sum(e["event"] == "claim_waits" for e in logs)

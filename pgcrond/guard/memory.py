@@ -13,9 +13,10 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from pgcrond.core.keys import Identity
+from pgcrond.core.timing import MAX_STOP_GRACE
 from pgcrond.errors import DatabaseUnavailable
 from pgcrond.guard.base import (
     ClaimRequest,
@@ -52,6 +53,8 @@ class MemoryGuard(Guard):
     script: deque[str | Refused] = field(default_factory=deque)
     calls: list[str] = field(default_factory=list)
     remembers: bool = True
+    # What a won claim allows a run to stop in (a lease's is its stop budget).
+    stop_grace: timedelta = MAX_STOP_GRACE
     _tokens: int = 0
     _fenced: set[Identity] = field(default_factory=set)
 
@@ -92,7 +95,13 @@ class MemoryGuard(Guard):
         attempt = 1 if row is None else row.attempt + 1
         self.rows[identity] = Row("RUNNING", attempt, self._tokens, now + request.timing.lease)
         self._fenced.discard(identity)
-        return Held(identity, self.rows[identity].attempt, self._tokens, claimed_from)
+        return Held(
+            identity,
+            self.rows[identity].attempt,
+            self._tokens,
+            claimed_from,
+            stop_grace=self.stop_grace,
+        )
 
     def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
         return self._hold(held)

@@ -47,6 +47,7 @@ from pgcrond.core.actions import (
     SqlWork,
 )
 from pgcrond.core.redaction import holds_connection_secret
+from pgcrond.run import leftovers
 from pgcrond.run.cancel import Cancellation
 from pgcrond.run.context import ENV_PREFIX, RunContext
 from pgcrond.run.entrypoints import resolve
@@ -545,7 +546,7 @@ async def _run_entrypoint(
     try:
         stop = await watch.until_stop(task)
         if stop is not None:
-            await _stop_entrypoint(task, call, watch, log)
+            await _stop_entrypoint(task, call, watch, log, request.job)
             return stop
     finally:
         task.cancel()
@@ -562,6 +563,7 @@ async def _stop_entrypoint(
     call: _EntrypointCall,
     watch: _Watch,
     log: FilteringBoundLogger,
+    job: str,
 ) -> None:
     """The cancellation is already set; the job has ``stop_grace`` in all to end.
 
@@ -579,5 +581,6 @@ async def _stop_entrypoint(
         # Python cannot kill a thread; `isolate: true` is the answer for jobs
         # that must be killable.
         log.warning("entrypoint_thread_abandoned", thread=call.thread.name)
+        leftovers.abandoned(job, call.thread)
     elif not task.done():
         log.warning("entrypoint_task_abandoned")

@@ -77,6 +77,12 @@ its SUCCESS, is a defect whatever the faults).
     (or to the kill of its process), minus the time its process was stopped;
     a run that only woke from a stop to notice its cancellation is not active
     after the stop.
+``forbid_overlap_fenced``
+    a ``forbid_overlap`` that begins when one of the two runs' process woke
+    from a stop (SIGSTOP) with its tick already claimed again or closed as an
+    overlap (its token fenced): the stopped owner could not stop its job in
+    time, and went on for a moment after waking before it noticed. The
+    lease's inherent limit, like ``duplicate_fenced``: reported, not a defect.
 ``started_late`` / ``started_early``
     a tick's first run whose 'start' is later than ``misfire_grace`` after
     its tick (plus ``start_slack``: the ledger row is written just after the
@@ -114,6 +120,7 @@ KINDS = (
     "stuck_running",
     "once_rerun",
     "forbid_overlap",
+    "forbid_overlap_fenced",
     "started_late",
     "started_early",
     "ran_while_paused",
@@ -122,7 +129,9 @@ KINDS = (
 # The lease's inherent limit, reported but not a defect: an effect written by
 # an owner that was fenced before it wrote, or whose lease lapsed at the
 # database before its outcome landed (the tick then runs again, same key).
-INHERENT = frozenset({"duplicate_fenced", "duplicate_lapsed", "outcome_lapsed"})
+INHERENT = frozenset(
+    {"duplicate_fenced", "duplicate_lapsed", "outcome_lapsed", "forbid_overlap_fenced"}
+)
 # Faults during which the daemon cannot reach its database.
 UNREACHABLE = frozenset({"pg_restart", "partition", "blackhole"})
 INITIAL = "INITIAL"
@@ -398,7 +407,7 @@ def check(
                 found += _timing(job, key, rows, tick_claims, start_slack)
                 found += _paused_claims(job, key, rows, tick_versions, mine)
         if job.forbid:
-            found += _overlaps(job, by_tick, faults)
+            found += _overlaps(job, by_tick, faults, claims)
     found += [_crashed(crash) for crash in crashes]
 
     attributed = [_attribute(v, faults, horizon) for v in found]
@@ -865,10 +874,15 @@ class _Run:
     pid: int
     segments: tuple[tuple[datetime, datetime], ...]
     rows: tuple[LedgerRow, ...]
+    # When its process woke from each stop (SIGCONT), while the run went on.
+    wakes: tuple[datetime, ...] = ()
 
 
 def _overlaps(
-    job: JobSpec, by_tick: dict[tuple[str, str], list[LedgerRow]], faults: Sequence[Fault]
+    job: JobSpec,
+    by_tick: dict[tuple[str, str], list[LedgerRow]],
+    faults: Sequence[Fault],
+    claims: dict[tuple[str, str], list[tuple[int, datetime]]] | None = None,
 ) -> list[Violation]:
     runs: list[_Run] = []
     for (code, key), rows in by_tick.items():
@@ -888,9 +902,16 @@ def _overlaps(
         overlap = _intersection(first.segments, second.segments)
         if overlap is None:
             continue
+        # A stopped owner that woke fenced (its tick claimed again, or closed as
+        # an overlap, while it was stopped) and went on for a moment before it
+        # noticed: the lease's inherent limit, as for a duplicate effect.
+        fenced = any(
+            _woke_fenced(run, overlap[0], (claims or {}).get((job.code, run.key), []))
+            for run in (first, second)
+        )
         found.append(
             _violation(
-                "forbid_overlap",
+                "forbid_overlap_fenced" if fenced else "forbid_overlap",
                 job,
                 first.key,
                 f"tick {first.key} token {first.token} (pid {first.pid}, "
@@ -935,7 +956,15 @@ def _active(
         segments.append((cursor, finish))
     if not segments:
         segments.append((begin, begin))
-    return _Run(key, token, pid, tuple(segments), tuple(rows))
+    wakes = tuple(stop_end for _, stop_end in stops if stop_end < finish)
+    return _Run(key, token, pid, tuple(segments), tuple(rows), wakes)
+
+
+def _woke_fenced(run: _Run, begin: datetime, claims: Sequence[tuple[int, datetime]]) -> bool:
+    """Whether ``run`` overlaps from its wake after a stop, fenced before it woke."""
+    return begin in run.wakes and any(
+        run.token is not None and token > run.token and at < begin for token, at in claims
+    )
 
 
 def _intersection(

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.faults.checker import (
+    INHERENT,
     Crash,
     Fault,
     JobSpec,
@@ -355,6 +356,28 @@ def test_a_stalled_forbid_run_overlaps_only_if_it_goes_on_after_waking() -> None
     leases = [lease(SLOW, 0, "FAIL", token=1), lease(SLOW, 2, "SUCCESS", token=2, pid=200)]
     found = kinds(check([SLOW], slow_runs(3.1, "cancelled"), leases, stall, WINDOW))
     assert "forbid_overlap" not in found
+
+
+def test_a_stalled_forbid_run_that_woke_fenced_overlaps_as_the_lease_s_inherent_limit() -> None:
+    """Tick 0's owner stopped past its lease; tick 2 was claimed and tick 0's row closed
+    (SKIPPED/overlap, a new token) before it woke; it wrote its effect at once on waking."""
+    stall = [Fault("pause", at(0.5), at(3.0), frozenset({100}))]
+    history = [
+        claim(SLOW, 0, 0.05, token=1),
+        claim(SLOW, 2, 2.05, token=2, pid=200),
+        LeaseVersion(SLOW.code, key(0), "SKIPPED", 3, "host:200", "overlap", at(2.5)),
+    ]
+    leases = [
+        lease(SLOW, 0, "SKIPPED", token=3, reason="overlap"),
+        lease(SLOW, 2, "SUCCESS", token=2, pid=200),
+    ]
+    report = check([SLOW], slow_runs(3.1), leases, stall, WINDOW, history)
+    assert "forbid_overlap_fenced" in kinds(report)
+    assert "forbid_overlap" not in kinds(report)
+    assert "forbid_overlap_fenced" in INHERENT
+    # Not fenced when it woke (nothing claimed it again): a defect.
+    unfenced = check([SLOW], slow_runs(3.1), slow_leases(), stall, WINDOW, history[:2])
+    assert "forbid_overlap" in kinds(unfenced)
 
 
 def test_a_killed_forbid_run_is_active_until_the_kill() -> None:
