@@ -278,11 +278,12 @@ class Firing:
                 spreadable=outcome is None and deadline is not None,
             )
             resumes = self._resumes
-            if request.forbid_overlap and leftovers.still_running(job.code):
-                await self._wait_for_leftovers(job, bound, deadline)
-            answer = await self._with_outage_retry(
-                job, "claim", functools.partial(guard.claim, request), deadline
-            )
+            claim = functools.partial(guard.claim, request)
+            if request.forbid_overlap:
+                # Asked before every try: a run of the job here may be
+                # abandoned while the claim retries through an outage.
+                claim = functools.partial(self._claim_alone, job, bound, deadline, claim)
+            answer = await self._with_outage_retry(job, "claim", claim, deadline)
             if answer is None:
                 # Still unreachable at the end of the misfire window. A tick
                 # this replica already ran or lost is not a miss of its own.
@@ -359,18 +360,29 @@ class Firing:
             await self._sleep_on_grid(wait)
         return outcome or "lose"
 
+    async def _claim_alone(
+        self,
+        job: JobConfig,
+        bound: structlog.typing.FilteringBoundLogger,
+        deadline: datetime | None,
+        claim: Callable[[], Awaitable[Held | Refused]],
+    ) -> Held | Refused:
+        """Claim a forbid job's tick once no run of it abandoned here still runs.
+
+        Its lease may have lapsed at the database (the thread outlived its stop
+        grace), so the claim would be granted: the job would run twice at once.
+        Bounded by the tick's window: past it the claim records the miss.
+        """
+        if leftovers.still_running(job.code):
+            await self._wait_for_leftovers(job, bound, deadline)
+        return await claim()
+
     async def _wait_for_leftovers(
         self,
         job: JobConfig,
         bound: structlog.typing.FilteringBoundLogger,
         deadline: datetime | None,
     ) -> None:
-        """Hold a forbid job's claim while a run of it abandoned here still runs.
-
-        Its lease may have lapsed at the database (the thread outlived its stop
-        grace), so the claim would be granted: the job would run twice at once.
-        Bounded by the tick's window: past it the claim records the miss.
-        """
         bound.info(
             "claim_waits",
             detail="an earlier run of this job, abandoned after its stop grace, still runs "
