@@ -133,6 +133,9 @@ def every_three_seconds(schema: str, late_ticks: str) -> str:
         "    misfire_grace: 2m\n"
         "    lease: 10s\n"
         f"    late_ticks: {late_ticks}\n"
+        # With forbid (the default), a late tick claimed while the one before it
+        # still runs is SKIPPED/overlap like any other: each runs only with allow.
+        f"    concurrency: {'allow' if late_ticks == 'all' else 'forbid'}\n"
     )
 
 
