@@ -15,6 +15,7 @@ from pgcrond.errors import CommandError
 from pgcrond.ops import report
 from pgcrond.ops.session import EXIT_OK, Target, run_command
 from pgcrond.storage import history as records
+from pgcrond.storage import registry
 from pgcrond.storage.leases import LeaseStore
 
 ERROR_WIDTH = 60
@@ -50,8 +51,12 @@ async def _status(args: argparse.Namespace, target: Target, store: LeaseStore) -
     entries = [report.status_entry(config.jobs[row["code"]], row, now) for row in rows]
     await _add_ticks(store, config, entries)
     if args.json:
+        # The jobs only, as the status page's /status.json has them; the
+        # replicas and their drift are /status/replicas.json.
         print(report.to_json(entries))
         return EXIT_OK
+    replicas = await registry.live(store)
+    found = registry.drift(replicas)
     print(
         report.table(
             ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING NOW", "FAILS",
@@ -59,6 +64,8 @@ async def _status(args: argparse.Namespace, target: Target, store: LeaseStore) -
             [_status_cells(entry, now) + _tick_cells(entry) for entry in entries],
         )
     )  # fmt: skip
+    print()
+    print(report.replicas_text(replicas, found, now))
     return EXIT_OK
 
 

@@ -123,3 +123,44 @@ async def live(store: LeaseStore, *, definitions: bool = False) -> list[LiveRepl
         )
         for row in rows
     ]
+
+
+# A job one replica's config does not have, where drift names job hashes.
+ABSENT = "absent"
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Live replicas that run different configs: since when, who runs which, what differs."""
+
+    # When a second config hash went live, as far as the live rows tell: the
+    # start of the second-oldest config among them (its first replica's
+    # config_at); a replica that restarts onto an old config moves it later.
+    since: datetime
+    # config hash -> the replicas running it, oldest config first.
+    configs: dict[str, list[str]]
+    # code -> (job hash, or ABSENT) -> replicas: only the jobs whose definitions differ.
+    jobs: dict[str, dict[str, list[str]]]
+
+
+def drift(replicas: list[LiveReplica]) -> Drift | None:
+    """The drift among ``replicas``, or None when they all run one config."""
+    groups: dict[str, list[LiveReplica]] = {}
+    for replica in replicas:
+        groups.setdefault(replica.config_hash, []).append(replica)
+    if len(groups) < 2:
+        return None
+    started = {key: min(r.config_at for r in group) for key, group in groups.items()}
+    order = sorted(groups, key=lambda key: started[key])
+    jobs: dict[str, dict[str, list[str]]] = {}
+    for code in sorted({code for r in replicas for code in r.job_hashes}):
+        seen: dict[str, list[str]] = {}
+        for replica in replicas:
+            seen.setdefault(replica.job_hashes.get(code, ABSENT), []).append(replica.name)
+        if len(seen) > 1:
+            jobs[code] = seen
+    return Drift(
+        since=started[order[1]],
+        configs={key: [r.name for r in groups[key]] for key in order},
+        jobs=jobs,
+    )
