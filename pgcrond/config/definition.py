@@ -39,7 +39,11 @@ Definition = dict[str, Any]
 def definition(job: JobConfig) -> Definition:
     """The job as JSON-ready data: every field that changes what a replica does."""
     fields = (f.name for f in dataclasses.fields(job) if f.name not in _LEFT_OUT)
-    return {name: _plain(name, getattr(job, name)) for name in fields}
+    found = {name: _plain(name, getattr(job, name)) for name in fields}
+    if job.lock_key == job.code:
+        # The default ("the job code"): a rename is shown as a rename, not as a new lock key.
+        found["lock_key"] = None
+    return found
 
 
 def job_hash(job: Definition) -> str:
