@@ -141,6 +141,13 @@ def test_a_renamed_job_keeps_its_history_pause_and_run_once_state(
             20,
             "three runs of old-report",
         )
+        new_path = tmp_path / "new.yaml"
+        new_path.write_text(after)
+        # Against the live replica: with renamed_from a rename, without it a warning.
+        no_rename = tmp_path / "no-rename.yaml"
+        no_rename.write_text(before.replace("old-", ""))
+        planned = cli(running, "plan", "-c", str(new_path))
+        unplanned = cli(running, "plan", "-c", str(no_rename))
         first.signal(signal.SIGTERM)
         assert 0 == first.wait_exit(30)
         code, _, err = cli(running, "pause", "old-report", "-c", str(old_path), "--reason", "mv")
@@ -151,8 +158,6 @@ def test_a_renamed_job_keeps_its_history_pause_and_run_once_state(
                 "SELECT run_key FROM {leases} WHERE code = 'old-report' AND status = 'SUCCESS'"
             )
         }
-        new_path = tmp_path / "new.yaml"
-        new_path.write_text(after)
         # Two replicas start together: one moves the rows, the other finds them moved.
         replicas = running.start(new_path, 2, first=1)
         for replica in replicas:
@@ -167,6 +172,13 @@ def test_a_renamed_job_keeps_its_history_pause_and_run_once_state(
         seeds = running.rows("SELECT 1 FROM {ledger} WHERE phase = 'start' AND job LIKE '%%seed'")
         for replica in replicas:
             replica.signal(signal.SIGTERM)
+    assert 2 == planned[0], planned
+    assert "~ report (renamed)" in planned[1] and "~ seed (renamed)" in planned[1]
+    assert 2 == unplanned[0], unplanned
+    assert (
+        "warning: job seed: a run-once job with the action of removed job old-seed: "
+        "without renamed_from: [old-seed] it runs again at the next start"
+    ) in unplanned[1]
     assert 2 == len(renamed)
     assert {"report": (len(old_runs), 0, 1), "seed": (0, 1, 0)} == {
         event["job"]: (event["ticks"], event["initial"], event["paused"]) for event in renamed
