@@ -9,13 +9,15 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from pgcrond.cli import main
+from pgcrond.config.definition import definition
 from pgcrond.config.loader import load_config
+from pgcrond.config.plan import FieldChange, make_plan
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.registry import entry_of
@@ -173,3 +175,37 @@ async def test_plan_exits_1_when_the_database_is_unreachable(
     code, _, err = await plan(capsys, "postgresql://nobody@127.0.0.1:1/none", path)
     assert 1 == code
     assert "cannot reach the database" in err
+
+
+def test_a_scheduled_job_renamed_without_renamed_from_is_warned_about(tmp_path: Path) -> None:
+    """Pure: the plan from definitions; its history and pause would stay with the old code."""
+    old = load_config(
+        [str(write(tmp_path, "s", RUNNING_NOW, "old.yaml"))], database_url="postgresql://u@h/db"
+    )
+    new = load_config(
+        [str(write(tmp_path, "s", RUNNING_NOW.replace("gone:", "went:"), "new.yaml"))],
+        database_url="postgresql://u@h/db",
+    )
+    running = {code: [definition(job)] for code, job in old.jobs.items()}
+    found = make_plan(new, running, {}, datetime(2026, 12, 2, tzinfo=UTC))
+    assert {("went", "added"), ("gone", "removed")} == {(j.code, j.kind) for j in found.jobs}
+    assert [
+        "job went: has the action of removed job gone: if it is a rename, add "
+        "renamed_from: [gone] to keep its history and pause"
+    ] == found.warnings
+
+
+def test_replicas_that_disagree_are_a_warning_and_a_job_any_runs_otherwise_is_changed(
+    tmp_path: Path,
+) -> None:
+    old = load_config(
+        [str(write(tmp_path, "s", RUNNING_NOW, "old.yaml"))], database_url="postgresql://u@h/db"
+    )
+    running = {code: [definition(job)] for code, job in old.jobs.items()}
+    other = definition(old.jobs["keep"]) | {"retries": 3}
+    running["keep"].append(other)
+    found = make_plan(old, running, {}, datetime(2026, 12, 2, tzinfo=UTC), config_hashes=["a", "b"])
+    [keep] = found.jobs
+    assert ("keep", "changed") == (keep.code, keep.kind)
+    assert [FieldChange("retries", 3, 0)] == keep.changes
+    assert found.warnings[0].startswith("the live replicas run 2 configs (drift)")
