@@ -613,6 +613,23 @@ async def test_the_replicas_view_lists_the_registrys_live_replicas_with_their_re
     assert 2 == seen[THIS_REPLICA]["failures"]
 
 
+async def test_the_replicas_view_shows_drift_and_the_jobs_that_differ(served: Site) -> None:
+    changed = served.config_path.parent / "changed.yaml"
+    changed.write_text(
+        served.config_path.read_text().replace('cron: "30 2 * * *"', 'cron: "45 2 * * *"')
+    )
+    config = load_config([str(changed)], database_url=served.dsn)
+    await registry.join(served.store, entry_of("replica-c:303", uuid.uuid4(), config))
+    data = await fetch_json(served.port, "/status/replicas.json")
+    _, _, html = await fetch(served.port, "/status/replicas")
+    drift = data["drift"]
+    assert {"nightly-report"} == set(drift["jobs"])
+    assert [["replica-c:303"]] == [
+        names for names in drift["configs"].values() if "replica-c:303" in names
+    ]
+    assert "Config drift since" in html and "nightly-report" in Page(html).all_text
+
+
 async def test_the_page_changes_nothing_and_refuses_other_methods(served: Site) -> None:
     def count() -> tuple[int, str]:
         with psycopg.connect(served.dsn) as conn:
