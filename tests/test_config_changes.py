@@ -217,3 +217,31 @@ def test_an_idle_replica_sends_one_statement_a_minute_the_registry_touch(
     assert 1 == len(logged), logged
     assert "The registry's one idle statement" in logged[0]
     assert logged == every, every[:5]
+
+
+def test_a_rename_applied_by_a_reload_keeps_the_run_once_state(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(
+            config(schema, f"  old-seed: {{once: true, entrypoint: {LEDGER}}}\n")
+        )
+        [replica] = running.start(path, 1)
+        replica.wait_event("initial_attempted", timeout=20)
+        running.write_config(
+            config(
+                schema, f"  seed: {{once: true, entrypoint: {LEDGER}, renamed_from: [old-seed]}}\n"
+            )
+        )
+        replica.signal(signal.SIGHUP)
+        replica.wait_event("config_reloaded", timeout=20)
+        attempted = wait_until(
+            lambda: [e for e in replica.events("initial_attempted") if e["job"] == "seed"],
+            20,
+            "the renamed run-once job to be attempted",
+        )
+        [renamed] = replica.events("job_renamed")
+        starts = running.rows("SELECT job FROM {ledger} WHERE phase = 'start'")
+    assert ("seed", 1) == (renamed["job"], renamed["initial"])
+    assert "success" != attempted[0]["outcome"]
+    assert [{"job": "old-seed"}] == starts
