@@ -50,6 +50,7 @@ HANDLERS: dict[str, str] = {
     "run": "pgcrond.daemon.lifecycle:run_command",
     "migrate": "pgcrond.ops.commands:migrate_command",
     "status": "pgcrond.ops.commands:status_command",
+    "plan": "pgcrond.ops.plan:plan_command",
     "history": "pgcrond.ops.commands:history_command",
     "trigger": "pgcrond.ops.trigger:trigger_command",
     "unlock": "pgcrond.ops.unlock:unlock_command",
@@ -228,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(status)
     _add_database(status)
     _add_output(status, wide="times, owners, last tick, success, failure, misses, pause")
+
+    plan = sub.add_parser(
+        "plan",
+        help="what applying a config changes against what the live replicas run "
+        "(exit 0: nothing, 2: changes, 1: error)",
+    )
+    _add_config(plan)
+    _add_database(plan)
+    _add_output(plan)
 
     history = sub.add_parser("history", help="past runs, newest first")
     _add_config(history, required=False)

@@ -123,3 +123,7 @@ class EntrypointError(PgcrondError):
 
 class Unsupported(PgcrondError):
     """This guard cannot do that."""
+
+
+class ReplicaNameTaken(PgcrondError):
+    """Another live replica in the registry has this replica's name."""

@@ -32,6 +32,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from pgcrond.daemon.metrics import Metrics
 from tests.daemon_harness import ROOT, Replica, cluster, wait_until
 from tests.test_daemon import LEDGER, config
 
@@ -68,9 +69,13 @@ def test_the_prometheusrule_holds_the_plain_rules_and_the_kubernetes_readiness_o
     plain, operator = rules_of(RULES), rules_of(OPERATOR)
     assert plain == operator[: len(plain)]
     assert ["PgcrondNoReadyReplica"] == [rule["alert"] for rule in operator[len(plain) :]]
-    assert {"PgcrondJobStale", "PgcrondJobFailing", "PgcrondTicksMissed", "PgcrondNoReplicaUp"} == {
-        rule["alert"] for rule in plain
-    }
+    assert {
+        "PgcrondJobStale",
+        "PgcrondJobFailing",
+        "PgcrondTicksMissed",
+        "PgcrondNoReplicaUp",
+        "PgcrondConfigDrift",
+    } == {rule["alert"] for rule in plain}
     document = yaml.safe_load(OPERATOR.read_text())
     assert ("monitoring.coreos.com/v1", "PrometheusRule") == (
         document["apiVersion"],
@@ -103,8 +108,8 @@ def test_promtool_accepts_both_rule_files(tmp_path: Path) -> None:
     spec.write_text(yaml.safe_dump(yaml.safe_load(OPERATOR.read_text())["spec"]))
     checked = promtool("check", "rules", str(RULES), str(spec))
     assert 0 == checked.returncode, checked.stdout + checked.stderr
-    assert "SUCCESS: 4 rules found" in checked.stdout
     assert "SUCCESS: 5 rules found" in checked.stdout
+    assert "SUCCESS: 6 rules found" in checked.stdout
 
 
 def scrape(replica: Replica) -> list[Sample]:
@@ -478,3 +483,47 @@ def test_every_rule_and_dashboard_query_returns_data_from_prometheus_scraping_a_
     assert ["broken"] == [sample["metric"]["cronjob"] for sample in stale]
     assert ["broken"] == [sample["metric"]["cronjob"] for sample in failing]
     assert "gap" in [sample["metric"]["cronjob"] for sample in missed]
+
+
+@needs_promtool
+@pytest.mark.usefixtures("system_processes")
+def test_the_drift_rule_fires_once_replicas_disagree_for_15_minutes(tmp_path: Path) -> None:
+    """A rollout that finishes within 15 minutes stays quiet; one that stalls alerts."""
+    exported = {sample.name for family in Metrics().registry.collect() for sample in family.samples}
+    assert "pgcrond_config_drift" in exported
+    alert = {
+        "exp_labels": {"severity": "warning"},
+        "exp_annotations": rendered("PgcrondConfigDrift", "", 1.0),
+    }
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": [
+                # Two replicas: both report the drift while one lags behind.
+                {"series": 'pgcrond_config_drift{instance="replica-1"}', "values": "0 1x20"},
+                {"series": 'pgcrond_config_drift{instance="replica-2"}', "values": "0 1x20"},
+                # A rollout done in ten minutes.
+                {"series": 'pgcrond_config_drift{instance="replica-3"}', "values": "0 1x9 0x10"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "14m", "alertname": "PgcrondConfigDrift", "exp_alerts": []},
+                {"eval_time": "17m", "alertname": "PgcrondConfigDrift", "exp_alerts": [alert]},
+            ],
+        },
+        {
+            "interval": "1m",
+            "input_series": [
+                {"series": 'pgcrond_config_drift{instance="replica-1"}', "values": "0 1x9 0x10"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "20m", "alertname": "PgcrondConfigDrift", "exp_alerts": []},
+            ],
+        },
+    ]
+    test_file = tmp_path / "drift-test.yaml"
+    test_file.write_text(
+        yaml.safe_dump({"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": tests})
+    )
+    tested = promtool("test", "rules", str(test_file))
+    assert 0 == tested.returncode, tested.stdout + tested.stderr
+    assert "SUCCESS" in tested.stdout

@@ -31,8 +31,9 @@ from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import Metrics
+from pgcrond.daemon.registry import entry_of
 from pgcrond.daemon.status_page import StatusPage, _stale, job_path
-from pgcrond.storage import jobstate
+from pgcrond.storage import jobstate, registry
 from pgcrond.storage.leases import Acquired, LeaseStore
 from tests.store_helpers import open_store
 
@@ -280,6 +281,8 @@ async def site(pg_dsn: str, schema: str, directory: Path) -> AsyncIterator[Site]
         open_store(pg_dsn, schema, owner=OTHER_REPLICA, migrate=False) as other,
     ):
         history = await seed(pg_dsn, schema, store, other)
+        for name in (THIS_REPLICA, OTHER_REPLICA):
+            await registry.join(store, entry_of(name, uuid.uuid4(), config))
         page = StatusPage(config=lambda: config, store=lambda: store, replica=THIS_REPLICA)
         server = HealthServer(
             "127.0.0.1:0",
@@ -389,7 +392,7 @@ async def test_the_overview_shows_every_job_running_now_and_replicas_with_job_te
         ("5", "jobs"),
         ("1", "running now"),
         ("1", "last run failed"),
-        ("2", "replicas seen (1h)"),
+        ("2", "live replicas"),
     ] == cards
 
 
@@ -588,7 +591,7 @@ async def test_the_running_view_shows_run_key_replica_attempt_since_expiry_and_f
     assert timedelta(minutes=10) == expires - since
 
 
-async def test_the_replicas_view_lists_the_owners_of_recent_rows_with_this_replicas_version(
+async def test_the_replicas_view_lists_the_registrys_live_replicas_with_their_recent_rows(
     served: Site,
 ) -> None:
     status, _, html = await fetch(served.port, "/status/replicas")
@@ -599,14 +602,32 @@ async def test_the_replicas_view_lists_the_owners_of_recent_rows_with_this_repli
     data = await fetch_json(served.port, "/status/replicas.json")
     seen = {r["owner"]: r for r in data["replicas"]}
     assert {THIS_REPLICA, OTHER_REPLICA} == set(seen)
-    assert pgcrond.__version__ == seen[THIS_REPLICA]["version"]
-    assert seen[THIS_REPLICA]["this_replica"]
-    assert None is seen[OTHER_REPLICA]["version"]
+    assert pgcrond.__version__ == seen[THIS_REPLICA]["version"] == seen[OTHER_REPLICA]["version"]
+    assert seen[THIS_REPLICA]["this_replica"] and not seen[OTHER_REPLICA]["this_replica"]
+    assert seen[THIS_REPLICA]["config_hash"] == seen[OTHER_REPLICA]["config_hash"]
+    assert None is data["drift"]
     assert 1 == seen[OTHER_REPLICA]["running"]
     # This replica: sync-invoices' odd minutes (one of them the failure) and the failed night.
     odd = [k for k in range(1, 13) if k % 2 and k != 5]
     assert len(odd) + 1 == seen[THIS_REPLICA]["runs"]
     assert 2 == seen[THIS_REPLICA]["failures"]
+
+
+async def test_the_replicas_view_shows_drift_and_the_jobs_that_differ(served: Site) -> None:
+    changed = served.config_path.parent / "changed.yaml"
+    changed.write_text(
+        served.config_path.read_text().replace('cron: "30 2 * * *"', 'cron: "45 2 * * *"')
+    )
+    config = load_config([str(changed)], database_url=served.dsn)
+    await registry.join(served.store, entry_of("replica-c:303", uuid.uuid4(), config))
+    data = await fetch_json(served.port, "/status/replicas.json")
+    _, _, html = await fetch(served.port, "/status/replicas")
+    drift = data["drift"]
+    assert {"nightly-report"} == set(drift["jobs"])
+    assert [["replica-c:303"]] == [
+        names for names in drift["configs"].values() if "replica-c:303" in names
+    ]
+    assert "Config drift since" in html and "nightly-report" in Page(html).all_text
 
 
 async def test_the_page_changes_nothing_and_refuses_other_methods(served: Site) -> None:

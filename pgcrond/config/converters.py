@@ -227,6 +227,20 @@ def _argv(node: yaml.Node) -> tuple[str, ...]:
     return tuple(argv)
 
 
+def _codes(node: yaml.Node) -> tuple[str, ...]:
+    if not isinstance(node, yaml.SequenceNode):
+        raise ValueError(f"must be a list of job codes like [old-code], got {kind(node)}")
+    codes = []
+    for index, item in enumerate(node.value):
+        value = scalar(item)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"entry {index} must be a job code (text), got {kind(item)}")
+        codes.append(value)
+    if not codes:
+        raise ValueError("must name at least one old job code")
+    return tuple(codes)
+
+
 def _lock_key(node: yaml.Node) -> str | int:
     value = scalar(node)
     if isinstance(value, bool) or not isinstance(value, str | int):
@@ -253,6 +267,9 @@ def _datetime(node: yaml.Node) -> datetime:
 
 
 string = Converter(_string, {"type": "string"})
+codes = Converter(
+    _codes, {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}
+)
 nonempty_string = Converter(_nonempty_string, {"type": "string", "minLength": 1})
 boolean = Converter(_bool, {"type": "boolean"})
 count = Converter(_count, {"type": "integer", "minimum": 0})

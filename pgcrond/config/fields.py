@@ -287,6 +287,13 @@ JOB = _table(
         "max(1h, misfire_grace + lease)",
         True,
     ),
+    Field(
+        "renamed_from",
+        c.codes,
+        (),
+        "old codes of this job: at start its history, pause and run-once state move to "
+        "this code (docs/operations.md)",
+    ),
     Field("description", c.string, None, "free text"),
 )
 DEFAULTABLE = tuple(name for name, f in JOB.items() if f.defaultable)

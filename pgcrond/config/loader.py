@@ -167,6 +167,8 @@ class _Loader:
         self.issues = Issues()
         self.top: dict[str, Located] = {}
         self.jobs: dict[str, tuple[Located, Located]] = {}  # code -> (key, definition)
+        # code -> (its section, its renamed_from): checked across jobs once all are read.
+        self.renames: dict[str, tuple[Section, tuple[str, ...]]] = {}
         # Read once, so that a wrong default is reported once, not once per job.
         self.defaults: Section | None = None
         self.default_values: dict[str, object] = {}
@@ -344,6 +346,7 @@ class _Loader:
             job = self.job(code, key, value)
             if job is not None:
                 jobs[code] = job
+        self.check_renames()
         if not self.jobs and not self.issues and not self.unreadable:
             self.issue(
                 first_file, None, None, "jobs", "no jobs defined; add at least one under jobs:"
@@ -366,6 +369,60 @@ class _Loader:
             spread=DEFAULT_SPREAD if spread is None else spread,
             warnings=tuple(_sorted(self.issues.warnings, self.names)),
         )
+
+    def check_renames(self) -> None:
+        """Each old code moves to one job, is no job of this config, and leads to no cycle.
+
+        A rename runs at start (storage/renames.py): an old code that is still a
+        job, or that two jobs claim, would move one job's history under another.
+        """
+        claimed: dict[str, str] = {}
+        for code, (section, olds) in self.renames.items():
+            for old in olds:
+                problem = _code_problem(old)
+                if problem is not None:
+                    self.report(section, "renamed_from", f"{old!r}: {problem}", job=code)
+                elif old == code:
+                    self.report(section, "renamed_from", "names this job's own code", job=code)
+                elif code in self._renamed_chain(old):
+                    self.report(
+                        section,
+                        "renamed_from",
+                        f"{old!r} is a cycle: {old!r} is renamed from {code!r} in turn; "
+                        "a job code can only move forward to a new one",
+                        job=code,
+                    )
+                elif old in self.jobs:
+                    at = self.jobs[old][0]
+                    self.report(
+                        section,
+                        "renamed_from",
+                        f"{old!r} is still a job of this config ({at.file}:{at.line}): "
+                        "remove that job, or this entry, since its history would move here",
+                        job=code,
+                    )
+                elif old in claimed:
+                    first = self.jobs[claimed[old]][0]
+                    self.report(
+                        section,
+                        "renamed_from",
+                        f"{old!r} is also in the renamed_from of job {claimed[old]!r} "
+                        f"({first.file}:{first.line}): an old code can move to one job only",
+                        job=code,
+                    )
+                else:
+                    claimed[old] = code
+
+    def _renamed_chain(self, code: str) -> set[str]:
+        """Every code that ``code`` is renamed from, directly or through others."""
+        seen: set[str] = set()
+        todo = [code]
+        while todo:
+            for old in self.renames.get(todo.pop(), (None, ()))[1]:
+                if old not in seen:
+                    seen.add(old)
+                    todo.append(old)
+        return seen
 
     def check_retention(
         self, top: Section, retention: timedelta | None, jobs: Mapping[str, JobConfig]
@@ -581,6 +638,9 @@ class _Loader:
         lock_key = self.read(section, "lock_key", JOB["lock_key"].convert)
         description = self.read(section, "description", JOB["description"].convert)
         suspended = self.read(section, "suspended", JOB["suspended"].convert)
+        renamed_from = self.read(section, "renamed_from", JOB["renamed_from"].convert) or ()
+        if renamed_from:
+            self.renames[code] = (section, renamed_from)
         jitter = merged.get("jitter", JOB["jitter"].default)
         grace = merged.get("misfire_grace", DEFAULT_MISFIRE_GRACE)
         if isinstance(jitter, timedelta) and isinstance(grace, timedelta) and jitter >= grace:
@@ -651,6 +711,7 @@ class _Loader:
                 timedelta | None, merged.get("alert_after", JOB["alert_after"].default)
             ),
             jitter=cast(timedelta, jitter),
+            renamed_from=renamed_from,
             history_retention=cast(timedelta | None, merged.get("history_retention")),
             source=f"{key.file}:{key.line}",
         )

@@ -115,6 +115,8 @@ class JobConfig:
     # Its own pruning age, or None: the top-level history_retention.
     history_retention: timedelta | None = None
     jitter: timedelta = default(JOB, "jitter")
+    # Old codes whose rows this job takes over at start (storage/renames.py).
+    renamed_from: tuple[str, ...] = default(JOB, "renamed_from")
     # Where it is written (file:line) is not part of the job: moving it is no change.
     source: str = field(default="<code>", compare=False)
 

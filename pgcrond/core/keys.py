@@ -66,6 +66,10 @@ class Identity:
     type: IdentityType
     code: str
     run_key: str | None
+    # The code the key is derived from when it is not ``code``: a tick claimed
+    # before its job was renamed (``renamed_from``) keeps the key it was
+    # claimed with, so its retries and takeovers present the same one.
+    key_code: str | None = None
 
     @classmethod
     def of(cls, type: str, code: object, run_key: object = None) -> Identity:
@@ -82,8 +86,12 @@ class Identity:
         return cls("SCHEDULE", clean_code, _clean("run_key", run_key, MAX_RUN_KEY_LENGTH))
 
     @classmethod
-    def schedule(cls, code: object, run_key: object) -> Identity:
-        return cls.of("SCHEDULE", code, run_key)
+    def schedule(cls, code: object, run_key: object, key_code: str | None = None) -> Identity:
+        """A tick's identity; ``key_code``: the old code its key came from (see above)."""
+        identity = cls.of("SCHEDULE", code, run_key)
+        if key_code is None or key_code == identity.code:
+            return identity
+        return cls("SCHEDULE", identity.code, identity.run_key, key_code)
 
     @classmethod
     def initial(cls, code: object) -> Identity:
@@ -94,7 +102,12 @@ class Identity:
         # of {version, type, code, runKey}; ensure_ascii=False keeps non-ASCII
         # as UTF-8 like Node does.
         payload = json.dumps(
-            {"version": 2, "type": self.type, "code": self.code, "runKey": self.run_key},
+            {
+                "version": 2,
+                "type": self.type,
+                "code": self.code if self.key_code is None else self.key_code,
+                "runKey": self.run_key,
+            },
             separators=(",", ":"),
             ensure_ascii=False,
         )

@@ -47,6 +47,7 @@ from pgcrond.daemon.hooks import FailureHooks
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
+from pgcrond.daemon.registry import Membership
 from pgcrond.daemon.requests import Requests
 from pgcrond.daemon.status_page import StatusPage
 from pgcrond.daemon.watch import ConfigWatcher
@@ -59,6 +60,7 @@ from pgcrond.storage.embedded import LocalServer, attach
 from pgcrond.storage.history import abandon_stale, open_ticks, ping, prune
 from pgcrond.storage.leases import LeaseStore, NotAcquired
 from pgcrond.storage.pooling import log_pooling
+from pgcrond.storage.renames import apply_renames
 from pgcrond.storage.requests import prune_requests
 from pgcrond.storage.ticks import job_ticks
 
@@ -135,7 +137,7 @@ class Daemon:
         self.paths = list(paths)
         self.database_url = database_url
         self.http_listen = config.http_listen if http_listen is None else http_listen
-        # No registry yet to refuse a name another live replica holds: say how it was chosen.
+        # A name another live replica holds is refused at start, by the registry.
         named = this_process(replica)
         self.replica = named.name
         log.info("replica_named", replica=named.name, chosen_by=named.chosen_by)
@@ -161,6 +163,7 @@ class Daemon:
         self._hooks = FailureHooks(self.replica)
         self._store: LeaseStore | None = None
         self._accounting: Accounting | None = None
+        self._membership: Membership | None = None
         self._started = False
 
     # -- life cycle -----------------------------------------------------------
@@ -252,6 +255,12 @@ class Daemon:
         await self._start_http()
         if not await self._migrate(store):
             return False
+        # Before anything fires: a name another live replica holds refuses the
+        # start, and renamed jobs own their old codes' rows (run-once state too).
+        self._membership = Membership(store, self.replica, self.config, self.metrics)
+        await self._membership.join()
+        self._spawn(self._membership.run())
+        await self._apply_renames(store, self.config)
         # One log line: is a pooler in front, in transaction mode? (in the background)
         # Then `trigger --detach` requests: LISTEN, or a slow poll behind one.
         requests = Requests(
@@ -315,6 +324,18 @@ class Daemon:
                 log.info("migrated", versions=applied)
             return True
         return False
+
+    async def _apply_renames(self, store: LeaseStore, config: Config) -> None:
+        renames = [(code, job.renamed_from) for code, job in config.jobs.items()]
+        for moved in await apply_renames(store, renames):
+            log.info(
+                "job_renamed",
+                job=moved.code,
+                renamed_from=list(moved.old),
+                ticks=moved.ticks,
+                initial=moved.initial,
+                paused=moved.paused,
+            )
 
     def _start_scheduler(self) -> None:
         scheduler = AsyncIOScheduler(
@@ -457,7 +478,7 @@ class Daemon:
             self._spawn_fire(
                 job,
                 tick,
-                Identity.schedule(job.code, open_tick.run_key),
+                Identity.schedule(job.code, open_tick.run_key, open_tick.key_code),
                 started=True,
             )
 
@@ -557,6 +578,17 @@ class Daemon:
             return
         if new.database != self.config.database:
             log.warning("config_reload_partial", detail="database settings change only on restart")
+        if self._store is not None:
+            # Before the new jobs fire: a job renamed by this reload owns its old rows.
+            try:
+                await self._apply_renames(self._store, new)
+            except PgcrondError as exc:
+                log.error(
+                    "config_reload_rejected",
+                    errors=[f"renamed_from: {exc}"],
+                    detail="the previous configuration stays in force",
+                )
+                return
         old_jobs, self.config = self.config.jobs, new
         self._spread.delay = new.spread
         added = [code for code in new.jobs if code not in old_jobs]
@@ -568,6 +600,8 @@ class Daemon:
         if self._advisory_db is not None:
             await self._advisory_db.resize(_advisory_pool_size(new))
         self.metrics.set_jobs(new.jobs, _alert_after(new))
+        if self._membership is not None:
+            await self._membership.reloaded(new)
         log.info(
             "config_reloaded",
             added=added,
@@ -597,6 +631,8 @@ class Daemon:
             task.cancel()
         # Failure hooks of the last runs: bounded, inside the supervisor's wait.
         await self._hooks.drain(HOOK_DRAIN_S)
+        if self._membership is not None:
+            await self._membership.leave()
         log.info("daemon_stopped", replica=self.replica)
 
     async def _drain(self, grace: float) -> None:

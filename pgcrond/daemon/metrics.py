@@ -151,6 +151,12 @@ class Metrics:
             ["cronjob"],
             registry=r,
         )
+        self.config_drift = Gauge(
+            "pgcrond_config_drift",
+            "Config hashes that live replicas run, beyond one: 0 while all agree. As this "
+            "replica last read the registry: at start, on reload and once a minute.",
+            registry=r,
+        )
 
     def set_jobs(
         self, codes: Iterable[str], alert_after: Mapping[str, timedelta | None] | None = None

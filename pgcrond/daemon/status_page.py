@@ -5,7 +5,7 @@ Views (each also as JSON, at the same path with ``.json`` or with
 --json`` and ``pgcrond history --json``, plus a few of the page's own):
 
 * ``/status`` (and ``/``): every job of this replica's config, what runs now,
-  and the replicas seen recently;
+  and the live replicas (the registry);
 * ``/status/jobs/<code>``: one job's recent ticks and a duration chart;
 * ``/status/running`` and ``/status/replicas``.
 
@@ -41,7 +41,7 @@ from pgcrond.core.durations import format_duration
 from pgcrond.core.schedule import Schedule, tick_of
 from pgcrond.errors import PgcrondError
 from pgcrond.ops import report
-from pgcrond.storage import jobstate
+from pgcrond.storage import jobstate, registry
 from pgcrond.storage import status as reads
 from pgcrond.storage.leases import LeaseStore
 
@@ -288,7 +288,7 @@ class StatusPage:
         # Failing jobs across every page: one bounded probe per job, nothing drawn.
         failing = await reads.failing(store, [job.code for job in every])
         running = [running_entry(row) for row in await reads.running(store)]
-        replicas = [self._replica_entry(seen) for seen in await reads.replicas(store)]
+        replicas, _ = await self._replica_entries(store)
         data = {
             "generated_at": now,
             "replica": self.replica,
@@ -304,7 +304,7 @@ class StatusPage:
             _card("jobs", str(len(every)), f"{PREFIX}#jobs")
             + _card("running now", str(len(running)), f"{PREFIX}/running", "run" if running else "")
             + _card("last run failed", str(len(failing)), "#failing", "fail" if failing else "")
-            + _card("replicas seen (1h)", str(len(replicas)), f"{PREFIX}/replicas")
+            + _card("live replicas", str(len(replicas)), f"{PREFIX}/replicas")
         )
         failing_html = ""
         if failing:
@@ -334,15 +334,20 @@ class StatusPage:
         return View("Running now", f"{PREFIX}/running.json", data, body)
 
     async def _replicas_view(self, store: LeaseStore, now: datetime) -> View:
-        replicas = [self._replica_entry(seen) for seen in await reads.replicas(store)]
-        data = {"generated_at": now, "replica": self.replica, "replicas": replicas}
+        replicas, drift = await self._replica_entries(store)
+        data = {
+            "generated_at": now,
+            "replica": self.replica,
+            "replicas": replicas,
+            "drift": report.drift_entry(drift),
+        }
         window = format_duration(reads.REPLICAS_WITHIN)
         body = (
-            f"<h2>Replicas seen in the last {esc(window)}</h2>"
-            f'<p class="note">From the rows they claimed: a replica that ran nothing in the last '
-            f"{esc(window)} is not listed. The version is known for the answering replica only; "
-            "the lease table does not record it.</p>"
-            f"{_replicas_table(replicas, now)}"
+            "<h2>Live replicas</h2>"
+            f'<p class="note">From the registry: each replica writes its row at start and '
+            f"once a minute, and deletes it when it stops. Runs count the rows each replica "
+            f"claimed in the last {esc(window)}.</p>"
+            f"{_drift_note(drift)}{_replicas_table(replicas, now)}"
         )
         return View("Replicas", f"{PREFIX}/replicas.json", data, body)
 
@@ -394,19 +399,27 @@ class StatusPage:
         )
         return entry
 
-    def _replica_entry(self, seen: reads.ReplicaSeen) -> dict[str, Any]:
-        this = seen.owner == self.replica
-        return {
-            "owner": seen.owner,
-            "this_replica": this,
-            "version": self.version if this else None,
-            "first_seen": seen.first_seen,
-            "last_seen": seen.last_seen,
-            "runs": seen.runs,
-            "running": seen.running,
-            "successes": seen.successes,
-            "failures": seen.failures,
-        }
+    async def _replica_entries(
+        self, store: LeaseStore
+    ) -> tuple[list[dict[str, Any]], registry.Drift | None]:
+        """The registry's live replicas, each with what its rows of the last hour say."""
+        live = await registry.live(store)
+        activity = {seen.owner: seen for seen in await reads.replicas(store)}
+        entries = []
+        for replica in live:
+            seen = activity.get(replica.name)
+            entries.append(
+                {
+                    **report.replica_entry(replica),
+                    "owner": replica.name,
+                    "this_replica": replica.name == self.replica,
+                    "runs": seen.runs if seen else 0,
+                    "running": seen.running if seen else 0,
+                    "successes": seen.successes if seen else 0,
+                    "failures": seen.failures if seen else 0,
+                }
+            )
+        return entries, registry.drift(live)
 
     # -- HTML -------------------------------------------------------------------------------
 
@@ -738,15 +751,28 @@ def _running_table(running: list[dict[str, Any]], now: datetime) -> str:
     )
 
 
+def _drift_note(drift: registry.Drift | None) -> str:
+    if drift is None:
+        return ""
+    differ = ", ".join(drift.jobs) or "none (settings only)"
+    return (
+        f'<p class="failing">Config drift since {esc(report.when(drift.since))}: '
+        f"{len(drift.configs)} configs among the live replicas; jobs that differ: "
+        f"{esc(differ)}</p>"
+    )
+
+
 def _replicas_table(replicas: list[dict[str, Any]], now: datetime) -> str:
     if not replicas:
-        return '<p class="empty">No replica claimed anything recently.</p>'
+        return '<p class="empty">No live replica in the registry.</p>'
     rows = "".join(
         "<tr>"
         f'<td data-label="Replica"><div>{esc(r["owner"])}'
         + (' <span class="badge run">this one</span>' if r["this_replica"] else "")
         + "</div></td>"
-        f'<td data-label="Version"><div>{esc(r["version"] or "–")}</div></td>'
+        f'<td data-label="Version"><div>{esc(r["version"])}</div></td>'
+        f'<td data-label="Config" class="code"><div>'
+        f"{esc(r['config_hash'][: report.CONFIG_HASH_SHOWN])}</div></td>"
         f'<td data-label="Last seen"><div>{_time(r["last_seen"], now)}</div></td>'
         f'<td data-label="Running" class="num"><div>{esc(r["running"])}</div></td>'
         f'<td data-label="Runs" class="num"><div>{esc(r["runs"])}</div></td>'
@@ -757,7 +783,7 @@ def _replicas_table(replicas: list[dict[str, Any]], now: datetime) -> str:
     )
     return (
         '<div class="scroll"><table class="cards-on-phone"><thead><tr><th>Replica</th>'
-        "<th>Version</th><th>Last seen</th><th>Running</th><th>Runs (finished)</th>"
+        "<th>Version</th><th>Config</th><th>Last seen</th><th>Running</th><th>Runs (finished)</th>"
         f"<th>Failures</th></tr></thead><tbody>{rows}</tbody></table></div>"
     )
 

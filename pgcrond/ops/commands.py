@@ -15,6 +15,7 @@ from pgcrond.errors import CommandError
 from pgcrond.ops import report
 from pgcrond.ops.session import EXIT_OK, Target, run_command
 from pgcrond.storage import history as records
+from pgcrond.storage import registry
 from pgcrond.storage.leases import LeaseStore
 
 ERROR_WIDTH = 60
@@ -53,8 +54,11 @@ async def _status(args: argparse.Namespace, target: Target, store: LeaseStore) -
     entries = [report.status_entry(config.jobs[row["code"]], row, now) for row in rows]
     await _add_ticks(store, config, entries)
     if args.output == "json":
+        # The jobs only, as the status page's /status.json has them; the
+        # replicas and their drift are /status/replicas.json.
         print(report.to_json(entries))
-    elif args.output == "wide":
+        return EXIT_OK
+    if args.output == "wide":
         print(
             report.table(
                 ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING NOW", "FAILS",
@@ -69,6 +73,9 @@ async def _status(args: argparse.Namespace, target: Target, store: LeaseStore) -
                 [_narrow_cells(config.jobs[entry["job"]], entry, now) for entry in entries],
             )
         )
+    replicas = await registry.live(store)
+    print()
+    print(report.replicas_text(replicas, registry.drift(replicas), now))
     return EXIT_OK
 
 

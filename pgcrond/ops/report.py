@@ -14,8 +14,13 @@ from typing import Any
 from pgcrond.config.models import JobConfig
 from pgcrond.core.durations import format_duration
 from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule
+from pgcrond.storage.registry import Drift, LiveReplica
 
 NONE = "-"
+
+
+# Of a config hash, where a table shows it (enough to tell a handful apart).
+CONFIG_HASH_SHOWN = 8
 
 
 def iso(value: datetime | None, *, precise: bool = True) -> str | None:
@@ -174,3 +179,59 @@ def pause_entry(job: JobConfig, pause: Any | None) -> dict[str, Any] | None:
         "at": pause.paused_at,
         "reason": pause.reason,
     }
+
+
+def replica_entry(replica: LiveReplica) -> dict[str, Any]:
+    """A live replica of the registry, as `status` and the status page show it."""
+    return {
+        "name": replica.name,
+        "version": replica.version,
+        "config_hash": replica.config_hash,
+        "config_since": replica.config_at,
+        "started_at": replica.started_at,
+        "last_seen": replica.last_seen,
+        "jobs": len(replica.job_hashes),
+    }
+
+
+def drift_entry(found: Drift | None) -> dict[str, Any] | None:
+    """Drift as JSON: null when every live replica runs one config."""
+    if found is None:
+        return None
+    return {"since": found.since, "configs": found.configs, "jobs": found.jobs}
+
+
+def replicas_text(replicas: Sequence[LiveReplica], found: Drift | None, now: datetime) -> str:
+    """The replicas section of `pgcrond status`: the registry's live rows and the drift."""
+    if not replicas:
+        return "no live replica in the registry (none running, or none since this version)"
+    lines = [
+        table(
+            ["REPLICA", "VERSION", "CONFIG", "STARTED", "LAST SEEN"],
+            [
+                [
+                    r.name,
+                    r.version,
+                    r.config_hash[:CONFIG_HASH_SHOWN],
+                    when(r.started_at),
+                    relative(r.last_seen - now),
+                ]
+                for r in replicas
+            ],
+        )
+    ]
+    if found is None:
+        shown = replicas[0].config_hash[:CONFIG_HASH_SHOWN]
+        lines.append(f"no drift: every live replica runs config {shown}")
+        return "\n".join(lines)
+    configs = "; ".join(
+        f"{key[:CONFIG_HASH_SHOWN]} on {', '.join(names)}" for key, names in found.configs.items()
+    )
+    lines.append(
+        f"DRIFT since {when(found.since)} ({relative(found.since - now)}): "
+        f"{len(found.configs)} configs: {configs}"
+    )
+    for code, by_hash in found.jobs.items():
+        differ = "; ".join(f"{key} on {', '.join(names)}" for key, names in by_hash.items())
+        lines.append(f"  job {code}: {differ}")
+    return "\n".join(lines)

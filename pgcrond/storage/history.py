@@ -34,6 +34,8 @@ class OpenTick:
     status: str
     # A FAIL row's reason: "error", "timeout", "released", ...
     reason: str | None
+    # The code its key came from, when claimed before a rename (else None).
+    key_code: str | None = None
 
 
 async def open_ticks(
@@ -44,7 +46,10 @@ async def open_ticks(
         store.queries.get("open_ticks"),
         {"codes": codes, "within_ms": to_ms(within), "limit": limit},
     )
-    return [OpenTick(row["code"], row["run_key"], row["status"], row["reason"]) for row in rows]
+    return [
+        OpenTick(row["code"], row["run_key"], row["status"], row["reason"], row["key_code"])
+        for row in rows
+    ]
 
 
 async def abandon_stale(store: LeaseStore, after: timedelta) -> int:

@@ -73,6 +73,7 @@ class Queries:
             "requests": sql.Identifier(self.schema, f"{self.table}_requests"),
             "forbid_rows": sql.Identifier(self.schema, f"{self.table}_forbid"),
             "requests_pending": own("requests_pending_idx"),
+            "replicas": sql.Identifier(self.schema, f"{self.table}_replicas"),
         }
 
     @property

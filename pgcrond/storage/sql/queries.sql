@@ -428,7 +428,7 @@ RETURNING id
 -- due) or FAIL with a retry time (a retry is due or pending). A replica that
 -- starts follows them, so a tick whose last owner died is not left to chance.
 -- Uses the partial running index and the (code, acquired_at) index; bounded.
-SELECT code, run_key, status, reason, retry_at, expires_at
+SELECT code, run_key, status, reason, retry_at, expires_at, key_code
 FROM {table}
 WHERE type = 'SCHEDULE' AND code = ANY(%(codes)s::text[])
   AND (status = 'RUNNING' OR (status = 'FAIL' AND retry_at IS NOT NULL))
@@ -870,3 +870,102 @@ WITH released AS (
     RETURNING code
 )
 SELECT pg_notify(%(channel)s, code) AS sent FROM released
+
+-- name: registry_join
+-- Enter (or re-enter) the registry: a replica's start, a reload, or a touch
+-- that found its row gone. Takes the name only if no other live instance holds
+-- it (the same instance re-joining keeps its started_at, and its config_at
+-- while the config hash is unchanged). No row back: the name is taken.
+INSERT INTO {replicas} AS r
+    (name, instance, version, config_hash, config_at, job_hashes, definitions, started_at,
+     last_seen)
+VALUES (%(name)s, %(instance)s, %(version)s, %(config_hash)s, clock_timestamp(),
+        %(job_hashes)s, %(definitions)s, clock_timestamp(), clock_timestamp())
+ON CONFLICT (name) DO UPDATE SET
+    instance = EXCLUDED.instance,
+    version = EXCLUDED.version,
+    config_hash = EXCLUDED.config_hash,
+    config_at = CASE WHEN r.instance = EXCLUDED.instance AND r.config_hash = EXCLUDED.config_hash
+                     THEN r.config_at ELSE EXCLUDED.config_at END,
+    job_hashes = EXCLUDED.job_hashes,
+    definitions = EXCLUDED.definitions,
+    started_at = CASE WHEN r.instance = EXCLUDED.instance
+                      THEN r.started_at ELSE EXCLUDED.started_at END,
+    last_seen = EXCLUDED.last_seen
+WHERE r.instance = EXCLUDED.instance
+   OR r.last_seen < clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
+RETURNING name
+
+-- name: registry_holder
+-- Who holds a name that registry_join could not take (only on that error path).
+SELECT name, version, started_at, last_seen FROM {replicas} WHERE name = %(name)s
+
+-- name: registry_touch
+-- The registry's one idle statement, once a minute per replica: say this
+-- replica is alive and, in the same round trip, count the config hashes that
+-- live replicas run (the drift gauge). touched = 0: the row is gone (deleted
+-- by hand, or taken over after a long outage): the replica joins again.
+WITH touched AS (
+    UPDATE {replicas} SET last_seen = clock_timestamp()
+    WHERE name = %(name)s AND instance = %(instance)s
+    RETURNING name
+)
+SELECT (SELECT count(*) FROM touched) AS touched, count(DISTINCT config_hash) AS hashes
+FROM {replicas}
+WHERE last_seen > clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
+
+-- name: registry_leave
+-- A clean stop: this instance's row goes (a newer holder of the name keeps its own).
+DELETE FROM {replicas} WHERE name = %(name)s AND instance = %(instance)s
+
+-- name: registry_live
+-- The live replicas, by name; definitions only when asked (`pgcrond plan`).
+SELECT name, version, config_hash, config_at, job_hashes, started_at, last_seen,
+       CASE WHEN %(definitions)s THEN definitions END AS definitions
+FROM {replicas}
+WHERE last_seen > clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
+ORDER BY name
+
+-- name: rename_lock
+-- Serialise renames of one table across replicas starting at once: the second
+-- finds the rows moved already and moves nothing. Held to the transaction's end.
+SELECT pg_advisory_xact_lock(%(lock_id)s)
+
+-- name: rename_job
+-- Move the rows of a renamed job's old codes to its new code: its history and
+-- open ticks (each keeping the key it was claimed with: key_code records the
+-- code that key came from), its newest run-once row (re-keyed to the new
+-- code's INITIAL identity, so the run-once job does not run again) and its
+-- pause. A row whose tick the new code has already (both codes ran it while
+-- replicas disagreed) stays under its old code. Idempotent: a second run finds
+-- nothing under the old codes to move.
+WITH schedule_rows AS (
+    UPDATE {table} t
+    SET code = %(code)s, key_code = coalesce(t.key_code, t.code)
+    WHERE t.type = 'SCHEDULE' AND t.code = ANY(%(old)s::text[])
+      AND NOT EXISTS (
+          SELECT 1 FROM {table} n
+          WHERE n.type = 'SCHEDULE' AND n.code = %(code)s AND n.run_key = t.run_key
+      )
+    RETURNING 1
+), initial_row AS (
+    UPDATE {table} t
+    SET code = %(code)s, lock_key = %(initial_key)s, key_code = NULL
+    WHERE t.id = (
+        SELECT id FROM {table}
+        WHERE type = 'INITIAL' AND code = ANY(%(old)s::text[])
+        ORDER BY status = 'SUCCESS' DESC, acquired_at DESC
+        LIMIT 1
+    )
+      AND NOT EXISTS (SELECT 1 FROM {table} n WHERE n.lock_key = %(initial_key)s)
+    RETURNING 1
+), pause_row AS (
+    UPDATE {job_state} s
+    SET code = %(code)s
+    WHERE s.code = (SELECT min(code) FROM {job_state} WHERE code = ANY(%(old)s::text[]))
+      AND NOT EXISTS (SELECT 1 FROM {job_state} n WHERE n.code = %(code)s)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM schedule_rows) AS ticks,
+       (SELECT count(*) FROM initial_row) AS initial,
+       (SELECT count(*) FROM pause_row) AS paused

@@ -24,6 +24,7 @@ CREATE TABLE pgcrond.leases (
     retry_at timestamp with time zone,
     reason text,
     error text,
+    key_code text,
     CONSTRAINT leases_lease_ms_check CHECK ((lease_ms > 2)),
     CONSTRAINT leases_reason_by_status CHECK ((((status <> 'SKIPPED'::text) OR (reason = ANY (ARRAY['overlap'::text, 'paused'::text, 'suspended'::text]))) AND ((status <> 'MISSED'::text) OR (reason = ANY (ARRAY['no_replica'::text, 'database_unavailable'::text, 'late'::text, 'coalesced'::text]))))),
     CONSTRAINT leases_run_key_by_type CHECK (((type = 'INITIAL'::text) = (run_key IS NULL))),
@@ -61,6 +62,18 @@ CREATE TABLE pgcrond.leases_job_state (
 CREATE TABLE pgcrond.leases_migrations (
     version integer NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE pgcrond.leases_replicas (
+    name text NOT NULL,
+    instance uuid NOT NULL,
+    version text NOT NULL,
+    config_hash text NOT NULL,
+    config_at timestamp with time zone NOT NULL,
+    job_hashes jsonb NOT NULL,
+    definitions jsonb NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    last_seen timestamp with time zone NOT NULL
 );
 
 CREATE TABLE pgcrond.leases_requests (
@@ -101,6 +114,9 @@ ALTER TABLE ONLY pgcrond.leases_migrations
 
 ALTER TABLE ONLY pgcrond.leases
     ADD CONSTRAINT leases_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY pgcrond.leases_replicas
+    ADD CONSTRAINT leases_replicas_pkey PRIMARY KEY (name);
 
 ALTER TABLE ONLY pgcrond.leases_requests
     ADD CONSTRAINT leases_requests_code_run_key_key UNIQUE (code, run_key);

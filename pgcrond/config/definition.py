@@ -1,0 +1,111 @@
+"""A job's canonical definition: what the registry stores, hashes and `pgcrond plan` diffs.
+
+The definition is JSON (sorted keys, durations in seconds, zones by name), so
+two replicas that load the same job produce the same bytes, whatever the YAML
+looked like (anchors, defaults, key order). It is stored in the database and
+printed by ``plan``, so it never holds a secret: environment and header
+values become a short digest (a change still shows, the value does not), and
+every other string goes through :func:`~pgcrond.core.redaction.redact`.
+
+``source`` (file:line) and ``description`` are left out: moving a job in its
+file or rewording its note changes nothing a replica does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from pgcrond.config.models import Config, JobConfig
+from pgcrond.core.redaction import redact
+from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule, Schedule
+
+# Of a sha256 hex digest: enough to tell definitions apart in a registry row
+# of 10,000 jobs, short enough to keep that row small.
+JOB_HASH_LENGTH = 12
+_LEFT_OUT = frozenset({"code", "source", "description"})
+# Values shown only as a digest: they are where tokens and passwords live.
+_SECRET_MAPPINGS = frozenset({"env", "headers"})
+
+Definition = dict[str, Any]
+
+
+def definition(job: JobConfig) -> Definition:
+    """The job as JSON-ready data: every field that changes what a replica does."""
+    fields = (f.name for f in dataclasses.fields(job) if f.name not in _LEFT_OUT)
+    found = {name: _plain(name, getattr(job, name)) for name in fields}
+    if job.lock_key == job.code:
+        # The default ("the job code"): a rename is shown as a rename, not as a new lock key.
+        found["lock_key"] = None
+    return found
+
+
+def job_hash(job: Definition) -> str:
+    """A short digest of one canonical definition."""
+    return _digest(job)[:JOB_HASH_LENGTH]
+
+
+def config_hash(config: Config) -> str:
+    """The digest of every job's definition (and the cluster-wide settings jobs obey)."""
+    return _digest(
+        {
+            "jobs": {code: definition(job) for code, job in config.jobs.items()},
+            "history_retention": config.history_retention.total_seconds(),
+            "catch_up_window": config.catch_up_window.total_seconds(),
+            "spread": config.spread.total_seconds(),
+        }
+    )[:32]
+
+
+def _digest(value: object) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _plain(name: str, value: Any) -> Any:
+    """``value`` as JSON data; ``name`` is the field it came from (for the secret mappings)."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, ZoneInfo):
+        return value.key
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, CronSchedule | AtSchedule | OnceSchedule):
+        return _schedule(value)
+    if isinstance(value, Mapping):
+        if name in _SECRET_MAPPINGS:
+            return {str(k): "sha256:" + _digest(str(v))[:8] for k, v in value.items()}
+        return {str(k): _plain(str(k), v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(name, item) for item in value]
+    if isinstance(value, frozenset | set):
+        return sorted(_plain(name, item) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        plain = {
+            f.name: _plain(f.name, getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.compare
+        }
+        return {"kind": type(value).__name__, **plain}
+    return redact(str(value))
+
+
+def _schedule(schedule: Schedule) -> Any:
+    # The zone is the job's own field; a schedule is its expression or instant.
+    if isinstance(schedule, CronSchedule):
+        return {"cron": schedule.expression}
+    if isinstance(schedule, AtSchedule):
+        return {"at": schedule.at.isoformat()}
+    return {"once": True}

@@ -1,0 +1,91 @@
+"""This replica's row of the registry: joined at start, re-joined on reload, touched, left.
+
+The touch is the registry's only statement while the replica is idle: one
+``registry_touch`` per :data:`~pgcrond.storage.registry.TOUCH_EVERY`, which
+also reads how many config hashes live replicas run (the drift gauge). A
+touch that fails is logged and tried again a minute later; the row outlives
+three missed touches (``GONE_AFTER``), so a short outage loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import structlog
+
+from pgcrond import __version__
+from pgcrond.config.definition import config_hash, definition, job_hash
+from pgcrond.config.models import Config
+from pgcrond.daemon.metrics import Metrics
+from pgcrond.errors import DatabaseUnavailable, PgcrondError
+from pgcrond.storage import registry
+from pgcrond.storage.leases import LeaseStore
+
+log = structlog.get_logger("pgcrond.registry")
+
+
+def entry_of(name: str, instance: uuid.UUID, config: Config) -> registry.Entry:
+    """The registry row that says ``name`` runs ``config``."""
+    definitions = {code: definition(job) for code, job in config.jobs.items()}
+    return registry.Entry(
+        name=name,
+        instance=instance,
+        version=__version__,
+        config_hash=config_hash(config),
+        job_hashes={code: job_hash(one) for code, one in definitions.items()},
+        definitions=definitions,
+    )
+
+
+class Membership:
+    """One replica's presence in the registry, for the life of the process."""
+
+    def __init__(self, store: LeaseStore, name: str, config: Config, metrics: Metrics) -> None:
+        self._store = store
+        self._metrics = metrics
+        # A fresh instance per process: a restarted replica with the same
+        # name replaces its predecessor's row, another live one is refused.
+        self._entry = entry_of(name, uuid.uuid4(), config)
+
+    @property
+    def config_hash(self) -> str:
+        return self._entry.config_hash
+
+    async def join(self) -> None:
+        """At start: take the name (:class:`ReplicaNameTaken` if held) and read the drift."""
+        await registry.join(self._store, self._entry)
+        log.info("registry_joined", config_hash=self._entry.config_hash)
+        await self._touch()
+
+    async def reloaded(self, config: Config) -> None:
+        """After a reload: the row says what now runs; a failure waits for the next touch."""
+        self._entry = entry_of(self._entry.name, self._entry.instance, config)
+        try:
+            await registry.join(self._store, self._entry)
+            await self._touch()
+        except PgcrondError as exc:
+            log.warning("registry_write_failed", operation="reload", error=str(exc))
+
+    async def run(self) -> None:
+        """Touch the row every minute until cancelled."""
+        while True:
+            await asyncio.sleep(registry.TOUCH_EVERY.total_seconds())
+            try:
+                await self._touch()
+            except DatabaseUnavailable as exc:
+                log.warning("registry_write_failed", operation="touch", error=str(exc))
+            except PgcrondError as exc:
+                # A touch that found the name taken by another instance meanwhile.
+                log.error("registry_write_failed", operation="touch", error=str(exc))
+
+    async def leave(self) -> None:
+        """At a clean stop: the row goes, so `status` stops listing this replica at once."""
+        try:
+            await registry.leave(self._store, self._entry)
+        except PgcrondError as exc:
+            log.warning("registry_write_failed", operation="leave", error=str(exc))
+
+    async def _touch(self) -> None:
+        hashes = await registry.touch(self._store, self._entry)
+        self._metrics.config_drift.set(max(0, hashes - 1))

@@ -1,0 +1,113 @@
+"""``pgcrond plan -c FILE``: what applying FILE changes against what the cluster runs.
+
+The cluster's side is the registry: the job definitions the live replicas
+stored (:mod:`pgcrond.storage.registry`), and the open ticks of their jobs.
+Exit codes follow ``terraform plan -detailed-exitcode``: 0 nothing to do,
+2 changes, 1 error (a bad config, no database, no lease table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pgcrond.config.definition import Definition
+from pgcrond.config.plan import JobChange, Plan, make_plan
+from pgcrond.ops import report
+from pgcrond.ops.session import EXIT_OK, Target, run_command
+from pgcrond.storage import registry
+from pgcrond.storage.history import open_ticks
+from pgcrond.storage.leases import LeaseStore
+
+EXIT_NOTHING = 0
+EXIT_FAILED = 1
+EXIT_CHANGES = 2
+# Open ticks older than this are not counted: they are pruning's (abandoned) already.
+OPEN_WITHIN = timedelta(days=7)
+_SIGNS = {"added": "+", "removed": "-", "renamed": "~", "changed": "~"}
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    found: list[Plan] = []
+
+    async def body(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
+        found.append(await _plan(target, store))
+        return EXIT_OK
+
+    # run_command reports its own errors (exit 2 elsewhere); plan says 1, as terraform.
+    if run_command(args, body) != EXIT_OK or not found:
+        return EXIT_FAILED
+    plan = found[0]
+    print(
+        json.dumps(_as_json(plan), indent=2, default=str)
+        if args.output == "json"
+        else _as_text(plan)
+    )
+    return EXIT_CHANGES if plan.has_changes else EXIT_NOTHING
+
+
+async def _plan(target: Target, store: LeaseStore) -> Plan:
+    config = target.config
+    assert config is not None  # argparse makes -c required for plan
+    live = await registry.live(store, definitions=True)
+    running: dict[str, list[Definition]] = {}
+    for replica in live:
+        for code, one in (replica.definitions or {}).items():
+            if one not in running.setdefault(code, []):
+                running[code].append(one)
+    codes = sorted(set(running) | set(config.jobs))
+    counts: dict[str, int] = {}
+    for tick in await open_ticks(store, codes, within=OPEN_WITHIN):
+        counts[tick.code] = counts.get(tick.code, 0) + 1
+    return make_plan(
+        config,
+        running,
+        counts,
+        datetime.now(UTC),
+        replicas=[r.name for r in live],
+        config_hashes=sorted({r.config_hash for r in live}),
+    )
+
+
+def _as_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "replicas": plan.replicas,
+        "config_hashes": plan.config_hashes,
+        "jobs": [asdict(job) for job in plan.jobs],
+        "warnings": plan.warnings,
+    }
+
+
+def _as_text(plan: Plan) -> str:
+    if not plan.replicas:
+        against = "no live replica in the registry: every job is new to the cluster"
+    else:
+        hashes = ", ".join(h[: report.CONFIG_HASH_SHOWN] for h in plan.config_hashes)
+        against = f"against {len(plan.replicas)} live replica(s) running config {hashes}"
+    counts = {kind: sum(1 for j in plan.jobs if j.kind == kind) for kind in _SIGNS}
+    summary = ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "no changes"
+    lines = [f"Plan: {summary} ({against})."]
+    for job in plan.jobs:
+        lines += ["", *_job_lines(job)]
+    if plan.warnings:
+        lines.append("")
+        lines += [f"warning: {warning}" for warning in plan.warnings]
+    return "\n".join(lines)
+
+
+def _job_lines(job: JobChange) -> list[str]:
+    lines = [f"{_SIGNS[job.kind]} {job.code} ({job.kind})", f"    {job.consequence}"]
+    for change in job.changes:
+        lines.append(f"    {change.field}: {_shown(change.before)} -> {_shown(change.after)}")
+    if job.fires_before is not None and job.kind != "added":
+        lines.append(f"    next fires before: {', '.join(job.fires_before) or 'none'}")
+    if job.fires_after is not None:
+        lines.append(f"    next fires after:  {', '.join(job.fires_after) or 'none'}")
+    return lines
+
+
+def _shown(value: object) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
