@@ -46,6 +46,7 @@ HANDLERS: dict[str, str] = {
     "pause": "pgcrond.ops.accounting:pause_command",
     "resume": "pgcrond.ops.accounting:resume_command",
     "catch-up": "pgcrond.ops.accounting:catch_up_command",
+    "hash-password": "pgcrond.ops.passwords:hash_password_command",
 }
 
 
@@ -270,6 +271,16 @@ def build_parser() -> argparse.ArgumentParser:
     catch_up.add_argument("--dry-run", action="store_true", help="print the plan only")
     _add_json(catch_up)
     _add_logging(catch_up)
+
+    hash_password = sub.add_parser(
+        "hash-password",
+        help="print the hash of a status page user's password (for http.users)",
+        description="Read a password (from the terminal, twice, or --stdin) and print its "
+        "scrypt hash, for http.users in the config; the password itself is never stored.",
+    )
+    hash_password.add_argument(
+        "--stdin", action="store_true", help="read the password from the first line of stdin"
+    )
 
     return parser
 
