@@ -8,6 +8,7 @@ page is fetched over HTTP from the daemon's real HTTP server.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import uuid
@@ -15,10 +16,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import psycopg
 import pytest
@@ -27,9 +29,10 @@ import pgcrond
 from pgcrond.cli import main
 from pgcrond.config.loader import Config, load_config
 from pgcrond.core.keys import Identity
+from pgcrond.core.passwords import hash_password
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.daemon.http import HealthServer
+from pgcrond.daemon.http import MAX_BODY, HealthServer
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.status_page import StatusPage, _stale, job_path
 from pgcrond.storage import jobstate
@@ -46,9 +49,9 @@ ISSUE_12_FIELDS = {"paused", "suspended", "stale", "misses_24h", "last_tick"}
 OTHER_REPLICA = "replica-b:202"
 
 
-def write_config(directory: Path, schema: str) -> Path:
+def write_config(directory: Path, schema: str, http: str = "") -> Path:
     """Five jobs: per-minute (UTC), daily (Berlin, hostile description), an odd code,
-    run-once, advisory."""
+    run-once, advisory; ``http``: an ``http:`` section, as YAML text."""
     path = directory / "pgcrond.yaml"
     description = HOSTILE_DESCRIPTION.replace("'", "''")
     path.write_text(
@@ -78,7 +81,7 @@ jobs:
     cron: "*/5 * * * *"
     guard: advisory
     command: ["/bin/true"]
-"""
+{http}"""
     )
     return path
 
@@ -272,8 +275,8 @@ async def fetch_json(port: int, path: str) -> Any:
 
 
 @asynccontextmanager
-async def site(pg_dsn: str, schema: str, directory: Path) -> AsyncIterator[Site]:
-    config_path = write_config(directory, schema)
+async def site(pg_dsn: str, schema: str, directory: Path, http: str = "") -> AsyncIterator[Site]:
+    config_path = write_config(directory, schema, http)
     config = load_config([str(config_path)], database_url=pg_dsn)
     async with (
         open_store(pg_dsn, schema, owner=THIS_REPLICA) as store,
@@ -630,8 +633,14 @@ async def test_the_page_changes_nothing_and_refuses_other_methods(served: Site) 
         await writer.drain()
         response = await reader.read()
         writer.close()
-        assert response.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
-        assert b"Allow: GET, HEAD\r\n" in response
+        if method == "POST":
+            # Without authentication configured the page is read-only: a form POST is refused.
+            assert response.startswith(b"HTTP/1.1 403 Forbidden\r\n")
+            assert b"read-only" in response
+        else:
+            assert response.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
+            assert b"Allow: GET, HEAD\r\n" in response
+    assert before == count()
 
 
 async def test_the_stylesheet_is_served_from_the_package_and_the_root_is_the_overview(
@@ -714,3 +723,222 @@ def test_a_job_is_shown_stale_once_it_has_not_succeeded_for_its_alert_after(
     old = {"finished_at": now - timedelta(hours=2)}
     assert [False, True, True] == [_stale(jobs["watched"], s, now) for s in (recent, old, None)]
     assert _stale(jobs["unwatched"], old, now) is None
+
+
+# -- access: sign-in, actions, CSRF ------------------------------------------------------------
+
+OPERATOR = "alice"
+OPERATOR_PASSWORD = "correct horse battery"
+
+
+@lru_cache(maxsize=1)
+def operator_hash() -> str:
+    return hash_password(OPERATOR_PASSWORD)
+
+
+def users_section() -> str:
+    return f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+
+
+def basic(user: str = OPERATOR, password: str = OPERATOR_PASSWORD) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+async def send(
+    port: int,
+    method: str,
+    path: str,
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+) -> tuple[int, dict[str, str], str]:
+    """One raw request; the answer's status, headers (by lower-case name) and body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        "Host: t",
+        *(f"{k}: {v}" for k, v in (headers or {}).items()),
+    ]
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    head, _, rest = response.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode().split("\r\n")
+    found = {k.lower(): v for k, v in (line.split(": ", 1) for line in header_lines)}
+    return int(status_line.split()[1]), found, rest.decode()
+
+
+def csrf_of(headers: dict[str, str], html: str) -> tuple[str, str]:
+    """The CSRF cookie the page set and the token its forms carry."""
+    cookie = headers["set-cookie"].split(";", 1)[0]
+    token = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert token is not None, "no form on the page"
+    return cookie, token.group(1)
+
+
+FORM = "application/x-www-form-urlencoded"
+
+
+def cluster_state(served: Site) -> tuple[object, ...]:
+    """Pauses and requests as stored: what an action would change."""
+    with psycopg.connect(served.dsn) as conn:
+        pauses = conn.execute(
+            f'SELECT code, paused_by, reason FROM "{served.schema}".leases_job_state ORDER BY code'
+        ).fetchall()
+        asked = conn.execute(
+            f'SELECT code, run_key, requested_by FROM "{served.schema}".leases_requests ORDER BY id'
+        ).fetchall()
+    return tuple(pauses), tuple(asked)
+
+
+@pytest.fixture
+async def signed(pg_dsn: str, schema: str, tmp_path: Path) -> AsyncIterator[Site]:
+    """The seeded page with one Basic user, alice."""
+    async with site(pg_dsn, schema, tmp_path, users_section()) as s:
+        yield s
+
+
+async def test_with_users_every_page_asks_who_you_are_and_probes_stay_open(signed: Site) -> None:
+    for path in ("/status", "/status.json", job_path("sync-invoices"), "/status/status.css"):
+        status, headers, body = await send(signed.port, "GET", path)
+        assert 401 == status, path
+        assert 'Basic realm="pgcrond status", charset="UTF-8"' == headers["www-authenticate"]
+        assert "sync-invoices" not in body
+    wrong, _, _ = await send(signed.port, "GET", "/status", basic(password="wrong password"))
+    unknown, _, _ = await send(signed.port, "GET", "/status", basic(user="mallory"))
+    assert (401, 401) == (wrong, unknown)
+    for path in ("/healthz", "/metrics"):
+        assert 200 == (await send(signed.port, "GET", path))[0]
+    status, headers, html = await send(signed.port, "GET", job_path("sync-invoices"), basic())
+    assert 200 == status
+    assert "no-store" == headers["cache-control"]
+    assert "DENY" == headers["x-frame-options"]
+    assert re.fullmatch(
+        r"pgcrond_csrf=[\w-]{43}; Path=/status; HttpOnly; SameSite=Strict", headers["set-cookie"]
+    )
+    assert f"Signed in as <b>{OPERATOR}</b>" in html
+    assert "form-action 'self'" in html
+    page = Page(html)
+    assert {"pause", "run"} <= {
+        v.split()[-1] for t, a, v in page.attrs if t == "form" and a == "class"
+    }
+
+
+async def test_an_operator_pauses_resumes_and_runs_a_job_under_their_name(signed: Site) -> None:
+    path = job_path(ODD_CODE)
+    _, headers, html = await send(signed.port, "GET", path, basic())
+    cookie, token = csrf_of(headers, html)
+    auth = {**basic(), "Cookie": cookie, "Content-Type": FORM}
+
+    async def post(action: str, fields: dict[str, str]) -> tuple[int, dict[str, str]]:
+        body = urlencode({"csrf": token, **fields}).encode()
+        status, answer, _ = await send(signed.port, "POST", f"{path}/{action}", auth, body)
+        return status, answer
+
+    status, answer = await post("pause", {"reason": "ledger <migration> & more"})
+    assert (303, path) == (status, answer["location"])
+    [pause] = (await jobstate.paused(signed.store)).values()
+    assert (ODD_CODE, OPERATOR, "ledger <migration> & more") == (
+        pause.code,
+        pause.paused_by,
+        pause.reason,
+    )
+    _, _, html = await send(signed.port, "GET", path, {**basic(), "Cookie": cookie})
+    assert f"Paused by {OPERATOR} at" in html and "ledger &lt;migration&gt; &amp; more" in html
+    assert 'class="act resume"' in html
+    assert (303, path) == ((await post("resume", {}))[0], path)
+    assert {} == await jobstate.paused(signed.store)
+    assert 303 == (await post("run", {}))[0]
+    assert 303 == (await post("run", {}))[0]  # a double click asks once
+    _, asked = cluster_state(signed)
+    [(code, run_key, by)] = asked
+    assert (ODD_CODE, OPERATOR) == (code, by)
+    assert re.fullmatch(r"manual:\d{4}-\d\d-\d\dT\d\d:\d\dZ", str(run_key))
+    data = json.loads((await send(signed.port, "GET", path + ".json", basic()))[2])
+    assert [OPERATOR] == [r["requested_by"] for r in data["requests"]]
+
+
+async def test_a_post_without_a_valid_csrf_token_or_credential_is_refused_and_changes_nothing(
+    signed: Site,
+) -> None:
+    path = job_path("sync-invoices")
+    _, headers, html = await send(signed.port, "GET", path, basic())
+    cookie, token = csrf_of(headers, html)
+    before = cluster_state(signed)
+    form = {"Content-Type": FORM}
+    attempts = {
+        "no credential": ({**form, "Cookie": cookie}, {"csrf": token}),
+        "a wrong password": (
+            {**form, **basic(password="guess"), "Cookie": cookie},
+            {"csrf": token},
+        ),
+        "no token": ({**form, **basic(), "Cookie": cookie}, {}),
+        "no cookie": ({**form, **basic()}, {"csrf": token}),
+        "another token": ({**form, **basic(), "Cookie": cookie}, {"csrf": "x" * 43}),
+        "a forged cookie": (
+            {**form, **basic(), "Cookie": "pgcrond_csrf=" + "y" * 43},
+            {"csrf": token},
+        ),
+    }
+    for why, (sent, fields) in attempts.items():
+        for action in ("pause", "run"):
+            body = urlencode({**fields, "reason": "x"}).encode()
+            status, answer, _ = await send(signed.port, "POST", f"{path}/{action}", sent, body)
+            assert 403 == status, (why, action)
+            assert "location" not in answer
+    # A form that is not one, and an action that does not exist.
+    not_form = {**basic(), "Cookie": cookie, "Content-Type": "application/json"}
+    status, _, _ = await send(signed.port, "POST", f"{path}/pause", not_form, b'{"csrf": "x"}')
+    assert 400 == status
+    status, _, _ = await send(
+        signed.port, "POST", f"{path}/drop", {**form, **basic(), "Cookie": cookie},
+        urlencode({"csrf": token}).encode(),
+    )  # fmt: skip
+    assert 404 == status
+    assert before == cluster_state(signed)
+
+
+async def test_a_body_over_the_limit_is_refused_unread(signed: Site) -> None:
+    status, _, _ = await send(
+        signed.port, "POST", job_path("sync-invoices") + "/pause",
+        {**basic(), "Content-Type": FORM}, b"a" * (MAX_BODY + 1),
+    )  # fmt: skip
+    assert 413 == status
+
+
+async def test_a_proxy_header_from_an_untrusted_address_is_ignored(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    untrusted = "http:\n  trusted_proxies: [10.0.0.0/8]\n"
+    async with site(pg_dsn, schema, tmp_path, untrusted) as s:
+        status, headers, body = await send(s.port, "GET", "/status", {"X-Forwarded-User": "carol"})
+        assert 403 == status
+        assert "www-authenticate" not in headers
+        assert "sync-invoices" not in body
+
+
+async def test_a_trusted_proxy_names_the_operator_in_its_configured_header(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    trusted = "http:\n  trusted_proxies: 127.0.0.1\n  proxy_header: X-Auth-User\n"
+    async with site(pg_dsn, schema, tmp_path, trusted) as s:
+        status, _, html = await send(s.port, "GET", "/status", {"X-Auth-User": "carol"})
+        assert 200 == status
+        assert "Signed in as <b>carol</b>" in html
+        # The default header is not the configured one; an unusable user name is refused.
+        assert 403 == (await send(s.port, "GET", "/status", {"X-Forwarded-User": "carol"}))[0]
+        assert 403 == (await send(s.port, "GET", "/status", {"X-Auth-User": "a b"}))[0]
+
+
+async def test_the_page_turned_off_answers_404_and_probes_stay(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    async with site(pg_dsn, schema, tmp_path, "http:\n  status_page: false\n") as s:
+        for path in ("/status", "/", job_path("sync-invoices"), "/status/status.css"):
+            assert 404 == (await send(s.port, "GET", path))[0], path
+        assert 404 == (await send(s.port, "POST", job_path("sync-invoices") + "/pause"))[0]
+        for path in ("/healthz", "/metrics"):
+            assert 200 == (await send(s.port, "GET", path))[0], path

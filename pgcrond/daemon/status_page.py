@@ -277,9 +277,10 @@ class StatusPage:
 
     async def handle(self, request: Request) -> Response:
         """Any request under ``/status``: who asks, then a view (GET, HEAD) or an action (POST)."""
-        if request.method not in ("GET", "HEAD", "POST"):
-            return Response(405, TEXT, b"method not allowed\n", {"Allow": "GET, HEAD, POST"})
         access = self._config().page_access
+        if request.method not in ("GET", "HEAD", "POST"):
+            allow = "GET, HEAD, POST" if access.authenticated else "GET, HEAD"
+            return Response(405, TEXT, b"method not allowed\n", {"Allow": allow})
         accept = request.header("accept")
         as_json = request.path.endswith(".json") or _prefers_json(accept)
         if not access.authenticated:
