@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import re
 import uuid
@@ -29,12 +30,13 @@ import pgcrond
 from pgcrond.cli import main
 from pgcrond.config.loader import Config, load_config
 from pgcrond.core.keys import Identity
-from pgcrond.core.passwords import hash_password
+from pgcrond.core.passwords import hash_password, parse_hash
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.http import MAX_BODY, HealthServer
 from pgcrond.daemon.metrics import Metrics
-from pgcrond.daemon.status_page import StatusPage, _stale, job_path
+from pgcrond.daemon.status_page import StatusPage, _stale, action_route, job_path
+from pgcrond.errors import ConfigError
 from pgcrond.storage import jobstate
 from pgcrond.storage.leases import Acquired, LeaseStore
 from tests.store_helpers import open_store
@@ -942,3 +944,82 @@ async def test_the_page_turned_off_answers_404_and_probes_stay(
         assert 404 == (await send(s.port, "POST", job_path("sync-invoices") + "/pause"))[0]
         for path in ("/healthz", "/metrics"):
             assert 200 == (await send(s.port, "GET", path))[0], path
+
+
+# -- access settings and hashes (no database) --------------------------------------------------
+
+
+def test_a_password_hash_matches_its_password_and_no_other() -> None:
+    stored = parse_hash(operator_hash())
+    assert stored.matches(OPERATOR_PASSWORD)
+    assert not stored.matches(OPERATOR_PASSWORD + " ")
+    assert operator_hash() != hash_password(OPERATOR_PASSWORD)  # salted
+
+
+def test_hash_password_prints_a_hash_of_the_password_read_from_stdin(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("s3cret pass phrase\nignored\n"))
+    assert 0 == main(["hash-password", "--stdin"])
+    printed = capsys.readouterr().out.strip()
+    assert parse_hash(printed).matches("s3cret pass phrase")
+    monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
+    assert 2 == main(["hash-password", "--stdin"])
+    out, err = capsys.readouterr()
+    assert ("", "error: a password needs at least 8 characters; nothing printed\n") == (out, err)
+
+
+def test_access_settings_are_read_and_the_page_is_read_only_without_them(tmp_path: Path) -> None:
+    plain = load_config([str(write_config(tmp_path, "s"))], database_url="postgresql://x")
+    assert (True, False) == (plain.page_access.enabled, plain.page_access.authenticated)
+    http = (
+        f"http:\n  status_page: true\n  users: {{{OPERATOR}: '{operator_hash()}'}}\n"
+        "  trusted_proxies: [10.1.2.3, 'fd00::/8']\n  proxy_header: X-Auth-Request-User\n"
+    )
+    config = load_config([str(write_config(tmp_path, "s", http))], database_url="postgresql://x")
+    access = config.page_access
+    assert access.authenticated
+    assert [OPERATOR] == list(access.users)
+    assert ["10.1.2.3/32", "fd00::/8"] == [str(n) for n in access.trusted_proxies]
+    assert "X-Auth-Request-User" == access.proxy_header
+
+
+def test_a_plaintext_password_or_a_bad_proxy_address_is_refused_with_its_place(
+    tmp_path: Path,
+) -> None:
+    http = "http:\n  users:\n    bob: hunter2-plain\n  trusted_proxies: [10.0.0.300]\n"
+    path = write_config(tmp_path, "s", http)
+    with pytest.raises(ConfigError) as raised:
+        load_config([str(path)], database_url="postgresql://x")
+    issues = sorted(raised.value.issues, key=lambda issue: issue.line or 0)
+    lines = path.read_text().splitlines()
+    assert [("http.users", "    bob: hunter2-plain"), ("http.trusted_proxies", lines[-1])] == [
+        (issue.field, lines[(issue.line or 0) - 1]) for issue in issues
+    ]
+    assert "bob: must be a password hash like scrypt$" in issues[0].message
+    assert "pgcrond hash-password" in issues[0].message
+    assert "hunter2" not in str(raised.value)
+    assert "'10.0.0.300' is not an IP address or CIDR" in issues[1].message
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/status/jobs/sync-invoices",
+        "/status/jobs/sync-invoices/",
+        "/status/jobs/sync-invoices/delete",
+        "/status/jobs/nope/pause",
+        "/status/jobs//pause",
+        "/status/pause",
+        "/status/jobs/%ZZ/run",
+        "/status/jobs/sync-invoices/pause/x",
+    ],
+)
+def test_only_a_known_job_and_action_are_a_post_route(path: str) -> None:
+    assert None is action_route(path, {"sync-invoices", ODD_CODE})
+
+
+def test_a_post_route_names_the_job_even_with_a_slash_in_its_code() -> None:
+    jobs = {"sync-invoices", ODD_CODE}
+    assert (ODD_CODE, "pause") == action_route(job_path(ODD_CODE, "/pause"), jobs)
+    assert ("sync-invoices", "run") == action_route("/status/jobs/sync-invoices/run", jobs)
