@@ -784,7 +784,7 @@ def csrf_of(headers: dict[str, str], html: str) -> tuple[str, str]:
 FORM = "application/x-www-form-urlencoded"
 
 
-def cluster_state(served: Site) -> tuple[object, ...]:
+def cluster_state(served: Site) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Pauses and requests as stored: what an action would change."""
     with psycopg.connect(served.dsn) as conn:
         pauses = conn.execute(
@@ -793,7 +793,7 @@ def cluster_state(served: Site) -> tuple[object, ...]:
         asked = conn.execute(
             f'SELECT code, run_key, requested_by FROM "{served.schema}".leases_requests ORDER BY id'
         ).fetchall()
-    return tuple(pauses), tuple(asked)
+    return pauses, asked
 
 
 @pytest.fixture
