@@ -1023,3 +1023,16 @@ def test_a_post_route_names_the_job_even_with_a_slash_in_its_code() -> None:
     jobs = {"sync-invoices", ODD_CODE}
     assert (ODD_CODE, "pause") == action_route(job_path(ODD_CODE, "/pause"), jobs)
     assert ("sync-invoices", "run") == action_route("/status/jobs/sync-invoices/run", jobs)
+
+
+def test_the_access_example_in_the_operations_guide_loads_and_its_password_matches(
+    tmp_path: Path,
+) -> None:
+    guide = (Path(__file__).parent.parent / "docs" / "operations.md").read_text("utf-8")
+    section = guide.split("### Who may see it and act", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = write_config(tmp_path, "s", block)
+    access = load_config([str(path)], database_url="postgresql://x").page_access
+    assert parse_hash(access.users["alice"]).matches("correct horse battery staple")
+    assert ["10.0.0.0/8"] == [str(n) for n in access.trusted_proxies]
+    assert "X-Forwarded-User" == access.proxy_header
