@@ -851,7 +851,8 @@ async def test_an_operator_pauses_resumes_and_runs_a_job_under_their_name(signed
     _, _, html = await send(signed.port, "GET", path, {**basic(), "Cookie": cookie})
     assert f"Paused by {OPERATOR} at" in html and "ledger &lt;migration&gt; &amp; more" in html
     assert 'class="act resume"' in html
-    assert (303, path) == ((await post("resume", {}))[0], path)
+    status, answer = await post("resume", {})
+    assert (303, path) == (status, answer["location"])
     assert {} == await jobstate.paused(signed.store)
     assert 303 == (await post("run", {}))[0]
     assert 303 == (await post("run", {}))[0]  # a double click asks once
@@ -900,6 +901,11 @@ async def test_a_post_without_a_valid_csrf_token_or_credential_is_refused_and_ch
         urlencode({"csrf": token}).encode(),
     )  # fmt: skip
     assert 404 == status
+    status, _, _ = await send(
+        signed.port, "POST", f"{path}/pause", {**form, **basic(), "Cookie": cookie},
+        urlencode({"csrf": token, "reason": "two\nlines \x1b[31m"}).encode(),
+    )  # fmt: skip
+    assert 400 == status
     assert before == cluster_state(signed)
 
 

@@ -297,11 +297,12 @@ class StatusPage:
         try:
             who = await page_auth.operator(access, request)
         except page_auth.Denied as denied:
+            # Plain text: a stranger learns nothing of the page (replica name, version).
+            message = f"{denied.message}\n".encode()
             # A POST is not retried after a login prompt: refused, with nothing done.
             if request.method == "POST" or not denied.challenge:
-                return self._refusal(403, "Forbidden", denied.message, as_json, private)
-            challenge = {**private, **page_auth.challenge_header()}
-            return self._refusal(401, "Sign in", denied.message, as_json, challenge)
+                return Response(403, TEXT, message, private)
+            return Response(401, TEXT, message, {**private, **page_auth.challenge_header()})
         if request.method == "POST":
             return await self._act(request, who, as_json, private)
         token = page_auth.csrf_cookie(request)
@@ -336,9 +337,14 @@ class StatusPage:
                 headers,
             )
         reason = form.get("reason", "").strip() or None
-        if reason is not None and len(reason) > MAX_REASON:
+        # `pgcrond status` prints the reason to terminals: no control characters.
+        if reason is not None and (len(reason) > MAX_REASON or not reason.isprintable()):
             return self._refusal(
-                400, "Bad request", f"a reason is at most {MAX_REASON} characters", as_json, headers
+                400,
+                "Bad request",
+                f"a reason is one line of at most {MAX_REASON} printable characters",
+                as_json,
+                headers,
             )
         try:
             done = await asyncio.wait_for(
