@@ -25,6 +25,7 @@ from urllib.parse import quote, urlencode
 
 import psycopg
 import pytest
+from structlog.testing import capture_logs
 
 import pgcrond
 from pgcrond.cli import main
@@ -809,9 +810,16 @@ async def test_with_users_every_page_asks_who_you_are_and_probes_stay_open(signe
         assert 401 == status, path
         assert 'Basic realm="pgcrond status", charset="UTF-8"' == headers["www-authenticate"]
         assert "sync-invoices" not in body
-    wrong, _, _ = await send(signed.port, "GET", "/status", basic(password="wrong password"))
-    unknown, _, _ = await send(signed.port, "GET", "/status", basic(user="mallory"))
+    with capture_logs() as logs:
+        wrong, _, _ = await send(signed.port, "GET", "/status", basic(password="wrong password"))
+        unknown, _, _ = await send(signed.port, "GET", "/status", basic(user="mallory"))
     assert (401, 401) == (wrong, unknown)
+    denied = [e for e in logs if e["event"] == "status_page_denied"]
+    assert [OPERATOR, "mallory"] == [e["user"] for e in denied]
+    # Neither the password nor the header that carries it is logged.
+    assert "wrong password" not in repr(logs)
+    assert basic(password="wrong password")["Authorization"].split()[1] not in repr(logs)
+    assert operator_hash() not in repr(signed.config)
     for path in ("/healthz", "/metrics"):
         assert 200 == (await send(signed.port, "GET", path))[0]
     status, headers, html = await send(signed.port, "GET", job_path("sync-invoices"), basic())

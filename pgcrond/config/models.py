@@ -136,7 +136,8 @@ class PageAccess:
     """
 
     enabled: bool = default(HTTP, "status_page")
-    users: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Hashes are no passwords, but no repr of a config (a log, a traceback) shows them.
+    users: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
     trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
     proxy_header: str = default(HTTP, "proxy_header")
 
