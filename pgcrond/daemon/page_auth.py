@@ -40,6 +40,9 @@ log = structlog.get_logger("pgcrond.daemon.page_auth")
 CSRF_COOKIE = "pgcrond_csrf"
 CSRF_FIELD = "csrf"
 REALM = "pgcrond status"
+# Password checks at once (each ~32 MiB and 0.1 s of CPU): a flood of guesses
+# queues instead of filling the default thread pool, which /metrics renders on too.
+CONCURRENT_CHECKS = 2
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,11 @@ class Denied(Exception):
     challenge: bool = False
 
 
-async def operator(access: PageAccess, request: Request) -> str:
-    """The signed-in operator's name, or :class:`Denied`. Never logs a credential."""
+async def operator(access: PageAccess, request: Request, checks: asyncio.Semaphore) -> str:
+    """The signed-in operator's name, or :class:`Denied`. Never logs a credential.
+
+    ``checks`` bounds the password checks running at once (see :data:`CONCURRENT_CHECKS`).
+    """
     if access.trusted_proxies and _from_proxy(access, request.peer):
         values = request.headers.get(access.proxy_header.lower(), ())
         if len(values) == 1 and USER_NAME.fullmatch(values[0]):
@@ -69,7 +75,8 @@ async def operator(access: PageAccess, request: Request) -> str:
     encoded = access.users.get(name)
     # An unknown name costs a check too, so the answer's timing does not tell names apart.
     stored = _decoy() if encoded is None else parse_hash(encoded)
-    matches = await asyncio.to_thread(stored.matches, password)
+    async with checks:
+        matches = await asyncio.to_thread(stored.matches, password)
     if encoded is None or not matches:
         log.warning("status_page_denied", peer=request.peer, user=name[:64], why="bad credential")
         raise Denied(401, "wrong user name or password", challenge=True)

@@ -267,6 +267,7 @@ class StatusPage:
         # One request at a time: the page shares the daemon's small pool with
         # claims and heartbeats, and must never take more than one connection.
         self._one_at_a_time = asyncio.Semaphore(1)
+        self._password_checks = asyncio.Semaphore(page_auth.CONCURRENT_CHECKS)
         self._memo = ScheduleMemo()
 
     def serves(self, path: str) -> bool:
@@ -295,7 +296,7 @@ class StatusPage:
             return Response(*await self.answer(request.path, accept), PAGE_HEADERS)
         private = {**PAGE_HEADERS, "Cache-Control": "no-store"}
         try:
-            who = await page_auth.operator(access, request)
+            who = await page_auth.operator(access, request, self._password_checks)
         except page_auth.Denied as denied:
             # Plain text: a stranger learns nothing of the page (replica name, version).
             message = f"{denied.message}\n".encode()
