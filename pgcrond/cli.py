@@ -61,6 +61,7 @@ HANDLERS: dict[str, str] = {
     "init": "pgcrond.ops.starter:init_command",
     "completion": "pgcrond.ops.shell:completion_command",
     "manpage": "pgcrond.ops.shell:manpage_command",
+    "hash-password": "pgcrond.ops.passwords:hash_password_command",
 }
 
 
@@ -364,6 +365,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print pgcrond(1), the manual page shipped in the package. Read it with "
         "`pgcrond manpage | man -l -`, install it with "
         "`pgcrond manpage > ~/.local/share/man/man1/pgcrond.1`.",
+    )
+
+    hash_password = sub.add_parser(
+        "hash-password",
+        help="print the hash of a status page user's password (for http.users)",
+        description="Read a password (from the terminal, twice, or --stdin) and print its "
+        "scrypt hash, for http.users in the config; the password itself is never stored.",
+    )
+    hash_password.add_argument(
+        "--stdin", action="store_true", help="read the password from the first line of stdin"
     )
 
     return parser

@@ -13,23 +13,38 @@ or a policy violation). Skipped only when Chromium is not installed (CI's
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import select
 import shutil
 import struct
 import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pgcrond.daemon.status_page import job_path
 from tests.daemon_harness import ROOT, Replica, wait_until
 from tests.store_helpers import open_store
-from tests.test_status_page import OTHER_REPLICA, THIS_REPLICA, seed, write_config
+from tests.test_status_page import (
+    OPERATOR,
+    OTHER_REPLICA,
+    THIS_REPLICA,
+    basic,
+    operator_hash,
+    seed,
+    write_config,
+)
 
 CHROMIUM = next(
     (found for name in ("chromium", "chromium-browser") if (found := shutil.which(name))), None
@@ -126,9 +141,18 @@ def test_the_console_check_sees_a_blocked_resource(tmp_path: Path) -> None:
     assert "https://cdn.invalid/x.css" in shot.console[0]
 
 
-@pytest.fixture
-def daemon(pg_dsn: str, schema: str, tmp_path: Path) -> Iterator[str]:
-    """A real replica serving the status page over the seeded history; yields its base URL."""
+@dataclass(frozen=True)
+class Served:
+    """A real replica serving the page: its base URL, config and log."""
+
+    base: str
+    config: Path
+    replica: Replica
+
+
+@contextmanager
+def serving(pg_dsn: str, schema: str, tmp_path: Path, http: str = "") -> Iterator[Served]:
+    """A real replica serving the status page over the seeded history (``http``: its section)."""
     import asyncio
 
     async def seeded() -> None:
@@ -139,23 +163,36 @@ def daemon(pg_dsn: str, schema: str, tmp_path: Path) -> Iterator[str]:
             await seed(pg_dsn, schema, store, other)
 
     asyncio.run(seeded())
-    config = write_config(tmp_path, schema)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGCROND_")}
-    env["PGCROND_DATABASE_URL"] = pg_dsn
-    replica = Replica("replica", config, tmp_path / "replica.log", env).start()
+    config = write_config(tmp_path, schema, http)
+    replica = Replica("replica", config, tmp_path / "replica.log", daemon_env(pg_dsn)).start()
     try:
         address = replica.http_address()
         base = f"http://{address}"
         wait_until(lambda: _get(f"{base}/readyz") == 200, 20, "the replica to be ready")
-        yield base
+        yield Served(base, config, replica)
     finally:
         replica.stop()
+
+
+def daemon_env(pg_dsn: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGCROND_")}
+    env["PGCROND_DATABASE_URL"] = pg_dsn
+    return env
+
+
+@pytest.fixture
+def daemon(pg_dsn: str, schema: str, tmp_path: Path) -> Iterator[str]:
+    """A real replica serving the status page over the seeded history; yields its base URL."""
+    with serving(pg_dsn, schema, tmp_path) as served:
+        yield served.base
 
 
 def _get(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
             return int(response.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code
     except OSError:
         return 0
 
@@ -186,3 +223,262 @@ def test_the_status_pages_load_in_chromium_at_1280_and_phone_width_without_conso
         DOCS.mkdir(parents=True, exist_ok=True)
         for name, shot in shots.items():
             shutil.copyfile(shot.path, DOCS / f"{name}.png")
+
+
+# -- signed in: Chromium driven over the DevTools protocol ------------------------------------
+
+
+# Puts the pipe ends at fds 3 and 4, where --remote-debugging-pipe wants them, then
+# becomes Chromium. Copies above 9 first: a pipe end may itself be fd 3 or 4.
+PIPE_TRAMPOLINE = """
+import fcntl, os, sys
+ends = [fcntl.fcntl(int(fd), fcntl.F_DUPFD, 10) for fd in sys.argv[1:3]]
+for wanted, end in zip((3, 4), ends):
+    os.dup2(end, wanted)
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+
+
+class Browser:
+    """Headless Chromium driven over ``--remote-debugging-pipe``: JSON messages, NUL-ended.
+
+    Chromium reads commands on its fd 3 and writes answers and events on its fd 4;
+    no WebSocket client is needed. One page (target), attached in flat mode.
+    """
+
+    def __init__(self, profile: Path) -> None:
+        assert CHROMIUM is not None
+        to_child, self._commands = os.pipe()
+        self._answers, from_child = os.pipe()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                PIPE_TRAMPOLINE,
+                str(to_child),
+                str(from_child),
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                f"--user-data-dir={profile}",
+                "--remote-debugging-pipe",
+                "about:blank",
+            ],
+            pass_fds=(to_child, from_child),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        os.close(to_child)
+        os.close(from_child)
+        self._buffer = b""
+        self._next_id = 0
+        self.events: list[dict[str, Any]] = []
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)[
+            "sessionId"
+        ]
+        self.call("Page.enable", session=True)
+        self.call("Network.enable", session=True)
+
+    def call(self, method: str, *, session: bool = False, **params: Any) -> dict[str, Any]:
+        """Send one command and await its answer (events meanwhile are kept)."""
+        self._next_id += 1
+        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
+        if session:
+            message["sessionId"] = self.session
+        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        while True:
+            received = self._receive(30, method)
+            if received.get("id") == self._next_id:
+                assert "error" not in received, (method, received["error"])
+                result: dict[str, Any] = received["result"]
+                return result
+            self.events.append(received)
+
+    def wait_for(self, event: str, timeout: float = 30) -> dict[str, Any]:
+        """Await the next ``event`` of the page (kept ones first)."""
+        for index, seen in enumerate(self.events):
+            if seen.get("method") == event:
+                return self.events.pop(index)
+        while True:
+            received = self._receive(timeout, event)
+            if received.get("method") == event:
+                return received
+            self.events.append(received)
+
+    def _receive(self, timeout: float, waiting_for: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while b"\0" not in self._buffer:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self._answers], [], [], max(0.0, left))
+            if not ready:
+                raise AssertionError(f"Chromium sent nothing for {timeout}s: {waiting_for}")
+            chunk = os.read(self._answers, 1 << 20)
+            assert chunk, f"Chromium closed its pipe while we waited for {waiting_for}"
+            self._buffer += chunk
+        message, _, self._buffer = self._buffer.partition(b"\0")
+        parsed: dict[str, Any] = json.loads(message)
+        return parsed
+
+    def send_headers(self, headers: dict[str, str]) -> None:
+        self.call("Network.setExtraHTTPHeaders", session=True, headers=headers)
+
+    def load(self, url: str) -> int:
+        """Navigate to ``url`` and await its load; the HTTP status of the page."""
+        self.events.clear()
+        self.call("Page.navigate", session=True, url=url)
+        self.wait_for("Page.loadEventFired")
+        return self.page_status()
+
+    def page_status(self) -> int:
+        """The status of the last document this page received."""
+        documents = [
+            e["params"]["response"]
+            for e in self.events
+            if e.get("method") == "Network.responseReceived" and e["params"]["type"] == "Document"
+        ]
+        assert documents, "no document was received"
+        return int(documents[-1]["status"])
+
+    def evaluate(self, expression: str) -> Any:
+        """DevTools evaluates outside the page's policy (the page itself runs no script)."""
+        result = self.call(
+            "Runtime.evaluate", session=True, expression=expression, returnByValue=True
+        )
+        return result["result"].get("value")
+
+    def submit(self, form: str, fields: dict[str, str] | None = None) -> None:
+        """Fill ``form``'s fields and press its button, as a person would; await the next page."""
+        self.events.clear()
+        fill = "".join(
+            f"f.querySelector('[name={json.dumps(name)}]').value = {json.dumps(value)};"
+            for name, value in (fields or {}).items()
+        )
+        self.evaluate(
+            f"(() => {{ const f = document.querySelector({json.dumps(form)}); {fill}"
+            "f.querySelector('button').click(); })()"
+        )
+        self.wait_for("Page.loadEventFired")
+
+    def text(self) -> str:
+        return str(self.evaluate("document.body.innerText"))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._commands)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        os.close(self._answers)
+
+
+def cli_status(served: Served, pg_dsn: str) -> dict[str, dict[str, Any]]:
+    """``pgcrond status --json`` from the real CLI, by job."""
+    done = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "pgcrond"), "status", "-c", str(served.config), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=daemon_env(pg_dsn),
+        check=False,
+    )
+    assert 0 == done.returncode, done.stderr
+    return {entry["job"]: entry for entry in json.loads(done.stdout)}
+
+
+def test_a_signed_in_operator_pauses_resumes_and_runs_a_job_in_chromium(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    http = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    job = "nightly-report"
+    with serving(pg_dsn, schema, tmp_path, http) as served:
+        url = served.base + job_path(job)
+        browser = Browser(tmp_path / "profile")
+        try:
+            # Without credentials Chromium gets the Basic challenge and shows no job.
+            assert 401 == browser.load(url)
+            assert "nightly-report" not in browser.text()
+            browser.send_headers(basic())
+            assert 200 == browser.load(url)
+            assert f"Signed in as {OPERATOR}" in browser.text()
+            assert "Not paused" in browser.text()
+
+            browser.submit("form.pause", {"reason": "ledger migration <tonight>"})
+            assert url == browser.evaluate("location.href")  # redirected back, a GET
+            assert f"Paused by {OPERATOR} at" in browser.text()
+            assert "ledger migration <tonight>" in browser.text()
+            paused = cli_status(served, pg_dsn)[job]["paused"]
+            assert (OPERATOR, "ledger migration <tonight>") == (paused["by"], paused["reason"])
+
+            browser.submit("form.resume")
+            assert "Not paused" in browser.text()
+            assert None is cli_status(served, pg_dsn)[job]["paused"]
+
+            browser.submit("form.run")
+            assert url == browser.evaluate("location.href")
+            taken = served.replica.wait_event("request_done", where=lambda e: e["job"] == job)
+            assert "success" == taken["outcome"]
+            [requested] = served.replica.events("request_taken")
+            assert OPERATOR == requested["requested_by"]
+            assert 200 == browser.load(url)
+            [row] = browser.evaluate(
+                "[...document.querySelectorAll('table.requests tbody tr')]"
+                ".map(r => [...r.cells].map(c => c.innerText.trim()))"
+            )
+            run_key, by, _, taken_by, outcome = row
+            assert (requested["run_key"], OPERATOR, "success") == (run_key, by, outcome)
+            assert served.replica.wait_event("daemon_ready")["replica"] == taken_by
+            last = cli_status(served, pg_dsn)[job]["last_run"]
+            assert (requested["run_key"], "SUCCESS") == (last["run_key"], last["status"])
+        finally:
+            browser.close()
+
+
+def test_a_forged_post_and_an_unsigned_one_change_nothing_on_a_real_replica(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """A cross-site form (no token) and a POST without credentials are 403; nothing is paused."""
+    http = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    with serving(pg_dsn, schema, tmp_path, http) as served:
+        action = served.base + job_path("nightly-report", "/pause")
+        for headers in (basic(), {}):
+            request = urllib.request.Request(
+                action,
+                data=b"reason=forged&csrf=guess",
+                headers={**headers, "Content-Type": "application/x-www-form-urlencoded"},
+                method="POST",
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert 403 == refused.value.code
+        assert None is cli_status(served, pg_dsn)["nightly-report"]["paused"]
+
+
+def test_the_page_switched_off_is_a_404_and_metrics_stay(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with serving(pg_dsn, schema, tmp_path, "http:\n  status_page: false\n") as served:
+        assert 404 == _get(served.base + "/status")
+        assert 200 == _get(served.base + "/metrics")
+
+
+def test_without_authentication_the_page_has_no_forms_and_refuses_a_post(
+    daemon: str, tmp_path: Path
+) -> None:
+    job = dump_dom(daemon + job_path("nightly-report"), tmp_path / "profile")
+    assert "nightly-report" in job
+    assert "<form" not in job and "Read-only." in job
+    browser_free = urllib.request.Request(
+        daemon + job_path("nightly-report", "/pause"),
+        data=b"reason=x",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(browser_free, timeout=10)
+    assert 403 == refused.value.code
+    assert b"read-only" in refused.value.read()

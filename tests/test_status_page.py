@@ -8,6 +8,8 @@ page is fetched over HTTP from the daemon's real HTTP server.
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import re
 import uuid
@@ -15,24 +17,28 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import psycopg
 import pytest
+from structlog.testing import capture_logs
 
 import pgcrond
 from pgcrond.cli import main
 from pgcrond.config.loader import Config, load_config
 from pgcrond.core.keys import Identity
+from pgcrond.core.passwords import hash_password, parse_hash
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.daemon.http import HealthServer
+from pgcrond.daemon.http import MAX_BODY, HealthServer
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.registry import entry_of
-from pgcrond.daemon.status_page import StatusPage, _stale, job_path
+from pgcrond.daemon.status_page import StatusPage, _stale, action_route, job_path
+from pgcrond.errors import ConfigError
 from pgcrond.storage import jobstate, registry
 from pgcrond.storage.leases import Acquired, LeaseStore
 from tests.store_helpers import open_store
@@ -47,9 +53,9 @@ ISSUE_12_FIELDS = {"paused", "suspended", "stale", "misses_24h", "last_tick"}
 OTHER_REPLICA = "replica-b:202"
 
 
-def write_config(directory: Path, schema: str) -> Path:
+def write_config(directory: Path, schema: str, http: str = "") -> Path:
     """Five jobs: per-minute (UTC), daily (Berlin, hostile description), an odd code,
-    run-once, advisory."""
+    run-once, advisory; ``http``: an ``http:`` section, as YAML text."""
     path = directory / "pgcrond.yaml"
     description = HOSTILE_DESCRIPTION.replace("'", "''")
     path.write_text(
@@ -79,7 +85,7 @@ jobs:
     cron: "*/5 * * * *"
     guard: advisory
     command: ["/bin/true"]
-"""
+{http}"""
     )
     return path
 
@@ -273,8 +279,8 @@ async def fetch_json(port: int, path: str) -> Any:
 
 
 @asynccontextmanager
-async def site(pg_dsn: str, schema: str, directory: Path) -> AsyncIterator[Site]:
-    config_path = write_config(directory, schema)
+async def site(pg_dsn: str, schema: str, directory: Path, http: str = "") -> AsyncIterator[Site]:
+    config_path = write_config(directory, schema, http)
     config = load_config([str(config_path)], database_url=pg_dsn)
     async with (
         open_store(pg_dsn, schema, owner=THIS_REPLICA) as store,
@@ -651,8 +657,14 @@ async def test_the_page_changes_nothing_and_refuses_other_methods(served: Site) 
         await writer.drain()
         response = await reader.read()
         writer.close()
-        assert response.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
-        assert b"Allow: GET, HEAD\r\n" in response
+        if method == "POST":
+            # Without authentication configured the page is read-only: a form POST is refused.
+            assert response.startswith(b"HTTP/1.1 403 Forbidden\r\n")
+            assert b"read-only" in response
+        else:
+            assert response.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
+            assert b"Allow: GET, HEAD\r\n" in response
+    assert before == count()
 
 
 async def test_the_stylesheet_is_served_from_the_package_and_the_root_is_the_overview(
@@ -735,3 +747,327 @@ def test_a_job_is_shown_stale_once_it_has_not_succeeded_for_its_alert_after(
     old = {"finished_at": now - timedelta(hours=2)}
     assert [False, True, True] == [_stale(jobs["watched"], s, now) for s in (recent, old, None)]
     assert _stale(jobs["unwatched"], old, now) is None
+
+
+# -- access: sign-in, actions, CSRF ------------------------------------------------------------
+
+OPERATOR = "alice"
+OPERATOR_PASSWORD = "correct horse battery"
+
+
+@lru_cache(maxsize=1)
+def operator_hash() -> str:
+    return hash_password(OPERATOR_PASSWORD)
+
+
+def users_section() -> str:
+    return f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+
+
+def basic(user: str = OPERATOR, password: str = OPERATOR_PASSWORD) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+async def send(
+    port: int,
+    method: str,
+    path: str,
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+) -> tuple[int, dict[str, str], str]:
+    """One raw request; the answer's status, headers (by lower-case name) and body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        "Host: t",
+        *(f"{k}: {v}" for k, v in (headers or {}).items()),
+    ]
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    head, _, rest = response.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode().split("\r\n")
+    found = {k.lower(): v for k, v in (line.split(": ", 1) for line in header_lines)}
+    return int(status_line.split()[1]), found, rest.decode()
+
+
+def csrf_of(headers: dict[str, str], html: str) -> tuple[str, str]:
+    """The CSRF cookie the page set and the token its forms carry."""
+    cookie = headers["set-cookie"].split(";", 1)[0]
+    token = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert token is not None, "no form on the page"
+    return cookie, token.group(1)
+
+
+FORM = "application/x-www-form-urlencoded"
+
+
+def cluster_state(served: Site) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Pauses and requests as stored: what an action would change."""
+    with psycopg.connect(served.dsn) as conn:
+        pauses = conn.execute(
+            f'SELECT code, paused_by, reason FROM "{served.schema}".leases_job_state ORDER BY code'
+        ).fetchall()
+        asked = conn.execute(
+            f'SELECT code, run_key, requested_by FROM "{served.schema}".leases_requests ORDER BY id'
+        ).fetchall()
+    return pauses, asked
+
+
+@pytest.fixture
+async def signed(pg_dsn: str, schema: str, tmp_path: Path) -> AsyncIterator[Site]:
+    """The seeded page with one Basic user, alice."""
+    async with site(pg_dsn, schema, tmp_path, users_section()) as s:
+        yield s
+
+
+async def test_with_users_every_page_asks_who_you_are_and_probes_stay_open(signed: Site) -> None:
+    for path in ("/status", "/status.json", job_path("sync-invoices"), "/status/status.css"):
+        status, headers, body = await send(signed.port, "GET", path)
+        assert 401 == status, path
+        assert 'Basic realm="pgcrond status", charset="UTF-8"' == headers["www-authenticate"]
+        assert "sync-invoices" not in body
+    with capture_logs() as logs:
+        wrong, _, _ = await send(signed.port, "GET", "/status", basic(password="wrong password"))
+        unknown, _, _ = await send(signed.port, "GET", "/status", basic(user="mallory"))
+    assert (401, 401) == (wrong, unknown)
+    denied = [e for e in logs if e["event"] == "status_page_denied"]
+    assert [OPERATOR, "mallory"] == [e["user"] for e in denied]
+    # Neither the password nor the header that carries it is logged.
+    assert "wrong password" not in repr(logs)
+    assert basic(password="wrong password")["Authorization"].split()[1] not in repr(logs)
+    assert operator_hash() not in repr(signed.config)
+    for path in ("/healthz", "/metrics"):
+        assert 200 == (await send(signed.port, "GET", path))[0]
+    status, headers, html = await send(signed.port, "GET", job_path("sync-invoices"), basic())
+    assert 200 == status
+    assert "no-store" == headers["cache-control"]
+    assert "DENY" == headers["x-frame-options"]
+    assert re.fullmatch(
+        r"pgcrond_csrf=[\w-]{43}; Path=/status; HttpOnly; SameSite=Strict", headers["set-cookie"]
+    )
+    assert f"Signed in as <b>{OPERATOR}</b>" in html
+    assert "form-action 'self'" in html
+    page = Page(html)
+    assert {"pause", "run"} <= {
+        v.split()[-1] for t, a, v in page.attrs if t == "form" and a == "class"
+    }
+
+
+async def test_an_operator_pauses_resumes_and_runs_a_job_under_their_name(signed: Site) -> None:
+    path = job_path(ODD_CODE)
+    _, headers, html = await send(signed.port, "GET", path, basic())
+    cookie, token = csrf_of(headers, html)
+    auth = {**basic(), "Cookie": cookie, "Content-Type": FORM}
+
+    async def post(action: str, fields: dict[str, str]) -> tuple[int, dict[str, str]]:
+        body = urlencode({"csrf": token, **fields}).encode()
+        status, answer, _ = await send(signed.port, "POST", f"{path}/{action}", auth, body)
+        return status, answer
+
+    status, answer = await post("pause", {"reason": "ledger <migration> & more"})
+    assert (303, path) == (status, answer["location"])
+    [pause] = (await jobstate.paused(signed.store)).values()
+    assert (ODD_CODE, OPERATOR, "ledger <migration> & more") == (
+        pause.code,
+        pause.paused_by,
+        pause.reason,
+    )
+    _, _, html = await send(signed.port, "GET", path, {**basic(), "Cookie": cookie})
+    assert f"Paused by {OPERATOR} at" in html and "ledger &lt;migration&gt; &amp; more" in html
+    assert 'class="act resume"' in html
+    status, answer = await post("resume", {})
+    assert (303, path) == (status, answer["location"])
+    assert {} == await jobstate.paused(signed.store)
+    assert 303 == (await post("run", {}))[0]
+    assert 303 == (await post("run", {}))[0]  # a double click asks once
+    _, asked = cluster_state(signed)
+    [(code, run_key, by)] = asked
+    assert (ODD_CODE, OPERATOR) == (code, by)
+    assert re.fullmatch(r"manual:\d{4}-\d\d-\d\dT\d\d:\d\dZ", str(run_key))
+    data = json.loads((await send(signed.port, "GET", path + ".json", basic()))[2])
+    assert [OPERATOR] == [r["requested_by"] for r in data["requests"]]
+
+
+async def test_a_post_without_a_valid_csrf_token_or_credential_is_refused_and_changes_nothing(
+    signed: Site,
+) -> None:
+    path = job_path("sync-invoices")
+    _, headers, html = await send(signed.port, "GET", path, basic())
+    cookie, token = csrf_of(headers, html)
+    before = cluster_state(signed)
+    form = {"Content-Type": FORM}
+    attempts = {
+        "no credential": ({**form, "Cookie": cookie}, {"csrf": token}),
+        "a wrong password": (
+            {**form, **basic(password="guess"), "Cookie": cookie},
+            {"csrf": token},
+        ),
+        "no token": ({**form, **basic(), "Cookie": cookie}, {}),
+        "no cookie": ({**form, **basic()}, {"csrf": token}),
+        "another token": ({**form, **basic(), "Cookie": cookie}, {"csrf": "x" * 43}),
+        "a forged cookie": (
+            {**form, **basic(), "Cookie": "pgcrond_csrf=" + "y" * 43},
+            {"csrf": token},
+        ),
+    }
+    for why, (sent, fields) in attempts.items():
+        for action in ("pause", "run"):
+            body = urlencode({**fields, "reason": "x"}).encode()
+            status, answer, _ = await send(signed.port, "POST", f"{path}/{action}", sent, body)
+            assert 403 == status, (why, action)
+            assert "location" not in answer
+    # A form that is not one, and an action that does not exist.
+    not_form = {**basic(), "Cookie": cookie, "Content-Type": "application/json"}
+    status, _, _ = await send(signed.port, "POST", f"{path}/pause", not_form, b'{"csrf": "x"}')
+    assert 400 == status
+    status, _, _ = await send(
+        signed.port, "POST", f"{path}/drop", {**form, **basic(), "Cookie": cookie},
+        urlencode({"csrf": token}).encode(),
+    )  # fmt: skip
+    assert 404 == status
+    status, _, _ = await send(
+        signed.port, "POST", f"{path}/pause", {**form, **basic(), "Cookie": cookie},
+        urlencode({"csrf": token, "reason": "two\nlines \x1b[31m"}).encode(),
+    )  # fmt: skip
+    assert 400 == status
+    assert before == cluster_state(signed)
+
+
+async def test_a_body_over_the_limit_is_refused_unread(signed: Site) -> None:
+    status, _, _ = await send(
+        signed.port, "POST", job_path("sync-invoices") + "/pause",
+        {**basic(), "Content-Type": FORM}, b"a" * (MAX_BODY + 1),
+    )  # fmt: skip
+    assert 413 == status
+
+
+async def test_a_proxy_header_from_an_untrusted_address_is_ignored(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    untrusted = "http:\n  trusted_proxies: [10.0.0.0/8]\n"
+    async with site(pg_dsn, schema, tmp_path, untrusted) as s:
+        status, headers, body = await send(s.port, "GET", "/status", {"X-Forwarded-User": "carol"})
+        assert 403 == status
+        assert "www-authenticate" not in headers
+        assert "sync-invoices" not in body
+
+
+async def test_a_trusted_proxy_names_the_operator_in_its_configured_header(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    trusted = "http:\n  trusted_proxies: 127.0.0.1\n  proxy_header: X-Auth-User\n"
+    async with site(pg_dsn, schema, tmp_path, trusted) as s:
+        status, _, html = await send(s.port, "GET", "/status", {"X-Auth-User": "carol"})
+        assert 200 == status
+        assert "Signed in as <b>carol</b>" in html
+        # The default header is not the configured one; an unusable user name is refused.
+        assert 403 == (await send(s.port, "GET", "/status", {"X-Forwarded-User": "carol"}))[0]
+        assert 403 == (await send(s.port, "GET", "/status", {"X-Auth-User": "a b"}))[0]
+
+
+async def test_the_page_turned_off_answers_404_and_probes_stay(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    async with site(pg_dsn, schema, tmp_path, "http:\n  status_page: false\n") as s:
+        for path in ("/status", "/", job_path("sync-invoices"), "/status/status.css"):
+            assert 404 == (await send(s.port, "GET", path))[0], path
+        assert 404 == (await send(s.port, "POST", job_path("sync-invoices") + "/pause"))[0]
+        for path in ("/healthz", "/metrics"):
+            assert 200 == (await send(s.port, "GET", path))[0], path
+
+
+# -- access settings and hashes (no database) --------------------------------------------------
+
+
+def test_a_password_hash_matches_its_password_and_no_other() -> None:
+    stored = parse_hash(operator_hash())
+    assert stored.matches(OPERATOR_PASSWORD)
+    assert not stored.matches(OPERATOR_PASSWORD + " ")
+    assert operator_hash() != hash_password(OPERATOR_PASSWORD)  # salted
+
+
+def test_hash_password_prints_a_hash_of_the_password_read_from_stdin(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("s3cret pass phrase\nignored\n"))
+    assert 0 == main(["hash-password", "--stdin"])
+    printed = capsys.readouterr().out.strip()
+    assert parse_hash(printed).matches("s3cret pass phrase")
+    monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
+    assert 2 == main(["hash-password", "--stdin"])
+    out, err = capsys.readouterr()
+    assert ("", "error: a password needs at least 8 characters; nothing printed\n") == (out, err)
+
+
+def test_access_settings_are_read_and_the_page_is_read_only_without_them(tmp_path: Path) -> None:
+    plain = load_config([str(write_config(tmp_path, "s"))], database_url="postgresql://x")
+    assert (True, False) == (plain.page_access.enabled, plain.page_access.authenticated)
+    http = (
+        f"http:\n  status_page: true\n  users: {{{OPERATOR}: '{operator_hash()}'}}\n"
+        "  trusted_proxies: [10.1.2.3, 'fd00::/8']\n  proxy_header: X-Auth-Request-User\n"
+    )
+    config = load_config([str(write_config(tmp_path, "s", http))], database_url="postgresql://x")
+    access = config.page_access
+    assert access.authenticated
+    assert [OPERATOR] == list(access.users)
+    assert ["10.1.2.3/32", "fd00::/8"] == [str(n) for n in access.trusted_proxies]
+    assert "X-Auth-Request-User" == access.proxy_header
+
+
+def test_a_plaintext_password_or_a_bad_proxy_address_is_refused_with_its_place(
+    tmp_path: Path,
+) -> None:
+    http = "http:\n  users:\n    bob: hunter2-plain\n  trusted_proxies: [10.0.0.300]\n"
+    path = write_config(tmp_path, "s", http)
+    with pytest.raises(ConfigError) as raised:
+        load_config([str(path)], database_url="postgresql://x")
+    issues = sorted(raised.value.issues, key=lambda issue: issue.line or 0)
+    lines = path.read_text().splitlines()
+    assert [("http.users", "    bob: hunter2-plain"), ("http.trusted_proxies", lines[-1])] == [
+        (issue.field, lines[(issue.line or 0) - 1]) for issue in issues
+    ]
+    assert "bob: must be a password hash like scrypt$" in issues[0].message
+    assert "pgcrond hash-password" in issues[0].message
+    assert "hunter2" not in str(raised.value)
+    assert "'10.0.0.300' is not an IP address or CIDR" in issues[1].message
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/status/jobs/sync-invoices",
+        "/status/jobs/sync-invoices/",
+        "/status/jobs/sync-invoices/delete",
+        "/status/jobs/nope/pause",
+        "/status/jobs//pause",
+        "/status/pause",
+        "/status/jobs/%ZZ/run",
+        "/status/jobs/sync-invoices/pause/x",
+    ],
+)
+def test_only_a_known_job_and_action_are_a_post_route(path: str) -> None:
+    assert None is action_route(path, {"sync-invoices", ODD_CODE})
+
+
+def test_a_post_route_names_the_job_even_with_a_slash_in_its_code() -> None:
+    jobs = {"sync-invoices", ODD_CODE}
+    assert (ODD_CODE, "pause") == action_route(job_path(ODD_CODE, "/pause"), jobs)
+    assert ("sync-invoices", "run") == action_route("/status/jobs/sync-invoices/run", jobs)
+
+
+def test_the_access_example_in_the_operations_guide_loads_and_its_password_matches(
+    tmp_path: Path,
+) -> None:
+    guide = (Path(__file__).parent.parent / "docs" / "operations.md").read_text("utf-8")
+    section = guide.split("### Who may see it and act", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = write_config(tmp_path, "s", block)
+    access = load_config([str(path)], database_url="postgresql://x").page_access
+    assert parse_hash(access.users["alice"]).matches("correct horse battery staple")
+    assert ["10.0.0.0/8"] == [str(n) for n in access.trusted_proxies]
+    assert "X-Forwarded-User" == access.proxy_header

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar, get_args
@@ -26,6 +27,7 @@ from pgcrond.core.actions import HttpAction
 from pgcrond.core.durations import parse_duration
 from pgcrond.core.hooks import FailureHook
 from pgcrond.core.keys import BIGINT_MAX, BIGINT_MIN
+from pgcrond.core.passwords import USER_NAME, parse_hash
 from pgcrond.core.sqlscript import compile_script
 from pgcrond.errors import ValidationError
 
@@ -478,4 +480,61 @@ on_failure = Converter(
             "retries": {"type": "integer", "minimum": 0, "default": 2},
         },
     },
+)
+
+
+# -- the status page's access --------------------------------------------------------------
+
+
+def _users(node: yaml.Node) -> MappingProxyType[str, str]:
+    """``name: scrypt$…`` pairs; each problem at its node, a hash never echoed."""
+    if not isinstance(node, yaml.MappingNode):
+        raise ValueError(f"must be a mapping of name: hash, got {kind(node)}")
+    users: dict[str, str] = {}
+    problems: list[tuple[yaml.Node, str]] = []
+    for key_node, value_node in node.value:
+        name = str(key_node.value)
+        if not USER_NAME.fullmatch(name):
+            problems.append(
+                (key_node, f"{name[:40]!r} is not a user name: 1-64 characters, no ':' or space")
+            )
+            continue
+        try:
+            text = _string(value_node)
+            parse_hash(text)
+        except ValueError as exc:
+            problems.append((value_node, f"{name}: {exc}"))
+            continue
+        users[name] = text
+    if problems:
+        raise Problems(problems)
+    return MappingProxyType(users)
+
+
+def _networks(node: yaml.Node) -> tuple[IPv4Network | IPv6Network, ...]:
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    networks = []
+    for item in items:
+        text = _string(item)
+        try:
+            networks.append(ip_network(text.strip(), strict=False))
+        except ValueError:
+            raise ValueError(
+                f"{text[:60]!r} is not an IP address or CIDR like 10.0.0.7 or 10.0.0.0/8"
+            ) from None
+    return tuple(networks)
+
+
+users = Converter(
+    _users,
+    {
+        "type": "object",
+        "propertyNames": {"pattern": USER_NAME.pattern},
+        "additionalProperties": {"type": "string", "pattern": r"^scrypt\$"},
+    },
+)
+header_name = Converter(_header_name, {"type": "string", "pattern": _HEADER_NAME.pattern})
+networks = Converter(
+    _networks,
+    {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
 )

@@ -121,6 +121,33 @@ HTTP = _table(
         "127.0.0.1:9464",
         "address of /healthz, /readyz and /metrics: HOST:PORT, [V6]:PORT or :PORT; '' turns it off",
     ),
+    Field(
+        "status_page",
+        c.boolean,
+        True,
+        "serve the status page at /status; false: /status answers 404, /metrics and health stay",
+    ),
+    Field(
+        "users",
+        c.users,
+        MappingProxyType({}),
+        "status page HTTP Basic users: name -> hash from `pgcrond hash-password`; "
+        "with users or trusted_proxies the page asks who you are and can pause, resume "
+        "and run jobs",
+    ),
+    Field(
+        "trusted_proxies",
+        c.networks,
+        (),
+        "addresses or CIDRs of the reverse proxies whose proxy_header names the signed-in "
+        "user; from anywhere else that header is ignored",
+    ),
+    Field(
+        "proxy_header",
+        c.header_name,
+        "X-Forwarded-User",
+        "the header a trusted proxy names its signed-in user in",
+    ),
 )
 
 SCHEDULE_KEYS = ("cron", "once", "at")

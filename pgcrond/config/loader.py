@@ -19,6 +19,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from types import MappingProxyType
 from typing import TypeVar, cast
@@ -57,6 +58,7 @@ from pgcrond.config.models import (
     Config,
     DatabaseConfig,
     JobConfig,
+    PageAccess,
     min_history_retention,
 )
 from pgcrond.config.yamlnodes import Issues, Located, Section, compose, mapping_expected
@@ -332,6 +334,7 @@ class _Loader:
         http_listen = DEFAULT_HTTP_LISTEN
         if http is not None and "listen" in http.values:
             http_listen = self.read(http, "listen", HTTP["listen"].convert) or ""
+        page_access = self.page_access(http)
         shutdown_grace = self.read(top, "shutdown_grace", TOP["shutdown_grace"].convert)
         history_retention = self.read(top, "history_retention", TOP["history_retention"].convert)
         catch_up_window = self.read(top, "catch_up_window", TOP["catch_up_window"].convert)
@@ -363,6 +366,7 @@ class _Loader:
             database=database,
             jobs=MappingProxyType(jobs),
             http_listen=http_listen,
+            page_access=page_access,
             shutdown_grace=DEFAULT_SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
             history_retention=history_retention or DEFAULT_HISTORY_RETENTION,
             catch_up_window=catch_up_window or DEFAULT_CATCH_UP_WINDOW,
@@ -423,6 +427,22 @@ class _Loader:
                     seen.add(old)
                     todo.append(old)
         return seen
+
+    def page_access(self, http: Section | None) -> PageAccess:
+        """The status page's access fields; a wrong one is reported (the config is refused)."""
+        if http is None:
+            return PageAccess()
+
+        def value(name: str) -> object:
+            found = self.read(http, name, HTTP[name].convert) if name in http.values else None
+            return HTTP[name].default if found is None else found
+
+        return PageAccess(
+            enabled=bool(value("status_page")),
+            users=cast(Mapping[str, str], value("users")),
+            trusted_proxies=cast(tuple[IPv4Network | IPv6Network, ...], value("trusted_proxies")),
+            proxy_header=str(value("proxy_header")),
+        )
 
     def check_retention(
         self, top: Section, retention: timedelta | None, jobs: Mapping[str, JobConfig]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
+from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from types import MappingProxyType
 from zoneinfo import ZoneInfo
@@ -140,11 +141,32 @@ def changed_fields(old: JobConfig, new: JobConfig) -> list[str]:
 
 
 @dataclass(frozen=True)
+class PageAccess:
+    """Who may see the status page and act on it (the ``http:`` section's access fields).
+
+    No users and no trusted proxies: the page is open and read-only. Either one:
+    every page asks who you are, and a signed-in operator may pause, resume and
+    run jobs.
+    """
+
+    enabled: bool = default(HTTP, "status_page")
+    # Hashes are no passwords, but no repr of a config (a log, a traceback) shows them.
+    users: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
+    proxy_header: str = default(HTTP, "proxy_header")
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.users or self.trusted_proxies)
+
+
+@dataclass(frozen=True)
 class Config:
     files: tuple[str, ...]
     database: DatabaseConfig
     jobs: Mapping[str, JobConfig]
     http_listen: str = DEFAULT_HTTP_LISTEN
+    page_access: PageAccess = field(default_factory=PageAccess)
     shutdown_grace: timedelta = DEFAULT_SHUTDOWN_GRACE
     history_retention: timedelta = DEFAULT_HISTORY_RETENTION
     catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW

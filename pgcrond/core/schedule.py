@@ -81,6 +81,11 @@ def run_key_for(tick: datetime) -> str:
     return tick.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def manual_run_key(now: datetime) -> str:
+    """``manual:<UTC minute>``: a run asked for by hand, the same for askers in one minute."""
+    return "manual:" + now.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
 @functools.lru_cache(maxsize=4096)
 def tick_of(run_key: str) -> datetime | None:
     """The tick a schedule run key names, or None for another run key (``manual:…``).

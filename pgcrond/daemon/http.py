@@ -1,15 +1,19 @@
-"""``/healthz``, ``/readyz`` and ``/metrics`` on a tiny asyncio HTTP/1.1 server.
+"""``/healthz``, ``/readyz``, ``/metrics`` and the status page on a tiny asyncio HTTP/1.1 server.
 
-Three fixed endpoints for probes and Prometheus do not need a framework: one
-request per connection, no body, ``Connection: close``. The server lives on the
-daemon's event loop, so a wedged loop fails the probes too, which is the point.
+Three fixed endpoints for probes and Prometheus and one small page do not need
+a framework: one request per connection, ``Connection: close``, a body only for
+the status page's form POSTs (at most :data:`MAX_BODY` bytes, with a
+``Content-Length``). The server lives on the daemon's event loop, so a wedged
+loop fails the probes too, which is the point. No header is ever logged: the
+``Authorization`` header carries a password.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -30,11 +34,17 @@ READY_TIMEOUT_S = 2.0
 # Slow or silent clients must not pin connections open.
 REQUEST_TIMEOUT_S = 5.0
 MAX_HEADER_LINES = 100
+# A status page form (a job code, a reason, a token) is a few hundred bytes.
+MAX_BODY = 16 * 1024
 REASONS = {
     200: "OK",
+    303: "See Other",
     400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    413: "Content Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -47,6 +57,36 @@ _UNREADABLE = (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.Li
 # the client reads it.
 DISCARD_BYTES = 1024 * 1024
 DISCARD_S = 1.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request as read: ``headers`` by lower-case name, each with every value it came with.
+
+    ``peer`` is the client's address (None for a Unix socket); ``path`` has no query.
+    """
+
+    method: str
+    path: str
+    headers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    body: bytes = b""
+    peer: str | None = None
+
+    def header(self, name: str) -> str:
+        """The value of ``name``, repeats joined as RFC 9110 reads them; "" when absent."""
+        return ", ".join(self.headers.get(name.lower(), ()))
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    content_type: str
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class _TooLarge(Exception):
+    """A body over :data:`MAX_BODY`: answered 413, not read."""
 
 
 def parse_listen(listen: str) -> tuple[str | None, int]:
@@ -107,27 +147,31 @@ class HealthServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             try:
-                method, path, accept = await asyncio.wait_for(
-                    _read_request(reader), REQUEST_TIMEOUT_S
+                request = await asyncio.wait_for(
+                    _read_request(reader, _peer(writer)), REQUEST_TIMEOUT_S
                 )
+            except _TooLarge:
+                await _respond(writer, 413, TEXT, f"a body is at most {MAX_BODY} bytes\n".encode())
+                await _discard_input(reader, writer)
+                return
             except _UNREADABLE:
                 await _respond(writer, 400, TEXT, b"bad request\n")
                 await _discard_input(reader, writer)
                 return
             try:
-                status, content_type, body = await self._route(method, path, accept)
+                answer = await self._route(request)
             except Exception as exc:
                 # A bug must cost one answer, not the connection unanswered.
-                log.error("http_request_failed", path=path[:200], error=repr(exc)[:500])
-                status, content_type, body = 500, TEXT, b"internal error\n"
-            extra = {"Allow": "GET, HEAD"} if status == 405 else {}
+                log.error("http_request_failed", path=request.path[:200], error=repr(exc)[:500])
+                answer = Response(500, TEXT, b"internal error\n")
+            extra = {"Allow": "GET, HEAD"} if answer.status == 405 else {}
             await _respond(
                 writer,
-                status,
-                content_type,
-                b"" if method == "HEAD" else body,
-                length=len(body),
-                extra=extra,
+                answer.status,
+                answer.content_type,
+                b"" if request.method == "HEAD" else answer.body,
+                length=len(answer.body),
+                extra={**extra, **answer.headers},
             )
         except ConnectionError:
             pass  # the client went away; nothing to tell it
@@ -136,11 +180,12 @@ class HealthServer:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    async def _route(self, method: str, path: str, accept: str) -> tuple[int, str, bytes]:
-        if self._status_page is not None and self._status_page.serves(path):
-            if method not in ("GET", "HEAD"):
-                return 405, TEXT, b"method not allowed\n"
-            return await self._status_page.answer(path, accept)
+    async def _route(self, request: Request) -> Response:
+        if self._status_page is not None and self._status_page.serves(request.path):
+            return await self._status_page.handle(request)
+        return Response(*await self._probe(request.method, request.path, request.header("accept")))
+
+    async def _probe(self, method: str, path: str, accept: str) -> tuple[int, str, bytes]:
         if path not in ("/healthz", "/readyz", "/metrics"):
             return 404, TEXT, b"not found\n"
         if method not in ("GET", "HEAD"):
@@ -204,22 +249,38 @@ def _safely(check: Callable[[], bool]) -> bool:
         return False
 
 
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, str]:
-    """The method, path and Accept header of one request; other headers are ignored."""
+async def _read_request(reader: asyncio.StreamReader, peer: str | None) -> Request:
+    """One request: its line, headers and (up to :data:`MAX_BODY`) body."""
     request_line = (await reader.readuntil(b"\r\n")).decode("latin-1").split()
     if len(request_line) != 3 or not request_line[2].startswith("HTTP/"):
         raise ValueError("malformed request line")
-    accept: list[str] = []
+    headers: dict[str, tuple[str, ...]] = {}
     for _ in range(MAX_HEADER_LINES):
         line = await reader.readuntil(b"\r\n")
         if line == b"\r\n":
             method, target, _version = request_line
-            # Repeated Accept headers are one comma-separated list (RFC 9110).
-            return method, target.split("?", 1)[0], ",".join(accept)
+            body = await _read_body(reader, headers)
+            return Request(method, target.split("?", 1)[0], headers, body, peer)
         name, _, value = line.decode("latin-1").partition(":")
-        if name.strip().lower() == "accept":
-            accept.append(value.strip())
+        key = name.strip().lower()
+        headers[key] = (*headers.get(key, ()), value.strip())
     raise ValueError("too many header lines")
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: Mapping[str, tuple[str, ...]]) -> bytes:
+    if "transfer-encoding" in headers:
+        raise ValueError("a chunked body; send Content-Length")
+    lengths = set(headers.get("content-length", ("0",)))
+    if len(lengths) != 1 or not (length := lengths.pop()).isascii() or not length.isdigit():
+        raise ValueError("a malformed Content-Length")
+    if len(length) > 9 or int(length) > MAX_BODY:
+        raise _TooLarge
+    return await reader.readexactly(int(length))
+
+
+def _peer(writer: asyncio.StreamWriter) -> str | None:
+    address = writer.get_extra_info("peername")
+    return str(address[0]) if isinstance(address, tuple) and address else None
 
 
 async def _discard_input(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,4 +1,4 @@
-"""A read-only status page on the daemon's HTTP port: the cluster's truth, from the database.
+"""A status page on the daemon's HTTP port: the cluster's truth, from the database.
 
 Views (each also as JSON, at the same path with ``.json`` or with
 ``Accept: application/json``; field names are those of ``pgcrond status
@@ -9,13 +9,24 @@ Views (each also as JSON, at the same path with ``.json`` or with
 * ``/status/jobs/<code>``: one job's recent ticks and a duration chart;
 * ``/status/running`` and ``/status/replicas``.
 
-Rules the code keeps: a GET changes nothing and the page has no forms; the
-database is asked only while a request is answered (no polling), with the
-bounded, indexed statements of :mod:`pgcrond.storage.status`, one request at a
-time, so the page never holds more than one of the daemon's pooled connections;
-every job-provided string is HTML-escaped; the HTML loads nothing from
-elsewhere and runs no script (a Content-Security-Policy says so to the
-browser); the server renders the SVG chart.
+Who may see it and act (:mod:`pgcrond.daemon.page_auth`): with no
+``http.users`` and no ``http.trusted_proxies`` the page is open, read-only and
+has no forms (a POST is refused 403). With either, every request must name an
+operator; a job's page then has forms (``POST /status/jobs/<code>/pause``,
+``/resume``, ``/run``) that pause it with a reason, resume it, or request a
+detached run (as ``pgcrond trigger --detach`` does), recorded under the
+operator's name, then redirect back to the job's page (POST/redirect/GET).
+Authenticated answers are ``Cache-Control: no-store``. ``http.status_page:
+false`` takes the whole page away (404); ``/metrics`` and the probes stay.
+
+Rules the code keeps: a GET changes nothing; a POST changes something only
+with a signed-in operator and a matching CSRF token; the database is asked
+only while a request is answered (no polling), with the bounded, indexed
+statements of :mod:`pgcrond.storage.status`, one request at a time, so the
+page never holds more than one of the daemon's pooled connections; every
+job-provided string is HTML-escaped; the HTML loads nothing from elsewhere and
+runs no script (a Content-Security-Policy says so to the browser); the server
+renders the SVG chart.
 """
 
 from __future__ import annotations
@@ -31,19 +42,22 @@ from functools import lru_cache
 from html import escape
 from importlib import resources
 from typing import Any, Literal
-from urllib.parse import quote, unquote
+from urllib.parse import parse_qsl, quote, unquote
 
 import structlog
 
 from pgcrond import __version__
 from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.durations import format_duration
-from pgcrond.core.schedule import Schedule, tick_of
+from pgcrond.core.schedule import Schedule, manual_run_key, tick_of
+from pgcrond.daemon import page_auth
+from pgcrond.daemon.http import Request, Response
 from pgcrond.errors import PgcrondError
 from pgcrond.ops import report
 from pgcrond.storage import jobstate, registry
 from pgcrond.storage import status as reads
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.requests import request_run
 
 log = structlog.get_logger("pgcrond.daemon.status_page")
 
@@ -62,11 +76,19 @@ FAILING_SHOWN = 20
 NEXT_FIRES = 5
 ERROR_WIDTH = 120
 # No script, no frame, nothing from elsewhere; the stylesheet and inline SVG
-# are the page's only resources. In a <meta>, so the HTTP layer stays generic.
+# are the page's only resources, and forms (shown to a signed-in operator
+# only) post back here. In a <meta>, so the HTTP layer stays generic.
 CSP = (
     "default-src 'none'; style-src 'self'; img-src 'self' data:; "
-    "base-uri 'none'; form-action 'none'"
+    "base-uri 'none'; form-action {forms}"
 )
+# What a job's page can do for a signed-in operator: the last path segment of its POST.
+ACTIONS = ("pause", "resume", "run")
+MAX_REASON = 500
+# The form fields a POST may carry; more is not a form of this page.
+MAX_FIELDS = 4
+# Every answer of the page: no framing (clickjacking a form), no type sniffing.
+PAGE_HEADERS = {"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
 # Outcome -> CSS class of a strip cell and a chart bar.
 OUTCOME_CLASSES = {
     "SUCCESS": "ok",
@@ -187,6 +209,27 @@ class ScheduleMemo:
         return after
 
 
+def action_route(path: str, jobs: Container[str]) -> tuple[str, str] | None:
+    """(job code, action) a POST's path names, or None (a 404); total, like :func:`route`."""
+    job_prefix = f"{PREFIX}/jobs/"
+    if not path.startswith(job_prefix):
+        return None
+    # The code is percent-encoded (job_path), so its own '/' never splits here.
+    quoted, _, action = path[len(job_prefix) :].rpartition("/")
+    code = unquote(quoted)
+    if action not in ACTIONS or code not in jobs:
+        return None
+    return code, action
+
+
+@dataclass(frozen=True)
+class SignedIn:
+    """The operator a page is drawn for, and the CSRF token its forms carry."""
+
+    operator: str
+    csrf: str
+
+
 @dataclass(frozen=True)
 class View:
     """What one request shows: its data (the JSON) and how to draw it (the HTML)."""
@@ -223,14 +266,138 @@ class StatusPage:
         # One request at a time: the page shares the daemon's small pool with
         # claims and heartbeats, and must never take more than one connection.
         self._one_at_a_time = asyncio.Semaphore(1)
+        self._password_checks = asyncio.Semaphore(page_auth.CONCURRENT_CHECKS)
         self._memo = ScheduleMemo()
 
-    @staticmethod
-    def serves(path: str) -> bool:
+    def serves(self, path: str) -> bool:
+        """Whether ``path`` is the page's; nothing is while ``http.status_page`` is false."""
+        if not self._config().page_access.enabled:
+            return False
         return path in ("/", PREFIX, f"{PREFIX}.json") or path.startswith(f"{PREFIX}/")
 
-    async def answer(self, path: str, accept: str) -> Answer:
-        """(status, content type, body) of a GET (the HTTP layer drops the body for HEAD)."""
+    async def handle(self, request: Request) -> Response:
+        """Any request under ``/status``: who asks, then a view (GET, HEAD) or an action (POST)."""
+        access = self._config().page_access
+        if request.method not in ("GET", "HEAD", "POST"):
+            allow = "GET, HEAD, POST" if access.authenticated else "GET, HEAD"
+            return Response(405, TEXT, b"method not allowed\n", {"Allow": allow})
+        accept = request.header("accept")
+        as_json = request.path.endswith(".json") or _prefers_json(accept)
+        if not access.authenticated:
+            if request.method == "POST":
+                return self._refusal(
+                    403,
+                    "Read-only",
+                    "this status page is read-only: no one can sign in to act. Set http.users "
+                    "or http.trusted_proxies to pause, resume and run jobs from here",
+                    as_json,
+                )
+            return Response(*await self.answer(request.path, accept), PAGE_HEADERS)
+        private = {**PAGE_HEADERS, "Cache-Control": "no-store"}
+        try:
+            who = await page_auth.operator(access, request, self._password_checks)
+        except page_auth.Denied as denied:
+            # Plain text: a stranger learns nothing of the page (replica name, version).
+            message = f"{denied.message}\n".encode()
+            # A POST is not retried after a login prompt: refused, with nothing done.
+            if request.method == "POST" or not denied.challenge:
+                return Response(403, TEXT, message, private)
+            return Response(401, TEXT, message, {**private, **page_auth.challenge_header()})
+        if request.method == "POST":
+            return await self._act(request, who, as_json, private)
+        token = page_auth.csrf_cookie(request)
+        headers = dict(private)
+        if token is None:
+            token = page_auth.new_csrf_token()
+            headers["Set-Cookie"] = page_auth.set_csrf_cookie(token)
+        answer = await self.answer(request.path, accept, signed_in=SignedIn(who, token))
+        return Response(*answer, headers)
+
+    async def _act(
+        self, request: Request, who: str, as_json: bool, headers: dict[str, str]
+    ) -> Response:
+        """One POST: checked whole before anything is written; 303 to the job's page."""
+        found = action_route(request.path, self._config().jobs)
+        if found is None:
+            return self._refusal(404, "Not found", _not_found(request.path), as_json, headers)
+        code, action = found
+        form = _form(request)
+        if form is None:
+            return self._refusal(
+                400, "Bad request", "expected a form (application/x-www-form-urlencoded)",
+                as_json, headers,
+            )  # fmt: skip
+        if not page_auth.csrf_ok(request, form.get(page_auth.CSRF_FIELD)):
+            log.warning("status_page_denied", peer=request.peer, user=who, why="csrf", job=code)
+            return self._refusal(
+                403,
+                "Forbidden",
+                "the form's token is missing or stale: reload the job's page and try again",
+                as_json,
+                headers,
+            )
+        reason = form.get("reason", "").strip() or None
+        # `pgcrond status` prints the reason to terminals: no control characters.
+        if reason is not None and (len(reason) > MAX_REASON or not reason.isprintable()):
+            return self._refusal(
+                400,
+                "Bad request",
+                f"a reason is one line of at most {MAX_REASON} printable characters",
+                as_json,
+                headers,
+            )
+        try:
+            done = await asyncio.wait_for(
+                self._apply(action, code, who, reason), self._query_timeout
+            )
+        except TimeoutError:
+            return self._refusal(
+                503, "Database too slow", f"not done within {self._query_timeout:g}s; "
+                "check the job's page before trying again", as_json, headers,
+            )  # fmt: skip
+        except PgcrondError as exc:
+            log.warning("status_page_failed", path=request.path, error=str(exc))
+            return self._refusal(503, "Database unavailable", str(exc), as_json, headers)
+        log.info(
+            "status_page_action", action=action, job=code, by=who, peer=request.peer, done=done
+        )
+        location = job_path(code)
+        return Response(
+            303, TEXT, f"{done}; see {location}\n".encode(), {**headers, "Location": location}
+        )
+
+    async def _apply(self, action: str, code: str, who: str, reason: str | None) -> str:
+        """Pause, resume or request a run of ``code`` as ``who``; what was done, in words."""
+        async with self._one_at_a_time:
+            store = self._store()
+            if store is None:
+                raise records_unavailable()
+            if action == "pause":
+                await jobstate.pause(store, [code], by=who, reason=reason)
+                return "paused"
+            if action == "resume":
+                resumed = await jobstate.resume(store, [code])
+                return "resumed" if resumed else "not paused"
+            # The CLI's run key: a double click, or a shell in the same minute, asks once.
+            requested = await request_run(store, code, manual_run_key(datetime.now(UTC)), by=who)
+            return "requested" if requested.opened else "already requested"
+
+    def _refusal(
+        self,
+        status: int,
+        title: str,
+        message: str,
+        as_json: bool,
+        headers: Mapping[str, str] = PAGE_HEADERS,
+    ) -> Response:
+        return Response(*self._error(status, title, message, as_json), headers)
+
+    async def answer(self, path: str, accept: str, *, signed_in: SignedIn | None = None) -> Answer:
+        """(status, content type, body) of a GET (the HTTP layer drops the body for HEAD).
+
+        ``signed_in``: the operator the page is drawn for (a job's page gets its
+        forms); None draws the read-only page.
+        """
         found = route(path, self._config().jobs)
         if found is not None and found.view == "stylesheet":
             return 200, CSS, _stylesheet()
@@ -241,7 +408,7 @@ class StatusPage:
             return self._error(404, "Not found", _not_found(path), as_json)
         started = time.perf_counter()
         try:
-            view = await asyncio.wait_for(self._view(found), self._query_timeout)
+            view = await asyncio.wait_for(self._view(found, signed_in), self._query_timeout)
         except _NotFound as exc:
             return self._error(404, "Not found", str(exc), as_json)
         except TimeoutError:
@@ -255,9 +422,10 @@ class StatusPage:
         if as_json:
             return 200, JSON, to_json(view.data).encode()
         took_ms = (time.perf_counter() - started) * 1000
-        return 200, HTML, self._page(view.title, view.body, view.json_path, took_ms).encode()
+        page = self._page(view.title, view.body, view.json_path, took_ms, signed_in)
+        return 200, HTML, page.encode()
 
-    async def _view(self, found: Route) -> View:
+    async def _view(self, found: Route, signed_in: SignedIn | None) -> View:
         async with self._one_at_a_time:
             store = self._store()
             if store is None:
@@ -272,7 +440,7 @@ class StatusPage:
                 case "replicas":
                     return await self._replicas_view(store, now)
                 case "job" if found.code in config.jobs:
-                    return await self._job_view(store, config.jobs[found.code], now)
+                    return await self._job_view(store, config.jobs[found.code], now, signed_in)
         # A reload between routing and here removed the job.
         raise _NotFound(f"no job {found.code!r} in this replica's config")
 
@@ -351,11 +519,21 @@ class StatusPage:
         )
         return View("Replicas", f"{PREFIX}/replicas.json", data, body)
 
-    async def _job_view(self, store: LeaseStore, job: JobConfig, now: datetime) -> View:
+    async def _job_view(
+        self, store: LeaseStore, job: JobConfig, now: datetime, signed_in: SignedIn | None
+    ) -> View:
         [entry] = await self._job_entries(store, [job], now, next_fires=NEXT_FIRES)
         rows = [tick_entry(row) for row in await reads.ticks(store, job.code)]
-        data = {"generated_at": now, "replica": self.replica, "job": entry, "ticks": rows}
-        body = _job_body(job, entry, rows, now)
+        asked = [request_entry(row) for row in await reads.requests(store, job.code)]
+        data = {
+            "generated_at": now,
+            "replica": self.replica,
+            "job": entry,
+            "ticks": rows,
+            "requests": asked,
+        }
+        actions = "" if signed_in is None else _actions(job, entry["paused"], signed_in)
+        body = actions + _job_body(job, entry, rows, now) + _requests_table(asked, now)
         return View(f"Job {job.code}", job_path(job.code, ".json"), data, body)
 
     # -- data -------------------------------------------------------------------------------
@@ -436,7 +614,14 @@ class StatusPage:
             f"</tr></thead><tbody>{rows}</tbody></table></div>"
         )
 
-    def _page(self, title: str, body: str, json_path: str, took_ms: float) -> str:
+    def _page(
+        self,
+        title: str,
+        body: str,
+        json_path: str,
+        took_ms: float,
+        signed_in: SignedIn | None = None,
+    ) -> str:
         nav = "".join(
             f'<a href="{href}">{label}</a>'
             for href, label in (
@@ -445,11 +630,18 @@ class StatusPage:
                 (f"{PREFIX}/replicas", "Replicas"),
             )
         )
+        csp = CSP.format(forms="'none'" if signed_in is None else "'self'")
+        who = (
+            "Read-only."
+            if signed_in is None
+            else f"Signed in as <b>{esc(signed_in.operator)}</b>: actions are recorded under "
+            "this name."
+        )
         return (
             "<!doctype html>\n"
             '<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
             '<meta name="referrer" content="no-referrer">'
             '<meta name="robots" content="noindex">'
             f"<title>{esc(title)} · pgcrond</title>"
@@ -460,7 +652,7 @@ class StatusPage:
             f'<nav>{nav}</nav><span class="who">answered by <b>{esc(self.replica)}</b>'
             f" · v{esc(self.version)}</span></header>"
             f"<main><h1>{esc(title)}</h1>{body}</main>"
-            f'<footer>Read-only. <a href="{esc(json_path)}">This view as JSON</a> '
+            f'<footer>{who} <a href="{esc(json_path)}">This view as JSON</a> '
             "(or <code>Accept: application/json</code>). "
             f"Answered in {took_ms:.0f} ms at {esc(report.when(datetime.now(UTC)))}; "
             "reload to refresh.</footer>"
@@ -515,6 +707,23 @@ def _json_default(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
+def _form(request: Request) -> dict[str, str] | None:
+    """The fields of a form POST, or None when the body is not a small urlencoded form."""
+    content_type = request.header("content-type").split(";", 1)[0].strip().lower()
+    if content_type != "application/x-www-form-urlencoded":
+        return None
+    try:
+        pairs = parse_qsl(
+            request.body.decode("utf-8"),
+            keep_blank_values=True,
+            strict_parsing=bool(request.body),
+            max_num_fields=MAX_FIELDS,
+        )
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return dict(pairs)
+
+
 def _prefers_json(accept: str) -> bool:
     """JSON when asked for and HTML is not: a browser's ``text/html,…,*/*`` gets HTML."""
     kinds = [part.split(";", 1)[0].strip().lower() for part in accept.split(",")]
@@ -543,6 +752,19 @@ def running_entry(row: Mapping[str, Any]) -> dict[str, Any]:
         "stale": row["stale"],
         "fencing_token": row["fencing_token"],
         "idempotency_key": row["lock_key"],
+    }
+
+
+def request_entry(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A request: who asked for which run key, when, who took it and how it ended."""
+    return {
+        "run_key": row["run_key"],
+        "requested_by": row["requested_by"],
+        "requested_at": row["requested_at"],
+        "taken_by": row["taken_by"],
+        "taken_at": row["taken_at"],
+        "done_at": row["done_at"],
+        "outcome": row["outcome"],
     }
 
 
@@ -827,6 +1049,76 @@ def _job_body(
         f"<h2>Duration of recent runs</h2>{duration_chart(rows, now)}"
         f"<h2>History (newest first, {len(rows)} rows)</h2>{_ticks_table(rows, now)}"
     )
+
+
+def _actions(job: JobConfig, paused: dict[str, Any] | None, signed_in: SignedIn) -> str:
+    """The forms of a job's page: pause (with a reason) or resume, and run now."""
+
+    def form(action: str, fields: str, button: str) -> str:
+        target = job_path(job.code, "/" + action)
+        return (
+            f'<form method="post" class="act {action}" action="{esc(target)}">'
+            f'<input type="hidden" name="{page_auth.CSRF_FIELD}" value="{esc(signed_in.csrf)}">'
+            f'{fields}<button type="submit">{esc(button)}</button></form>'
+        )
+
+    if paused is None:
+        state = '<p class="state">Not paused: its ticks run.</p>'
+        pause_form = form(
+            "pause",
+            '<label>Reason <input type="text" name="reason" maxlength="'
+            f'{MAX_REASON}" placeholder="why, shown with every skip"></label>',
+            "Pause",
+        )
+    elif paused["source"] == "config":
+        state = (
+            f'<p class="state paused">{esc(paused["detail"])}: remove it and reload the '
+            "replicas to let the job run.</p>"
+        )
+        pause_form = ""
+    else:
+        why = f": {paused['reason']}" if paused.get("reason") else ""
+        held = (
+            f"Paused by {paused['by']} at {report.when(paused['at'])}{why}"
+            if paused["code"] != jobstate.ALL_JOBS
+            else f"Every job is paused by {paused['by']}{why} (pgcrond resume --all lifts it)"
+        )
+        state = f'<p class="state paused">{esc(held)}</p>'
+        pause_form = form("resume", "", "Resume") if paused["code"] != jobstate.ALL_JOBS else ""
+    run_form = form("run", "", "Run now")
+    return (
+        f'<section class="actions"><h2>Act on this job</h2>{state}'
+        f'<div class="forms">{pause_form}{run_form}</div>'
+        '<p class="note">Run now asks the replicas to run it once (as <code>pgcrond trigger '
+        "--detach</code> does), under the run key <code>manual:&lt;UTC minute&gt;</code>.</p>"
+        "</section>"
+    )
+
+
+def _requests_table(asked: list[dict[str, Any]], now: datetime) -> str:
+    if not asked:
+        return ""
+    rows = "".join(
+        "<tr>"
+        f'<td data-label="Run key"><div><code>{esc(r["run_key"])}</code></div></td>'
+        f'<td data-label="Requested by"><div>{esc(r["requested_by"])}</div></td>'
+        f'<td data-label="Requested"><div>{_time(r["requested_at"], now)}</div></td>'
+        f'<td data-label="Taken by"><div>{esc(r["taken_by"] or "–")}</div></td>'
+        f'<td data-label="Outcome"><div>{esc(_request_state(r))}</div></td>'
+        "</tr>"
+        for r in asked
+    )
+    return (
+        '<h2>Manual runs requested</h2><div class="scroll"><table class="requests cards-on-phone">'
+        "<thead><tr><th>Run key</th><th>Requested by</th><th>Requested</th><th>Taken by</th>"
+        f"<th>Outcome</th></tr></thead><tbody>{rows}</tbody></table></div>"
+    )
+
+
+def _request_state(asked: dict[str, Any]) -> str:
+    if asked["outcome"]:
+        return str(asked["outcome"])
+    return "taken, running" if asked["taken_by"] else "pending: no replica took it yet"
 
 
 def _ticks_table(rows: list[dict[str, Any]], now: datetime) -> str:

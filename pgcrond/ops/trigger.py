@@ -6,6 +6,7 @@ import argparse
 from datetime import UTC, datetime
 
 from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import manual_run_key
 from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import CommandError, ExitCode
@@ -20,11 +21,6 @@ EXIT_NOT_RUN_HERE = ExitCode.NOT_RUN_HERE
 
 # Outcomes of a fire that ran nothing in this process (exit 3).
 NOT_RUN_HERE = ("lose", "skip", "misfire")
-
-
-def manual_run_key(now: datetime) -> str:
-    """``manual:<UTC minute>``: shells triggering the same job in the same minute agree."""
-    return "manual:" + now.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
 def trigger_command(args: argparse.Namespace) -> int:

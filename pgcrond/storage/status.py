@@ -23,6 +23,7 @@ STRIP_TICKS = 24
 SCAN_TICKS = 200
 RUNNING_LIMIT = 500
 TICKS_LIMIT = 100
+REQUESTS_LIMIT = 5
 REPLICAS_WITHIN = timedelta(hours=1)
 REPLICAS_LIMIT = 5000
 
@@ -117,6 +118,17 @@ async def ticks(store: LeaseStore, code: str, *, limit: int = TICKS_LIMIT) -> li
     return list(
         await store.db.fetchall(
             store.queries.get("status_page_ticks"), {"code": code, "limit": limit}
+        )
+    )
+
+
+async def requests(
+    store: LeaseStore, code: str, *, limit: int = REQUESTS_LIMIT
+) -> list[dict[str, Any]]:
+    """One job's newest requests (``trigger --detach``, the page's Run now), newest first."""
+    return list(
+        await store.db.fetchall(
+            store.queries.get("status_page_requests"), {"code": code, "limit": limit}
         )
     )
 

@@ -653,6 +653,16 @@ WHERE code = %(code)s
 ORDER BY acquired_at DESC
 LIMIT %(limit)s
 
+-- name: status_page_requests
+-- One job's newest requests (detached manual runs) for its status page, newest
+-- first: who asked, when, which replica took it, how its fire ended. Through
+-- the (code, run_key) unique index; a job's requests are few (pruned with history).
+SELECT run_key, requested_by, requested_at, taken_by, taken_at, done_at, outcome
+FROM {requests}
+WHERE code = %(code)s
+ORDER BY requested_at DESC
+LIMIT %(limit)s
+
 -- name: status_page_replicas
 -- Replicas seen recently, from the rows they hold or finished: the newest
 -- %(limit)s SCHEDULE rows finished within the window (the finished index,
