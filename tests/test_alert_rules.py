@@ -464,12 +464,15 @@ def test_every_rule_and_dashboard_query_returns_data_from_prometheus_scraping_a_
                 "ticks_accounted", where=lambda e: e.get("job") == "gap" and e["missed"] > 0
             )
 
+            # The replicas agree, so the drift rule's condition holds no sample;
+            # its series must be there, and its expression evaluate.
+            quiet = {"PgcrondNoReplicaUp", "PgcrondConfigDrift"}
             wanted = {
-                **{
-                    name: expr for name, expr in expressions.items() if name != "PgcrondNoReplicaUp"
-                },
+                **{name: expr for name, expr in expressions.items() if name not in quiet},
                 **panel_queries(),
+                "pgcrond_config_drift": "max(pgcrond_config_drift) == 0",
             }
+            assert [] == query(client, expressions["PgcrondConfigDrift"])
 
             def empty() -> list[str]:
                 return [name for name, expr in wanted.items() if not query(client, expr)]
