@@ -40,9 +40,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgcrond.core.keys import Identity, lock_id
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.advisory import advisory_lock
+from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import throwaway
-from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
+from pgcrond.storage.leases import LeaseStore
 
 NO_HOLD = timedelta(0)
 TIMING = LeaseTiming.build(timedelta(seconds=60))

@@ -27,10 +27,11 @@ from pathlib import Path
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
+from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import throwaway
 from pgcrond.storage.jobstate import pause
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.leases import LeaseStore
 from tests.store_helpers import count_round_trips
 
 TIMING = LeaseTiming.build(timedelta(minutes=5))

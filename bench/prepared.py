@@ -31,8 +31,9 @@ import psycopg
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
+from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.leases import LeaseStore
 from pgcrond.testing import throwaway
 from tests import pgbouncer as bouncer
 

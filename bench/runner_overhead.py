@@ -19,9 +19,10 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from pgcrond.core.actions import Action, CommandAction, EntrypointAction
-from pgcrond.run.cancel import Cancellation
+from pgcrond.core.cancel import Cancellation
+from pgcrond.run.attempt import RunRequest
 from pgcrond.run.context import RunContext
-from pgcrond.run.runner import RunRequest, execute
+from pgcrond.run.runner import execute
 
 # The script's directory is on sys.path, and the isolated child is given the
 # same path, so the no-ops resolve in both.

@@ -22,10 +22,11 @@ import psycopg
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
+from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import throwaway
 from pgcrond.storage.history import prune
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.leases import LeaseStore
 
 TIMING = LeaseTiming.build(timedelta(minutes=1), timedelta(0))
 SCHEMA = "bench"

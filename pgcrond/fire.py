@@ -41,6 +41,7 @@ from typing import Any, Literal, TypeVar
 import structlog
 
 from pgcrond.config.loader import JobConfig
+from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
@@ -48,8 +49,8 @@ from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
 from pgcrond.run import leftovers
-from pgcrond.run.cancel import Cancellation
-from pgcrond.run.runner import RunRequest, RunResult, execute
+from pgcrond.run.attempt import RunRequest, RunResult
+from pgcrond.run.runner import execute
 
 T = TypeVar("T")
 log = structlog.get_logger("pgcrond.fire")

@@ -22,8 +22,8 @@ from typing import Any
 
 from pgcrond.core.actions import Action
 from pgcrond.core.keys import Identity
+from pgcrond.run.attempt import RunRequest
 from pgcrond.run.context import RunContext
-from pgcrond.run.runner import RunRequest
 
 STARTED: defaultdict[str, threading.Event] = defaultdict(threading.Event)
 RELEASE: defaultdict[str, threading.Event] = defaultdict(threading.Event)

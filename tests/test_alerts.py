@@ -21,7 +21,8 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.alerts import JobAlerts, seed
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import MISSED_REASONS, Metrics
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.claims import Acquired
+from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.ticks import MISSED_REASONS as STORED_REASONS
 from pgcrond.storage.ticks import job_ticks
 from tests.store_helpers import open_store

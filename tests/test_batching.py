@@ -15,7 +15,8 @@ import psycopg
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.batch import TurnBatch
-from pgcrond.storage.leases import FINALIZE_LINGER_S, Acquired, LeaseStore
+from pgcrond.storage.claims import Acquired
+from pgcrond.storage.leases import FINALIZE_LINGER_S, LeaseStore
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
 

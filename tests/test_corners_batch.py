@@ -19,7 +19,8 @@ import psycopg
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.batch import TurnBatch
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.claims import Acquired
+from pgcrond.storage.leases import LeaseStore
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
 TICK = "2026-01-01T00:00:00Z"

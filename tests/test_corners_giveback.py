@@ -19,7 +19,8 @@ from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.guard.base import ClaimRequest, Held, Refused
 from pgcrond.guard.lease import LeaseGuard
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.claims import Acquired
+from pgcrond.storage.leases import LeaseStore
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
 WINDOW = timedelta(seconds=3)

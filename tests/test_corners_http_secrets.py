@@ -30,8 +30,8 @@ import psycopg
 import pytest
 
 from pgcrond.core.actions import HttpAction
+from pgcrond.run.attempt import RunRequest
 from pgcrond.run.http_action import HeaderValueRefused, request_headers
-from pgcrond.run.runner import RunRequest
 from tests.daemon_harness import Replica, cluster, wait_until
 from tests.test_daemon import at, config
 

@@ -17,7 +17,8 @@ import psycopg
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
+from pgcrond.storage.claims import Acquired, NotAcquired
+from pgcrond.storage.leases import LeaseStore
 from tests.store_helpers import open_store
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))

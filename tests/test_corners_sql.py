@@ -36,8 +36,9 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.sqlscript import compile_script
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import ConfigError, SqlJobFailed
+from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.leases import LeaseStore
 from tests.daemon_harness import cluster, wait_until
 
 # Starts replicas or servers: the system tier.

@@ -746,7 +746,8 @@ def test_least_privilege_role_migrates_and_runs_but_reaches_nothing_else(
 ) -> None:
     """Owner of its schema only: migrate + claim work; other tables and public refuse it."""
     from pgcrond.core.keys import Identity
-    from pgcrond.storage.leases import Acquired, SyncLeaseStore
+    from pgcrond.storage.claims import Acquired
+    from pgcrond.storage.leases import SyncLeaseStore
 
     database, role = scratch_database
     admin = with_database(pg_dsn, database)

@@ -17,8 +17,9 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.guard.base import ClaimRequest, Held, Refused, Verdict
 from pgcrond.guard.lease import LeaseGuard
+from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.db import Database
-from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
+from pgcrond.storage.leases import LeaseStore
 from tests.faults.proxy import proxied
 
 TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))

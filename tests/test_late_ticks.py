@@ -21,7 +21,7 @@ import pytest
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.storage.leases import Acquired, NotAcquired
+from pgcrond.storage.claims import Acquired, NotAcquired
 from tests.daemon_harness import Cluster, cluster, wait_until
 from tests.store_helpers import open_store
 from tests.test_ticks import rows

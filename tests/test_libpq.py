@@ -107,7 +107,8 @@ async def test_prepared_statements_can_be_turned_on_for_the_lease_pool(
     """database.prepared_statements: the claim is prepared server-side and still answers."""
     from pgcrond.config.loader import load_config
     from pgcrond.core.keys import Identity
-    from pgcrond.storage.leases import Acquired, LeaseStore
+    from pgcrond.storage.claims import Acquired
+    from pgcrond.storage.leases import LeaseStore
 
     path = tmp_path / "jobs.yaml"
     path.write_text(

@@ -138,7 +138,7 @@ def test_through_a_flapping_database_every_line_is_redacted_json(
 
 CONSOLE_PROBE = """
 import logging, warnings, structlog
-from pgcrond.daemon.logs import configure
+from pgcrond.logs import configure
 configure("auto")
 structlog.get_logger("pgcrond.probe").info("probe_event", url="postgresql://u:Hx7qPw2LmZ@h/d")
 logging.getLogger("psycopg.pool").warning("error connecting: password=Hx7qPw2LmZ")

@@ -19,8 +19,9 @@ from pgcrond.cli import main
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.ops import session as ops
+from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.history import prune
-from pgcrond.storage.leases import Acquired, NotAcquired, SyncLeaseStore
+from pgcrond.storage.leases import SyncLeaseStore
 from pgcrond.storage.sql import migrations
 from tests.store_helpers import open_store
 

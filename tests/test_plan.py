@@ -22,7 +22,8 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.registry import entry_of
 from pgcrond.storage import registry
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.claims import Acquired
+from pgcrond.storage.leases import LeaseStore
 
 RUNNING_NOW = """\
   keep: {cron: "0 3 * * *", command: [/bin/true]}

@@ -21,8 +21,9 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.registry import entry_of
 from pgcrond.errors import ConfigError, ReplicaNameTaken
 from pgcrond.storage import jobstate, registry
+from pgcrond.storage.claims import Acquired
 from pgcrond.storage.history import open_ticks
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.registry import ABSENT, LiveReplica, drift
 from pgcrond.storage.renames import apply_renames
 from tests.store_helpers import open_store

@@ -19,10 +19,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from pgcrond.core.actions import CommandAction, ShellAction
+from pgcrond.core.cancel import Cancellation
 from pgcrond.core.retry import retry_delay
 from pgcrond.run import runner
-from pgcrond.run.cancel import Cancellation
-from pgcrond.run.runner import RunResult, execute
+from pgcrond.run.attempt import RunResult
+from pgcrond.run.runner import execute
 from tests.jobs_fixture import (
     RUN_KEY,
     docs_example,

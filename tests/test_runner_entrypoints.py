@@ -14,8 +14,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from pgcrond.core.actions import EntrypointAction
-from pgcrond.run.cancel import Cancellation
-from pgcrond.run.runner import RunRequest, execute
+from pgcrond.core.cancel import Cancellation
+from pgcrond.run.attempt import RunRequest
+from pgcrond.run.runner import execute
 from tests import jobs_fixture
 from tests.jobs_fixture import RUN_KEY, docs_example, is_alive, make_request, wait_for_path
 

@@ -30,8 +30,9 @@ from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import ConfigError, SqlJobFailed
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
+from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.leases import LeaseStore
 from tests import pgbouncer as bouncer
 from tests.faults.checker import owner_pid
 

@@ -40,7 +40,8 @@ from pgcrond.daemon.registry import entry_of
 from pgcrond.daemon.status_page import StatusPage, _stale, action_route, job_path
 from pgcrond.errors import ConfigError
 from pgcrond.storage import jobstate, registry
-from pgcrond.storage.leases import Acquired, LeaseStore
+from pgcrond.storage.claims import Acquired
+from pgcrond.storage.leases import LeaseStore
 from tests.store_helpers import open_store
 
 HOSTILE_DESCRIPTION = """<script>alert("description")</script> & it's 'quoted'"""

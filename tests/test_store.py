@@ -16,8 +16,9 @@ import pytest
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import DatabaseUnavailable, LeaseLost, ValidationError
+from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.embedded import LocalServer
-from pgcrond.storage.leases import Acquired, NotAcquired, SyncLeaseStore
+from pgcrond.storage.leases import SyncLeaseStore
 from pgcrond.storage.sql import migrations
 from tests.store_helpers import count_round_trips, open_store, quick_processes
 

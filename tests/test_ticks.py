@@ -17,7 +17,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage import jobstate, ticks
-from pgcrond.storage.leases import Acquired, NotAcquired
+from pgcrond.storage.claims import Acquired, NotAcquired
 from tests.store_helpers import count_round_trips, open_store
 
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))

@@ -37,8 +37,9 @@ from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import PgcrondError
 from pgcrond.fire import FireOutcome, Firing
+from pgcrond.storage.claims import NotAcquired
 from pgcrond.storage.jobstate import pause_of, paused
-from pgcrond.storage.leases import LeaseStore, NotAcquired
+from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.ticks import (
     Miss,
     database_now,

@@ -22,7 +22,8 @@ from pgcrond import __version__
 from pgcrond.config.models import JobConfig
 from pgcrond.core.hooks import FailureHook
 from pgcrond.guard.base import Held
-from pgcrond.run.runner import RunResult, job_environ
+from pgcrond.run.attempt import RunResult
+from pgcrond.run.runner import job_environ
 
 log = structlog.get_logger("pgcrond.daemon.hooks")
 _BACKOFF_S = 1.0

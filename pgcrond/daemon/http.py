@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -21,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from pgcrond.config.listen import parse_listen as read_listen
+from pgcrond.daemon.exchange import Request, Response
 from pgcrond.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -57,32 +57,6 @@ _UNREADABLE = (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.Li
 # the client reads it.
 DISCARD_BYTES = 1024 * 1024
 DISCARD_S = 1.0
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request as read: ``headers`` by lower-case name, each with every value it came with.
-
-    ``peer`` is the client's address (None for a Unix socket); ``path`` has no query.
-    """
-
-    method: str
-    path: str
-    headers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    body: bytes = b""
-    peer: str | None = None
-
-    def header(self, name: str) -> str:
-        """The value of ``name``, repeats joined as RFC 9110 reads them; "" when absent."""
-        return ", ".join(self.headers.get(name.lower(), ()))
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    content_type: str
-    body: bytes
-    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 class _TooLarge(Exception):

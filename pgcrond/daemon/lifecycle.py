@@ -45,7 +45,6 @@ from pgcrond.daemon.accounting import Accounting
 from pgcrond.daemon.alerts import seed as seed_alerts
 from pgcrond.daemon.hooks import FailureHooks
 from pgcrond.daemon.http import HealthServer
-from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.registry import Membership
 from pgcrond.daemon.requests import Requests
@@ -55,10 +54,12 @@ from pgcrond.errors import ConfigError, DatabaseUnavailable, ExitCode, PgcrondEr
 from pgcrond.fire import FireOutcome, Firing
 from pgcrond.guard import Guards
 from pgcrond.guard.spread import Spread
+from pgcrond.logs import configure
+from pgcrond.storage.claims import NotAcquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, attach
 from pgcrond.storage.history import abandon_stale, open_ticks, ping, prune
-from pgcrond.storage.leases import LeaseStore, NotAcquired
+from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.pooling import log_pooling
 from pgcrond.storage.renames import apply_renames
 from pgcrond.storage.requests import prune_requests

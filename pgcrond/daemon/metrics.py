@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from pgcrond import __version__
 from pgcrond.daemon.alerts import JobAlerts
-from pgcrond.run.runner import Outcome
+from pgcrond.run.attempt import Outcome
 
 # Every counter and histogram would also export a `_created` series with its
 # creation time: twice the series for a value nobody alerts on. The switch is

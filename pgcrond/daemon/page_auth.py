@@ -33,7 +33,7 @@ import structlog
 
 from pgcrond.config.models import PageAccess
 from pgcrond.core.passwords import USER_NAME, PasswordHash, hash_password, parse_hash
-from pgcrond.daemon.http import Request
+from pgcrond.daemon.exchange import Request
 
 log = structlog.get_logger("pgcrond.daemon.page_auth")
 

@@ -46,14 +46,13 @@ from urllib.parse import parse_qsl, quote, unquote
 
 import structlog
 
-from pgcrond import __version__
+from pgcrond import __version__, report
 from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.durations import format_duration
 from pgcrond.core.schedule import Schedule, manual_run_key, tick_of
 from pgcrond.daemon import page_auth
-from pgcrond.daemon.http import Request, Response
+from pgcrond.daemon.exchange import Request, Response
 from pgcrond.errors import PgcrondError
-from pgcrond.ops import report
 from pgcrond.storage import jobstate, registry
 from pgcrond.storage import status as reads
 from pgcrond.storage.leases import LeaseStore

@@ -52,11 +52,11 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from pgcrond.core.actions import Committed, SqlWork
+from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
 from pgcrond.errors import Unsupported
-from pgcrond.run.cancel import Cancellation
 
 RefusalReason = Literal[
     # Another replica holds a live claim (wait: until it could lapse).

@@ -32,7 +32,8 @@ from pgcrond.core.keys import Identity
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
 from pgcrond.guard.spread import Spread
-from pgcrond.storage.leases import Acquired, LeaseStore, NotAcquired
+from pgcrond.storage.claims import Acquired, NotAcquired
+from pgcrond.storage.leases import LeaseStore
 
 T = TypeVar("T")
 log = structlog.get_logger("pgcrond.guard.lease")

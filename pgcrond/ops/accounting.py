@@ -12,6 +12,7 @@ import argparse
 import os
 from datetime import UTC, datetime
 
+from pgcrond import report
 from pgcrond.catchup import JobPlan
 from pgcrond.daemon.accounting import (
     SCAN_TIMING,
@@ -20,15 +21,15 @@ from pgcrond.daemon.accounting import (
     run_catch_up,
     scan_identity,
 )
-from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import CommandError, ExitCode
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
-from pgcrond.ops import report
+from pgcrond.logs import configure
 from pgcrond.ops.session import Target, run_command
 from pgcrond.storage import jobstate
-from pgcrond.storage.leases import LeaseStore, NotAcquired
+from pgcrond.storage.claims import NotAcquired
+from pgcrond.storage.leases import LeaseStore
 
 
 def pause_command(args: argparse.Namespace) -> int:

@@ -9,10 +9,10 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any
 
+from pgcrond import report
 from pgcrond.config.loader import Config, JobConfig
 from pgcrond.core.durations import parse_duration
 from pgcrond.errors import CommandError
-from pgcrond.ops import report
 from pgcrond.ops.session import EXIT_OK, Target, run_command
 from pgcrond.storage import history as records
 from pgcrond.storage import registry

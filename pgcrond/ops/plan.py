@@ -14,9 +14,9 @@ from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pgcrond import report
 from pgcrond.config.definition import Definition
 from pgcrond.config.plan import JobChange, Plan, make_plan
-from pgcrond.ops import report
 from pgcrond.ops.session import EXIT_OK, Target, run_command
 from pgcrond.storage import registry
 from pgcrond.storage.history import open_ticks

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from pgcrond import report
 from pgcrond.config.loader import (
     DEFAULT_HISTORY_RETENTION,
     MIN_HISTORY_RETENTION,
@@ -12,7 +13,6 @@ from pgcrond.config.loader import (
 from pgcrond.config.models import PruneRule, prune_rules
 from pgcrond.core.durations import format_duration, parse_duration
 from pgcrond.errors import CommandError
-from pgcrond.ops import report
 from pgcrond.ops.session import EXIT_OK, Target, run_command
 from pgcrond.storage.history import abandon_stale, prune
 from pgcrond.storage.leases import LeaseStore

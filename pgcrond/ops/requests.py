@@ -8,10 +8,10 @@ outcome is in ``pgcrond history --job CODE``.
 
 from __future__ import annotations
 
+from pgcrond import report
 from pgcrond.config.loader import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.errors import ExitCode
-from pgcrond.ops import report
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.requests import Requested, request_run
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime
 
+from pgcrond import report
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import manual_run_key
-from pgcrond.daemon.logs import configure
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import CommandError, ExitCode
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
-from pgcrond.ops import report
+from pgcrond.logs import configure
 from pgcrond.ops.session import EXIT_NOT_DONE, EXIT_OK, Target, run_command
 from pgcrond.storage.leases import LeaseStore
 

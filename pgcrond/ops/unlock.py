@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
+from pgcrond import report
 from pgcrond.core.keys import Identity
 from pgcrond.errors import CommandError, ValidationError
-from pgcrond.ops import report
 from pgcrond.ops.session import EXIT_NOT_DONE, EXIT_OK, Target, run_command
 from pgcrond.storage import history as records
 from pgcrond.storage.leases import LeaseStore

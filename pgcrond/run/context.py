@@ -17,7 +17,7 @@ from types import MappingProxyType
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from pgcrond.run.cancel import Cancellation
+from pgcrond.core.cancel import Cancellation
 
 ENV_PREFIX = "PGCRON_"
 

@@ -39,11 +39,11 @@ from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.redaction import MIN_FRAGMENT, scrub
+from pgcrond.run.attempt import Ending, RunRequest, Watch
 
 if TYPE_CHECKING:
     import httpx
 
-    from pgcrond.run.runner import RunRequest, _Ending, _Watch
 
 REDACTED = "***"
 # Redacted by name, whatever the value.
@@ -179,16 +179,15 @@ async def run_http(
     action: HttpAction,
     request: RunRequest,
     environ: Mapping[str, str],
-    watch: _Watch,
+    watch: Watch,
     log: FilteringBoundLogger,
-) -> _Ending:
-    from pgcrond.run.runner import _Ending
+) -> Ending:
 
     try:
         headers = request_headers(action, request, environ)
     except (_Unset, HeaderValueRefused) as exc:
         # The environment the value came from will not change before a retry.
-        return _Ending("fail", f"http: {exc}", permanent=True)
+        return Ending("fail", f"http: {exc}", permanent=True)
     secrets = header_secrets(action, environ)
     shown_url = action.shown_url
     log.debug(
@@ -225,7 +224,7 @@ async def run_http(
             error=error,
             duration_ms=duration_ms,
         )
-        return _Ending("fail", error)
+        return Ending("fail", error)
     status = response.status_code
     success = status in action.expect
     level = log.info if success else log.warning
@@ -237,12 +236,12 @@ async def run_http(
         duration_ms=duration_ms,
     )
     if success:
-        return _Ending("success")
+        return Ending("success")
     # A server may quote what it refused in its reason phrase.
     error = scrub(f"http: {status} {response.reason_phrase}".rstrip(), secrets)
     if status >= 500 or status in TRANSIENT_STATUSES:
-        return _Ending("fail", error, retry_after=retry_after(response))
-    return _Ending("fail", f"{error} (not retried: not a transient status)", permanent=True)
+        return Ending("fail", error, retry_after=retry_after(response))
+    return Ending("fail", f"{error} (not retried: not a transient status)", permanent=True)
 
 
 async def _send(action: HttpAction, headers: dict[str, str]) -> httpx.Response:

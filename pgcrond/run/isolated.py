@@ -24,8 +24,8 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-from pgcrond.daemon import logs
-from pgcrond.run.cancel import Cancellation
+from pgcrond import logs
+from pgcrond.core.cancel import Cancellation
 from pgcrond.run.context import RunContext
 from pgcrond.run.entrypoints import resolve
 

@@ -2,7 +2,7 @@
 
 The runner knows nothing of leases or SQL. It starts the action with the run's
 environment, streams its output into the log, and stops it when the run's
-:class:`~pgcrond.run.cancel.Cancellation` is set (lease lost, shutdown) or its
+:class:`~pgcrond.core.cancel.Cancellation` is set (lease lost, shutdown) or its
 timeout hits. A job's own failure is a :class:`RunResult`, never an exception.
 
 Stop sequence for a child process: SIGTERM to its process group, SIGKILL to the
@@ -26,34 +26,28 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any, Literal, assert_never
+from typing import Any, assert_never
 
 import structlog
 from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import (
-    Action,
     CommandAction,
-    Committed,
     EntrypointAction,
     HttpAction,
     ShellAction,
     SqlAction,
-    SqlWork,
 )
+from pgcrond.core.cancel import Cancellation
 from pgcrond.core.redaction import holds_connection_secret
 from pgcrond.run import leftovers
-from pgcrond.run.cancel import Cancellation
+from pgcrond.run.attempt import Ending, RunRequest, RunResult, Watch
 from pgcrond.run.context import ENV_PREFIX, RunContext
 from pgcrond.run.entrypoints import resolve
 from pgcrond.run.isolated import describe
-
-Outcome = Literal["success", "fail", "timeout", "cancelled"]
 
 # Never handed to a job unless its own `env` sets them: pgcrond's settings
 # (PGCROND_*), the libpq secrets the daemon itself connects with, and any
@@ -71,53 +65,6 @@ _READ_CHUNK = 64 * 1024
 _DRAIN_TIMEOUT = 5.0
 
 _log: FilteringBoundLogger = structlog.get_logger("pgcrond.run.runner")
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    job: str
-    action: Action
-    run_key: str
-    fire_time: datetime
-    attempt: int
-    idempotency_key: str
-    idempotency_key_hex: str
-    fencing_token: int | None
-    env: Mapping[str, str] = field(default_factory=dict)
-    cwd: Path | None = None
-    timeout: timedelta | None = None
-    stop_grace: timedelta = timedelta(seconds=10)
-    # How an sql: action's statements are committed together with SUCCESS
-    # (the guard's commit_with, bound to the held claim); None: not possible.
-    commit: Callable[[SqlWork], Awaitable[Committed]] | None = field(
-        default=None, compare=False, repr=False
-    )
-
-    def __post_init__(self) -> None:
-        # A naive time would silently be read as the host's local time.
-        if self.fire_time.utcoffset() is None:
-            raise ValueError("fire_time must be timezone-aware")
-
-
-@dataclass(frozen=True)
-class RunResult:
-    outcome: Outcome
-    error: str | None
-    exit_code: int | None
-    duration_s: float
-    # A failure's hints for its retry: not before this long (an HTTP
-    # Retry-After), or never (a failure no retry can fix).
-    retry_after: timedelta | None = None
-    permanent: bool = False
-
-
-@dataclass(frozen=True)
-class _Ending:
-    outcome: Outcome
-    error: str | None = None
-    exit_code: int | None = None
-    retry_after: timedelta | None = None
-    permanent: bool = False
 
 
 def job_environ(
@@ -146,7 +93,7 @@ async def execute(request: RunRequest, cancellation: Cancellation) -> RunResult:
     started = time.monotonic()
     log = _log.bind(job=request.job, run_key=request.run_key, attempt=request.attempt)
     if cancellation.is_set():
-        ending = _Ending("cancelled", f"cancelled: {cancellation.reason}")
+        ending = Ending("cancelled", f"cancelled: {cancellation.reason}")
     else:
         ending = await _execute(request, cancellation, log, started)
     return RunResult(
@@ -161,7 +108,7 @@ async def execute(request: RunRequest, cancellation: Cancellation) -> RunResult:
 
 async def _execute(
     request: RunRequest, cancellation: Cancellation, log: FilteringBoundLogger, started: float
-) -> _Ending:
+) -> Ending:
     deadline = None if request.timeout is None else datetime.now(UTC) + request.timeout
     context = RunContext(
         job=request.job,
@@ -177,7 +124,7 @@ async def _execute(
         cancelled=cancellation,
     )
     environ = job_environ(request.env, context.environ(), os.environ)
-    watch = _Watch(request, cancellation, started)
+    watch = Watch(request, cancellation, started)
     action = request.action
     match action:
         case CommandAction(argv=argv):
@@ -202,50 +149,6 @@ async def _execute(
             assert_never(action)
 
 
-class _Watch:
-    """Waits for the work, the cancellation or the timeout, whichever comes first."""
-
-    def __init__(self, request: RunRequest, cancellation: Cancellation, started: float) -> None:
-        self.cancellation = cancellation
-        self.grace = request.stop_grace.total_seconds()
-        self._timeout = request.timeout
-        self._deadline = (
-            None if request.timeout is None else started + request.timeout.total_seconds()
-        )
-
-    async def until_stop(self, work: asyncio.Future[Any]) -> _Ending | None:
-        """None when ``work`` ended on its own; else how the run ends (timeout / cancelled).
-
-        A run whose cancellation is set before its end was observed is never a
-        success, even if the job returned normally: whoever cancelled it (a lost
-        lease) no longer trusts its result.
-        """
-        waiter = asyncio.ensure_future(self.cancellation.wait())
-        try:
-            remaining = None if self._deadline is None else self._deadline - time.monotonic()
-            await asyncio.wait(
-                {work, waiter},
-                timeout=None if remaining is None else max(remaining, 0.0),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            waiter.cancel()
-        if self.cancellation.is_set():
-            return self._cancelled_ending()
-        if work.done():
-            return None
-        # Set the shared signal so cooperative jobs see the timeout too; if the
-        # daemon set it in the meantime, its reason wins.
-        self.cancellation.cancel("timeout")
-        return self._cancelled_ending()
-
-    def _cancelled_ending(self) -> _Ending:
-        reason = self.cancellation.reason
-        if reason == "timeout" and self._timeout is not None:
-            return _Ending("timeout", f"timeout after {self._timeout.total_seconds():g}s")
-        return _Ending("cancelled", f"cancelled: {reason}")
-
-
 # -- child processes ----------------------------------------------------------
 
 
@@ -253,9 +156,9 @@ async def _run_isolated(
     target: str,
     environ: dict[str, str],
     request: RunRequest,
-    watch: _Watch,
+    watch: Watch,
     log: FilteringBoundLogger,
-) -> _Ending:
+) -> Ending:
     read_end, write_end = os.pipe()
     argv = [
         sys.executable,
@@ -273,7 +176,7 @@ async def _run_isolated(
     finally:
         os.close(read_end)
     if ending.outcome == "fail" and error:
-        return _Ending("fail", error, ending.exit_code)
+        return Ending("fail", error, ending.exit_code)
     return ending
 
 
@@ -296,11 +199,11 @@ async def _run_process(
     argv: list[str],
     environ: dict[str, str],
     request: RunRequest,
-    watch: _Watch,
+    watch: Watch,
     log: FilteringBoundLogger,
     *,
     hand_over: int | None = None,
-) -> _Ending:
+) -> Ending:
     """``hand_over``: an fd passed to the child, closed here once the child has its copy."""
     # Our own pipes rather than asyncio's PIPE: Process.wait() also waits for
     # the pipes it manages to close, so a background grandchild holding stdout
@@ -325,7 +228,7 @@ async def _run_process(
                 pass_fds=() if hand_over is None else (hand_over,),
             )
         except OSError as exc:
-            return _Ending("fail", f"cannot start: {describe(exc)}")
+            return Ending("fail", f"cannot start: {describe(exc)}")
         finally:
             for fd in to_close:
                 os.close(fd)
@@ -350,12 +253,12 @@ async def _run_process(
         stderr_transport.close()
         pumps.cancel()
     if stop is not None:
-        return _Ending(stop.outcome, stop.error, _exit_status(returncode))
+        return Ending(stop.outcome, stop.error, _exit_status(returncode))
     if returncode == 0:
-        return _Ending("success", None, 0)
+        return Ending("success", None, 0)
     if returncode < 0:
-        return _Ending("fail", f"killed by signal {_signal_name(-returncode)}", None)
-    return _Ending("fail", f"exit status {returncode}", returncode)
+        return Ending("fail", f"killed by signal {_signal_name(-returncode)}", None)
+    return Ending("fail", f"exit status {returncode}", returncode)
 
 
 # Children are started through util-linux's setpriv, which sets the death
@@ -391,7 +294,7 @@ async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTrans
 
 
 async def _stop_group(
-    group: int, exited: asyncio.Future[int], watch: _Watch, log: FilteringBoundLogger
+    group: int, exited: asyncio.Future[int], watch: Watch, log: FilteringBoundLogger
 ) -> None:
     log.info("job_stopping", signal="SIGTERM", reason=watch.cancellation.reason)
     _signal_group(group, signal.SIGTERM)
@@ -534,13 +437,13 @@ async def _run_entrypoint(
     target: str,
     context: RunContext,
     request: RunRequest,
-    watch: _Watch,
+    watch: Watch,
     log: FilteringBoundLogger,
-) -> _Ending:
+) -> Ending:
     try:
         function = _resolve(target)
     except Exception as exc:
-        return _Ending("fail", describe(exc))
+        return Ending("fail", describe(exc))
     call = _EntrypointCall(function, context)
     task: asyncio.Future[str | None] = asyncio.ensure_future(call.run())
     try:
@@ -552,16 +455,16 @@ async def _run_entrypoint(
         task.cancel()
     if task.cancelled():
         # The job cancelled itself (raised CancelledError); nobody stopped it.
-        return _Ending("fail", "CancelledError")
+        return Ending("fail", "CancelledError")
     if (error := task.result()) is not None:
-        return _Ending("fail", error)
-    return _Ending("success")
+        return Ending("fail", error)
+    return Ending("success")
 
 
 async def _stop_entrypoint(
     task: asyncio.Future[str | None],
     call: _EntrypointCall,
-    watch: _Watch,
+    watch: Watch,
     log: FilteringBoundLogger,
     job: str,
 ) -> None:

@@ -27,15 +27,13 @@ import asyncio
 import dataclasses
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import SqlAction, SqlWork
 from pgcrond.errors import DatabaseUnavailable, PgcrondError, SqlJobFailed
-
-if TYPE_CHECKING:
-    from pgcrond.run.runner import RunRequest, _Ending, _Watch
+from pgcrond.run.attempt import Ending, RunRequest, Watch
 
 QUERY_CANCELED = "57014"  # statement_timeout (or a cancel request)
 # The server's own statement_timeout should end a slow statement first (a
@@ -57,12 +55,11 @@ def bound_parameters(request: RunRequest) -> dict[str, Any]:
 
 
 async def run_sql(
-    action: SqlAction, request: RunRequest, watch: _Watch, log: FilteringBoundLogger
-) -> _Ending:
-    from pgcrond.run.runner import _Ending, _Watch
+    action: SqlAction, request: RunRequest, watch: Watch, log: FilteringBoundLogger
+) -> Ending:
 
     if request.commit is None:
-        return _Ending("fail", "sql: needs the lease guard to commit with", permanent=True)
+        return Ending("fail", "sql: needs the lease guard to commit with", permanent=True)
     work = SqlWork(
         statements=action.script.statements,
         params=bound_parameters(request),
@@ -72,7 +69,7 @@ async def run_sql(
     )
     limited = dataclasses.replace(request, timeout=action.statement_timeout + _CLIENT_MARGIN)
     started = time.monotonic()
-    sql_watch = _Watch(limited, watch.cancellation, started)
+    sql_watch = Watch(limited, watch.cancellation, started)
     task = asyncio.ensure_future(request.commit(work))
     stop = await sql_watch.until_stop(task)
     if stop is not None:
@@ -82,7 +79,7 @@ async def run_sql(
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         if stop.outcome == "timeout":
             seconds = action.statement_timeout.total_seconds()
-            return _Ending("timeout", f"timeout after {seconds:g}s")
+            return Ending("timeout", f"timeout after {seconds:g}s")
         return stop
     duration_ms = round((time.monotonic() - started) * 1000, 1)
     try:
@@ -91,20 +88,20 @@ async def run_sql(
         log.info("sql_rolled_back", sqlstate=exc.sqlstate, duration_ms=duration_ms)
         if exc.sqlstate == QUERY_CANCELED:
             seconds = action.statement_timeout.total_seconds()
-            return _Ending("timeout", f"timeout after {seconds:g}s (statement_timeout)")
-        return _Ending("fail", str(exc), permanent=exc.permanent)
+            return Ending("timeout", f"timeout after {seconds:g}s (statement_timeout)")
+        return Ending("fail", str(exc), permanent=exc.permanent)
     except DatabaseUnavailable as exc:
-        return _Ending("fail", f"{exc} (the transaction's outcome is unknown)")
+        return Ending("fail", f"{exc} (the transaction's outcome is unknown)")
     except PgcrondError as exc:
-        return _Ending("fail", str(exc))
+        return Ending("fail", str(exc))
     if committed == "fenced":
         # Another replica holds the tick now: nothing ran, nothing may be recorded.
         watch.cancellation.cancel("lease_lost")
-        return _Ending("cancelled", "cancelled: lease_lost")
+        return Ending("cancelled", "cancelled: lease_lost")
     log.info(
         "sql_committed",
         statements=len(work.statements),
         duration_ms=duration_ms,
         role=action.role,
     )
-    return _Ending("success")
+    return Ending("success")

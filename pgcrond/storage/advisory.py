@@ -29,9 +29,9 @@ from anyio.from_thread import start_blocking_portal
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import KeyHash, lock_id
 from pgcrond.errors import LeaseLost, ValidationError
-from pgcrond.run.cancel import Cancellation
 from pgcrond.storage.db import Database, connection_settings, translate
 from pgcrond.storage.sql import Queries
 

@@ -26,7 +26,7 @@ the text does is here:
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -34,11 +34,9 @@ from psycopg.pq import TransactionStatus
 from pgcrond.core.actions import SqlWork
 from pgcrond.core.timing import to_ms
 from pgcrond.errors import LeaseLost, SqlJobFailed
+from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database, NoConnection
 from pgcrond.storage.sql import Queries
-
-if TYPE_CHECKING:
-    from pgcrond.storage.leases import Acquired
 
 # How often the server checks that the client is still there while a
 # statement runs (PostgreSQL 14+), and the statement timeout of the SUCCESS

@@ -31,7 +31,7 @@ from typing import Protocol
 
 import psycopg
 
-from pgcrond.run.cancel import Cancellation
+from pgcrond.core.cancel import Cancellation
 from pgcrond.run.context import RunContext
 
 # Long enough to outlast a server restart; a write that still fails raises.

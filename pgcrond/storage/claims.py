@@ -1,0 +1,97 @@
+"""What a claim and a heartbeat answer: a won claim (its lease), a lost one and why.
+
+Plain values, apart from the lease store that makes them, so that what runs
+with a lease (an sql: job's transaction, :mod:`pgcrond.storage.sqljob`) and the
+store itself import them, and not each other.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pgcrond.core.cancel import Cancellation
+from pgcrond.core.keys import Identity
+from pgcrond.core.timing import LeaseTiming
+
+NotAcquiredReason = Literal[
+    "held", "done", "failed", "retry_pending", "overlap", "not_due", "late", "coalesced", "paused"
+]
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """A won claim: this replica runs the identity until it finalizes or is fenced."""
+
+    identity: Identity
+    id: int
+    owner_token: uuid.UUID
+    fencing_token: int
+    attempt: int
+    expires_at: datetime
+    timing: LeaseTiming
+    # "takeover" (reclaimed an expired RUNNING row), "retry" (a FAIL row) or None.
+    claimed_from: str | None = None
+    # Local monotonic time the claim was sent, and how long the lease had left
+    # by the database's own numbers (expires_at - db_now) when it answered.
+    # The server answered after the send, so the lease surely holds until
+    # sent_at + remaining, and no later can be assumed: a retried claim whose
+    # first try committed keeps the expiry of that first try.
+    sent_at: float = field(default_factory=time.monotonic, compare=False)
+    remaining: timedelta | None = field(default=None, compare=False)
+    # Local monotonic time the answer arrived (how stale db_now may be).
+    received_at: float = field(default_factory=time.monotonic, compare=False)
+    db_now: datetime | None = field(default=None, compare=False)
+    # Set when the lease is lost or expires: whoever runs the job must stop.
+    cancellation: Cancellation = field(default_factory=Cancellation, compare=False, repr=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.identity.idempotency_key
+
+    @property
+    def valid_until(self) -> float:
+        """Local monotonic instant until which the lease surely holds."""
+        remaining = self.timing.lease if self.remaining is None else self.remaining
+        return self.sent_at + remaining.total_seconds()
+
+    @property
+    def stop_at(self) -> float:
+        """When the run must be told to stop: its whole stop sequence ends before expiry."""
+        return self.valid_until - self.timing.stop_budget.total_seconds()
+
+    def db_now_at_latest(self) -> datetime | None:
+        """An upper bound of the database clock now (db_now plus all time since the send)."""
+        if self.db_now is None:
+            return None
+        return self.db_now + timedelta(seconds=time.monotonic() - self.sent_at)
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """A heartbeat's answer: how long the lease has left, and the database's clock then."""
+
+    remaining: timedelta
+    db_now: datetime
+
+
+@dataclass(frozen=True)
+class NotAcquired:
+    """A lost claim, and why: held by a live lease, done, failed for good, or a skip."""
+
+    identity: Identity
+    reason: NotAcquiredReason
+    status: str | None
+    owner: str | None
+    # held: until the holder's lease could expire; retry_pending: until the retry
+    # time. Both by the database clock, so replicas with skewed clocks agree.
+    wait: timedelta | None = None
+    # Attempts made so far (None when the refusing row was not visible yet).
+    attempt: int | None = None
+    # paused: who paused the job, when and why; late: the MISSED row's text.
+    detail: str | None = None
+    # The refusing row's own reason (a FAIL row's "error", "timeout", "released", ...).
+    cause: str | None = None
