@@ -22,17 +22,27 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.claims import Acquired, NotAcquired
+from pgcrond.storage.leases import LeaseStore
 from tests.daemon_harness import Cluster, cluster, wait_until
 from tests.store_helpers import open_store
-from tests.test_ticks import rows
+from tests.test_ticks import rows, tick_ago
 
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))
 LEDGER = "tests.ledger_jobs:record"
 EVERY = 3  # seconds between ticks: room for a restarted replica's claim of the newest
 
 
-def tick_ago(seconds: float) -> datetime:
-    return (datetime.now(UTC) - timedelta(seconds=seconds)).replace(microsecond=0)
+async def first_claim(
+    store: LeaseStore, identity: Identity, tick: datetime, superseded_in: timedelta
+) -> Acquired | NotAcquired:
+    """A tick's first claim as the daemon sends it: a 5 min window, the next tick's time."""
+    return await store.claim(
+        identity,
+        SHORT,
+        fire_time=tick,
+        late_after=tick + timedelta(minutes=5),
+        superseded_at=tick + superseded_in,
+    )
 
 
 # -- the claim statement ------------------------------------------------------------
@@ -44,13 +54,7 @@ async def test_a_first_claim_after_the_next_tick_records_the_tick_missed_coalesc
     tick = tick_ago(6)
     identity = Identity.schedule("coalescing", run_key_for(tick))
     async with open_store(pg_dsn, schema, owner="late:1") as store:
-        answer = await store.claim(
-            identity,
-            SHORT,
-            fire_time=tick,
-            late_after=tick + timedelta(minutes=5),
-            superseded_at=tick + timedelta(seconds=5),
-        )
+        answer = await first_claim(store, identity, tick, timedelta(seconds=5))
     assert isinstance(answer, NotAcquired)
     assert ("coalesced", "MISSED") == (answer.reason, answer.status)
     assert answer.detail is not None and answer.detail.startswith("coalesced: late:1 claimed it")
@@ -63,13 +67,7 @@ async def test_a_claim_before_the_next_tick_runs_however_late(pg_dsn: str, schem
     tick = tick_ago(6)
     identity = Identity.schedule("slow", run_key_for(tick))
     async with open_store(pg_dsn, schema) as store:
-        answer = await store.claim(
-            identity,
-            SHORT,
-            fire_time=tick,
-            late_after=tick + timedelta(minutes=5),
-            superseded_at=tick + timedelta(minutes=1),
-        )
+        answer = await first_claim(store, identity, tick, timedelta(minutes=1))
     assert isinstance(answer, Acquired)
 
 
@@ -85,13 +83,7 @@ async def test_a_coalesced_claim_of_a_tick_another_replica_ran_is_answered_with_
         won = await on_time.claim(identity, SHORT, fire_time=tick)
         assert isinstance(won, Acquired)
         assert await on_time.complete(won)
-        late = await stalled.claim(
-            identity,
-            SHORT,
-            fire_time=tick,
-            late_after=tick + timedelta(minutes=5),
-            superseded_at=tick + timedelta(seconds=1),
-        )
+        late = await first_claim(stalled, identity, tick, timedelta(seconds=1))
     # Lost to the replica that ran it, not a miss of its own.
     assert isinstance(late, NotAcquired)
     assert ("done", "SUCCESS", "on-time:1") == (late.reason, late.status, late.owner)
@@ -105,13 +97,7 @@ async def test_a_retry_due_is_never_closed_by_a_coalescing_claim(pg_dsn: str, sc
         won = await store.claim(identity, SHORT, fire_time=tick)
         assert isinstance(won, Acquired)
         assert await store.fail(won, "exit status 1", retry_after=timedelta(0))
-        answer = await store.claim(
-            identity,
-            SHORT,
-            fire_time=tick,
-            late_after=tick + timedelta(minutes=5),
-            superseded_at=tick + timedelta(seconds=1),
-        )
+        answer = await first_claim(store, identity, tick, timedelta(seconds=1))
         # The fire follows a started tick without the bound: the retry runs.
         retried = await store.claim(identity, SHORT, fire_time=tick)
     assert isinstance(answer, NotAcquired) and "retry_pending" == answer.reason
