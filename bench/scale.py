@@ -102,7 +102,13 @@ def write_config(path: Path, jobs: int, second: int, extra: list[str]) -> None:
 
 
 def scrape(port: int, at: float, into: dict[str, float]) -> None:
-    time.sleep(max(0.0, at - time.time()))
+    """One scrape at ``at`` (a scraper's steady state: there was one before, at ``at - 3``)."""
+    for moment in (at - 3, at):
+        time.sleep(max(0.0, moment - time.time()))
+        _scrape_once(port, into)
+
+
+def _scrape_once(port: int, into: dict[str, float]) -> None:
     started = time.monotonic()
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as answer:
@@ -146,7 +152,7 @@ def one(
     dsn = with_db(server.dsn, db)
     env = base_env(PGCROND_DATABASE_URL=dsn)
     # The tick: the first whole minute's second far enough after start-up.
-    guess = time.time() + 4 + (1 + jobs / 1500) * max(1.0, replicas / 2) * 1.5
+    guess = time.time() + 7 + (1 + jobs / 1500) * max(1.0, replicas / 2) * 1.5
     tick = math.ceil(guess)
     config = workdir / f"scale-{jobs}-{replicas}.yaml"
     write_config(config, jobs, tick % 60, extra)
@@ -161,18 +167,18 @@ def one(
     ]
     wait_ready(started, '"daemon_ready"', timeout=300)
     ready = max(r.ready - r.spawned for r in started)
-    if tick < time.time() + 1:
-        tick += 60 * math.ceil((time.time() + 1 - tick) / 60)
+    if tick < time.time() + 5:
+        tick += 60 * math.ceil((time.time() + 5 - tick) / 60)
         progress(f"scale: ready after the tick; waiting {tick - time.time():.0f}s")
-    time.sleep(max(0.0, tick - 1.5 - time.time()))
+    time.sleep(max(0.0, tick - 4.0 - time.time()))
     before = transactions(server)[db]
     cpu_before = [cpu_seconds(r.pid) for r in started]
-    spy = None
-    if profile is not None:
-        spy = profiler(started[0].pid, profile / f"scale-{jobs}-{replicas}.txt")
     scraped: dict[str, float] = {}
     scraper = threading.Thread(target=scrape, args=(ports[0], tick + 0.5, scraped))
     scraper.start()
+    spy = None
+    if profile is not None:
+        spy = profiler(started[0].pid, profile / f"scale-{jobs}-{replicas}.txt")
     deadline = tick + 60
     done = 0
     while time.time() < deadline:

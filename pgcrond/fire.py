@@ -93,7 +93,8 @@ class Firing:
     events: FireEvents = field(default_factory=FireEvents)
     # Set at shutdown: no new claims, followers give up, runs get stop_grace.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    running: dict[str, Cancellation] = field(default_factory=dict)
+    # The attempts running here: (identity, attempt) -> how to stop it.
+    running: dict[tuple[Identity, int], Cancellation] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _slots: dict[float, asyncio.Future[None]] = field(default_factory=dict, repr=False)
     # The one place that knows which identities this replica fires now: a
@@ -609,8 +610,6 @@ class Firing:
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation
         fencing_token, claimed_from = held.fencing_token, held.claimed_from
         run_key = identity.run_key or ""
-        started = self.clock()
-        lateness = (started - tick).total_seconds()
         bound = log.bind(
             job=job.code,
             run_key=identity.run_key,
@@ -618,14 +617,23 @@ class Firing:
             attempt=attempt,
             replica=self.replica,
         )
-        bound.info(
-            "run_started",
-            guard=job.guard,
-            tick=tick.isoformat(),
-            lateness_ms=round(lateness * 1000, 1),
-            fencing_token=fencing_token,
-            claimed_from=claimed_from,
-        )
+        begun = False
+
+        def on_start() -> None:
+            # Said once the job is under way, not before: no log line delays a start.
+            nonlocal begun
+            begun = True
+            lateness = (self.clock() - tick).total_seconds()
+            self.events.run_started(job, lateness)
+            bound.info(
+                "run_started",
+                guard=job.guard,
+                tick=tick.isoformat(),
+                lateness_ms=round(lateness * 1000, 1),
+                fencing_token=fencing_token,
+                claimed_from=claimed_from,
+            )
+
         request = RunRequest(
             job=job.code,
             action=job.action,
@@ -643,14 +651,14 @@ class Firing:
             # An sql: action's statements commit with SUCCESS through the guard.
             commit=functools.partial(guard.commit_with, held),
         )
-        run_id = f"{identity}#{attempt}"
+        run_id = (identity, attempt)
         self.running[run_id] = cancellation
-        self.events.run_started(job, lateness)
         try:
-            result = await execute(request, cancellation)
+            result = await execute(request, cancellation, on_start)
         except BaseException:
             # A bug on the run path (recorded by _run as this run's failure).
-            self.events.run_finished(job, "fail", 0.0)
+            if begun:
+                self.events.run_finished(job, "fail", 0.0)
             raise
         finally:
             del self.running[run_id]

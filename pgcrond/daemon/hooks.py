@@ -24,7 +24,7 @@ from pgcrond.core.hooks import FailureHook
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held
 from pgcrond.run.attempt import RunResult
-from pgcrond.run.runner import job_environ
+from pgcrond.run.environment import job_environ
 
 log = structlog.get_logger("pgcrond.daemon.hooks")
 _BACKOFF_S = 1.0

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 import structlog
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 
 from pgcrond.config.listen import parse_listen as read_listen
 from pgcrond.daemon.exchange import Request, Response
+from pgcrond.daemon.metrics import exposition
 from pgcrond.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -204,9 +204,7 @@ class HealthServer:
         ``STALE_LIMIT_S`` old, and starts the next one: the values lag by one
         scrape interval, the scrape never waits.
         """
-        # prometheus_client's own negotiation: OpenMetrics when the scraper
-        # asks for it (Prometheus does by default), else the classic text format.
-        encoder, content_type = choose_encoder(accept)
+        encoder, content_type = exposition(self._registry, accept)
         last = self._rendered.get(content_type)
         render = self._render(content_type, encoder)
         if (
@@ -218,15 +216,13 @@ class HealthServer:
         # A client that goes away must not cancel the render others wait on.
         return content_type, await asyncio.shield(render)
 
-    def _render(
-        self, content_type: str, encoder: Callable[[CollectorRegistry], bytes]
-    ) -> asyncio.Future[bytes]:
+    def _render(self, content_type: str, encoder: Callable[[], bytes]) -> asyncio.Future[bytes]:
         """The render of ``content_type`` in progress, or a new one."""
         render = self._renders.get(content_type)
         if render is not None:
             return render
         started = time.monotonic()
-        render = asyncio.ensure_future(asyncio.to_thread(encoder, self._registry))
+        render = asyncio.ensure_future(asyncio.to_thread(encoder))
         self._renders[content_type] = render
 
         def done(finished: asyncio.Future[bytes]) -> None:

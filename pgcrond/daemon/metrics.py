@@ -22,12 +22,14 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from pgcrond import __version__
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.daemon.alerts import JobAlerts
+from pgcrond.daemon.job_series import JobFamily, Kind, Series
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held
 from pgcrond.guard.base import Outcome as Verdict
@@ -53,11 +55,46 @@ LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400)
 
 
+class Registry(CollectorRegistry):
+    """prometheus_client's registry, plus the per-job families that render themselves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.job_families: list[JobFamily] = []
+
+
+def exposition(registry: CollectorRegistry, accept: str) -> tuple[Callable[[], bytes], str]:
+    """How to render ``registry`` for a scraper that sent ``accept``, and the content type.
+
+    prometheus_client's own negotiation: OpenMetrics when the scraper asks
+    for it (Prometheus does by default), else the classic text format; the
+    per-job families of a :class:`Registry` are appended (before OpenMetrics's
+    ``# EOF``).
+    """
+    encoder, content_type = choose_encoder(accept)
+    openmetrics = content_type.startswith("application/openmetrics-text")
+    families = list(getattr(registry, "job_families", ()))
+
+    def render() -> bytes:
+        body = encoder(registry)
+        if not families:
+            return body
+        own = "".join(family.render(openmetrics) for family in families).encode()
+        if openmetrics:
+            return body.removesuffix(_EOF) + own + _EOF
+        return body + own
+
+    return render, content_type
+
+
+_EOF = b"# EOF\n"
+
+
 class Metrics:
     """All metrics on one registry (a fresh one per daemon, so tests can run several)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+    def __init__(self) -> None:
+        self.registry = Registry()
         r = self.registry
         # process_* (CPU, memory, open fds, start time; read from /proc, so
         # Linux only: elsewhere the collector yields nothing) and python_info.
@@ -65,49 +102,60 @@ class Metrics:
         PlatformCollector(registry=r)
         self.build = Info("pgcrond_build", "The running pgcrond release.", registry=r)
         self.build.info({"version": __version__})
-        self.fires = Counter(
-            "pgcrond_fires", "Fires of a tick on this replica.", ["cronjob"], registry=r
+        self.fires = self._job_family(
+            "pgcrond_fires",
+            "Fires of a tick on this replica.",
+            "counter",
+            ["cronjob"],
         )
-        self.wins = Counter("pgcrond_wins", "Fires whose claim won.", ["cronjob"], registry=r)
+        self.wins = self._job_family(
+            "pgcrond_wins",
+            "Fires whose claim won.",
+            "counter",
+            ["cronjob"],
+        )
         # Replica-wide: with N replicas every tick is lost N-1 times, and a
         # series per job and reason would be most of the page at 10,000 jobs.
         self.losses = Counter(
             "pgcrond_losses", "Fires whose claim lost, by reason.", ["reason"], registry=r
         )
-        self.skips = Counter(
+        self.skips = self._job_family(
             "pgcrond_skips",
             "Fires not run on purpose, by reason.",
+            "counter",
             ["cronjob", "reason"],
-            registry=r,
         )
-        self.misfires = Counter(
+        self.misfires = self._job_family(
             "pgcrond_misfires",
             "Ticks not run because their fire came later than misfire_grace.",
+            "counter",
             ["cronjob"],
-            registry=r,
         )
-        self.missed = Counter(
+        self.missed = self._job_family(
             "pgcrond_missed",
             "Ticks this replica gave up on within their window, by cause: late (a "
             "misfire) or database_unavailable.",
+            "counter",
             ["cronjob", "cause"],
-            registry=r,
         )
-        self.missed_recorded = Counter(
+        self.missed_recorded = self._job_family(
             "pgcrond_missed_recorded",
             "MISSED rows this replica wrote to the lease table, by reason: no_replica "
             "(found by the scan at start), database_unavailable, late.",
+            "counter",
             ["cronjob", "reason"],
-            registry=r,
         )
-        self.takeovers = Counter(
+        self.takeovers = self._job_family(
             "pgcrond_takeovers",
             "Ticks this replica reclaimed from an owner that stopped heartbeating.",
+            "counter",
             ["cronjob"],
-            registry=r,
         )
-        self.runs = Counter(
-            "pgcrond_runs", "Finished runs, by outcome.", ["cronjob", "outcome"], registry=r
+        self.runs = self._job_family(
+            "pgcrond_runs",
+            "Finished runs, by outcome.",
+            "counter",
+            ["cronjob", "outcome"],
         )
         # The histograms are the replica's, not per job: ~17 series each per
         # job were most of a replica's memory and of a scrape at 10,000 jobs.
@@ -118,11 +166,11 @@ class Metrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
-        self.last_duration = Gauge(
+        self.last_duration = self._job_family(
             "pgcrond_job_last_run_duration_seconds",
             "How long the job's last run on this replica took (appears with its first run).",
+            "gauge",
             ["cronjob"],
-            registry=r,
         )
         self.lateness = Histogram(
             "pgcrond_fire_lateness_seconds",
@@ -133,11 +181,11 @@ class Metrics:
         self.running = Gauge(
             "pgcrond_running_jobs", "Runs in progress on this replica.", registry=r
         )
-        self.heartbeat_failures = Counter(
+        self.heartbeat_failures = self._job_family(
             "pgcrond_heartbeat_failures",
             "Heartbeats that could not reach the database.",
+            "counter",
             ["cronjob"],
-            registry=r,
         )
         self.database_errors = Counter(
             "pgcrond_database_errors",
@@ -155,12 +203,12 @@ class Metrics:
         self.next_fires = NextFires()
         r.register(self.next_fires)
 
-        self.paused = Gauge(
+        self.paused = self._job_family(
             "pgcrond_job_paused",
             "1 while the job is paused (pgcrond pause) or suspended (YAML), as this "
             "replica last learnt it: at start, and from each claim's answer.",
+            "gauge",
             ["cronjob"],
-            registry=r,
         )
         self.loop_stall = Gauge(
             "pgcrond_loop_stall_seconds",
@@ -175,6 +223,13 @@ class Metrics:
             "replica last read the registry: at start, on reload and once a minute.",
             registry=r,
         )
+
+    def _job_family(
+        self, name: str, documentation: str, kind: Kind, labelnames: list[str]
+    ) -> JobFamily:
+        family = JobFamily(name, documentation, kind, labelnames)
+        self.registry.job_families.append(family)
+        return family
 
     def set_jobs(
         self, codes: Iterable[str], alert_after: Mapping[str, timedelta | None] | None = None
@@ -194,14 +249,14 @@ class Metrics:
         # What alerts and rates read is there at 0 from the start; rare events
         # (misfires, takeovers, heartbeat failures, skips) and the last run's
         # duration appear with their first.
-        by_job: list[Counter | Gauge] = [self.fires, self.wins, self.paused]
-        by_first_event: list[Counter | Gauge] = [
+        by_job = [self.fires, self.wins, self.paused]
+        by_first_event = [
             self.misfires, self.takeovers, self.heartbeat_failures, self.last_duration,
         ]  # fmt: skip
         for metric in [
             *by_job, *by_first_event, self.runs, self.skips, self.missed, self.missed_recorded,
         ]:  # fmt: skip
-            for labels in _label_sets(metric):
+            for labels in metric.label_sets():
                 if labels[0] not in wanted:
                     metric.remove(*labels)
         for code in wanted:
@@ -217,8 +272,7 @@ class Metrics:
 
 
 class _JobChildren:
-    """One job's series that every run touches, looked up once: ``labels()`` takes
-    a lock and validates its values on every call."""
+    """One job's series that every run touches, looked up once per job, not per run."""
 
     __slots__ = ("fires", "last_duration", "runs", "wins")
 
@@ -226,7 +280,7 @@ class _JobChildren:
         self.fires = metrics.fires.labels(code)
         self.wins = metrics.wins.labels(code)
         self.last_duration = metrics.last_duration.labels(code)
-        self.runs: dict[str, Counter] = {}
+        self.runs: dict[str, Series] = {}
 
 
 class FireMetrics(FireEvents):
@@ -291,17 +345,6 @@ class FireMetrics(FireEvents):
     def database(self, operation: str, ok: bool) -> None:
         if not ok:
             self._m.database_errors.labels(operation).inc()
-
-
-def _label_sets(metric: Counter | Gauge | Histogram) -> set[tuple[str, ...]]:
-    """The label values of each child of ``metric``, cronjob first (as declared)."""
-    found: set[tuple[str, ...]] = set()
-    for family in metric.collect():
-        for sample in family.samples:
-            labels = {k: v for k, v in sample.labels.items() if k != "le"}
-            if "cronjob" in labels:
-                found.add((labels.pop("cronjob"), *labels.values()))
-    return found
 
 
 # What the scheduler will fire next: (the codes that share one schedule, its
