@@ -49,6 +49,7 @@ from bench.side_by_side import (
     with_db,
     write_docs,
 )
+from pgcrond.daemon.registry import SETTLE_S
 from pgcrond.testing import LocalServer, throwaway
 
 COLUMNS = (
@@ -152,7 +153,7 @@ def one(
     dsn = with_db(server.dsn, db)
     env = base_env(PGCROND_DATABASE_URL=dsn)
     # The tick: the first whole minute's second far enough after start-up.
-    guess = time.time() + 7 + (1 + jobs / 1500) * max(1.0, replicas / 2) * 1.5
+    guess = time.time() + 14 + (1 + jobs / 1500) * max(1.0, replicas / 2) * 1.5
     tick = math.ceil(guess)
     config = workdir / f"scale-{jobs}-{replicas}.yaml"
     write_config(config, jobs, tick % 60, extra)
@@ -167,8 +168,11 @@ def one(
     ]
     wait_ready(started, '"daemon_ready"', timeout=300)
     ready = max(r.ready - r.spawned for r in started)
-    if tick < time.time() + 5:
-        tick += 60 * math.ceil((time.time() + 5 - tick) / 60)
+    # Past the registry's settle touch (spread then knows every peer), with
+    # room for the scrape before the tick.
+    settled = time.time() + SETTLE_S + 2
+    if tick < settled:
+        tick += 60 * math.ceil((settled - tick) / 60)
         progress(f"scale: ready after the tick; waiting {tick - time.time():.0f}s")
     time.sleep(max(0.0, tick - 4.0 - time.time()))
     before = transactions(server)[db]

@@ -262,7 +262,7 @@ class Daemon:
             return False
         # Before anything fires: a name another live replica holds refuses the
         # start, and renamed jobs own their old codes' rows (run-once state too).
-        self._membership = Membership(store, self.replica, self.config, self.metrics)
+        self._membership = Membership(store, self.replica, self.config, self.metrics, self._spread)
         await self._membership.join()
         self._spawn(self._membership.run())
         await self._apply_renames(store, self.config)
@@ -515,10 +515,11 @@ class Daemon:
     ) -> None:
         assert self._firing is not None
         # An unexpected error is Firing's to record and log (fire_crashed).
-        with structlog.contextvars.bound_contextvars(job=job.code, run_key=identity.run_key):
-            outcome: FireOutcome = await self._firing.fire(
-                job, tick, identity, started=started, superseded_at=superseded_at
-            )
+        # Its lines name the job and run key themselves: binding them as
+        # context variables for every fire cost more than the lines.
+        outcome: FireOutcome = await self._firing.fire(
+            job, tick, identity, started=started, superseded_at=superseded_at
+        )
         if identity.type == "INITIAL":
             # Says, on every replica and at every start, what became of the
             # run-once job here ("lose" once another replica has it done).
