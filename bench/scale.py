@@ -256,6 +256,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=counts, default=[100, 1000, 10000])
     parser.add_argument("--replicas", type=counts, default=[1, 3, 6])
     parser.add_argument("--profile", type=Path, help="py-spy replica 0 into this directory")
+    parser.add_argument("--keep", type=Path, help="write the replicas' logs and configs here")
     parser.add_argument("--write-docs", action="store_true", help="rewrite docs/performance.md")
     parser.add_argument(
         "--set", action="append", default=[], help="a top-level config line, e.g. 'spread: 0'"
@@ -264,8 +265,8 @@ def main() -> int:
     load = load_note()
     rows = []
     with throwaway() as server:
-        workdir = Path(server.data_dir).parent / "bench-scale"
-        workdir.mkdir(exist_ok=True)
+        workdir = args.keep or Path(server.data_dir).parent / "bench-scale"
+        workdir.mkdir(parents=True, exist_ok=True)
         for jobs in args.jobs:
             for replicas in args.replicas:
                 rows.append(one(server, workdir, jobs, replicas, args.set, args.profile).row)

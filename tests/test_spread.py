@@ -76,10 +76,12 @@ async def test_peers_named_by_the_registry_are_ranked_before_any_claim_was_refus
     theirs = [i for i in ids if spread.preferred(i) != me]
     mine = [i for i in ids if spread.preferred(i) == me]
     assert 60 < len(mine) < 140, len(mine)  # about a third
+    tick = datetime(2026, 1, 1, tzinfo=UTC)
     started = time.monotonic()
-    await spread.hold_back(mine[0], datetime(2026, 1, 1, tzinfo=UTC))
+    assert await spread.hold_back(mine[0], tick)  # at once: this replica is preferred
     assert time.monotonic() - started < DELAY.total_seconds() / 2
-    await spread.hold_back(theirs[0], datetime(2026, 1, 1, tzinfo=UTC))
+    spread.answered(tick)
+    assert not await spread.hold_back(theirs[0], tick)
     assert time.monotonic() - started >= DELAY.total_seconds() * 0.9
     spread.members([me])  # the others left the registry
     assert [] == spread.peers()
@@ -97,12 +99,32 @@ async def test_a_held_back_claim_waits_the_delay_and_a_preferred_one_does_not() 
     theirs = next(i for i in jobs if spread.preferred(i) != REPLICAS[0])
     tick = datetime(2026, 1, 1, tzinfo=UTC)
     started = time.monotonic()
-    await spread.hold_back(mine, tick)
+    assert await spread.hold_back(mine, tick)
     at_once = time.monotonic() - started
-    await spread.hold_back(theirs, tick)
+    spread.answered(tick)
+    assert not await spread.hold_back(theirs, tick)
     held = time.monotonic() - started - at_once
     assert at_once < DELAY.total_seconds() / 4
     assert held >= DELAY.total_seconds() * 0.9
+
+
+async def test_held_back_claims_wait_for_this_replicas_own_claims_of_the_tick_to_be_answered() -> (
+    None
+):
+    """A big tick takes this replica long to claim its own share; so it does the others'."""
+    spread = view(REPLICAS[0], REPLICAS)
+    jobs = identities(30)
+    mine = next(i for i in jobs if spread.preferred(i) == REPLICAS[0])
+    theirs = next(i for i in jobs if spread.preferred(i) != REPLICAS[0])
+    tick = datetime(2026, 1, 1, tzinfo=UTC)
+    assert await spread.hold_back(mine, tick)  # sent; its answer is slow to come
+    held = asyncio.ensure_future(spread.hold_back(theirs, tick))
+    await asyncio.sleep(DELAY.total_seconds() * 2)
+    assert not held.done()  # the delay is over, but the own claim is unanswered
+    answered = time.monotonic()
+    spread.answered(tick)
+    assert not await held
+    assert time.monotonic() - answered >= DELAY.total_seconds() * 0.9
 
 
 def request(identity: Identity, tick: datetime) -> ClaimRequest:

@@ -84,8 +84,9 @@ class LeaseGuard(Guard):
     async def claim(self, request: ClaimRequest) -> Held | Refused:
         identity = request.identity
         spread = self.spread if request.spreadable else None
+        at_once = False
         if spread is not None and identity not in self._tokens:
-            await spread.hold_back(identity, request.tick)
+            at_once = await spread.hold_back(identity, request.tick)
         token = self._tokens.setdefault(identity, uuid.uuid4())
         timing = request.timing
         bound = CLAIM_TIMEOUT_S
@@ -93,20 +94,24 @@ class LeaseGuard(Guard):
             # A claim is worth nothing after the misfire window: it is bounded by it.
             left = (request.deadline - self._wall()).total_seconds()
             bound = min(bound, max(left, 0.05))
-        answer = await _bounded(
-            self.store.claim(
-                identity,
-                timing,
-                forbid_overlap=request.forbid_overlap,
-                owner_token=token,
-                fire_time=request.tick if identity.type == "SCHEDULE" else None,
-                late_after=request.deadline,
-                superseded_at=request.superseded_at,
-                suspended=request.suspended,
-            ),
-            bound,
-            "claim",
-        )
+        try:
+            answer = await _bounded(
+                self.store.claim(
+                    identity,
+                    timing,
+                    forbid_overlap=request.forbid_overlap,
+                    owner_token=token,
+                    fire_time=request.tick if identity.type == "SCHEDULE" else None,
+                    late_after=request.deadline,
+                    superseded_at=request.superseded_at,
+                    suspended=request.suspended,
+                ),
+                bound,
+                "claim",
+            )
+        finally:
+            if at_once and spread is not None:
+                spread.answered(request.tick)
         # An answer came: the next claim of this identity is a new one.
         self._tokens.pop(identity, None)
         if isinstance(answer, NotAcquired):

@@ -53,9 +53,13 @@ class Spread:
         # The live replicas the registry last named (a replica gone from it
         # leaves at the next touch).
         self._members: frozenset[str] = frozenset()
-        # One timer per tick: the held-back claims of co-firing jobs wake in the
+        # One gate per tick: the held-back claims of co-firing jobs wake in the
         # same loop turn, so they still share one claim statement.
         self._gates: dict[datetime, asyncio.Future[None]] = {}
+        # Claims of a tick this replica sent at once and has no answer to yet.
+        self._own: dict[datetime, int] = {}
+        # Gates whose delay is over but which wait for this replica's own claims.
+        self._due: set[datetime] = set()
 
     def saw(self, owner: str | None) -> None:
         """A claim of a current tick was refused because ``owner`` holds it."""
@@ -78,23 +82,49 @@ class Spread:
         """The replica that claims ``identity`` first: the highest rendezvous score."""
         return max([self.me, *self.peers()], key=lambda owner: _score(identity, owner))
 
-    async def hold_back(self, identity: Identity, tick: datetime) -> None:
-        """Return at once unless another replica is preferred; else ``delay`` from now.
+    async def hold_back(self, identity: Identity, tick: datetime) -> bool:
+        """Return at once if this replica is preferred (True); else False, ``delay`` on.
 
-        Every claim of the same tick held back meanwhile wakes with the first.
+        The delay counts from the later of the first held-back claim and the
+        answer to the last claim of the tick this replica sent at once: every
+        replica does the same work at a tick, so by then the preferred ones
+        (as loaded as this one) have sent theirs, however long a tick of
+        thousands of jobs takes to hand on. Every claim of the same tick held
+        back meanwhile wakes with the first. A True return obliges the caller
+        to say :meth:`answered` once the claim's answer came (or failed).
         """
         if not (self._seen or self._members) or self.preferred(identity) == self.me:
-            return
+            self._own[tick] = self._own.get(tick, 0) + 1
+            return True
         gate = self._gates.get(tick)
         if gate is None:
             loop = asyncio.get_running_loop()
             gate = self._gates[tick] = loop.create_future()
-            loop.call_later(self.delay.total_seconds(), self._open, tick, gate)
+            loop.call_later(self.delay.total_seconds(), self._delay_over, tick)
         await asyncio.shield(gate)
+        return False
 
-    def _open(self, tick: datetime, gate: asyncio.Future[None]) -> None:
-        del self._gates[tick]
-        gate.set_result(None)
+    def answered(self, tick: datetime) -> None:
+        """A claim of ``tick`` that :meth:`hold_back` let go at once was answered."""
+        left = self._own.get(tick, 0) - 1
+        if left > 0:
+            self._own[tick] = left
+            return
+        self._own.pop(tick, None)
+        if tick in self._due:
+            self._due.discard(tick)
+            asyncio.get_running_loop().call_later(self.delay.total_seconds(), self._open, tick)
+
+    def _delay_over(self, tick: datetime) -> None:
+        if self._own.get(tick):
+            self._due.add(tick)  # opened by the last answer, a delay later
+            return
+        self._open(tick)
+
+    def _open(self, tick: datetime) -> None:
+        gate = self._gates.pop(tick, None)
+        if gate is not None and not gate.done():
+            gate.set_result(None)
 
 
 def _score(identity: Identity, owner: str) -> bytes:
