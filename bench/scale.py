@@ -86,7 +86,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICK
 
 
-def write_config(path: Path, jobs: int, second: int, extra: list[str]) -> None:
+ASYNC_NOOP = "entrypoint: 'bench.jobs:async_noop'"
+TRUE = "command: ['true']"
+
+
+def write_config(path: Path, jobs: int, second: int, extra: list[str], action: str) -> None:
     lines = [
         "database: {url: '${PGCROND_DATABASE_URL}'}",
         *extra,
@@ -95,10 +99,7 @@ def write_config(path: Path, jobs: int, second: int, extra: list[str]) -> None:
         "  late_ticks: all",
         "jobs:",
     ]
-    lines += [
-        f"  job-{n:05d}: {{cron: '{second} * * * * *', entrypoint: 'bench.jobs:async_noop'}}"
-        for n in range(jobs)
-    ]
+    lines += [f"  job-{n:05d}: {{cron: '{second} * * * * *', {action}}}" for n in range(jobs)]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -146,6 +147,7 @@ def one(
     replicas: int,
     extra: list[str],
     profile: Path | None = None,
+    action: str = ASYNC_NOOP,
 ) -> Figures:
     db = f"scale_{jobs}_{replicas}"
     sql(server.dsn, f'DROP DATABASE IF EXISTS "{db}"')
@@ -156,7 +158,7 @@ def one(
     guess = time.time() + 14 + (1 + jobs / 1500) * max(1.0, replicas / 2) * 1.5
     tick = math.ceil(guess)
     config = workdir / f"scale-{jobs}-{replicas}.yaml"
-    write_config(config, jobs, tick % 60, extra)
+    write_config(config, jobs, tick % 60, extra, action)
     migrate = [str(BIN / "pgcrond"), "migrate", "-c", str(config)]
     subprocess.run(migrate, env=env, check=True, stdout=subprocess.DEVNULL)
     ports = [free_port() for _ in range(replicas)]
@@ -256,6 +258,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=counts, default=[100, 1000, 10000])
     parser.add_argument("--replicas", type=counts, default=[1, 3, 6])
     parser.add_argument("--profile", type=Path, help="py-spy replica 0 into this directory")
+    parser.add_argument(
+        "--commands", action="store_true", help="command: ['true'] instead of the async no-op"
+    )
     parser.add_argument("--keep", type=Path, help="write the replicas' logs and configs here")
     parser.add_argument("--write-docs", action="store_true", help="rewrite docs/performance.md")
     parser.add_argument(
@@ -269,7 +274,10 @@ def main() -> int:
         workdir.mkdir(parents=True, exist_ok=True)
         for jobs in args.jobs:
             for replicas in args.replicas:
-                rows.append(one(server, workdir, jobs, replicas, args.set, args.profile).row)
+                action = TRUE if args.commands else ASYNC_NOOP
+                rows.append(
+                    one(server, workdir, jobs, replicas, args.set, args.profile, action).row
+                )
         emit(rows, COLUMNS)
         if args.write_docs:
             command = "bench.scale " + " ".join(sys.argv[1:])

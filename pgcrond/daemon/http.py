@@ -11,11 +11,13 @@ loop fails the probes too, which is the point. No header is ever logged: the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -33,6 +35,9 @@ log = structlog.get_logger("pgcrond.daemon.http")
 # A probe that takes longer than this is a failed probe: better a 503 now than
 # a kubelet timeout that says nothing.
 READY_TIMEOUT_S = 2.0
+# How long stop() waits for the HTTP thread to end.
+CLOSE_WAIT_S = 5.0
+T = TypeVar("T")
 # Slow or silent clients must not pin connections open.
 REQUEST_TIMEOUT_S = 5.0
 MAX_HEADER_LINES = 100
@@ -72,6 +77,18 @@ class _Rendered:
     body: bytes
     at: float  # monotonic, when the render began: the values are of then
     took: float
+
+
+def _run_loop(running: concurrent.futures.Future[asyncio.AbstractEventLoop]) -> None:
+    """The HTTP thread: an event loop of its own until stopped."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.call_soon(running.set_result, loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
 
 
 class _TooLarge(Exception):
@@ -125,15 +142,50 @@ class HealthServer:
         return port
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self._port)
+        """Listen, on a thread of its own with its own event loop.
+
+        A scrape, a liveness probe or a page must be answered while the
+        daemon's loop is busy (10,000 co-firing runs keep it busy for
+        seconds): connections, ``/healthz`` and ``/metrics`` are served on
+        that thread; ``/readyz`` and the status page run their handlers on
+        the daemon's loop, which owns the database pools they read with.
+        """
+        self._main = asyncio.get_running_loop()
+        running: concurrent.futures.Future[asyncio.AbstractEventLoop] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=_run_loop, args=(running,), name="pgcrond-http", daemon=True
+        )
+        self._thread.start()
+        self._loop = await asyncio.wrap_future(running)
+        try:
+            self._server = await self._on(
+                self._loop, asyncio.start_server(self._serve, self.host, self._port)
+            )
+        except BaseException:
+            await self._end_loop()
+            raise
         log.info("http_listening", host=self.host or "*", port=self.port)
 
     async def stop(self) -> None:
         if self._server is None:
             return
-        self._server.close()
-        await self._server.wait_closed()
-        self._server = None
+        server, self._server = self._server, None
+
+        async def close() -> None:
+            server.close()
+            await server.wait_closed()
+
+        await self._on(self._loop, close())
+        await self._end_loop()
+
+    async def _end_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        await asyncio.to_thread(self._thread.join, CLOSE_WAIT_S)
+
+    @staticmethod
+    async def _on(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, T]) -> T:
+        """``work`` run on ``loop``, awaited from the running one."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -173,7 +225,7 @@ class HealthServer:
 
     async def _route(self, request: Request) -> Response:
         if self._status_page is not None and self._status_page.serves(request.path):
-            return await self._status_page.handle(request)
+            return await self._on(self._main, self._status_page.handle(request))
         return Response(*await self._probe(request.method, request.path, request.header("accept")))
 
     async def _probe(self, method: str, path: str, accept: str) -> tuple[int, str, bytes]:
@@ -236,7 +288,11 @@ class HealthServer:
 
     async def _is_ready(self) -> bool:
         try:
-            return bool(await asyncio.wait_for(self._ready(), self._ready_timeout))
+
+            async def ask() -> bool:
+                return bool(await self._ready())
+
+            return await asyncio.wait_for(self._on(self._main, ask()), self._ready_timeout)
         except TimeoutError:
             log.warning("ready_check_timed_out", timeout_s=self._ready_timeout)
             return False
