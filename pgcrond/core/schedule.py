@@ -128,6 +128,11 @@ _MONTHS = _Field("month", 1, 12, _MONTH_NAMES)
 _DOW = _Field("day-of-week", 0, 7, _DAY_NAMES)
 
 
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(text: str, zone: ZoneInfo) -> CronSchedule:
+    return CronSchedule._parse(text, zone)
+
+
 def _parse_field(text: str, spec: _Field) -> tuple[int, ...]:
     values: set[int] = set()
     for item in text.split(","):
@@ -232,8 +237,15 @@ class CronSchedule:
 
     @classmethod
     def parse(cls, expression: str, zone: ZoneInfo) -> CronSchedule:
-        """Read an expression; raise ``ValueError`` naming the faulty field."""
-        text = " ".join(expression.split())
+        """Read an expression; raise ``ValueError`` naming the faulty field.
+
+        One object per (expression, zone): 10,000 jobs on one cron share it
+        (a schedule is immutable; its day cache serves every job alike).
+        """
+        return _parse_cached(" ".join(expression.split()), zone)
+
+    @classmethod
+    def _parse(cls, text: str, zone: ZoneInfo) -> CronSchedule:
         if text.startswith("@"):
             if text.lower() == "@reboot":
                 raise ValueError(
