@@ -20,6 +20,7 @@ import structlog
 
 from pgcrond import __version__
 from pgcrond.config.models import JobConfig
+from pgcrond.core.box import Box
 from pgcrond.core.hooks import FailureHook
 from pgcrond.guard.base import Held
 from pgcrond.run.attempt import RunResult
@@ -112,7 +113,7 @@ class FailureHooks:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
-                env=job_environ({}, run_env, os.environ),
+                env=job_environ({}, run_env, Box().inherited(os.environ)),
                 start_new_session=True,
             )
         except OSError as exc:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pgcrond.core.actions import Action, Committed, SqlWork
+from pgcrond.core.box import Box
 from pgcrond.core.cancel import Cancellation
 
 Outcome = Literal["success", "fail", "timeout", "cancelled"]
@@ -38,6 +39,8 @@ class RunRequest:
     cwd: Path | None = None
     timeout: timedelta | None = None
     stop_grace: timedelta = timedelta(seconds=10)
+    # Whom a child process runs as, its limits, what it inherits (run/box.py).
+    box: Box = field(default_factory=Box)
     # How an sql: action's statements are committed together with SUCCESS
     # (the guard's commit_with, bound to the held claim); None: not possible.
     commit: Callable[[SqlWork], Awaitable[Committed]] | None = field(

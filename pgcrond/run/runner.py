@@ -45,6 +45,7 @@ from pgcrond.core.cancel import Cancellation
 from pgcrond.core.redaction import holds_connection_secret
 from pgcrond.run import leftovers
 from pgcrond.run.attempt import Ending, RunRequest, RunResult, Watch
+from pgcrond.run.box import Cell
 from pgcrond.run.context import ENV_PREFIX, RunContext
 from pgcrond.run.entrypoints import resolve
 from pgcrond.run.isolated import describe
@@ -123,7 +124,7 @@ async def _execute(
         cwd=request.cwd,
         cancelled=cancellation,
     )
-    environ = job_environ(request.env, context.environ(), os.environ)
+    environ = job_environ(request.env, context.environ(), request.box.inherited(os.environ))
     watch = Watch(request, cancellation, started)
     action = request.action
     match action:
@@ -211,6 +212,7 @@ async def _run_process(
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     to_close = [out_write, err_write] if hand_over is None else [out_write, err_write, hand_over]
+    cell = Cell(request.job, request.box)
     stdout, stdout_transport = await _pipe_reader(out_read)
     stderr, stderr_transport = await _pipe_reader(err_read)
     budget = _OutputBudget(log)
@@ -218,7 +220,7 @@ async def _run_process(
     try:
         try:
             process = await asyncio.create_subprocess_exec(
-                *_dying_with_daemon(argv, environ),
+                *cell.enter(_dying_with_daemon(argv, environ)),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out_write,
                 stderr=err_write,
@@ -242,8 +244,9 @@ async def _run_process(
             returncode = await exited
         finally:
             # Normal end, stop, or the runner itself being cancelled: nothing
-            # of the group may outlive the run.
+            # of the group may outlive the run, nor of the cgroup (setsid).
             _signal_group(group, signal.SIGKILL)
+            await cell.kill()
         try:
             await asyncio.wait_for(pumps, _DRAIN_TIMEOUT)
         except TimeoutError:
@@ -252,6 +255,11 @@ async def _run_process(
         stdout_transport.close()
         stderr_transport.close()
         pumps.cancel()
+        await cell.close()
+    return cell.judged(_process_ending(stop, returncode))
+
+
+def _process_ending(stop: Ending | None, returncode: int) -> Ending:
     if stop is not None:
         return Ending(stop.outcome, stop.error, _exit_status(returncode))
     if returncode == 0:
