@@ -784,7 +784,9 @@ class _Loader:
             read = read_env_files(files)
             ok = self.read_problems(self.blame(section, own, "env_file"), "env_file", read)
             env.update(read.values)
-        configured = cast(dict[str, str], merged.get("env", JOB["env"].default))
+        configured = merged.get("env", JOB["env"].default)
+        if not isinstance(configured, Mapping):
+            return None  # reported already
         own_env = own.get("env")
         for name, value in configured.items():
             read = Read()
