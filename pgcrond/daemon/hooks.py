@@ -53,7 +53,9 @@ class FailureHooks:
             "replica": self.replica,
             "at": datetime.now(UTC).isoformat(),
         }
-        task = asyncio.create_task(self._send(hook, event), name=f"on_failure:{job.code}")
+        # The hook command inherits what the job does (it runs as pgcrond's own user).
+        inherits = Box(env_passthrough=job.box.env_passthrough)
+        task = asyncio.create_task(self._send(hook, event, inherits), name=f"on_failure:{job.code}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -62,12 +64,12 @@ class FailureHooks:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=seconds)
 
-    async def _send(self, hook: FailureHook, event: dict[str, Any]) -> None:
+    async def _send(self, hook: FailureHook, event: dict[str, Any], inherits: Box) -> None:
         sends = []
         if hook.webhook is not None:
             sends.append(self._webhook(hook, hook.webhook, event))
         if hook.command is not None:
-            sends.append(self._command(hook, hook.command, event))
+            sends.append(self._command(hook, hook.command, event, inherits))
         await asyncio.gather(*sends)
 
     async def _webhook(self, hook: FailureHook, url: str, event: dict[str, Any]) -> None:
@@ -97,7 +99,7 @@ class FailureHooks:
         bound.warning("hook_failed", status=status, error=error, attempts=attempt)
 
     async def _command(
-        self, hook: FailureHook, argv: tuple[str, ...], event: dict[str, Any]
+        self, hook: FailureHook, argv: tuple[str, ...], event: dict[str, Any], inherits: Box
     ) -> None:
         bound = log.bind(job=event["job"], run_key=event["run_key"], hook="command")
         run_env = {
@@ -113,7 +115,7 @@ class FailureHooks:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
-                env=job_environ({}, run_env, Box().inherited(os.environ)),
+                env=job_environ({}, run_env, inherits.inherited(os.environ)),
                 start_new_session=True,
             )
         except OSError as exc:
