@@ -34,6 +34,11 @@ BASE_PASSTHROUGH = (
     "TZ",
 )
 
+# More names every job inherits, set where pgcrond's environment is (a pod
+# spec, a unit file) rather than in a config that may serve several places:
+# "AWS_*,PYTHONPATH". Like every PGCROND_* variable, it is not passed on itself.
+PASSTHROUGH_ENV = "PGCROND_ENV_PASSTHROUGH"
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -89,17 +94,18 @@ class Box:
     def switches(self) -> bool:
         return self.user is not None or self.group is not None
 
-    def passes(self, name: str) -> bool:
+    def passes(self, name: str, also: tuple[str, ...] = ()) -> bool:
         """Whether pgcrond's own variable ``name`` reaches the job (the secrets are
         stripped afterwards all the same, see :func:`pgcrond.run.runner.job_environ`)."""
         return any(
             fnmatch.fnmatchcase(name, pattern)
-            for pattern in (*BASE_PASSTHROUGH, *self.env_passthrough)
+            for pattern in (*BASE_PASSTHROUGH, *also, *self.env_passthrough)
         )
 
     def inherited(self, base: Mapping[str, str]) -> dict[str, str]:
         """The part of ``base`` the job inherits; who it is, when it switches user."""
-        environ = {name: value for name, value in base.items() if self.passes(name)}
+        also = tuple(base.get(PASSTHROUGH_ENV, "").replace(",", " ").split())
+        environ = {name: value for name, value in base.items() if self.passes(name, also)}
         if self.user is not None:
             # The daemon's own HOME and USER would describe root to a job run as nobody.
             environ.update(USER=self.user.name, LOGNAME=self.user.name)
