@@ -761,7 +761,8 @@ class _Loader:
 
     def blame(self, section: Section, own: Mapping[str, object], name: str) -> Section:
         """The section that set ``name``: the job's own, else ``defaults:``."""
-        return section if name in own or self.defaults is None else self.defaults
+        defaults = self.defaults
+        return defaults if defaults and name not in own and name in defaults.values else section
 
     def machine_issue(self, section: Section, name: str, message: str) -> None:
         """A problem of the machine, not of the text (a user, a file that is not here):
@@ -870,7 +871,8 @@ class _Loader:
                 gid = Account(str(group), group)
         for name, wanted, current in (
             ("user", account, os.geteuid()),
-            ("group", gid, os.getegid()),
+            # The user's own group follows the user: said once, for the user.
+            ("group", gid if "group" in merged else None, os.getegid()),
         ):
             if wanted is not None and wanted.id != current and os.geteuid() != 0:
                 self.machine_issue(
