@@ -264,6 +264,8 @@ class Cell:
 
     async def kill(self) -> None:
         """SIGKILL every process of the cgroup, grandchildren that called setsid included."""
+        if not any(_pids(d) for d in self.dirs.values()):
+            return  # the usual end: the job left nothing behind
         if "v2" in self.dirs:
             kill_file = self.dirs["v2"] / "cgroup.kill"
             if kill_file.exists():
