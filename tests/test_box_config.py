@@ -20,6 +20,7 @@ from pgcrond.config.loader import load_config
 from pgcrond.core.box import BASE_PASSTHROUGH, Account, Box, Limits
 from pgcrond.core.redaction import forget_all, redact
 from pgcrond.errors import ConfigError, ConfigIssue, ExitCode
+from pgcrond.run import box
 
 HEAD = "database: {url: 'postgresql://app@db/jobs'}\n"
 # Naming another user is an error unless pgcrond runs as root (tests/test_box.py).
@@ -289,3 +290,90 @@ def test_check_explain_says_how_each_job_is_boxed(
         )
         in text
     )
+
+
+# -- how the host boxes jobs, read from /proc/self -----------------------------------------
+
+
+def fake_proc(tmp_path: Path, cgroup: str, mounts: dict[str, tuple[str, str]]) -> Path:
+    """A /proc/self with these cgroup memberships and mounts (mount point -> (fs, options))."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "cgroup").write_text(cgroup)
+    (proc / "mountinfo").write_text(
+        "".join(
+            f"{30 + n} 23 0:{n} / {point} rw,relatime - {fs} {fs} rw,{options}\n"
+            for n, (point, (fs, options)) in enumerate(mounts.items())
+        )
+    )
+    return proc
+
+
+def fake_cgroup(directory: Path, controllers: str = "") -> Path:
+    directory.mkdir(parents=True)
+    for name in ("cgroup.procs", "cgroup.subtree_control"):
+        (directory / name).write_text("")
+    (directory / "cgroup.controllers").write_text(controllers)
+    return directory
+
+
+def test_a_container_s_own_cgroup_v2_is_used_and_pgcrond_moves_into_a_leaf(
+    tmp_path: Path,
+) -> None:
+    root = fake_cgroup(tmp_path / "cg2", "cpuset cpu io memory pids")
+    proc = fake_proc(tmp_path, "0::/\n", {str(root): ("cgroup2", "nsdelegate")})
+    assert box.Host("cgroup v2", f"delegated cgroup {root}", {"v2": root / "pgcrond.jobs"}) == (
+        box.detect("auto", prepare=False, proc=proc)
+    )
+    assert not (root / "pgcrond.daemon").exists()  # `check` only looks
+    box.detect("auto", prepare=True, proc=proc)
+    assert str(os.getpid()) == (root / "pgcrond.daemon" / "cgroup.procs").read_text()
+    assert "+memory +pids +cpu" == (root / "cgroup.subtree_control").read_text()
+    assert "+memory +pids +cpu" == (root / "pgcrond.jobs" / "cgroup.subtree_control").read_text()
+
+
+def test_a_cgroup_v2_that_is_not_delegated_is_left_alone(tmp_path: Path) -> None:
+    service = fake_cgroup(tmp_path / "cg2" / "system.slice" / "pgcrond.service", "memory pids")
+    proc = fake_proc(
+        tmp_path,
+        "0::/system.slice/pgcrond.service\n",
+        {str(tmp_path / "cg2"): ("cgroup2", "nsdelegate")},
+    )
+    found = box.detect("auto", prepare=True, proc=proc)
+    assert ("rlimits", f"cgroup v2 {service} is not delegated (systemd Delegate=yes)") == (
+        found.mode,
+        found.reason.split("; ")[0].removeprefix("no cgroup to make: "),
+    )
+    assert not (service / "pgcrond.daemon").exists()
+
+
+def test_v1_hierarchies_are_used_when_v2_holds_no_controllers(tmp_path: Path) -> None:
+    unified = fake_cgroup(tmp_path / "unified")
+    freezer = fake_cgroup(tmp_path / "freezer")
+    memory = fake_cgroup(tmp_path / "memory" / "pod")
+    proc = fake_proc(
+        tmp_path,
+        "6:freezer:/\n4:memory:/pod\n0::/\n",
+        {
+            str(unified): ("cgroup2", "nsdelegate"),
+            str(freezer): ("cgroup", "freezer"),
+            str(tmp_path / "memory"): ("cgroup", "memory"),
+        },
+    )
+    found = box.detect("auto", prepare=True, proc=proc)
+    assert ("cgroup v1", {"freezer": freezer / "pgcrond", "memory": memory / "pgcrond"}) == (
+        found.mode,
+        found.parents,
+    )
+    assert "cgroup v2 offers no memory and pids controllers (they are on v1)" in found.reason
+    assert "not enforced (no cgroup)" == found.enforcement()["cpu"]
+
+
+def test_without_a_freezer_there_is_no_whole_job_kill_and_so_no_cgroup(tmp_path: Path) -> None:
+    memory = fake_cgroup(tmp_path / "memory")
+    proc = fake_proc(tmp_path, "4:memory:/\n", {str(memory): ("cgroup", "memory")})
+    found = box.detect("auto", prepare=True, proc=proc)
+    assert (
+        "rlimits",
+        "no cgroup to make: no cgroup v2 mount; no writable cgroup v1 freezer hierarchy",
+    ) == (found.mode, found.reason)

@@ -49,9 +49,9 @@ Mode = Literal["cgroup v2", "cgroup v1", "rlimits"]
 
 _log: FilteringBoundLogger = structlog.get_logger("pgcrond.run.box")
 
-# Where the kernel says which cgroups a process is in, and where they are mounted.
-PROC_CGROUP = Path("/proc/self/cgroup")
-PROC_MOUNTINFO = Path("/proc/self/mountinfo")
+# Where the kernel says which cgroups this process is in (cgroup) and where
+# they are mounted (mountinfo).
+PROC_SELF = Path("/proc/self")
 V1_CONTROLLERS = ("freezer", "memory", "pids", "cpu")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 JOBS_DIR = "pgcrond.jobs"
@@ -78,13 +78,6 @@ class Host:
     mode: Mode
     reason: str
     parents: dict[str, Path] = field(default_factory=dict)
-
-    def unenforced(self, limits: Limits) -> list[str]:
-        """The limits this host cannot enforce at all."""
-        missing = []
-        if limits.cpu is not None and "cpu" not in self.parents and "v2" not in self.parents:
-            missing.append("cpu")
-        return missing
 
     def enforcement(self) -> dict[str, str]:
         """Limit -> how it is enforced here (for the start log and ``check --explain``)."""
@@ -134,12 +127,13 @@ def host() -> Host:
     return _host if _host is not None else configure()
 
 
-def detect(setting: Cgroups, *, prepare: bool) -> Host:
+def detect(setting: Cgroups, *, prepare: bool, proc: Path = PROC_SELF) -> Host:
+    """How jobs can be boxed, by what ``proc`` (``/proc/self``) says of this process."""
     if setting == "never":
         return Host("rlimits", "cgroups: never in the config")
     try:
-        memberships = _memberships(PROC_CGROUP.read_text())
-        mounts = _mounts(PROC_MOUNTINFO.read_text())
+        memberships = _memberships((proc / "cgroup").read_text())
+        mounts = _mounts((proc / "mountinfo").read_text())
     except OSError as exc:
         return Host("rlimits", f"cannot read this process's cgroups: {exc.strerror}")
     v2_reason = "no cgroup v2 mount"
