@@ -48,9 +48,11 @@ from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.registry import Membership
 from pgcrond.daemon.requests import Requests
+from pgcrond.daemon.stall import StallProbe
 from pgcrond.daemon.status_page import StatusPage
 from pgcrond.daemon.watch import ConfigWatcher
 from pgcrond.errors import ConfigError, DatabaseUnavailable, ExitCode, PgcrondError
+from pgcrond.events import FanOut
 from pgcrond.fire import FireOutcome, Firing
 from pgcrond.guard import Guards
 from pgcrond.guard.spread import Spread
@@ -167,6 +169,7 @@ class Daemon:
         self._accounting: Accounting | None = None
         self._membership: Membership | None = None
         self._started = False
+        self._stall = StallProbe(lambda: bool(self.fire_tasks), self.metrics.loop_stall.set)
 
     # -- life cycle -----------------------------------------------------------
 
@@ -243,20 +246,18 @@ class Daemon:
                 spread=self._spread,
                 on_heartbeat_failure=self._count_heartbeat_failure,
             ).for_job,
-            metrics=self.metrics,
             replica=self.replica,
-            on_failure=self._hooks,
         )
         accounting = self._accounting = Accounting(
             store=store,
             config=lambda: self.config,
             firing=self._firing,
+            metrics=self.metrics,
             spawn=self._spawn,
             fire_now=self._spawn_fire,
             replica=self.replica,
         )
-        self._firing.on_miss = accounting.on_miss
-        self._firing.on_database = accounting.on_database
+        self._firing.events = FanOut([self.metrics.events, accounting, self._hooks])
         self._start_beat()
         await self._start_http()
         if not await self._migrate(store):
@@ -397,6 +398,7 @@ class Daemon:
         codes = self._groups.get(key, ())
         if not codes:
             return
+        self._stall.wake()
         # Once per schedule, not per job: when this tick is superseded.
         following = self.config.jobs[codes[0]].schedule.next_after(tick)
         for code in codes:
@@ -639,7 +641,12 @@ class Daemon:
         await self._hooks.drain(HOOK_DRAIN_S)
         if self._membership is not None:
             await self._membership.leave()
-        log.info("daemon_stopped", replica=self.replica)
+        self._stall.stop()
+        log.info(
+            "daemon_stopped",
+            replica=self.replica,
+            loop_stall_max_s=round(self._stall.longest_s, 4),
+        )
 
     async def _drain(self, grace: float) -> None:
         """Wait for running fires for up to ``grace`` seconds, or until a second SIGINT."""

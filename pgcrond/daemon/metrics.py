@@ -25,7 +25,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from pgcrond import __version__
+from pgcrond.config.models import JobConfig
+from pgcrond.core.keys import Identity
 from pgcrond.daemon.alerts import JobAlerts
+from pgcrond.events import FireEvents
+from pgcrond.guard.base import Held
+from pgcrond.guard.base import Outcome as Verdict
 from pgcrond.run.attempt import Outcome
 
 # Every counter and histogram would also export a `_created` series with its
@@ -64,11 +69,10 @@ class Metrics:
             "pgcrond_fires", "Fires of a tick on this replica.", ["cronjob"], registry=r
         )
         self.wins = Counter("pgcrond_wins", "Fires whose claim won.", ["cronjob"], registry=r)
+        # Replica-wide: with N replicas every tick is lost N-1 times, and a
+        # series per job and reason would be most of the page at 10,000 jobs.
         self.losses = Counter(
-            "pgcrond_losses",
-            "Fires whose claim lost, by reason.",
-            ["cronjob", "reason"],
-            registry=r,
+            "pgcrond_losses", "Fires whose claim lost, by reason.", ["reason"], registry=r
         )
         self.skips = Counter(
             "pgcrond_skips",
@@ -105,22 +109,29 @@ class Metrics:
         self.runs = Counter(
             "pgcrond_runs", "Finished runs, by outcome.", ["cronjob", "outcome"], registry=r
         )
+        # The histograms are the replica's, not per job: ~17 series each per
+        # job were most of a replica's memory and of a scrape at 10,000 jobs.
+        # A job's own duration is pgcrond_job_last_run_duration_seconds.
         self.run_duration = Histogram(
             "pgcrond_run_duration_seconds",
-            "Run duration.",
-            ["cronjob"],
+            "Run duration, of every run on this replica.",
             buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.last_duration = Gauge(
+            "pgcrond_job_last_run_duration_seconds",
+            "How long the job's last run on this replica took (appears with its first run).",
+            ["cronjob"],
             registry=r,
         )
         self.lateness = Histogram(
             "pgcrond_fire_lateness_seconds",
-            "Start of the run minus the tick's intended fire time.",
-            ["cronjob"],
+            "Start of the run minus the tick's intended fire time, of every run on this replica.",
             buckets=LATENESS_BUCKETS,
             registry=r,
         )
         self.running = Gauge(
-            "pgcrond_running_jobs", "Runs in progress on this replica.", ["cronjob"], registry=r
+            "pgcrond_running_jobs", "Runs in progress on this replica.", registry=r
         )
         self.heartbeat_failures = Counter(
             "pgcrond_heartbeat_failures",
@@ -151,6 +162,13 @@ class Metrics:
             ["cronjob"],
             registry=r,
         )
+        self.loop_stall = Gauge(
+            "pgcrond_loop_stall_seconds",
+            "The longest stall of this replica's event loop seen while ticks fired, since "
+            "start: every claim, heartbeat and run waits that long behind it.",
+            registry=r,
+        )
+        self.events = FireMetrics(self)
         self.config_drift = Gauge(
             "pgcrond_config_drift",
             "Config hashes that live replicas run, beyond one: 0 while all agree. As this "
@@ -173,16 +191,15 @@ class Metrics:
         """
         wanted = sorted(set(codes))
         self.alerts.set_jobs({code: (alert_after or {}).get(code) for code in wanted})
-        by_job: list[Counter | Gauge] = [
-            self.fires, self.wins, self.misfires, self.takeovers, self.running,
-            self.heartbeat_failures, self.paused,
+        # What alerts and rates read is there at 0 from the start; rare events
+        # (misfires, takeovers, heartbeat failures, skips) and the last run's
+        # duration appear with their first.
+        by_job: list[Counter | Gauge] = [self.fires, self.wins, self.paused]
+        by_first_event: list[Counter | Gauge] = [
+            self.misfires, self.takeovers, self.heartbeat_failures, self.last_duration,
         ]  # fmt: skip
-        # Histograms appear with a job's first run: a zero histogram answers no
-        # alert, and its ~30 buckets per job are most of the memory at 10,000 jobs.
-        by_first_run: list[Histogram] = [self.run_duration, self.lateness]
         for metric in [
-            *by_job, *by_first_run, self.runs, self.losses, self.skips, self.missed,
-            self.missed_recorded,
+            *by_job, *by_first_event, self.runs, self.skips, self.missed, self.missed_recorded,
         ]:  # fmt: skip
             for labels in _label_sets(metric):
                 if labels[0] not in wanted:
@@ -196,6 +213,84 @@ class Metrics:
                 self.missed.labels(code, cause)
             for reason in MISSED_REASONS:
                 self.missed_recorded.labels(code, reason)
+        self.events.forget(wanted)
+
+
+class _JobChildren:
+    """One job's series that every run touches, looked up once: ``labels()`` takes
+    a lock and validates its values on every call."""
+
+    __slots__ = ("fires", "last_duration", "runs", "wins")
+
+    def __init__(self, metrics: Metrics, code: str) -> None:
+        self.fires = metrics.fires.labels(code)
+        self.wins = metrics.wins.labels(code)
+        self.last_duration = metrics.last_duration.labels(code)
+        self.runs: dict[str, Counter] = {}
+
+
+class FireMetrics(FireEvents):
+    """The fire's events, counted: the subscriber that keeps the metrics above."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+        self._jobs: dict[str, _JobChildren] = {}
+
+    def forget(self, codes: Iterable[str]) -> None:
+        """Drop the children of jobs not in ``codes`` (a reload removed their series)."""
+        keep = set(codes)
+        self._jobs = {code: c for code, c in self._jobs.items() if code in keep}
+
+    def _of(self, code: str) -> _JobChildren:
+        children = self._jobs.get(code)
+        if children is None:
+            children = self._jobs[code] = _JobChildren(self._m, code)
+        return children
+
+    def fired(self, job: JobConfig) -> None:
+        self._of(job.code).fires.inc()
+
+    def claim_won(self, job: JobConfig, held: Held) -> None:
+        self._of(job.code).wins.inc()
+        if held.claimed_from == "takeover":
+            self._m.takeovers.labels(job.code).inc()
+
+    def claim_lost(self, job: JobConfig, reason: str) -> None:
+        self._m.losses.labels(reason).inc()
+
+    def skipped(self, job: JobConfig, reason: str) -> None:
+        self._m.skips.labels(job.code, reason).inc()
+
+    def paused(self, job: JobConfig, paused: bool) -> None:
+        self._m.paused.labels(job.code).set(1 if paused else 0)
+
+    def missed(
+        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
+    ) -> None:
+        self._m.missed.labels(job.code, cause).inc()
+        if cause == "late":
+            self._m.misfires.labels(job.code).inc()
+
+    def run_started(self, job: JobConfig, lateness_s: float) -> None:
+        self._m.lateness.observe(max(lateness_s, 0.0))
+        self._m.running.inc()
+
+    def run_finished(self, job: JobConfig, outcome: str, duration_s: float) -> None:
+        self._m.running.dec()
+        self._m.run_duration.observe(duration_s)
+        children = self._of(job.code)
+        children.last_duration.set(duration_s)
+        counter = children.runs.get(outcome)
+        if counter is None:
+            counter = children.runs[outcome] = self._m.runs.labels(job.code, outcome)
+        counter.inc()
+
+    def recorded(self, job: JobConfig, kind: Verdict, final: bool) -> None:
+        self._m.alerts.recorded(job.code, kind, final=final)
+
+    def database(self, operation: str, ok: bool) -> None:
+        if not ok:
+            self._m.database_errors.labels(operation).inc()
 
 
 def _label_sets(metric: Counter | Gauge | Histogram) -> set[tuple[str, ...]]:
