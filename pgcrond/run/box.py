@@ -58,8 +58,9 @@ JOBS_DIR = "pgcrond.jobs"
 DAEMON_DIR = "pgcrond.daemon"
 # The CFS period cpu limits are written against (the kernel's default).
 CPU_PERIOD_US = 100_000
-# A killed cgroup empties within milliseconds; past this it is left for the
-# next start to find (it costs a directory), and the log says so.
+# A killed cgroup empties within milliseconds; one that has not after this is
+# left behind (a directory, no process: each attempt has its own name) and
+# the log says so (job_cgroup_left), rather than holding up the run's record.
 _EMPTY_TIMEOUT_S = 5.0
 _POLL_S = 0.005
 # Writes its own pid into each cgroup named before "--", then execs the rest:
