@@ -385,6 +385,9 @@ def _settings(controller: str, limits: Limits) -> Iterable[tuple[str, str]]:
             ("memory.memsw.limit_in_bytes", str(limits.memory)),
             ("memory.max", str(limits.memory)),
             ("memory.swap.max", "0"),
+            # v2: the oom kill takes the whole job, not one of its processes,
+            # so no half of it runs on to fail later for another reason.
+            ("memory.oom.group", "1"),
         )
     if limits.processes is not None and controller in ("pids", "v2"):
         yield ("pids.max", str(limits.processes))
