@@ -10,6 +10,7 @@ that left the process group with ``setsid`` is gone with it.
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -115,7 +116,7 @@ def escapee(pidfile: Path, marker: str) -> tuple[int, list[int]]:
 async def test_a_job_with_user_nobody_runs_as_nobody(tmp_path: Path) -> None:
     job = load_job(tmp_path, 'user: nobody\nshell: "id -u; id -g; id -G; echo $USER $HOME"\n')
     result, lines = await run_job(job)
-    nobody_home = "/nonexistent"  # Debian's passwd entry for nobody
+    nobody_home = pwd.getpwnam("nobody").pw_dir
     assert "success" == result.outcome, result.error
     assert [str(NOBODY), str(NOBODY), str(NOBODY), f"nobody {nobody_home}"] == lines
 

@@ -7,9 +7,11 @@ Every mistake names its file, line, job and field; a problem of the machine
 
 from __future__ import annotations
 
+import grp
 import io
 import json
 import os
+import pwd
 import textwrap
 from pathlib import Path
 
@@ -23,6 +25,8 @@ from pgcrond.errors import ConfigError, ConfigIssue, ExitCode
 from pgcrond.run import box
 
 HEAD = "database: {url: 'postgresql://app@db/jobs'}\n"
+NOBODY = pwd.getpwnam("nobody")
+NOBODY_GROUP = grp.getgrgid(NOBODY.pw_gid).gr_name  # nogroup on Debian
 # Naming another user is an error unless pgcrond runs as root (tests/test_box.py).
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
@@ -69,9 +73,9 @@ def test_the_box_fields_are_read_and_defaults_apply_to_jobs_with_processes(
     limits = Limits(memory=512 << 20, cpu=0.5, nofile=1024, processes=64)
     assert (
         Box(
-            user=Account("nobody", 65534),
-            group=Account("nogroup", 65534),
-            home="/nonexistent",
+            user=Account("nobody", NOBODY.pw_uid),
+            group=Account(NOBODY_GROUP, NOBODY.pw_gid),
+            home=NOBODY.pw_dir,
             groups_known=True,
             limits=limits,
             env_passthrough=("AWS_*",),
@@ -249,8 +253,8 @@ def test_every_job_inherits_the_base_set(tmp_path: Path) -> None:
     environ = {"PATH": "/bin", "LC_ALL": "C", "HOME": "/root", "OTHER": "x", "TZ": "UTC"}
     assert {"PATH": "/bin", "LC_ALL": "C", "HOME": "/root", "TZ": "UTC"} == Box().inherited(environ)
     assert "PATH" in BASE_PASSTHROUGH
-    as_nobody = Box(user=Account("nobody", 65534), home="/nonexistent")
-    assert {"HOME": "/nonexistent", "USER": "nobody", "LOGNAME": "nobody"}.items() <= (
+    as_nobody = Box(user=Account("nobody", 65534), home="/home/of/nobody")
+    assert {"HOME": "/home/of/nobody", "USER": "nobody", "LOGNAME": "nobody"}.items() <= (
         as_nobody.inherited(environ).items()
     )
 
@@ -280,7 +284,7 @@ def test_check_explain_says_how_each_job_is_boxed(
           processes  rlimit RLIMIT_NPROC (all processes of the job's user; not for root)
           nofile     rlimit RLIMIT_NOFILE (each process)
         job 'backup':
-          runs as  nobody (uid 65534), group nogroup (gid 65534)
+          runs as  nobody (uid {NOBODY.pw_uid}), group {NOBODY_GROUP} (gid {NOBODY.pw_gid})
           limits   cpu 50%, nofile 64
           inherits {base} (secrets never)
         job 'inline':
