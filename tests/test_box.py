@@ -103,6 +103,15 @@ def check_as_nobody(config: str, *flags: str) -> subprocess.CompletedProcess[str
     )
 
 
+def escaping(pidfile: Path, marker: str) -> str:
+    """A script whose grandchild leaves the process group (setsid), writes its pid and
+    sleeps; the script waits until it has, then sleeps past its timeout."""
+    grandchild = (
+        f"setsid sh -c 'echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; exec sleep {marker}'"
+    )
+    return f"{grandchild} & while [ ! -e {pidfile} ]; do sleep 0.01; done; sleep 300"
+
+
 def escapee(pidfile: Path, marker: str) -> tuple[int, list[int]]:
     """The pid the grandchild wrote, and the live processes running its command."""
     assert pidfile.exists(), "the grandchild never started: the test proves nothing"
@@ -159,8 +168,7 @@ async def test_a_grandchild_that_calls_setsid_is_gone_after_the_timeout(
 ) -> None:
     marker = f"{3000 + os.getpid() % 1000}.25"
     pidfile = tmp_path / "escaped.pid"
-    script = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep {marker}' & sleep 300"
-    job = load_job(tmp_path, f'shell: "{script}"\ntimeout: 1s\n')
+    job = load_job(tmp_path, f'shell: "{escaping(pidfile, marker)}"\ntimeout: 2s\n')
     result, _ = await run_job(job, timeout=job.timeout)
     assert "timeout" == result.outcome
     pid, alive = escapee(pidfile, f"sleep {marker}")
@@ -174,8 +182,7 @@ async def test_without_a_cgroup_the_setsid_grandchild_escapes_as_documented(
     """The control: the process-group kill alone does not reach it (docs/jobs.md says so)."""
     marker = f"{4000 + os.getpid() % 1000}.25"
     pidfile = tmp_path / "escaped.pid"
-    script = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep {marker}' & sleep 300"
-    job = load_job(tmp_path, f'shell: "{script}"\ntimeout: 1s\n')
+    job = load_job(tmp_path, f'shell: "{escaping(pidfile, marker)}"\ntimeout: 2s\n')
     result, _ = await run_job(job, timeout=job.timeout)
     pid, alive = escapee(pidfile, f"sleep {marker}")
     try:
