@@ -158,7 +158,8 @@ def test_an_unknown_user_is_an_error_to_run_and_a_warning_to_lint(tmp_path: Path
         "no user 'no-such-user-x' on this machine (getent passwd no-such-user-x)",
     )
     assert [problem] == issues_of(path)
-    assert [problem] == shown(load_config([path], environ={}, allow_unset=True).warnings)
+    linted = load_config([path], environ={}, allow_unset=True)
+    assert ([problem], ["j"]) == (shown(linted.warnings), list(linted.jobs))
 
 
 # -- env_file and ${file:} --------------------------------------------------------------
@@ -231,7 +232,10 @@ def test_a_missing_secret_file_is_an_error_to_run_and_a_warning_to_lint(tmp_path
         f'jobs:\n  j:\n    once: true\n    command: [id]\n    env: {{TOKEN: "${{file:{gone}}}"}}\n',
     )
     config = load_config([lint], environ={}, allow_unset=True)
-    assert [(6, "j", "env", f"TOKEN: {gone}: no such file")] == shown(config.warnings)
+    assert ([(6, "j", "env", f"TOKEN: {gone}: no such file")], ["j"]) == (
+        shown(config.warnings),
+        list(config.jobs),
+    )
 
 
 def test_the_database_url_may_read_its_password_from_a_file(tmp_path: Path) -> None:

@@ -848,10 +848,12 @@ class _Loader:
                         "user",
                         f"no user {user!r} on this machine (getent passwd {user})",
                     )
-                    return None
-                # No passwd entry: its own number as its group, never the daemon's (root).
-                account = Account(str(user), user)
-                gid = Account(str(user), user)
+                    if not self.allow_unset:
+                        return None
+                else:
+                    # No passwd entry: its own number as its group, never the daemon's (root).
+                    account = Account(str(user), user)
+                    gid = Account(str(user), user)
             else:
                 account = Account(entry.pw_name, entry.pw_uid)
                 home, known = entry.pw_dir, True
@@ -867,8 +869,10 @@ class _Loader:
                         "group",
                         f"no group {group!r} on this machine (getent group {group})",
                     )
-                    return None
-                gid = Account(str(group), group)
+                    if not self.allow_unset:
+                        return None
+                else:
+                    gid = Account(str(group), group)
         for name, wanted, current in (
             ("user", account, os.geteuid()),
             # The user's own group follows the user: said once, for the user.
