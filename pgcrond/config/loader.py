@@ -73,7 +73,7 @@ from pgcrond.core.actions import (
     ShellAction,
     SqlAction,
 )
-from pgcrond.core.box import Account, Box, Cgroups, Limits
+from pgcrond.core.box import Account, Box, Cgroups, Limits, runs_a_process
 from pgcrond.core.durations import format_duration
 from pgcrond.core.hooks import FailureHook
 from pgcrond.core.keys import Identity, KeyHash
@@ -817,9 +817,7 @@ class _Loader:
         (an in-process entrypoint, ``sql:``, ``http:``) just does not take them,
         but setting them on such a job itself is an error.
         """
-        spawns = isinstance(action, CommandAction | ShellAction) or (
-            isinstance(action, EntrypointAction) and action.isolate
-        )
+        spawns = action is not None and runs_a_process(action)
         passthrough = cast(tuple[str, ...], merged.get("env_passthrough", ()))
         if not spawns:
             for name in ("user", "group", "limits"):

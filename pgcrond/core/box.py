@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from pgcrond.core.actions import Action, CommandAction, EntrypointAction, ShellAction
+
 # `cgroups:` at the top level: a cgroup per attempt where one can be made, or never.
 Cgroups = Literal["auto", "never"]
 
@@ -112,6 +114,14 @@ class Box:
             if self.home is not None:
                 environ["HOME"] = self.home
         return environ
+
+
+def runs_a_process(action: Action) -> bool:
+    """Whether a job's action is a child process, the only kind a box can hold:
+    an in-process entrypoint, an ``sql:`` and an ``http:`` job run inside pgcrond."""
+    if isinstance(action, EntrypointAction):
+        return action.isolate
+    return isinstance(action, CommandAction | ShellAction)
 
 
 _SIZE_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))

@@ -13,15 +13,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pgcrond.config.loader import Config, JobConfig, load_config
-from pgcrond.core.actions import (
-    Action,
-    CommandAction,
-    EntrypointAction,
-    HttpAction,
-    ShellAction,
-    SqlAction,
-)
-from pgcrond.core.box import BASE_PASSTHROUGH
+from pgcrond.core.actions import Action, CommandAction, HttpAction, ShellAction, SqlAction
+from pgcrond.core.box import BASE_PASSTHROUGH, runs_a_process
 from pgcrond.core.durations import format_duration
 from pgcrond.core.jitter import jitter_shift
 from pgcrond.core.redaction import redact
@@ -233,12 +226,8 @@ def _ticks(job: JobConfig, start: datetime, count: int) -> list[datetime]:
 
 def _box_json(job: JobConfig) -> dict[str, Any]:
     box = job.box
-    action = job.action
-    spawns = isinstance(action, CommandAction | ShellAction) or (
-        isinstance(action, EntrypointAction) and action.isolate
-    )
     return {
-        "runs_inside_pgcrond": not spawns,
+        "runs_inside_pgcrond": not runs_a_process(job.action),
         "user": None if box.user is None else f"{box.user.name} (uid {box.user.id})",
         "group": None if box.group is None else f"{box.group.name} (gid {box.group.id})",
         "limits": box.limits.describe(),
