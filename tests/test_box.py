@@ -250,6 +250,20 @@ async def test_each_attempt_leaves_no_cgroup_behind(tmp_path: Path, by_cgroups: 
     assert [] == left
 
 
+def test_a_starting_replica_removes_the_cgroups_a_killed_one_left(by_cgroups: box.Host) -> None:
+    """A SIGKILLed replica cannot remove its attempts' cgroups; the next one to start does."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no longer alive, as a killed replica's is
+    left = [
+        parent.parent / str(gone.pid) / "job.0badcafe" for parent in by_cgroups.parents.values()
+    ]
+    for cell in left:
+        cell.mkdir(parents=True)
+    box.configure("auto")
+    assert [] == [cell.parent for cell in left if cell.parent.exists()]
+    assert all(parent.parent.exists() for parent in by_cgroups.parents.values())
+
+
 # -- rlimits, where no cgroup can be made ----------------------------------------------
 
 

@@ -330,7 +330,8 @@ def test_a_container_s_own_cgroup_v2_is_used_and_pgcrond_moves_into_a_leaf(
 ) -> None:
     root = fake_cgroup(tmp_path / "cg2", "cpuset cpu io memory pids")
     proc = fake_proc(tmp_path, "0::/\n", {str(root): ("cgroup2", "nsdelegate")})
-    assert box.Host("cgroup v2", f"delegated cgroup {root}", {"v2": root / "pgcrond.jobs"}) == (
+    mine = root / "pgcrond.jobs" / str(os.getpid())
+    assert box.Host("cgroup v2", f"delegated cgroup {root}", {"v2": mine}) == (
         box.detect("auto", prepare=False, proc=proc)
     )
     assert not (root / "pgcrond.daemon").exists()  # `check` only looks
@@ -338,6 +339,7 @@ def test_a_container_s_own_cgroup_v2_is_used_and_pgcrond_moves_into_a_leaf(
     assert str(os.getpid()) == (root / "pgcrond.daemon" / "cgroup.procs").read_text()
     assert "+memory +pids +cpu" == (root / "cgroup.subtree_control").read_text()
     assert "+memory +pids +cpu" == (root / "pgcrond.jobs" / "cgroup.subtree_control").read_text()
+    assert "+memory +pids +cpu" == (mine / "cgroup.subtree_control").read_text()
 
 
 def test_a_cgroup_v2_that_is_not_delegated_is_left_alone(tmp_path: Path) -> None:
@@ -369,7 +371,8 @@ def test_v1_hierarchies_are_used_when_v2_holds_no_controllers(tmp_path: Path) ->
         },
     )
     found = box.detect("auto", prepare=True, proc=proc)
-    assert ("cgroup v1", {"freezer": freezer / "pgcrond", "memory": memory / "pgcrond"}) == (
+    mine = Path("pgcrond", str(os.getpid()))
+    assert ("cgroup v1", {"freezer": freezer / mine, "memory": memory / mine}) == (
         found.mode,
         found.parents,
     )

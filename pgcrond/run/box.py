@@ -8,10 +8,12 @@ start and by ``pgcrond check --explain``):
   container's own cgroup namespace, where it is ``/``) and offers the
   ``memory`` and ``pids`` controllers. pgcrond moves itself into a leaf
   ``pgcrond.daemon`` (a v2 cgroup with processes cannot enable controllers
-  for its children) and makes one cgroup per attempt under ``pgcrond.jobs``.
+  for its children) and makes one cgroup per attempt under
+  ``pgcrond.jobs/<its pid>``.
 * **cgroup v1**, when the ``freezer`` hierarchy is writable (it is what
   stops every process of a cgroup at once), with ``memory``, ``pids`` and
-  ``cpu`` where mounted.
+  ``cpu`` where mounted: one cgroup per attempt under ``pgcrond/<its pid>``
+  in each.
 * **rlimits** otherwise (or with ``cgroups: never``): per process, not per job.
 
 An attempt's cgroup is joined before the job's program starts, by a
@@ -119,7 +121,39 @@ def configure(setting: Cgroups = "auto", *, prepare: bool = True) -> Host:
     """
     global _host  # noqa: PLW0603 - one answer per process, like the host it describes
     _host = detect(setting, prepare=prepare)
+    if prepare:
+        _sweep(_host.parents.values())
     return _host
+
+
+def _sweep(parents: Iterable[Path]) -> None:
+    """Remove the attempts' cgroups that replicas killed on this host left behind.
+
+    Each replica makes its attempts' cgroups under a directory named by its
+    pid: a replica that was SIGKILLed (its jobs die with it, by their death
+    signal) could not remove its own, and a starting one removes those of
+    pids no longer alive. A cgroup that still holds a process is not removed
+    (the kernel refuses), so nothing running is touched.
+    """
+    for parent in parents:
+        with contextlib.suppress(OSError):
+            for other in parent.parent.iterdir():
+                if other.name.isdigit() and other != parent and not _alive(int(other.name)):
+                    for cell in (d for d in other.iterdir() if d.is_dir()):
+                        with contextlib.suppress(OSError):
+                            cell.rmdir()
+                    with contextlib.suppress(OSError):
+                        other.rmdir()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def host() -> Host:
@@ -149,7 +183,7 @@ def detect(setting: Cgroups, *, prepare: bool, proc: Path = PROC_SELF) -> Host:
         if controller in mounts and controller in memberships:
             own = mounts[controller] / memberships[controller].lstrip("/")
             if _writable(own):
-                parents[controller] = own / "pgcrond"
+                parents[controller] = own / "pgcrond" / str(os.getpid())
     if "freezer" in parents:
         names = ", ".join(parents)
         return Host("cgroup v1", f"writable v1 hierarchies: {names} ({v2_reason})", parents)
@@ -201,20 +235,22 @@ def _v2_parent(own: Path, path: str, *, prepare: bool) -> Path | str:
     if path != "/" and not _delegated(own):
         return f"cgroup v2 {own} is not delegated (systemd Delegate=yes)"
     jobs = own / JOBS_DIR
+    mine = jobs / str(os.getpid())
     if not prepare:
-        return jobs
+        return mine
     wanted = " ".join(f"+{c}" for c in V2_CONTROLLERS if c in controllers)
     try:
         leaf = own / DAEMON_DIR
         leaf.mkdir(exist_ok=True)
         (leaf / "cgroup.procs").write_text(str(os.getpid()))
         (own / "cgroup.subtree_control").write_text(wanted)
-        jobs.mkdir(exist_ok=True)
-        (jobs / "cgroup.subtree_control").write_text(wanted)
+        for inner in (jobs, mine):
+            inner.mkdir(exist_ok=True)
+            (inner / "cgroup.subtree_control").write_text(wanted)
     except OSError as exc:
         # EBUSY: processes other than pgcrond share its cgroup.
         return f"cannot set up cgroup v2 {own}: {exc.strerror}"
-    return jobs
+    return mine
 
 
 def _delegated(directory: Path) -> bool:
@@ -297,7 +333,7 @@ class Cell:
         for controller, parent in self.host.parents.items():
             directory = parent / self.name
             try:
-                parent.mkdir(exist_ok=True)
+                parent.mkdir(parents=True, exist_ok=True)
                 directory.mkdir()
                 self.dirs[controller] = directory
                 for name, value in _settings(controller, self.box.limits):
