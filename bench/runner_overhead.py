@@ -6,7 +6,9 @@ Spawn-to-exit of ``/bin/true`` through ``execute()`` against a bare
 ``asyncio.create_subprocess_exec`` in the same process, alternated run by run so
 that machine load hits both sides alike; then no-op sync and async entrypoints
 in process, and a no-op isolated entrypoint (one Python start per run, so fewer
-runs).
+runs). The runner's line is with each attempt in a cgroup of its own where this
+machine can make one; the line after it, alternated with it, without
+(``cgroups: never``): the difference is what a job's box costs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from datetime import UTC, datetime
 
 from pgcrond.core.actions import Action, CommandAction, EntrypointAction
 from pgcrond.core.cancel import Cancellation
+from pgcrond.run import box
 from pgcrond.run.attempt import RunRequest
 from pgcrond.run.context import RunContext
 from pgcrond.run.runner import execute
@@ -84,9 +87,15 @@ async def main(runs: int, isolated_runs: int) -> None:
     via_runner = runner_call(CommandAction(("/bin/true",)))
     baseline: list[float] = []
     runner: list[float] = []
+    unboxed: list[float] = []
+    boxed_by = box.configure("auto").mode
     for _ in range(runs):
         baseline.append(await timed(bare_true))
+        box.configure("auto")
         runner.append(await timed(via_runner))
+        box.configure("never")
+        unboxed.append(await timed(via_runner))
+    box.configure("auto")
     sync_noop = runner_call(EntrypointAction(f"{MODULE}:noop"))
     async_noop = runner_call(EntrypointAction(f"{MODULE}:noop_async"))
     isolated_noop = runner_call(EntrypointAction(f"{MODULE}:noop", isolate=True))
@@ -95,10 +104,13 @@ async def main(runs: int, isolated_runs: int) -> None:
     isolated_samples = [await timed(isolated_noop) for _ in range(isolated_runs)]
 
     print(summary("/bin/true, bare create_subprocess", baseline))
-    print(summary("/bin/true via execute()", runner))
+    print(summary(f"/bin/true via execute(), {boxed_by}", runner))
     ratio = statistics.median(runner) / statistics.median(baseline)
     extra = statistics.median(runner) - statistics.median(baseline)
     print(f"{'':<34} runner / bare: {ratio:.2f}x the median (+{extra:.3f} ms)")
+    print(summary("/bin/true via execute(), no cgroup", unboxed))
+    extra = statistics.median(runner) - statistics.median(unboxed)
+    print(f"{'':<34} the box costs +{extra:.3f} ms of the median")
     print(summary("sync entrypoint no-op (thread)", sync_samples))
     print(summary("async entrypoint no-op (loop)", async_samples))
     print(summary("isolated entrypoint no-op (child)", isolated_samples))

@@ -173,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--strict", action="store_true", help="an unset ${VAR} is an error, as for `run`"
     )
+    check.add_argument(
+        "--explain",
+        action="store_true",
+        help="also say how each job is boxed on this machine: its user, its limits and "
+        "how they are enforced here (cgroup or rlimits), what it inherits",
+    )
 
     sub.add_parser(
         "schema",

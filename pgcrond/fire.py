@@ -646,6 +646,7 @@ class Firing:
             fencing_token=fencing_token,
             env=job.env,
             cwd=job.cwd,
+            box=job.box,
             timeout=job.timeout,
             stop_grace=held.stop_grace,
             # An sql: action's statements commit with SUCCESS through the guard.

@@ -178,6 +178,8 @@ class Cluster:
             LEDGER_DSN=make_conninfo("", **conninfo_to_dict(self.ledger_dsn or self.dsn)),
             LEDGER_TABLE=self.ledger,
             PYTHONPATH=str(ROOT),
+            # Jobs inherit only what they are given: the ledger jobs need these.
+            PGCROND_ENV_PASSTHROUGH="LEDGER_*,PYTHONPATH",
         )
         return env
 

@@ -93,6 +93,8 @@ def http_job(code: str, url: str, hook: str, header: str) -> str:
         f'    at: "{at(4)}"\n'
         "    retries: 1\n"
         "    retry_delay: 200ms\n"
+        # The tokens are pgcrond's own variables: a job inherits only those it names.
+        '    env_passthrough: ["*_TOKEN"]\n'
         f"    http: {{url: '{url}', timeout: 5s, headers: {{{header}}}}}\n"
         f"    on_failure: {{webhook: '{hook}', timeout: 5s}}\n"
     )

@@ -56,7 +56,8 @@ def test_no_job_environment_holds_the_dsn(pg_dsn: str, schema: str, tmp_path: Pa
     )
     text = (
         f"database:\n  url: ${{MY_DSN}}\n  schema: {schema}\n"
-        "defaults: {misfire_grace: 30s, lease: 20s}\n"
+        # Everything passed through (the old default): still no DSN.
+        'defaults: {misfire_grace: 30s, lease: 20s, env_passthrough: ["*"]}\n'
         f"jobs:\n{jobs}"
     )
     with cluster(pg_dsn, schema, tmp_path) as running:

@@ -19,6 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from pgcrond.core.actions import CommandAction, ShellAction
+from pgcrond.core.box import Box
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.retry import retry_delay
 from pgcrond.run import command
@@ -90,7 +91,8 @@ async def test_secrets_of_the_daemon_are_not_inherited(
     # Left over from some other run: must not describe this one.
     monkeypatch.setenv("PGCRON_FENCING_TOKEN", "999")
     monkeypatch.setenv("PGCRON_DEADLINE", "2000-01-01T00:00:00Z")
-    _, env = await run_env(tmp_path)
+    # Even with everything passed through (env_passthrough: ["*"], the old default).
+    _, env = await run_env(tmp_path, box=Box(env_passthrough=("*",)))
     leaked = {"PGPASSWORD", "PGPASSFILE", "DATABASE_URL", "PGCROND_DATABASE_URL"} & env.keys()
     assert set() == leaked
     assert "kept" == env["ORDINARY"]

@@ -24,6 +24,7 @@ import yaml
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.yamlnodes import construct, kind
 from pgcrond.core.actions import HttpAction
+from pgcrond.core.box import Limits
 from pgcrond.core.durations import parse_duration
 from pgcrond.core.hooks import FailureHook
 from pgcrond.core.keys import BIGINT_MAX, BIGINT_MIN
@@ -537,4 +538,138 @@ header_name = Converter(_header_name, {"type": "string", "pattern": _HEADER_NAME
 networks = Converter(
     _networks,
     {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+)
+
+
+# -- a job's box: user, group, limits, inherited environment ---------------------------
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)\s*$")
+_SIZE_FACTORS = {
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "kB": 1000,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+}
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+# Below this a cgroup's memory limit kills the job before it has started.
+MIN_MEMORY = 4 << 20
+_VARIABLE_GLOB = re.compile(r"^[A-Za-z_*?\[][A-Za-z0-9_*?\[\]!-]*$")
+
+
+def _account(node: yaml.Node) -> str | int:
+    """A user or group: a name, or a numeric id (looked up by the loader)."""
+    value = scalar(node)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"must be a name or a numeric id, got {kind(node)}")
+    if isinstance(value, int) and not 0 <= value < 2**32 - 1:
+        raise ValueError("a numeric id must be between 0 and 4294967294")
+    if isinstance(value, str) and (not value or ":" in value or "\0" in value):
+        raise ValueError(f"{value[:40]!r} is not a user or group name")
+    return value
+
+
+def _size(node: yaml.Node) -> int:
+    value = scalar(node)
+    match = _SIZE.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(
+            f"{str(value)[:40]!r} is not a size with a unit, like 512MiB, 2GiB or 500MB"
+        )
+    size = int(match.group(1)) * _SIZE_FACTORS[match.group(2)]
+    if size < MIN_MEMORY:
+        raise ValueError("must be at least 4MiB")
+    return size
+
+
+def _cpu(node: yaml.Node) -> float:
+    """``50%`` of one CPU, ``200%`` for two; or a number of CPUs (``0.5``, ``2``)."""
+    value = scalar(node)
+    if isinstance(value, str) and (match := _PERCENT.match(value)):
+        cpus = float(match.group(1)) / 100
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        cpus = float(value)
+    else:
+        raise ValueError(f"must be a share of one CPU like 50% (or 150%), got {kind(node)}")
+    if cpus < 0.01:
+        raise ValueError("must be at least 1% of one CPU")
+    return cpus
+
+
+def _limits(node: yaml.Node) -> Limits:
+    """``limits: {memory: 512MiB, cpu: 50%, nofile: 1024, processes: 64}``."""
+    readers: dict[str, Callable[[yaml.Node], Any]] = {
+        "memory": _size,
+        "cpu": _cpu,
+        "nofile": _positive_count,
+        "processes": _positive_count,
+    }
+    options, problems = _options(node, "{memory: 512MiB, cpu: 50%}", readers)
+    if problems:
+        raise Problems(problems)
+    return Limits(**options)
+
+
+def _paths(node: yaml.Node) -> tuple[Path, ...]:
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    paths = tuple(_path(item) for item in items)
+    if not paths:
+        raise ValueError("must name at least one file")
+    return paths
+
+
+def _variable_globs(node: yaml.Node) -> tuple[str, ...]:
+    if not isinstance(node, yaml.SequenceNode):
+        raise ValueError(
+            f"must be a list of variable names or globs like [AWS_*], got {kind(node)}"
+        )
+    names = []
+    for index, item in enumerate(node.value):
+        value = scalar(item)
+        if not isinstance(value, str) or not _VARIABLE_GLOB.match(value):
+            raise ValueError(
+                f"entry {index} must be a variable name or a glob (AWS_*, *), got {kind(item)}"
+            )
+        names.append(value)
+    return tuple(names)
+
+
+account = Converter(
+    _account,
+    {"anyOf": [{"type": "string", "minLength": 1}, {"type": "integer", "minimum": 0}]},
+)
+limits = Converter(
+    _limits,
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "memory": {"type": "string", "pattern": _SIZE.pattern},
+            "cpu": {
+                "anyOf": [
+                    {"type": "string", "pattern": _PERCENT.pattern},
+                    {"type": "number", "exclusiveMinimum": 0},
+                ]
+            },
+            "nofile": {"type": "integer", "minimum": 1},
+            "processes": {"type": "integer", "minimum": 1},
+        },
+    },
+)
+paths = Converter(
+    _paths,
+    {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+        ]
+    },
+)
+variable_globs = Converter(
+    _variable_globs,
+    {"type": "array", "items": {"type": "string", "pattern": _VARIABLE_GLOB.pattern}},
 )

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from pgcrond.config import converters as c
+from pgcrond.core.box import Cgroups
 from pgcrond.core.keys import KeyHash
 
 Guard = Literal["lease", "advisory"]
@@ -78,6 +79,13 @@ TOP = _table(
         timedelta(milliseconds=25),
         "how long a replica holds back a tick's claim that another live replica is "
         "preferred for, so the runs of a tick are shared; 0 turns sharing off",
+    ),
+    Field(
+        "cgroups",
+        c.choice(Cgroups),
+        "auto",
+        "auto: each attempt of a command, shell or isolated job in a cgroup of its own where "
+        "pgcrond can make one (delegated v2, or v1), else rlimits; never: rlimits only",
     ),
 )
 # Sections of the top level; their fields are in the tables below.
@@ -240,6 +248,44 @@ JOB = _table(
     ),
     Field("env", c.env, MappingProxyType({}), "extra environment variables (text values)", True),
     Field("cwd", c.path, None, "working directory of runs", True),
+    Field(
+        "env_file",
+        c.paths,
+        (),
+        "dotenv file(s) read at load into the job's environment, under env: (env wins); "
+        "their values are kept out of logs and output",
+        True,
+    ),
+    Field(
+        "env_passthrough",
+        c.variable_globs,
+        (),
+        "pgcrond's own variables (names or globs) a job inherits besides PATH, HOME, USER, "
+        'LOGNAME, SHELL, TMPDIR, LANG, LANGUAGE, LC_*, TZ; ["*"]: all (the secrets never)',
+        True,
+    ),
+    Field(
+        "user",
+        c.account,
+        None,
+        "run child processes as this user (name or uid); pgcrond must run as root",
+        True,
+    ),
+    Field(
+        "group",
+        c.account,
+        None,
+        "run child processes with this group (name or gid); default the user's own",
+        True,
+    ),
+    Field(
+        "limits",
+        c.limits,
+        None,
+        "{memory: 512MiB, cpu: 50%, nofile: 1024, processes: 64} per attempt: a cgroup "
+        "where pgcrond can make one, else rlimits",
+        True,
+    ),
     Field("isolate", c.boolean, False, "entrypoint only: run in a child interpreter"),
     Field(
         "role",

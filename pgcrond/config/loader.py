@@ -14,7 +14,9 @@ The pieces: :mod:`~pgcrond.config.yamlnodes` (nodes with locations),
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -28,6 +30,7 @@ from zoneinfo import ZoneInfo
 import yaml
 
 from pgcrond.config.converters import Converter, Problems, zone_problem
+from pgcrond.config.envfiles import Read, fill_file_references, read_env_files
 from pgcrond.config.fields import (
     ACTION_KEYS,
     DATABASE,
@@ -70,6 +73,7 @@ from pgcrond.core.actions import (
     ShellAction,
     SqlAction,
 )
+from pgcrond.core.box import Account, Box, Cgroups, Limits, runs_a_process
 from pgcrond.core.durations import format_duration
 from pgcrond.core.hooks import FailureHook
 from pgcrond.core.keys import Identity, KeyHash
@@ -106,7 +110,8 @@ __all__ = [
 # `pgcrond check -` reads the config from standard input, named so in messages.
 STDIN = "-"
 STDIN_NAME = "<stdin>"
-_INTERPOLATION = re.compile(r"\$\$|\$\{([^}:]*)(?::-([^}]*))?\}|\$\{")
+# $$, ${VAR}, ${VAR:-default}, ${file:/path} (group 3), and a malformed "${".
+_INTERPOLATION = re.compile(r"\$\$|\$\{([^}:]*)(?::-([^}]*))?\}|\$\{file:([^}]*)\}|\$\{")
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # cronie's and Vixie cron's per-line zone prefix: "CRON_TZ=Europe/Berlin 30 2 * * *".
 _CRON_TZ = re.compile(r"^\s*(?:CRON_TZ|TZ)=(\S*)\s*(.*)$", re.DOTALL)
@@ -339,6 +344,7 @@ class _Loader:
         history_retention = self.read(top, "history_retention", TOP["history_retention"].convert)
         catch_up_window = self.read(top, "catch_up_window", TOP["catch_up_window"].convert)
         spread = self.read(top, "spread", TOP["spread"].convert)
+        cgroups = self.read(top, "cgroups", TOP["cgroups"].convert)
 
         self.defaults = defaults
         if defaults is not None:
@@ -371,6 +377,7 @@ class _Loader:
             history_retention=history_retention or DEFAULT_HISTORY_RETENTION,
             catch_up_window=catch_up_window or DEFAULT_CATCH_UP_WINDOW,
             spread=DEFAULT_SPREAD if spread is None else spread,
+            cgroups=cast(Cgroups, cgroups or TOP["cgroups"].default),
             warnings=tuple(_sorted(self.issues.warnings, self.names)),
         )
 
@@ -557,13 +564,17 @@ class _Loader:
                 )
 
     def interpolate(self, section: Section, text: str) -> str | None:
-        """``${VAR}``, ``${VAR:-default}`` and ``$$`` (a literal ``$``), from ``environ``."""
+        """``${VAR}``, ``${VAR:-default}`` and ``$$`` (a literal ``$``), from ``environ``;
+        ``${file:/path}`` from a file (a secret mounted by Kubernetes or Docker)."""
         missing: list[str] = []
         malformed: list[str] = []
+        files = Read()
 
         def substitute(match: re.Match[str]) -> str:
             if match.group(0) == "$$":
                 return "$"
+            if match.group(3) is not None:
+                return fill_file_references(match.group(0), files)
             name, default = match.group(1), match.group(2)
             if name is None or not _VARIABLE.fullmatch(name):
                 malformed.append(match.group(0))
@@ -578,6 +589,7 @@ class _Loader:
             return ""
 
         result = _INTERPOLATION.sub(substitute, text)
+        self.read_problems(section, "url", files)
         for bad in malformed:
             self.report(
                 section,
@@ -600,10 +612,14 @@ class _Loader:
                 )
             else:
                 self.report(section, "url", message)
-        if malformed:
+        if malformed or files.problems:
             return None
-        self.url_unset = bool(missing)
-        if missing:
+        self.url_unset = bool(missing or files.missing)
+        if files.missing:
+            # Never the URL as written: its ${file:/path} would be remembered as a
+            # password, and every path fragment of it masked in every message.
+            return None
+        if self.url_unset:
             # Linting: keep the URL as written, never a half-interpolated one.
             return text if self.allow_unset else None
         return result
@@ -695,15 +711,18 @@ class _Loader:
                     "replica and run twice",
                     job=code,
                 )
+        env = self.environment(section, own, merged)
+        box = self.box(section, own, merged, action)
         if (
             len(self.issues) > before
             or _INVALID in merged.values()
             or schedule is None
             or action is None
             or timing is None
+            or env is None
+            or box is None
         ):
             return None
-        env = cast(dict[str, str], merged.get("env", JOB["env"].default))
         return JobConfig(
             code=code,
             schedule=schedule,
@@ -718,8 +737,10 @@ class _Loader:
             min_hold=cast(timedelta, merged.get("min_hold", DEFAULT_MIN_HOLD)),
             misfire_grace=cast(timedelta, misfire_grace),
             concurrency=cast(Concurrency, merged.get("concurrency", JOB["concurrency"].default)),
-            env=MappingProxyType(dict(env)),
+            env=MappingProxyType(env),
             cwd=cast(Path | None, merged.get("cwd", JOB["cwd"].default)),
+            box=box,
+            env_file=cast(tuple[Path, ...], merged.get("env_file", ())),
             key_hash=cast(KeyHash, key_hash or JOB["key_hash"].default),
             lock_key=code if lock_key is None else lock_key,
             description=description,
@@ -734,6 +755,143 @@ class _Loader:
             renamed_from=renamed_from,
             history_retention=cast(timedelta | None, merged.get("history_retention")),
             source=f"{key.file}:{key.line}",
+        )
+
+    # -- a job's box and environment -----------------------------------------------
+
+    def blame(self, section: Section, own: Mapping[str, object], name: str) -> Section:
+        """The section that set ``name``: the job's own, else ``defaults:``."""
+        defaults = self.defaults
+        return defaults if defaults and name not in own and name in defaults.values else section
+
+    def machine_issue(self, section: Section, name: str, message: str) -> None:
+        """A problem of the machine, not of the text (a user, a file that is not here):
+        an error for `run` and `check --strict`, a warning while linting."""
+        if not self.allow_unset:
+            self.report(section, name, message)
+            return
+        located = section.values.get(name)
+        line = section.line if located is None else located.line
+        self.issues.warn(section.file, line, section.job, section.prefix + name, message)
+
+    def environment(
+        self, section: Section, own: Mapping[str, object], merged: Mapping[str, object]
+    ) -> dict[str, str] | None:
+        """``env_file`` under ``env:``, then each ``${file:PATH}`` of ``env:`` read."""
+        env: dict[str, str] = {}
+        ok = True
+        files = merged.get("env_file")
+        if isinstance(files, tuple) and files:
+            read = read_env_files(files)
+            ok = self.read_problems(self.blame(section, own, "env_file"), "env_file", read)
+            env.update(read.values)
+        configured = merged.get("env", JOB["env"].default)
+        if not isinstance(configured, Mapping):
+            return None  # reported already
+        own_env = own.get("env")
+        for name, value in configured.items():
+            read = Read()
+            env[name] = fill_file_references(value, read)
+            mine = isinstance(own_env, dict) and name in own_env
+            blamed = section if mine or self.defaults is None else self.defaults
+            ok = self.read_problems(blamed, "env", read, f"{name}: ") and ok
+        return env if ok else None
+
+    def read_problems(self, section: Section, name: str, read: Read, prefix: str = "") -> bool:
+        for problem in read.problems:
+            self.report(section, name, prefix + problem)
+        for missing in read.missing:
+            self.machine_issue(section, name, prefix + missing)
+        return not read.problems and not (read.missing and not self.allow_unset)
+
+    def box(
+        self,
+        section: Section,
+        own: Mapping[str, object],
+        merged: Mapping[str, object],
+        action: Action | None,
+    ) -> Box | None:
+        """Whom the job's processes run as and their limits; only jobs with processes have them.
+
+        ``defaults:`` may set them for every job: a job without a child process
+        (an in-process entrypoint, ``sql:``, ``http:``) just does not take them,
+        but setting them on such a job itself is an error.
+        """
+        spawns = action is not None and runs_a_process(action)
+        passthrough = cast(tuple[str, ...], merged.get("env_passthrough", ()))
+        if not spawns:
+            for name in ("user", "group", "limits"):
+                if name in own and action is not None:
+                    self.report(
+                        section,
+                        name,
+                        "only for jobs that run a process: command:, shell: or entrypoint: "
+                        "with isolate: true (an in-process entrypoint, sql: or http: job runs "
+                        "inside pgcrond)",
+                    )
+            return Box(env_passthrough=passthrough)
+        user = merged.get("user")
+        group = merged.get("group")
+        account: Account | None = None
+        home: str | None = None
+        known = False
+        gid: Account | None = None
+        if isinstance(user, str | int):
+            try:
+                entry = pwd.getpwnam(user) if isinstance(user, str) else pwd.getpwuid(user)
+            except KeyError:
+                if isinstance(user, str):
+                    self.machine_issue(
+                        self.blame(section, own, "user"),
+                        "user",
+                        f"no user {user!r} on this machine (getent passwd {user})",
+                    )
+                    if not self.allow_unset:
+                        return None
+                else:
+                    # No passwd entry: its own number as its group, never the daemon's (root).
+                    account = Account(str(user), user)
+                    gid = Account(str(user), user)
+            else:
+                account = Account(entry.pw_name, entry.pw_uid)
+                home, known = entry.pw_dir, True
+                gid = _group_of(entry.pw_gid)
+        if isinstance(group, str | int):
+            try:
+                found = grp.getgrnam(group) if isinstance(group, str) else grp.getgrgid(group)
+                gid = Account(found.gr_name, found.gr_gid)
+            except KeyError:
+                if isinstance(group, str):
+                    self.machine_issue(
+                        self.blame(section, own, "group"),
+                        "group",
+                        f"no group {group!r} on this machine (getent group {group})",
+                    )
+                    if not self.allow_unset:
+                        return None
+                else:
+                    gid = Account(str(group), group)
+        for name, wanted, current in (
+            ("user", account, os.geteuid()),
+            # The user's own group follows the user: said once, for the user.
+            ("group", gid if "group" in merged else None, os.getegid()),
+        ):
+            if wanted is not None and wanted.id != current and os.geteuid() != 0:
+                self.machine_issue(
+                    self.blame(section, own, name),
+                    name,
+                    f"switching to {name} {wanted.name!r} needs pgcrond to run as root "
+                    f"(it runs as uid {os.geteuid()}); run it as root, or leave {name}: out",
+                )
+                if not self.allow_unset:
+                    return None
+        return Box(
+            user=account,
+            group=gid,
+            home=home,
+            groups_known=known,
+            limits=cast(Limits, merged.get("limits") or Limits()),
+            env_passthrough=passthrough,
         )
 
     def check_takeover(
@@ -944,6 +1102,14 @@ class _Loader:
             self.issue(
                 section.file, section.line, section.job, what, f"no {what}: add one of {allowed}"
             )
+
+
+def _group_of(gid: int) -> Account:
+    """A group by its id, named when the machine knows the name."""
+    try:
+        return Account(grp.getgrgid(gid).gr_name, gid)
+    except KeyError:
+        return Account(str(gid), gid)
 
 
 def _code_problem(code: str) -> str | None:

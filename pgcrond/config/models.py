@@ -31,6 +31,7 @@ from pgcrond.config.fields import (
     default,
 )
 from pgcrond.core.actions import Action
+from pgcrond.core.box import Box, Cgroups
 from pgcrond.core.hooks import FailureHook
 from pgcrond.core.keys import KeyHash
 from pgcrond.core.redaction import redact, remember
@@ -104,6 +105,10 @@ class JobConfig:
     concurrency: Concurrency = default(JOB, "concurrency")
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     cwd: Path | None = default(JOB, "cwd")
+    # Whom its child processes run as, their limits, what they inherit; its
+    # env_file values are in `env` already (the paths are kept to be shown).
+    box: Box = field(default_factory=Box)
+    env_file: tuple[Path, ...] = default(JOB, "env_file")
     key_hash: KeyHash = default(JOB, "key_hash")
     # None means "the job code"; filled in below so that users of the field never see None.
     lock_key: str | int | None = default(JOB, "lock_key")
@@ -171,6 +176,7 @@ class Config:
     history_retention: timedelta = DEFAULT_HISTORY_RETENTION
     catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
     spread: timedelta = DEFAULT_SPREAD
+    cgroups: Cgroups = default(TOP, "cgroups")
     # What `check` shows but does not refuse: ${VAR}s left unset when linting.
     warnings: tuple[ConfigIssue, ...] = ()
 

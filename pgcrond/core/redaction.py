@@ -54,6 +54,10 @@ MIN_CONTAINED = 8
 _connection_values: set[str] = set()
 _connection_variables: set[str] = set()
 
+# Words that make a name (an HTTP header, a variable of an env_file) look like
+# it holds a secret: its value is then hidden whatever it is.
+SECRET_WORDS = ("token", "key", "secret", "password", "auth", "session", "credential")
+
 _secrets: set[str] = set()
 # Bumped whenever the registry changes: what was decided against it is stale.
 _generation = 0
@@ -241,6 +245,27 @@ def remember(url: str | None, variables: Iterable[str] = ()) -> None:
         _by_length = tuple(sorted(_secrets, key=len, reverse=True))
         whole, _ = _passwords(url)
         _connection_values.update({url, *whole, *(unquote(p) for p in whole)} - {""})
+
+
+def looks_secret(name: str) -> bool:
+    """Whether a name (a header, a variable) says its value is a secret."""
+    lower = name.lower()
+    return any(word in lower for word in SECRET_WORDS)
+
+
+def remember_secrets(values: Iterable[str]) -> None:
+    """Scrub each of these whole values (secrets a job's environment was given from
+    files) from all later :func:`redact` output.
+
+    A value shorter than :data:`MIN_FRAGMENT` is not scrubbed: masking every
+    ``1`` or ``on`` would make every log line unreadable and hide nothing.
+    """
+    global _by_length  # noqa: PLW0603 - the one process-wide registry
+    forms = {form for value in values for form in (value, value.strip())}
+    added = {form for form in forms if len(form) >= MIN_FRAGMENT}
+    if not added <= _secrets:
+        _secrets.update(added)
+        _by_length = tuple(sorted(_secrets, key=len, reverse=True))
 
 
 def holds_connection_secret(name: str, value: str) -> bool:

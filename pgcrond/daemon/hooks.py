@@ -20,6 +20,7 @@ import structlog
 
 from pgcrond import __version__
 from pgcrond.config.models import JobConfig
+from pgcrond.core.box import Box
 from pgcrond.core.hooks import FailureHook
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held
@@ -53,7 +54,9 @@ class FailureHooks(FireEvents):
             "replica": self.replica,
             "at": datetime.now(UTC).isoformat(),
         }
-        task = asyncio.create_task(self._send(hook, event), name=f"on_failure:{job.code}")
+        # The hook command inherits what the job does (it runs as pgcrond's own user).
+        inherits = Box(env_passthrough=job.box.env_passthrough)
+        task = asyncio.create_task(self._send(hook, event, inherits), name=f"on_failure:{job.code}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -62,12 +65,12 @@ class FailureHooks(FireEvents):
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=seconds)
 
-    async def _send(self, hook: FailureHook, event: dict[str, Any]) -> None:
+    async def _send(self, hook: FailureHook, event: dict[str, Any], inherits: Box) -> None:
         sends = []
         if hook.webhook is not None:
             sends.append(self._webhook(hook, hook.webhook, event))
         if hook.command is not None:
-            sends.append(self._command(hook, hook.command, event))
+            sends.append(self._command(hook, hook.command, event, inherits))
         await asyncio.gather(*sends)
 
     async def _webhook(self, hook: FailureHook, url: str, event: dict[str, Any]) -> None:
@@ -97,7 +100,7 @@ class FailureHooks(FireEvents):
         bound.warning("hook_failed", status=status, error=error, attempts=attempt)
 
     async def _command(
-        self, hook: FailureHook, argv: tuple[str, ...], event: dict[str, Any]
+        self, hook: FailureHook, argv: tuple[str, ...], event: dict[str, Any], inherits: Box
     ) -> None:
         bound = log.bind(job=event["job"], run_key=event["run_key"], hook="command")
         run_env = {
@@ -113,7 +116,7 @@ class FailureHooks(FireEvents):
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
-                env=job_environ({}, run_env, os.environ),
+                env=job_environ({}, run_env, inherits.inherited(os.environ)),
                 start_new_session=True,
             )
         except OSError as exc:

@@ -57,6 +57,7 @@ from pgcrond.fire import FireOutcome, Firing
 from pgcrond.guard import Guards
 from pgcrond.guard.spread import Spread
 from pgcrond.logs import configure
+from pgcrond.run import box
 from pgcrond.storage.claims import NotAcquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, attach
@@ -181,6 +182,10 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT, self._on_stop_signal, "SIGINT")
         loop.add_signal_handler(signal.SIGHUP, self._spawn_reload)
         try:
+            # Said once, before any job runs: where no cgroup can be made, limits
+            # are rlimits per process.
+            boxes = box.configure(self.config.cgroups)
+            log.info("job_boxes", by=boxes.mode, reason=boxes.reason, limits=boxes.enforcement())
             if not await self._start():
                 return 0
             # A changed file (or ConfigMap swap) reloads exactly as SIGHUP does.

@@ -14,11 +14,13 @@ from typing import Any
 
 from pgcrond.config.loader import Config, JobConfig, load_config
 from pgcrond.core.actions import Action, CommandAction, HttpAction, ShellAction, SqlAction
+from pgcrond.core.box import BASE_PASSTHROUGH, runs_a_process
 from pgcrond.core.durations import format_duration
 from pgcrond.core.jitter import jitter_shift
 from pgcrond.core.redaction import redact
 from pgcrond.core.schedule import run_key_for
 from pgcrond.errors import ConfigError, ConfigIssue, ExitCode
+from pgcrond.run.box import detect
 
 
 def check_command(args: argparse.Namespace) -> int:
@@ -37,6 +39,8 @@ def check_command(args: argparse.Namespace) -> int:
             },
             "jobs": [_job_json(job) for job in config.jobs.values()],
         }
+        if getattr(args, "explain", False):
+            document["boxes"] = _host_json(config)
         print(json.dumps(document, indent=2))
         return ExitCode.OK
     for warning in config.warnings:
@@ -54,7 +58,37 @@ def check_command(args: argparse.Namespace) -> int:
             + "  "
             + row[3]
         )
+    if getattr(args, "explain", False):
+        _explain(config)
     return ExitCode.OK
+
+
+def _host_json(config: Config) -> dict[str, Any]:
+    # Only looked at: `check` makes no cgroup and moves no process.
+    found = detect(config.cgroups, prepare=False)
+    return {"by": found.mode, "reason": found.reason, "limits": found.enforcement()}
+
+
+def _explain(config: Config) -> None:
+    """How each job is boxed on this machine: what it runs as, its limits and how
+    they are enforced here, what it inherits."""
+    found = _host_json(config)
+    print(f"\njobs are boxed here by {found['by']}: {found['reason']}")
+    for name, how in found["limits"].items():
+        print(f"  {name:<10} {how}")
+    for job in config.jobs.values():
+        shown = _box_json(job)
+        print(f"job {job.code!r}:")
+        if shown["runs_inside_pgcrond"]:
+            print("  runs inside pgcrond: no user, group or limits of its own")
+        else:
+            who = shown["user"] or "pgcrond's own user"
+            print(f"  runs as  {who}" + (f", group {shown['group']}" if shown["group"] else ""))
+            limits = ", ".join(f"{k} {v}" for k, v in shown["limits"].items()) or "none"
+            print(f"  limits   {limits}")
+        print(f"  inherits {', '.join(shown['inherits'])} (secrets never)")
+        if shown["env_file"]:
+            print(f"  env_file {', '.join(shown['env_file'])}")
 
 
 def next_command(args: argparse.Namespace) -> int:
@@ -190,6 +224,18 @@ def _ticks(job: JobConfig, start: datetime, count: int) -> list[datetime]:
     return ticks
 
 
+def _box_json(job: JobConfig) -> dict[str, Any]:
+    box = job.box
+    return {
+        "runs_inside_pgcrond": not runs_a_process(job.action),
+        "user": None if box.user is None else f"{box.user.name} (uid {box.user.id})",
+        "group": None if box.group is None else f"{box.group.name} (gid {box.group.id})",
+        "limits": box.limits.describe(),
+        "inherits": [*BASE_PASSTHROUGH, *box.env_passthrough],
+        "env_file": [str(path) for path in job.env_file],
+    }
+
+
 def _action_summary(action: Action) -> str:
     if isinstance(action, CommandAction):
         return "command: " + " ".join(action.argv)
@@ -229,7 +275,9 @@ def _job_json(job: JobConfig) -> dict[str, Any]:
         "min_hold": format_duration(job.min_hold),
         "misfire_grace": format_duration(job.misfire_grace),
         "concurrency": job.concurrency,
-        "env": dict(job.env),
+        # Values read from secret files are remembered secrets: redact() masks them.
+        "env": {name: redact(value) for name, value in job.env.items()},
+        "box": _box_json(job),
         "cwd": None if job.cwd is None else str(job.cwd),
         "key_hash": job.key_hash,
         "lock_key": job.lock_key,

@@ -13,6 +13,7 @@ from pgcrond.fire import Firing
 from pgcrond.guard import Guards
 from pgcrond.logs import configure
 from pgcrond.ops.session import EXIT_NOT_DONE, EXIT_OK, Target, run_command
+from pgcrond.run import box
 from pgcrond.storage.leases import LeaseStore
 
 # What `pgcrond trigger` exits with when this process did not run the job.
@@ -44,6 +45,9 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
             job, args.run_key or manual_run_key(now), store, as_json=args.output == "json"
         )
     identity = Identity.schedule(job.code, args.run_key or manual_run_key(now))
+    # Boxed as the daemon would box it, by the config's `cgroups:`; a one-off
+    # run does not move this process into a v2 leaf.
+    box.configure(target.config.cgroups, prepare=False)
     firing = Firing(guards=Guards(store, store.db).for_job, replica=store.owner)
     outcome = await firing.fire(job, now, identity, follow=False)
     detail = TRIGGER_OUTCOMES.get(outcome, outcome)

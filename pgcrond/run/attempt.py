@@ -29,6 +29,7 @@ from typing import Any, Literal
 from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import Action, Committed, SqlWork
+from pgcrond.core.box import Box
 from pgcrond.core.cancel import Cancellation
 from pgcrond.run.context import RunContext
 
@@ -59,6 +60,8 @@ class RunRequest:
     cwd: Path | None = None
     timeout: timedelta | None = None
     stop_grace: timedelta = timedelta(seconds=10)
+    # Whom a child process runs as, its limits, what it inherits (run/box.py).
+    box: Box = field(default_factory=Box)
     # How an sql: action's statements are committed together with SUCCESS
     # (the guard's commit_with, bound to the held claim); None: not possible.
     commit: Callable[[SqlWork], Awaitable[Committed]] | None = field(

@@ -22,6 +22,7 @@ from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import CommandAction, ShellAction
 from pgcrond.run.attempt import Attempt, Ending, Watch, describe
+from pgcrond.run.box import Cell
 
 # Output caps keep one chatty job from flooding the log pipeline; the pipes are
 # drained past them regardless, so the child never blocks on a full pipe.
@@ -53,6 +54,7 @@ async def run_process(argv: list[str], attempt: Attempt, *, hand_over: int | Non
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     to_close = [out_write, err_write] if hand_over is None else [out_write, err_write, hand_over]
+    cell = Cell(attempt.request.job, attempt.request.box)
     stdout, stdout_transport = await _pipe_reader(out_read)
     stderr, stderr_transport = await _pipe_reader(err_read)
     budget = _OutputBudget(log)
@@ -60,7 +62,7 @@ async def run_process(argv: list[str], attempt: Attempt, *, hand_over: int | Non
     try:
         try:
             process = await asyncio.create_subprocess_exec(
-                *_dying_with_daemon(argv, environ),
+                *cell.enter(_dying_with_daemon(argv, environ)),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out_write,
                 stderr=err_write,
@@ -85,8 +87,9 @@ async def run_process(argv: list[str], attempt: Attempt, *, hand_over: int | Non
             returncode = await exited
         finally:
             # Normal end, stop, or the runner itself being cancelled: nothing
-            # of the group may outlive the run.
+            # of the group may outlive the run, nor of the cgroup (setsid).
             _signal_group(group, signal.SIGKILL)
+            await cell.kill()
         try:
             await asyncio.wait_for(pumps, _DRAIN_TIMEOUT)
         except TimeoutError:
@@ -95,6 +98,11 @@ async def run_process(argv: list[str], attempt: Attempt, *, hand_over: int | Non
         stdout_transport.close()
         stderr_transport.close()
         pumps.cancel()
+        await cell.close()
+    return cell.judged(_process_ending(stop, returncode))
+
+
+def _process_ending(stop: Ending | None, returncode: int) -> Ending:
     if stop is not None:
         return Ending(stop.outcome, stop.error, _exit_status(returncode))
     if returncode == 0:

@@ -36,7 +36,7 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
 from pgcrond.core.actions import HttpAction
-from pgcrond.core.redaction import MIN_FRAGMENT, scrub
+from pgcrond.core.redaction import MIN_FRAGMENT, looks_secret, scrub
 from pgcrond.run.attempt import Attempt, Ending, RunRequest
 
 if TYPE_CHECKING:
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 REDACTED = "***"
 # Redacted by name, whatever the value.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
-SECRET_WORDS = ("token", "key", "secret", "password", "auth", "session", "credential")
 TRANSIENT_STATUSES = frozenset({408, 429})
 # A Retry-After further away than this is not waited for (the tick's retries
 # would outlive any sensible schedule); the job's own delay applies then.
@@ -68,8 +67,7 @@ class HeaderValueRefused(ValueError):
 
 
 def is_secret_header(name: str) -> bool:
-    lower = name.lower()
-    return lower in SECRET_HEADERS or any(word in lower for word in SECRET_WORDS)
+    return name.lower() in SECRET_HEADERS or looks_secret(name)
 
 
 def redact_headers(

@@ -82,7 +82,7 @@ async def _execute(
         fencing_token=request.fencing_token,
         deadline=deadline,
     )
-    environ = job_environ(request.env, variables, os.environ)
+    environ = job_environ(request.env, variables, request.box.inherited(os.environ))
     context = RunContext(
         job=request.job,
         run_key=request.run_key,

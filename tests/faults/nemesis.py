@@ -337,6 +337,8 @@ class Cluster:
             LEDGER_TABLE=f"{SCHEMA}.ledger",
             PYTHONPATH=f"{self.package}:{ROOT}" if self.package else str(ROOT),
             FAULT_REPLICA=name,
+            # Jobs inherit only what they are given: the ledger job needs these.
+            PGCROND_ENV_PASSTHROUGH="LEDGER_*,PYTHONPATH,FAULT_*",
         )
         return env
 
