@@ -35,7 +35,7 @@ from pgcrond.storage.requests import (
     take_requests,
 )
 from tests import pgbouncer as bouncer
-from tests.daemon_harness import PGCROND, Cluster, cluster, wait_until
+from tests.daemon_harness import PGCROND, Cluster, clear_of_a_minute_edge, cluster, wait_until
 from tests.test_daemon import LEDGER, config
 from tests.test_pgbouncer import server_port
 
@@ -168,14 +168,6 @@ def detach(running: Cluster, path: Path, code: str, *extra: str) -> subprocess.P
         env=running.env(),
         text=True,
     )
-
-
-def clear_of_a_minute_edge(margin_s: float = 10.0) -> None:
-    """Wait, if need be, into a fresh minute: the default run key is the UTC
-    minute, so shells that straddle a minute's edge ask for two runs by design."""
-    left = 60 - datetime.now(UTC).timestamp() % 60
-    if left < margin_s:
-        time.sleep(left + 0.05)
 
 
 def finished(shell: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str, str]:
