@@ -30,6 +30,7 @@ import pytest
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, throwaway
 from pgcrond.storage.leases import LeaseStore
+from tests import idle
 
 TIERS = ("unit", "integration", "system")
 # Heaviest first: a test is in the tier of the heaviest fixture it uses.
@@ -195,3 +196,15 @@ async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
         yield leases
     finally:
         await db.close()
+
+
+@pytest.fixture(scope="session")
+def idle_minute(
+    system_processes: None, tmp_path_factory: pytest.TempPathFactory
+) -> idle.IdleMinute:
+    """Three listening replicas' first idle minute, as their own server logged it.
+
+    Run once for the two tests that judge it (tests/idle.py): the touch is
+    once a minute, so the minute is the price of either test, not of both.
+    """
+    return idle.first_minute(tmp_path_factory.mktemp("idle"))
