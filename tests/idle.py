@@ -6,11 +6,26 @@ statement is the registry touch, once a minute (tests/test_config_changes.py).
 Both need the server's log of every statement (``log_statement = all``) over
 an idle stretch, and the touch needs a whole minute of it: one scenario, run
 once per session (the ``idle_minute`` fixture), gives both their evidence.
+
+The minute costs no CPU, so it need not hold up the suite: the scenario runs
+as a process of its own (``python -m tests.idle``), started with the first
+system-tier test of a session that selected either test (tests/conftest.py),
+and the fixture collects its result when the first of them runs. Nothing it
+judges depends on load: which statements its own server logged, and that a
+request was taken within a generous bound.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,7 +36,7 @@ import psycopg
 
 from pgcrond.storage import registry
 from pgcrond.storage.embedded import LocalServer, throwaway
-from tests.daemon_harness import PGCROND, cluster, quiet_cron, wait_until
+from tests.daemon_harness import PGCROND, ROOT, cluster, quiet_cron, wait_until
 
 REPLICAS = 3
 # Past the last replica's first touch: a statement that followed it would show.
@@ -117,3 +132,59 @@ def first_minute(workdir: Path) -> IdleMinute:
             "the request to run",
         )
         return IdleMinute(REPLICAS, idle, statements(server, mark), done)
+
+
+class Background:
+    """The scenario in a process of its own, from start to its written result."""
+
+    def __init__(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="pgcrond-idle-"))
+        self.workdir.chmod(0o755)  # under root, the replicas' server runs as 'nobody'
+        self.result_path = self.workdir / "result.json"
+        self.log_path = self.workdir / "scenario.log"
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.idle", str(self.workdir / "cluster"),
+                 str(self.result_path)],
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Its own session: a signal at the suite's terminal is not its to take.
+                start_new_session=True,
+            )  # fmt: skip
+
+    def result(self, timeout: float = 180) -> IdleMinute:
+        """Wait for the scenario; its own failure is raised with its output."""
+        code = self.process.wait(timeout)
+        if code != 0 or not self.result_path.exists():
+            raise AssertionError(
+                f"the idle scenario exited {code}:\n{self.log_path.read_text()[-4000:]}"
+            )
+        return IdleMinute(**json.loads(self.result_path.read_text()))
+
+    def stop(self) -> None:
+        """End the scenario if it still runs (it stops its replicas and server), and clean up."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def main(workdir: str, result_path: str) -> None:
+    # SIGTERM unwinds like an exception: the replicas and the server are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    Path(workdir).mkdir()
+    found = first_minute(Path(workdir))
+    partial = Path(result_path + ".partial")
+    partial.write_text(json.dumps(dataclasses.asdict(found)))
+    partial.rename(result_path)  # whole or absent
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main(*sys.argv[1:])
