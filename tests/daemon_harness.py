@@ -31,8 +31,14 @@ PGCROND = Path(sys.executable).parent / "pgcrond"
 Event = dict[str, Any]
 
 
-def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` until truthy; fail naming ``what`` after ``timeout`` seconds."""
+def wait_until(
+    condition: Callable[[], Any], timeout: float, what: str, *, every: float = 0.05
+) -> Any:
+    """Poll ``condition`` until truthy; fail naming ``what`` after ``timeout`` seconds.
+
+    A condition that starts a process (``podman logs``) polls less often
+    (``every``): a poll then costs CPU the processes under test need.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -40,7 +46,7 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(every)
 
 
 def clear_of_a_minute_edge(margin_s: float = 10.0) -> None:
