@@ -17,7 +17,6 @@ request was taken within a generous bound.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -186,5 +185,4 @@ def main(workdir: str, result_path: str) -> None:
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        main(*sys.argv[1:])
+    main(*sys.argv[1:])
