@@ -30,6 +30,7 @@ import pytest
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, throwaway
 from pgcrond.storage.leases import LeaseStore
+from tests import idle
 
 TIERS = ("unit", "integration", "system")
 # Heaviest first: a test is in the tier of the heaviest fixture it uses.
@@ -144,6 +145,11 @@ def _tier_guard(item: pytest.Item) -> Iterator[None]:
 # happens to be last, and belongs to the tier of the test that set it up.
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    if _tier(item) == "system" and any(
+        "idle_minute" in getattr(selected, "fixturenames", ()) for selected in item.session.items
+    ):
+        # The first system test starts the idle minute that its judges collect later.
+        _start_idle_scenario()
     with _tier_guard(item):
         return (yield)
 
@@ -195,3 +201,29 @@ async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
         yield leases
     finally:
         await db.close()
+
+
+# The idle scenario in the background (tests/idle.py), once per session.
+_background: dict[str, idle.Background] = {}
+
+
+def _start_idle_scenario() -> idle.Background:
+    if "idle" not in _background:
+        _background["idle"] = idle.Background()
+    return _background["idle"]
+
+
+@pytest.fixture(scope="session")
+def idle_minute(system_processes: None) -> idle.IdleMinute:
+    """Three listening replicas' first idle minute, as their own server logged it.
+
+    Run once for the two tests that judge it (tests/idle.py), started early
+    by ``pytest_runtest_setup`` when either test is selected: the touch is
+    once a minute, a wait that costs no CPU and so overlaps other tests.
+    """
+    return _start_idle_scenario().result()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for scenario in _background.values():
+        scenario.stop()

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,14 @@ PGCROND = Path(sys.executable).parent / "pgcrond"
 Event = dict[str, Any]
 
 
-def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` until truthy; fail naming ``what`` after ``timeout`` seconds."""
+def wait_until(
+    condition: Callable[[], Any], timeout: float, what: str, *, every: float = 0.05
+) -> Any:
+    """Poll ``condition`` until truthy; fail naming ``what`` after ``timeout`` seconds.
+
+    A condition that starts a process (``podman logs``) polls less often
+    (``every``): a poll then costs CPU the processes under test need.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -39,7 +46,25 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(every)
+
+
+def clear_of_a_minute_edge(margin_s: float = 10.0) -> None:
+    """Wait, if need be, into a fresh minute: the default run key of a manual run
+    is the UTC minute, so shells that straddle a minute's edge ask for two runs
+    by design (a CI run went red on exactly that)."""
+    left = 60 - time.time() % 60
+    if left < margin_s:
+        time.sleep(left + 0.05)
+
+
+def quiet_cron() -> str:
+    """A daily cron at the UTC minute twelve hours from now: a job that a test
+    only asks for (trigger, detach) and that never fires by itself while the
+    test runs, whenever the suite runs (a fixed '0 3 * * *' would fire inside a
+    nightly build started at 03:00)."""
+    moment = datetime.now(UTC) + timedelta(hours=12)
+    return f"{moment.minute} {moment.hour} * * *"
 
 
 @dataclass

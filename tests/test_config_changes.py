@@ -7,19 +7,15 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
 
-from pgcrond.daemon.registry import SETTLE_S
-from pgcrond.storage.embedded import LocalServer
 from tests.daemon_harness import PGCROND, Cluster, Replica, cluster, wait_until
+from tests.idle import IdleMinute
 from tests.test_daemon import LEDGER, config
-from tests.test_requests import statements
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
@@ -190,34 +186,13 @@ def test_a_renamed_job_keeps_its_history_pause_and_run_once_state(
 
 
 def test_an_idle_replica_sends_one_statement_a_minute_the_registry_touch(
-    own_server: LocalServer, tmp_path: Path
+    idle_minute: IdleMinute,
 ) -> None:
-    schema = "idle"
-    with cluster(own_server.dsn, schema, tmp_path) as running:
-        path = running.write_config(
-            config(schema, '  yearly: {cron: "0 0 1 1 *", command: [/bin/true]}\n')
-        )
-        [replica] = running.start(path, 1)
-        replica.wait_event("catch_up_scan_done", timeout=20)
-        with psycopg.connect(own_server.dsn, autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM SET log_statement = 'all'")
-            conn.execute("SELECT pg_reload_conf()")
-        time.sleep(1)  # the reload reaches the replica's backends asynchronously
-        mark = own_server.log_file.stat().st_size
-        joined = replica.events("registry_joined")[0]
-        # The first idle touch comes SETTLE_S after start, then one a minute.
-        touch_due = datetime.fromisoformat(joined["timestamp"]) + timedelta(seconds=SETTLE_S)
-        # The whole idle time before it, and a few seconds past it.
-        logged = wait_until(
-            lambda: [line for line in statements(own_server, mark) if "registry" in line],
-            (touch_due - datetime.now(UTC)).total_seconds() + 15,
-            "the registry touch",
-        )
-        time.sleep(3)
-        every = statements(own_server, mark)
-    assert 1 == len(logged), logged
-    assert "The registry's one idle statement" in logged[0]
-    assert logged == every, every[:5]
+    # Each replica's whole first idle minute, up to its touch and a few seconds past.
+    touches = [line for line in idle_minute.idle if "registry" in line]
+    assert idle_minute.replicas == len(touches), touches
+    assert all("The registry's one idle statement" in line for line in touches), touches
+    assert touches == idle_minute.idle, idle_minute.idle[:5]
 
 
 def test_a_rename_applied_by_a_reload_keeps_the_run_once_state(

@@ -60,7 +60,9 @@ def one_shot(
     heartbeat: str,
     defaults: str = "",
     extra: str = "",
+    sleeping_attempts: int | None = None,
 ) -> str:
+    limit = "" if sleeping_attempts is None else f', LEDGER_SLEEP_ATTEMPTS: "{sleeping_attempts}"'
     return config(
         schema,
         f"  long:\n"
@@ -68,7 +70,7 @@ def one_shot(
         f"    entrypoint: {LEDGER}\n"
         f"    lease: {lease}\n"
         f"    heartbeat: {heartbeat}\n"
-        f'    env: {{LEDGER_SLEEP: "{sleep}"}}\n',
+        f'    env: {{LEDGER_SLEEP: "{sleep}"{limit}}}\n',
         defaults=defaults,
         extra=extra,
     )
@@ -152,7 +154,10 @@ def test_a_stopped_runner_is_taken_over_and_fenced_when_it_resumes(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     with cluster(pg_dsn, schema, tmp_path) as running:
-        cfg = one_shot(schema, seconds=4, sleep=3, lease="2s", heartbeat="500ms")
+        # Two replicas: the takeover's own length judges nothing (no third to steal it).
+        cfg = one_shot(
+            schema, seconds=4, sleep=3, lease="2s", heartbeat="500ms", sleeping_attempts=1
+        )
         running.start(running.write_config(cfg), 2)
         first = first_start(running)
         stopped = next(r for r in running.replicas if r.pid == first["pid"])
@@ -196,8 +201,15 @@ def test_shutdown_past_its_grace_releases_the_tick_to_a_survivor(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     with cluster(pg_dsn, schema, tmp_path) as running:
+        # The survivor's run ends at once: only its attempt and its pid are judged.
         cfg = one_shot(
-            schema, seconds=4, sleep=6, lease="3s", heartbeat="1s", extra="shutdown_grace: 1s\n"
+            schema,
+            seconds=4,
+            sleep=6,
+            lease="3s",
+            heartbeat="1s",
+            extra="shutdown_grace: 1s\n",
+            sleeping_attempts=1,
         )
         running.start(running.write_config(cfg), 2)
         first = first_start(running)

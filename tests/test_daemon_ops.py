@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgcrond.storage.embedded import LocalServer
-from tests.daemon_harness import PGCROND, cluster, wait_until
+from tests.daemon_harness import PGCROND, clear_of_a_minute_edge, cluster, quiet_cron, wait_until
 from tests.test_daemon import LEDGER, at, config
 
 pytestmark = pytest.mark.slow
@@ -43,12 +43,13 @@ def test_trigger_from_three_shells_at_once_runs_the_job_once(
 ) -> None:
     jobs = (
         "  report:\n"
-        '    cron: "0 3 * * *"\n'
+        f'    cron: "{quiet_cron()}"\n'
         f"    entrypoint: {LEDGER}\n"
         '    env: {LEDGER_SLEEP: "1"}\n'
     )
     with cluster(pg_dsn, schema, tmp_path) as running:
         path = running.write_config(config(schema, jobs))
+        clear_of_a_minute_edge()
         shells = [
             subprocess.Popen(
                 [str(PGCROND), "trigger", "-c", str(path), "report", "--log-format", "json"],

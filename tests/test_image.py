@@ -281,6 +281,9 @@ def test_the_image_holds_no_compiler_no_pip_and_nothing_of_the_build_s_secrets(
 # --- three replicas in containers ---------------------------------------------
 
 TICK_EVERY_S = 2
+# Each look at a container's log runs `podman logs` (a Go binary, tens of ms of
+# CPU): at the harness's 50 ms, three containers' polls took a core from them.
+PODMAN_POLL_S = 0.5
 DRAIN_SLEEP_S = 4
 SHUTDOWN_GRACE_S = 20
 
@@ -321,7 +324,7 @@ class Container:
 
     def wait_event(self, name: str, timeout: float = 60) -> dict[str, Any]:
         found: list[dict[str, Any]] = wait_until(
-            lambda: self.events(name), timeout, f"{self.name}: {name}"
+            lambda: self.events(name), timeout, f"{self.name}: {name}", every=PODMAN_POLL_S
         )
         return found[0]
 
@@ -425,6 +428,7 @@ def test_three_replicas_in_containers_run_every_tick_once_and_drain_when_stopped
                          None),
             60,
             "the drain job to start",
+            every=PODMAN_POLL_S,
         )  # fmt: skip
         stop_started = time.monotonic()
         image.podman("stop", "--time", str(contract.SUPERVISOR_STOP_TIMEOUT_S), runner.name)

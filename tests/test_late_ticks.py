@@ -10,12 +10,17 @@ each; with ``late_ticks: all`` every tick inside ``misfire_grace`` runs.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from pgcrond.core.keys import Identity
@@ -23,7 +28,7 @@ from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.leases import LeaseStore
-from tests.daemon_harness import Cluster, cluster, wait_until
+from tests.daemon_harness import Cluster, Replica, cluster, wait_until
 from tests.store_helpers import open_store
 from tests.test_ticks import rows, tick_ago
 
@@ -125,76 +130,133 @@ def every_three_seconds(schema: str, late_ticks: str) -> str:
     )
 
 
-def gap_after_an_outage(
-    running: Cluster, late_ticks: str, outage: str
-) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
-    """One replica, away for 4 ticks (kill -9 then a restart, or SIGSTOP then SIGCONT).
+# The rows of the ticks after an outage began, and each tick's runs as lateness.
+Outcome = tuple[list[dict[str, Any]], dict[str, list[float]]]
 
-    Returns the rows of the ticks after the outage began, oldest first, and
-    each tick's runs as lateness in seconds (start minus tick, by the ledger).
+
+@dataclass
+class Outage:
+    """One lone replica's outage: kill -9 then a restart, or SIGSTOP then SIGCONT."""
+
+    running: Cluster
+    late_ticks: str
+    outage: str
+    path: Path
+    replica: Replica | None = None
+    down_from: datetime | None = None
+    back_at: datetime | None = None
+
+    def begin(self) -> None:
+        (self.replica,) = self.running.start(self.path)
+
+    def wait_first_tick(self) -> None:
+        wait_until(
+            lambda: self.running.rows("SELECT 1 FROM {leases} WHERE status = 'SUCCESS'"),
+            20,
+            f"{self.running.schema}: a first tick to run",
+        )
+
+    def go_away(self) -> None:
+        assert self.replica is not None
+        # A tick claimed just before the outage may be taken over after it: left out.
+        self.down_from = datetime.now(UTC) + timedelta(seconds=1)
+        if self.outage == "kill":
+            self.replica.signal(signal.SIGKILL)
+            self.replica.wait_exit(10)
+        else:
+            self.replica.signal(signal.SIGSTOP)
+
+    def come_back(self) -> None:
+        assert self.replica is not None
+        self.back_at = datetime.now(UTC)
+        if self.outage == "kill":
+            self.running.start(self.path, first=1)
+        else:
+            self.replica.signal(signal.SIGCONT)
+
+    def two_ticks_after_the_return(self) -> bool:
+        # Two ticks after the return have rows: the late ones were decided before.
+        assert self.back_at is not None
+        after_return = self.running.rows(
+            "SELECT 1 FROM {leases} WHERE run_key > %s AND status <> 'RUNNING'",
+            run_key_for(self.back_at),
+        )
+        return len(after_return) >= 2
+
+    def outcome(self) -> Outcome:
+        """The rows of the ticks after the outage began, oldest first, and each
+        tick's runs as lateness in seconds (start minus tick, by the ledger)."""
+        assert self.down_from is not None
+        after = run_key_for(self.down_from)
+        leases = self.running.rows(
+            # The newest tick may still be running: the ticks decided so far.
+            "SELECT run_key, status, reason FROM {leases} "
+            "WHERE run_key > %s AND status <> 'RUNNING' ORDER BY run_key",
+            after,
+        )
+        decided = {row["run_key"] for row in leases}
+        runs: dict[str, list[float]] = {}
+        for row in self.running.rows(
+            "SELECT run_key, at FROM {ledger} WHERE phase = 'start' AND run_key > %s", after
+        ):
+            tick = tick_of(row["run_key"])
+            assert tick is not None
+            if row["run_key"] not in decided:
+                continue
+            runs.setdefault(row["run_key"], []).append((row["at"] - tick).total_seconds())
+        return leases, runs
+
+
+# (late_ticks, outage): the scenarios the tests below judge.
+SCENARIOS = [("coalesce", "kill"), ("coalesce", "stop"), ("all", "kill")]
+
+
+@pytest.fixture(scope="module")
+def outages(
+    pg_dsn: str, tmp_path_factory: pytest.TempPathFactory, system_processes: None
+) -> Iterator[dict[tuple[str, str], Outcome]]:
+    """Three lone replicas, each in a schema of its own, away for the same 4 ticks.
+
+    The outages overlap in time instead of following one another: each is a
+    wait of 4 ticks that costs no CPU, and each replica has only its own
+    schema's rows to judge (three lone replicas, never a cluster of three).
     """
-    path = running.write_config(every_three_seconds(running.schema, late_ticks))
-    (replica,) = running.start(path)
-    wait_until(
-        lambda: running.rows("SELECT 1 FROM {leases} WHERE status = 'SUCCESS'"),
-        20,
-        "a first tick to run",
-    )
-    # A tick claimed just before the outage may be taken over after it: left out.
-    down_from = datetime.now(UTC) + timedelta(seconds=1)
-    if outage == "kill":
-        replica.signal(signal.SIGKILL)
-        replica.wait_exit(10)
-    else:
-        replica.signal(signal.SIGSTOP)
-    time.sleep(4 * EVERY + 0.5)
-    back_at = datetime.now(UTC)
-    if outage == "kill":
-        running.start(path, first=1)
-    else:
-        replica.signal(signal.SIGCONT)
-    # Two ticks after the return have rows: the late ones were decided before.
-    wait_until(
-        lambda: (
-            len(
-                running.rows(
-                    "SELECT 1 FROM {leases} WHERE run_key > %s AND status <> 'RUNNING'",
-                    run_key_for(back_at),
-                )
-            )
-            >= 2
-        ),
-        30,
-        "two ticks after the return",
-    )
-    after = run_key_for(down_from)
-    leases = running.rows(
-        # The newest tick may still be running: the ticks decided so far.
-        "SELECT run_key, status, reason FROM {leases} WHERE run_key > %s AND status <> 'RUNNING' "
-        "ORDER BY run_key",
-        after,
-    )
-    decided = {row["run_key"] for row in leases}
-    runs: dict[str, list[float]] = {}
-    for row in running.rows(
-        "SELECT run_key, at FROM {ledger} WHERE phase = 'start' AND run_key > %s", after
-    ):
-        tick = tick_of(row["run_key"])
-        assert tick is not None
-        if row["run_key"] not in decided:
-            continue
-        runs.setdefault(row["run_key"], []).append((row["at"] - tick).total_seconds())
-    return leases, runs
+    with contextlib.ExitStack() as stack:
+        scenarios = []
+        for late_ticks, outage in SCENARIOS:
+            schema = f"late_{late_ticks}_{outage}_{uuid.uuid4().hex[:8]}"
+            stack.callback(drop_schema, pg_dsn, schema)
+            workdir = tmp_path_factory.mktemp(f"late-{late_ticks}-{outage}")
+            running = stack.enter_context(cluster(pg_dsn, schema, workdir))
+            path = running.write_config(every_three_seconds(schema, late_ticks))
+            scenarios.append(Outage(running, late_ticks, outage, path))
+        for scenario in scenarios:
+            scenario.begin()
+        for scenario in scenarios:
+            scenario.wait_first_tick()
+        for scenario in scenarios:
+            scenario.go_away()
+        time.sleep(4 * EVERY + 0.5)  # the outage: 4 ticks are its subject
+        for scenario in scenarios:
+            scenario.come_back()
+        for scenario in scenarios:
+            wait_until(scenario.two_ticks_after_the_return, 30, "two ticks after the return")
+        yield {(s.late_ticks, s.outage): s.outcome() for s in scenarios}
+
+
+def drop_schema(dsn: str, schema: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("system_processes")
 @pytest.mark.parametrize("outage", ["kill", "stop"])
 def test_a_lone_replica_back_from_an_outage_runs_one_late_tick_and_records_the_rest_coalesced(
-    pg_dsn: str, schema: str, tmp_path: Path, outage: str
+    outages: dict[tuple[str, str], Outcome],
+    outage: str,
 ) -> None:
-    with cluster(pg_dsn, schema, tmp_path) as running:
-        leases, runs = gap_after_an_outage(running, "coalesce", outage)
+    leases, runs = outages["coalesce", outage]
     coalesced = [row["run_key"] for row in leases if row["reason"] == "coalesced"]
     # The ticks that fell while the replica was away are recorded
     # MISSED/coalesced, all but the newest; from it on, every tick ran once.
@@ -213,10 +275,9 @@ def test_a_lone_replica_back_from_an_outage_runs_one_late_tick_and_records_the_r
 @pytest.mark.slow
 @pytest.mark.usefixtures("system_processes")
 def test_with_late_ticks_all_every_tick_inside_the_grace_runs_after_an_outage(
-    pg_dsn: str, schema: str, tmp_path: Path
+    outages: dict[tuple[str, str], Outcome],
 ) -> None:
-    with cluster(pg_dsn, schema, tmp_path) as running:
-        leases, runs = gap_after_an_outage(running, "all", "kill")
+    leases, runs = outages["all", "kill"]
     assert len(leases) >= 6
     assert {"SUCCESS"} == {row["status"] for row in leases}
     assert all(len(runs.get(row["run_key"], [])) == 1 for row in leases)
