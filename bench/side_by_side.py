@@ -291,7 +291,12 @@ class Pgcrond(Scheduler):
         lines = ["database: {url: '${PGCROND_DATABASE_URL}'}"]
         if self.scenario.spread is not None:
             lines.append(f"spread: {self.scenario.spread}")
-        lines += ["defaults:", f"  concurrency: {self.scenario.concurrency}"]
+        lines += [
+            "defaults:",
+            f"  concurrency: {self.scenario.concurrency}",
+            # The ledger job reads its database from the run's environment.
+            "  env_passthrough: [BENCH_LEDGER_DSN, PYTHONPATH]",
+        ]
         if self.scenario.lease:  # pgcrond's default is 1m
             lines.append(f"  lease: {self.scenario.lease}")
         lines.append("jobs:")
