@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pgcrond.core.actions import Action, Committed, SqlWork
 from pgcrond.core.cancel import Cancellation
+from pgcrond.run.output import Capture, OutputTail
 
 Outcome = Literal["success", "fail", "timeout", "cancelled"]
 
@@ -60,6 +61,8 @@ class RunResult:
     # Retry-After), or never (a failure no retry can fix).
     retry_after: timedelta | None = None
     permanent: bool = False
+    # The attempt's output as its record keeps it (pgcrond.run.output).
+    output: OutputTail = field(default_factory=OutputTail, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,16 @@ class Ending:
 class Watch:
     """Waits for the work, the cancellation or the timeout, whichever comes first."""
 
-    def __init__(self, request: RunRequest, cancellation: Cancellation, started: float) -> None:
+    def __init__(
+        self,
+        request: RunRequest,
+        cancellation: Cancellation,
+        started: float,
+        output: Capture | None = None,
+    ) -> None:
         self.cancellation = cancellation
+        # Where every way of running puts what the attempt record keeps.
+        self.output = Capture() if output is None else output
         self.grace = request.stop_grace.total_seconds()
         self._timeout = request.timeout
         self._deadline = (

@@ -40,6 +40,7 @@ from structlog.typing import FilteringBoundLogger
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.redaction import MIN_FRAGMENT, scrub
 from pgcrond.run.attempt import Ending, RunRequest, Watch
+from pgcrond.run.output import http_response
 
 if TYPE_CHECKING:
     import httpx
@@ -189,6 +190,7 @@ async def run_http(
         # The environment the value came from will not change before a retry.
         return Ending("fail", f"http: {exc}", permanent=True)
     secrets = header_secrets(action, environ)
+    watch.output.hide(secrets)
     shown_url = action.shown_url
     log.debug(
         "http_request",
@@ -227,6 +229,16 @@ async def run_http(
         return Ending("fail", error)
     status = response.status_code
     success = status in action.expect
+    watch.output.feed(
+        "stdout",
+        http_response(
+            response.http_version,
+            status,
+            response.reason_phrase,
+            redact_headers(response.headers).items(),
+            response.content,
+        ),
+    )
     level = log.info if success else log.warning
     level(
         "http_response",

@@ -42,12 +42,13 @@ from pgcrond.core.actions import (
     SqlAction,
 )
 from pgcrond.core.cancel import Cancellation
-from pgcrond.core.redaction import holds_connection_secret
+from pgcrond.core.redaction import MIN_FRAGMENT, holds_connection_secret
 from pgcrond.run import leftovers
 from pgcrond.run.attempt import Ending, RunRequest, RunResult, Watch
 from pgcrond.run.context import ENV_PREFIX, RunContext
 from pgcrond.run.entrypoints import resolve
 from pgcrond.run.isolated import describe
+from pgcrond.run.output import Capture, Stream
 
 # Never handed to a job unless its own `env` sets them: pgcrond's settings
 # (PGCROND_*), the libpq secrets the daemon itself connects with, and any
@@ -92,10 +93,11 @@ async def execute(request: RunRequest, cancellation: Cancellation) -> RunResult:
     """Run ``request.action`` to its end, or until the cancellation or the timeout stops it."""
     started = time.monotonic()
     log = _log.bind(job=request.job, run_key=request.run_key, attempt=request.attempt)
+    output = Capture(_secret_values(request.env))
     if cancellation.is_set():
         ending = Ending("cancelled", f"cancelled: {cancellation.reason}")
     else:
-        ending = await _execute(request, cancellation, log, started)
+        ending = await _execute(request, cancellation, log, started, output)
     return RunResult(
         outcome=ending.outcome,
         error=ending.error,
@@ -103,11 +105,23 @@ async def execute(request: RunRequest, cancellation: Cancellation) -> RunResult:
         duration_s=time.monotonic() - started,
         retry_after=ending.retry_after,
         permanent=ending.permanent,
+        output=output.tail(),
     )
 
 
+def _secret_values(job_env: Mapping[str, str]) -> list[str]:
+    """The job's own ``env:`` values that look secret by name: scrubbed from its output record."""
+    from pgcrond.run.http_action import is_secret_header  # the one list of secret-looking names
+
+    return [v for n, v in job_env.items() if is_secret_header(n) and len(v) >= MIN_FRAGMENT]
+
+
 async def _execute(
-    request: RunRequest, cancellation: Cancellation, log: FilteringBoundLogger, started: float
+    request: RunRequest,
+    cancellation: Cancellation,
+    log: FilteringBoundLogger,
+    started: float,
+    output: Capture,
 ) -> Ending:
     deadline = None if request.timeout is None else datetime.now(UTC) + request.timeout
     context = RunContext(
@@ -124,7 +138,7 @@ async def _execute(
         cancelled=cancellation,
     )
     environ = job_environ(request.env, context.environ(), os.environ)
-    watch = Watch(request, cancellation, started)
+    watch = Watch(request, cancellation, started, output)
     action = request.action
     match action:
         case CommandAction(argv=argv):
@@ -134,7 +148,13 @@ async def _execute(
         case EntrypointAction(target=target, isolate=True):
             return await _run_isolated(target, environ, request, watch, log)
         case EntrypointAction(target=target):
-            context = dataclasses.replace(context, env=MappingProxyType(environ))
+            lines = _OutputBudget(log).emit
+            context = dataclasses.replace(
+                context,
+                env=MappingProxyType(environ),
+                stdout=output.writer("stdout", lines),
+                stderr=output.writer("stderr", lines),
+            )
             return await _run_entrypoint(target, context, request, watch, log)
         case SqlAction():
             # Imported here: the runner itself needs neither, nor does `check`.
@@ -213,7 +233,7 @@ async def _run_process(
     to_close = [out_write, err_write] if hand_over is None else [out_write, err_write, hand_over]
     stdout, stdout_transport = await _pipe_reader(out_read)
     stderr, stderr_transport = await _pipe_reader(err_read)
-    budget = _OutputBudget(log)
+    budget = _OutputBudget(log, watch.output)
     pumps = asyncio.gather(_pump(stdout, "stdout", budget), _pump(stderr, "stderr", budget))
     try:
         try:
@@ -323,12 +343,14 @@ def _signal_name(signum: int) -> str:
 class _OutputBudget:
     """Bytes of output one run may still log, shared by stdout and stderr."""
 
-    def __init__(self, log: FilteringBoundLogger) -> None:
+    def __init__(self, log: FilteringBoundLogger, output: Capture | None = None) -> None:
         self.log = log
+        # The attempt record's copy, which sees every byte, past the log's caps too.
+        self.output = output
         self.remaining = OUTPUT_RUN_CAP
         self.exhausted = False
 
-    def emit(self, stream: str, line: bytes) -> None:
+    def emit(self, stream: Stream, line: bytes) -> None:
         if self.exhausted:
             return
         truncated = len(line) > OUTPUT_LINE_CAP
@@ -347,13 +369,15 @@ class _OutputBudget:
             self.log.info("job_output", stream=stream, line=text)
 
 
-async def _pump(reader: asyncio.StreamReader, stream: str, budget: _OutputBudget) -> None:
+async def _pump(reader: asyncio.StreamReader, stream: Stream, budget: _OutputBudget) -> None:
     # Hand-rolled line splitting: StreamReader.readline() raises on lines
     # longer than its limit, and buffering a whole long line would let a
     # single line of gigabytes live in memory.
     pending = b""
     skipping = False  # inside a long line whose head was already logged
     while chunk := await reader.read(_READ_CHUNK):
+        if budget.output is not None:
+            budget.output.feed(stream, chunk)
         if budget.exhausted:
             continue
         *lines, pending = (pending + chunk).split(b"\n")

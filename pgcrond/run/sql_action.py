@@ -66,6 +66,7 @@ async def run_sql(
         statement_timeout=action.statement_timeout,
         role=action.role,
         idle_timeout=min(_MAX_IDLE, request.stop_grace),
+        output=watch.output.feed,
     )
     limited = dataclasses.replace(request, timeout=action.statement_timeout + _CLIENT_MARGIN)
     started = time.monotonic()
