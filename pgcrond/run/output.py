@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pgcrond.core.actions import OutputStream
@@ -76,8 +76,8 @@ class StreamTail:
 class OutputTail:
     """What an attempt's output record keeps: both streams, bounded and redacted."""
 
-    stdout: StreamTail = StreamTail()
-    stderr: StreamTail = StreamTail()
+    stdout: StreamTail = field(default_factory=StreamTail)
+    stderr: StreamTail = field(default_factory=StreamTail)
 
     def streams(self, failing_first: bool = False) -> list[tuple[Stream, StreamTail]]:
         """The streams in the order to show them: stderr first for a failed attempt."""
@@ -111,7 +111,11 @@ def shown(data: bytes) -> str:
     is written as ``\\xNN`` / ``\\uNNNN``, and bytes that are not UTF-8 as
     ``\\xNN``, so what is shown is what the job wrote, visibly.
     """
-    text = data.decode("utf-8", "backslashreplace").replace("\r\n", "\n")
+    return safe(data.decode("utf-8", "backslashreplace").replace("\r\n", "\n"))
+
+
+def safe(text: str) -> str:
+    """``text`` with every character :func:`shown` escapes escaped (an error message, a name)."""
     return _UNSAFE.sub(_escape, text)
 
 

@@ -12,7 +12,7 @@ the finalize's columns and reads the records back for ``pgcrond logs``,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pgcrond.run.attempt import RunResult
@@ -32,7 +32,7 @@ class AttemptEnd:
 
     exit_code: int | None = None
     duration_s: float | None = None
-    output: OutputTail = OutputTail()
+    output: OutputTail = field(default_factory=OutputTail)
 
     @classmethod
     def of(cls, result: RunResult | None) -> AttemptEnd | None:

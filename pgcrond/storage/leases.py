@@ -269,7 +269,7 @@ class LeaseStore:
         ``end`` (here and for :meth:`fail` and :meth:`release`): what the
         attempt left, for its attempt record, closed in the same statement.
         """
-        return await self._finalize(lease, "SUCCESS", None, None, None, end)
+        return await self._finalize(lease, "SUCCESS", None, None, None, end=end)
 
     async def close_attempt(self, lease: Acquired, status: str, end: AttemptEnd | None) -> None:
         """Tell a finished attempt's record what it left (an sql: job's committed SUCCESS)."""
@@ -297,12 +297,12 @@ class LeaseStore:
         end: AttemptEnd | None = None,
     ) -> bool:
         """Record FAIL; False when fenced. ``retry_after=None`` makes the failure final."""
-        return await self._finalize(lease, "FAIL", reason, error, retry_after, end)
+        return await self._finalize(lease, "FAIL", reason, error, retry_after, end=end)
 
     async def release(self, lease: Acquired, end: AttemptEnd | None = None) -> bool:
         """Give a running claim back (e.g. at shutdown) so that a survivor may take it."""
         return await self._finalize(
-            lease, "FAIL", "released", "released by its owner", timedelta(0), end
+            lease, "FAIL", "released", "released by its owner", timedelta(0), end=end
         )
 
     async def give_back(self, lease: Acquired, late_after: datetime) -> str | None:
@@ -325,7 +325,8 @@ class LeaseStore:
         reason: str | None,
         error: str | None,
         retry_after: timedelta | None,
-        end: AttemptEnd | None = None,
+        *,
+        end: AttemptEnd | None,
     ) -> bool:
         """Record an outcome; co-finishing runs share one statement (see FINALIZE_LINGER_S)."""
         self._unfinalized.discard(lease)
