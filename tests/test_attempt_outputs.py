@@ -1,0 +1,203 @@
+"""Every way of running leaves the same attempt record: retries, entrypoints, ``sql:``, ``http:``.
+
+Each job is run by the real CLI (``pgcrond trigger``: one run here, through the
+lease guard, its own retries followed) and its records are read back with
+``pgcrond logs --json`` and ``pgcrond history --json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgcrond.run.output import HTTP_BODY_BYTES
+from tests.daemon_harness import PGCROND, ROOT
+
+pytestmark = pytest.mark.usefixtures("subprocesses")
+
+# Entrypoints for the jobs below, importable by the CLI (PYTHONPATH).
+JOBS_MODULE = '''
+import sys
+
+
+def in_process(ctx):
+    print("in-process out, attempt", ctx.attempt, file=ctx.stdout)
+    ctx.stderr.write("in-process err\\n")
+    raise ValueError("boom")
+
+
+def isolated(ctx):
+    print("isolated out")
+    print("isolated err", file=sys.stderr)
+    raise RuntimeError("isolated boom")
+'''
+
+
+class Server:
+    """Answers every request 500 with a cookie and a long body."""
+
+    BODY = b"<h1>down</h1>" + b"." * 3000
+
+    def __init__(self) -> None:
+        body = self.BODY
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                self.send_response(500)
+                self.send_header("Set-Cookie", "session=very-secret-cookie")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/run"
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    found = Server()
+    thread = threading.Thread(target=found.httpd.serve_forever, daemon=True)
+    thread.start()
+    yield found
+    found.httpd.shutdown()
+
+
+@pytest.fixture
+def setup(pg_dsn: str, schema: str, tmp_path: Path, server: Server) -> Path:
+    (tmp_path / "attempt_jobs.py").write_text(JOBS_MODULE)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        conn.execute(f'CREATE TABLE "{schema}".things (n int)')
+        conn.execute(
+            f'CREATE FUNCTION "{schema}".noisy() RETURNS int LANGUAGE plpgsql AS '
+            "$$BEGIN RAISE NOTICE 'hello from sql'; RETURN 1; END$$"
+        )
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        f"""\
+database: {{url: "${{PGCROND_DATABASE_URL}}", schema: {schema}}}
+jobs:
+  retried:
+    cron: "0 0 1 1 *"
+    shell: |
+      echo "try $PGCRON_ATTEMPT"
+      echo "failing $PGCRON_ATTEMPT" >&2
+      [ "$PGCRON_ATTEMPT" -ge 2 ]
+    retries: 1
+    retry_delay: 100ms
+  in-process:
+    cron: "0 0 1 1 *"
+    entrypoint: attempt_jobs:in_process
+  isolated:
+    cron: "0 0 1 1 *"
+    entrypoint: attempt_jobs:isolated
+    isolate: true
+  sql-job:
+    cron: "0 0 1 1 *"
+    sql: 'SELECT "{schema}".noisy(); INSERT INTO "{schema}".things SELECT generate_series(1, 3)'
+  http-job:
+    cron: "0 0 1 1 *"
+    http: {{url: "{server.url}", timeout: 5s}}
+"""
+    )
+    migrated = pgcrond(path, pg_dsn, "migrate")
+    assert 0 == migrated.returncode, migrated.stderr
+    return path
+
+
+def pgcrond(path: Path, pg_dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGCROND_")}
+    env["PGCROND_DATABASE_URL"] = pg_dsn
+    env["PYTHONPATH"] = f"{path.parent}{os.pathsep}{ROOT}"
+    return subprocess.run(
+        [str(PGCROND), *args, "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+
+
+def logs(path: Path, pg_dsn: str, code: str, *args: str) -> dict[str, Any]:
+    done = pgcrond(path, pg_dsn, "logs", code, "--json", *args)
+    assert 0 == done.returncode, done.stderr
+    entry: dict[str, Any] = json.loads(done.stdout)
+    return entry
+
+
+def trigger(path: Path, pg_dsn: str, code: str) -> int:
+    return pgcrond(path, pg_dsn, "trigger", code, "--run-key", "by-test").returncode
+
+
+def test_a_retried_tick_keeps_both_attempts_records(setup: Path, pg_dsn: str) -> None:
+    assert 0 == trigger(setup, pg_dsn, "retried"), "the retry succeeded"
+    first = logs(setup, pg_dsn, "retried", "--run-key", "by-test", "--attempt", "1")
+    second = logs(setup, pg_dsn, "retried", "--run-key", "by-test")
+    assert ("fail", 1, "exit status 1") == (first["status"], first["exit_code"], first["error"])
+    assert "try 1\n" == first["output"]["stdout"]["text"]
+    assert "failing 1\n" == first["output"]["stderr"]["text"]
+    assert (2, "success", 0) == (second["attempt"], second["status"], second["exit_code"])
+    assert "try 2\n" == second["output"]["stdout"]["text"]
+    assert "SUCCESS" == second["tick_status"]
+    history = pgcrond(setup, pg_dsn, "history", "--job", "retried", "--json")
+    [tick] = json.loads(history.stdout)
+    assert [(1, "fail"), (2, "success")] == [(a["attempt"], a["status"]) for a in tick["attempts"]]
+
+
+def test_an_in_process_entrypoint_keeps_what_it_wrote_to_its_contexts_streams(
+    setup: Path, pg_dsn: str
+) -> None:
+    assert 1 == trigger(setup, pg_dsn, "in-process")
+    entry = logs(setup, pg_dsn, "in-process")
+    assert ("fail", "ValueError: boom") == (entry["status"], entry["error"])
+    assert "in-process out, attempt 1\n" == entry["output"]["stdout"]["text"]
+    assert "in-process err\n" == entry["output"]["stderr"]["text"]
+
+
+def test_an_isolated_entrypoint_keeps_its_processs_output(setup: Path, pg_dsn: str) -> None:
+    assert 1 == trigger(setup, pg_dsn, "isolated")
+    entry = logs(setup, pg_dsn, "isolated")
+    assert "fail" == entry["status"]
+    assert "RuntimeError: isolated boom" in entry["error"]
+    assert "isolated out\n" == entry["output"]["stdout"]["text"]
+    assert entry["output"]["stderr"]["text"].startswith("isolated err\n")
+
+
+def test_an_sql_jobs_record_holds_its_command_tags_and_notices(setup: Path, pg_dsn: str) -> None:
+    assert 0 == trigger(setup, pg_dsn, "sql-job")
+    entry = logs(setup, pg_dsn, "sql-job")
+    assert "success" == entry["status"]
+    assert (
+        "statement 1: SELECT 1 (1 row)\nstatement 2: INSERT 0 3 (3 rows)\n"
+        == entry["output"]["stdout"]["text"]
+    )
+    assert "NOTICE: hello from sql\n" == entry["output"]["stderr"]["text"]
+
+
+def test_an_http_jobs_record_holds_the_status_line_redacted_headers_and_the_first_kib(
+    setup: Path, pg_dsn: str, server: Server
+) -> None:
+    assert 1 == trigger(setup, pg_dsn, "http-job")
+    entry = logs(setup, pg_dsn, "http-job")
+    text = entry["output"]["stdout"]["text"]
+    head, _, body = text.partition("\n\n")
+    assert head.startswith("HTTP/1.0 500 Internal Server Error\n"), head
+    assert "set-cookie: ***" in head
+    assert "very-secret-cookie" not in text
+    assert body.startswith(Server.BODY[:HTTP_BODY_BYTES].decode())
+    assert body.endswith(f"[… {len(Server.BODY) - HTTP_BODY_BYTES} more bytes of body …]")
+    assert entry["error"].startswith("http: 500 Internal Server Error")
