@@ -25,7 +25,7 @@ from tests.daemon_harness import PGCROND, ROOT
 pytestmark = pytest.mark.usefixtures("subprocesses")
 
 # Entrypoints for the jobs below, importable by the CLI (PYTHONPATH).
-JOBS_MODULE = '''
+JOBS_MODULE = """
 import sys
 
 
@@ -39,7 +39,7 @@ def isolated(ctx):
     print("isolated out")
     print("isolated err", file=sys.stderr)
     raise RuntimeError("isolated boom")
-'''
+"""
 
 
 class Server:

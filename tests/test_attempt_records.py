@@ -132,10 +132,14 @@ def test_a_failing_jobs_output_on_both_streams_is_shown_by_logs_history_the_page
     assert NOISY_STDERR == entry["output"]["stderr"]["text"]
 
     assert 0 == history.returncode, history.stderr
+    # Under the failed tick, its attempt: how it ended and the last line it printed.
     assert "└ fail" in history.stdout and "exit 3" in history.stdout
+    assert "exit status 3 › err: \\x1b[31mred" in history.stdout
+    assert "\x1b" not in history.stdout
     [tick] = json.loads(history_json.stdout)
     [kept] = tick["attempts"]
     assert ("fail", 3, "exit status 3") == (kept["status"], kept["exit_code"], kept["error"])
+    assert NOISY_STDERR == kept["output"]["stderr"]["text"]
 
     if page is None:
         pytest.skip("headless Chromium is not installed: the page was not checked")
@@ -155,14 +159,14 @@ def _page(address: str, tmp_path: Path) -> dict[str, Any]:
     try:
         status = browser.load(f"http://{address}{job_path('noisy')}")
         query = "[...document.querySelectorAll('.attempt details.stream')]"
-        seen = browser.evaluate(
+        script = (
             "(() => { const d = QUERY; return {"
             "classes: d.map(e => [...e.classList]),"
             "open: d.map(e => e.open),"
             "injected: document.querySelectorAll('.attempt pre b').length,"
             "texts: d.map(e => e.querySelector('pre').textContent.replace(/\\n$/, '')) }; })()"
-            .replace("QUERY", query)
         )
+        seen = browser.evaluate(script.replace("QUERY", query))
         browser.evaluate(f"{query}[0].querySelector('summary').click()")
         height = browser.evaluate(f"{query}[0].querySelector('pre').offsetHeight")
     finally:
@@ -222,9 +226,7 @@ def test_a_replica_killed_mid_attempt_leaves_a_lost_record_and_the_takeover_keep
     with cluster(pg_dsn, schema, tmp_path) as running:
         running.start(running.write_config(config(schema, jobs)), 2)
         started = wait_until(
-            lambda: next(
-                ((r, e) for r in running.replicas for e in r.events("run_started")), None
-            ),
+            lambda: next(((r, e) for r in running.replicas for e in r.events("run_started")), None),
             30,
             "the first attempt to start",
         )

@@ -93,7 +93,8 @@ def test_a_secret_straddling_the_cut_to_the_tail_is_still_redacted() -> None:
 def test_invalid_utf8_nuls_and_terminal_escapes_are_shown_as_visible_escapes() -> None:
     written = b"ok\ttab\r\nred: \x1b[31mRED\x1b[0m nul:\x00 bad:\xff\xfe csi:\xc2\x9b bell:\x07\n"
     text = shown(written)
-    assert "ok\ttab\nred: \\x1b[31mRED\\x1b[0m nul:\\x00 bad:\\xff\\xfe csi:\\x9b bell:\\x07\n" == text
+    expected = "ok\ttab\nred: \\x1b[31mRED\\x1b[0m nul:\\x00 bad:\\xff\\xfe csi:\\x9b bell:\\x07\n"
+    assert expected == text
     assert not any(ord(c) < 32 and c not in "\n\t" for c in text)
     # JSON carries the same text, with nothing a terminal would act on.
     assert "\\u001b" not in json.dumps(text)
@@ -105,7 +106,7 @@ def test_an_in_process_entrypoints_writers_log_each_line_and_keep_every_byte() -
     capture = Capture()
     out = capture.writer("stdout", lambda stream, line: told.append((stream, line)))
     err = capture.writer("stderr", lambda stream, line: told.append((stream, line)))
-    print("first", file=out)  # type: ignore[arg-type]  # print() wants a SupportsWrite[str]
+    print("first", file=out)
     out.write("half ")
     err.write("oops\n")
     out.write("line")
