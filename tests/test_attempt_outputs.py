@@ -21,6 +21,7 @@ import pytest
 
 from pgcrond.run.output import HTTP_BODY_BYTES
 from tests.daemon_harness import PGCROND, ROOT
+from tests.jobs_fixture import docs_example
 
 pytestmark = pytest.mark.usefixtures("subprocesses")
 
@@ -201,3 +202,28 @@ def test_an_http_jobs_record_holds_the_status_line_redacted_headers_and_the_firs
     assert body.startswith(Server.BODY[:HTTP_BODY_BYTES].decode())
     assert body.endswith(f"[… {len(Server.BODY) - HTTP_BODY_BYTES} more bytes of body …]")
     assert entry["error"].startswith("http: 500 Internal Server Error")
+
+
+def test_the_jobs_md_example_leaves_the_record_the_page_shows(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """docs/jobs.md "What a job leaves behind": its job, run, and `pgcrond logs` as shown."""
+    path = tmp_path / "export.yaml"
+    path.write_text(
+        f'database: {{url: "${{PGCROND_DATABASE_URL}}", schema: {schema}}}\n'
+        + docs_example("leaves-behind")
+    )
+    assert 0 == pgcrond(path, pg_dsn, "migrate").returncode
+    ran = pgcrond(path, pg_dsn, "trigger", "export", "--run-key", "2026-12-02T02:30:00Z")
+    assert 1 == ran.returncode, ran.stderr
+    shown = pgcrond(path, pg_dsn, "logs", "export")
+    assert 0 == shown.returncode, shown.stderr
+    command, header, started, *body = docs_example("leaves-behind-logs").splitlines()
+    assert "$ pgcrond logs export" == command
+    lines = shown.stdout.splitlines()
+    # The header names a replica, the next line times: the same words around them.
+    assert lines[0].startswith(header.split(" on ")[0] + " on ")
+    outcome = ": FAIL: exit status 3"
+    assert header.endswith(outcome) and lines[0].endswith(outcome)
+    assert lines[1].startswith("started ") and started.startswith("started ")
+    assert body == lines[2:]
