@@ -70,8 +70,8 @@ async def _newest(args: argparse.Namespace, target: Target, store: LeaseStore) -
             if part
         )
         raise CommandError(
-            f"no attempt record of {which} in {target.table_name} "
-            "(kept from pgcrond 0008 on, lease guard only, pruned with the history; "
+            f"no attempt record of {which} in {target.table_name} (records are kept for "
+            "runs under the lease guard, and pruned with the history; "
             f"see `pgcrond history --job {args.job}`)"
         )
     return found[0]

@@ -1076,18 +1076,23 @@ SET status = %(status)s,
 WHERE lease_id = %(id)s AND fencing_token = %(fencing_token)s
 
 -- name: attempts
--- One job's attempt records, newest first, with their output (`pgcrond logs`):
--- of one run key and one attempt number when given (NULL: any).
+-- One job's attempt records, newest first, with their output (`pgcrond logs`,
+-- the status page): of one run key and one attempt number when given (NULL:
+-- any). Ticks are walked newest first through the (code, acquired_at) index
+-- and each one's records read by its key, so the cost grows with what is
+-- shown, not with the job's history.
 SELECT l.code, l.type, l.run_key, l.status AS tick_status, a.lease_id, a.fencing_token,
        a.attempt, a.replica, a.started_at, a.finished_at, a.status, a.error, a.exit_code,
        a.duration_ms, a.stdout_head, a.stdout_tail, a.stdout_dropped, a.stderr_head,
        a.stderr_tail, a.stderr_dropped
-FROM {attempts} a
-JOIN {table} l ON l.id = a.lease_id
+FROM {table} l
+JOIN LATERAL (
+    SELECT * FROM {attempts} r
+    WHERE r.lease_id = l.id AND (%(attempt)s::integer IS NULL OR r.attempt = %(attempt)s)
+) a ON true
 WHERE l.code = %(code)s
   AND (%(run_key)s::text IS NULL OR l.run_key = %(run_key)s)
-  AND (%(attempt)s::integer IS NULL OR a.attempt = %(attempt)s)
-ORDER BY a.started_at DESC, a.fencing_token DESC
+ORDER BY l.acquired_at DESC, l.id DESC, a.fencing_token DESC
 LIMIT %(limit)s
 
 -- name: attempts_of
