@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from pgcrond.run.output import HTTP_BODY_BYTES
-from tests.daemon_harness import PGCROND, ROOT
+from tests.daemon_harness import PGCROND, ROOT, wait_until
 from tests.jobs_fixture import docs_example
 
 pytestmark = pytest.mark.usefixtures("subprocesses")
@@ -227,3 +227,68 @@ def test_the_jobs_md_example_leaves_the_record_the_page_shows(
     assert header.endswith(outcome) and lines[0].endswith(outcome)
     assert lines[1].startswith("started ") and started.startswith("started ")
     assert body == lines[2:]
+
+
+def test_logs_follow_says_it_cannot_stream_waits_for_the_attempt_and_prints_its_output(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    path = tmp_path / "held.yaml"
+    path.write_text(
+        f'database: {{url: "${{PGCROND_DATABASE_URL}}", schema: {schema}}}\n'
+        "jobs:\n"
+        "  held:\n"
+        '    cron: "0 0 1 1 *"\n'
+        "    shell: |\n"
+        "      echo waiting\n"
+        '      read line < "$RELEASE"\n'
+        '      echo "released: $line"\n'
+        f'    env: {{RELEASE: "{fifo}"}}\n'
+    )
+    assert 0 == pgcrond(path, pg_dsn, "migrate").returncode
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGCROND_")}
+    env["PGCROND_DATABASE_URL"] = pg_dsn
+    command = [str(PGCROND), "-c", str(path)]
+    with subprocess.Popen(
+        [*command[:1], "trigger", "held", "--run-key", "by-test", *command[1:]],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as trigger_run:
+        # A failed assertion must not leave the job blocked on its FIFO (and
+        # --follow waiting for it) forever: both are killed after a minute.
+        started = [trigger_run]
+        stopper = threading.Timer(60, lambda: [p.kill() for p in started])
+        stopper.start()
+        wait_until(lambda: _running(pg_dsn, schema), 20, "the attempt to start")
+        shown = pgcrond(path, pg_dsn, "logs", "held")
+        assert "(still running: its output is stored when it ends" in shown.stdout
+        with subprocess.Popen(
+            [*command[:1], "logs", "held", "--follow", *command[1:]],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as follow:
+            started.append(follow)
+            assert follow.stderr is not None
+            said = follow.stderr.readline()  # said before it waits
+            assert "cannot be streamed from here" in said
+            assert "job_output events" in said
+            with fifo.open("w") as release:
+                release.write("go\n")
+            out, _ = follow.communicate(timeout=30)
+        assert 0 == trigger_run.wait(30)
+        stopper.cancel()
+    assert 0 == follow.returncode
+    assert "--- stdout\nwaiting\nreleased: go" in out
+    assert "SUCCESS" in out
+
+
+def _running(pg_dsn: str, schema: str) -> bool:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        found = conn.execute(
+            f"SELECT 1 FROM \"{schema}\".leases_attempts WHERE status = 'running'"
+        ).fetchone()
+    return found is not None
