@@ -258,8 +258,13 @@ def test_logs_follow_says_it_cannot_stream_waits_for_the_attempt_and_prints_its_
     ) as trigger_run:
         # A failed assertion must not leave the job blocked on its FIFO (and
         # --follow waiting for it) forever: both are killed after a minute.
-        started = [trigger_run]
-        stopper = threading.Timer(60, lambda: [p.kill() for p in started])
+        started: list[subprocess.Popen[Any]] = [trigger_run]
+
+        def stop_all() -> None:
+            for process in started:
+                process.kill()
+
+        stopper = threading.Timer(60, stop_all)
         stopper.start()
         wait_until(lambda: _running(pg_dsn, schema), 20, "the attempt to start")
         shown = pgcrond(path, pg_dsn, "logs", "held")
