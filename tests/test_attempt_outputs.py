@@ -297,3 +297,21 @@ def _running(pg_dsn: str, schema: str) -> bool:
             f"SELECT 1 FROM \"{schema}\".leases_attempts WHERE status = 'running'"
         ).fetchone()
     return found is not None
+
+
+def test_pruning_a_tick_prunes_its_attempt_records(setup: Path, pg_dsn: str, schema: str) -> None:
+    assert 0 == trigger(setup, pg_dsn, "retried")
+    assert 2 == _records(pg_dsn, schema)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        # The tick finished two hours ago, as far as pruning can tell.
+        conn.execute(f"UPDATE \"{schema}\".leases SET finished_at = now() - interval '2h'")
+    pruned = pgcrond(setup, pg_dsn, "prune", "--older-than", "1h")
+    assert 0 == pruned.returncode, pruned.stderr
+    assert 0 == _records(pg_dsn, schema)
+
+
+def _records(pg_dsn: str, schema: str) -> int:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        found = conn.execute(f'SELECT count(*) FROM "{schema}".leases_attempts').fetchone()
+    assert found is not None
+    return int(found[0])
