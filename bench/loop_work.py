@@ -33,8 +33,8 @@ async def scrape_stall(jobs: int) -> tuple[int, float]:
     codes = [f"job-{n}" for n in range(jobs)]
     metrics.set_jobs(codes)
     for code in codes:
-        metrics.run_duration.labels(code).observe(1.0)
-        metrics.lateness.labels(code).observe(0.1)
+        metrics.last_duration.labels(code).set(1.0)
+        metrics.takeovers.labels(code).inc()
 
     async def ready() -> bool:
         return True

@@ -45,8 +45,8 @@ from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
-from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
+from pgcrond.events import FireEvents
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
 from pgcrond.run import leftovers
 from pgcrond.run.attempt import RunRequest, RunResult
@@ -87,21 +87,15 @@ class Firing:
     """Shared state of one replica: which guard decides, what to count, how to stop."""
 
     guards: Callable[[JobConfig], Guard]
-    metrics: Metrics
     replica: str
+    # Told what each fire decided and how each run ended (pgcrond/events.py):
+    # the daemon's metrics, accounting and failure hooks.
+    events: FireEvents = field(default_factory=FireEvents)
     # Set at shutdown: no new claims, followers give up, runs get stop_grace.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    running: dict[str, Cancellation] = field(default_factory=dict)
+    # The attempts running here: (identity, attempt) -> how to stop it.
+    running: dict[tuple[Identity, int], Cancellation] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
-    # Told of every tick no replica may run any more, (job, identity, tick,
-    # cause, recorded): recorded says the guard already stored it (MISSED).
-    on_miss: Callable[[JobConfig, Identity, datetime, str, bool], None] | None = None
-    # Told whether each database call got through (True) or found it
-    # unreachable (False): the daemon's outage window, for MISSED rows.
-    on_database: Callable[[bool], None] | None = None
-    # Told of every run that failed for good here (no retry follows): the
-    # daemon's on_failure hooks. Must not block: it is called on the loop.
-    on_failure: Callable[[JobConfig, Held, RunResult], None] | None = None
     _slots: dict[float, asyncio.Future[None]] = field(default_factory=dict, repr=False)
     # The one place that knows which identities this replica fires now: a
     # second fire of one (a request, catch-up, a resumed open tick) joins the
@@ -184,7 +178,7 @@ class Firing:
         on_start: Callable[[], Awaitable[None]] | None,
         superseded_at: datetime | None,
     ) -> FireOutcome:
-        self.metrics.fires.labels(job.code).inc()
+        self.events.fired(job)
         bound = log.bind(job=job.code, run_key=identity.run_key)
         if identity.type == "SCHEDULE" and not started:
             cause = self._given_up_here(job, tick, superseded_at)
@@ -234,11 +228,7 @@ class Firing:
         *,
         recorded: bool = False,
     ) -> FireOutcome:
-        self.metrics.missed.labels(job.code, cause).inc()
-        if cause == "late":
-            self.metrics.misfires.labels(job.code).inc()
-        if self.on_miss is not None:
-            self.on_miss(job, identity, tick, cause, recorded)
+        self.events.missed(job, identity, tick, cause, recorded)
         bound.warning(
             "tick_missed",
             cause=cause,
@@ -293,7 +283,7 @@ class Firing:
                 return outcome
             if isinstance(answer, Held):
                 if answer.identity.type == "INITIAL" or tick_of(answer.identity.run_key or ""):
-                    self.metrics.paused.labels(job.code).set(0)  # a tick ran: not paused
+                    self.events.paused(job, False)  # a tick ran: not paused
                 if on_start is not None and outcome is None:
                     await on_start()
                 outcome, retry = await self._run(job, guard, tick, answer)
@@ -320,7 +310,7 @@ class Firing:
                     )
                 return outcome
             if answer.reason == "paused":
-                self.metrics.paused.labels(job.code).set(1)
+                self.events.paused(job, True)
                 if follow and answer.status != "SKIPPED" and not job.suspended:
                     # A started tick (a takeover or retry due) or a run-once job:
                     # it waits for `pgcrond resume`, not for a replica's restart.
@@ -330,7 +320,7 @@ class Firing:
                     await self._wait_for_resume(bound, answer, resumes)
                     continue
             if answer.reason in ("overlap", "paused"):
-                self.metrics.skips.labels(job.code, answer.reason).inc()
+                self.events.skipped(job, answer.reason)
                 bound.info(
                     "tick_skipped",
                     reason=answer.reason,
@@ -341,7 +331,7 @@ class Firing:
                 return outcome or "skip"
             if outcome is None:
                 outcome = "lose"
-                self.metrics.losses.labels(job.code, answer.reason).inc()
+                self.events.claim_lost(job, answer.reason)
                 bound.debug(
                     "claim_lost",
                     reason=answer.reason,
@@ -428,9 +418,7 @@ class Firing:
         self, job: JobConfig, guard: Guard, tick: datetime, held: Held
     ) -> tuple[FireOutcome, bool]:
         """Run a won claim and record it; (what came of it, whether a retry follows)."""
-        self.metrics.wins.labels(job.code).inc()
-        if held.claimed_from == "takeover":
-            self.metrics.takeovers.labels(job.code).inc()
+        self.events.claim_won(job, held)
         result: RunResult | None = None
         try:
             async with guard.hold(held):
@@ -516,12 +504,12 @@ class Firing:
             return "lease_lost", False
         # The alert gauges: the table's truth at start, kept current by what
         # this replica records; a row with no retry time is a final failure.
-        self.metrics.alerts.recorded(job.code, kind, final=retry_after is None)
+        self.events.recorded(job, kind, final=retry_after is None)
         # A run-once job out of retries is retried by the next start, not now.
         retry = recorded == "retry" and held.attempt <= job.retries
-        if kind in ("fail", "timeout") and not retry and self.on_failure is not None:
+        if kind in ("fail", "timeout") and not retry:
             try:
-                self.on_failure(job, held, result)
+                self.events.failed_for_good(job, held, result)
             except Exception as exc:
                 bound.exception("failure_hook_crashed", error=_describe(exc))
         return result.outcome, retry
@@ -547,9 +535,7 @@ class Firing:
                 if not isinstance(exc, DatabaseUnavailable):
                     raise
 
-                if self.on_database is not None:
-                    self.on_database(False)
-                self.metrics.database_errors.labels(operation).inc()
+                self.events.database(operation, False)
                 log.warning(
                     "database_unavailable",
                     job=job.code,
@@ -569,8 +555,7 @@ class Firing:
                     retry_in_s=delay,
                 )
             else:
-                if self.on_database is not None:
-                    self.on_database(True)
+                self.events.database(operation, True)
                 return answer
             if deadline is not None and self.clock() + timedelta(seconds=delay) > deadline:
                 return None
@@ -625,9 +610,6 @@ class Firing:
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation
         fencing_token, claimed_from = held.fencing_token, held.claimed_from
         run_key = identity.run_key or ""
-        started = self.clock()
-        lateness = (started - tick).total_seconds()
-        self.metrics.lateness.labels(job.code).observe(max(lateness, 0.0))
         bound = log.bind(
             job=job.code,
             run_key=identity.run_key,
@@ -635,14 +617,23 @@ class Firing:
             attempt=attempt,
             replica=self.replica,
         )
-        bound.info(
-            "run_started",
-            guard=job.guard,
-            tick=tick.isoformat(),
-            lateness_ms=round(lateness * 1000, 1),
-            fencing_token=fencing_token,
-            claimed_from=claimed_from,
-        )
+        begun = False
+
+        def on_start() -> None:
+            # Said once the job is under way, not before: no log line delays a start.
+            nonlocal begun
+            begun = True
+            lateness = (self.clock() - tick).total_seconds()
+            self.events.run_started(job, lateness)
+            bound.info(
+                "run_started",
+                guard=job.guard,
+                tick=tick.isoformat(),
+                lateness_ms=round(lateness * 1000, 1),
+                fencing_token=fencing_token,
+                claimed_from=claimed_from,
+            )
+
         request = RunRequest(
             job=job.code,
             action=job.action,
@@ -660,19 +651,21 @@ class Firing:
             # An sql: action's statements commit with SUCCESS through the guard.
             commit=functools.partial(guard.commit_with, held),
         )
-        run_id = f"{identity}#{attempt}"
+        run_id = (identity, attempt)
         self.running[run_id] = cancellation
-        self.metrics.running.labels(job.code).inc()
         try:
-            result = await execute(request, cancellation)
+            result = await execute(request, cancellation, on_start)
+        except BaseException:
+            # A bug on the run path (recorded by _run as this run's failure).
+            if begun:
+                self.events.run_finished(job, "fail", 0.0)
+            raise
         finally:
-            self.metrics.running.labels(job.code).dec()
             del self.running[run_id]
         outcome: str = result.outcome
         if outcome == "cancelled" and cancellation.reason in _LOST_REASONS:
             outcome = "lease_lost"
-        self.metrics.run_duration.labels(job.code).observe(result.duration_s)
-        self.metrics.runs.labels(job.code, outcome).inc()
+        self.events.run_finished(job, outcome, result.duration_s)
         level = bound.info if outcome == "success" else bound.warning
         level(
             "run_finished",

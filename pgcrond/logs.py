@@ -4,13 +4,17 @@ A log line is an event name plus key-value context
 (``log.info("run_finished", job=..., run_key=..., outcome=...)``). Per-run
 context is bound once with contextvars by the daemon.
 
-pgcrond's own loggers, the libraries' stdlib loggers (psycopg, psycopg_pool,
-APScheduler, asyncio), Python ``warnings`` and uncaught exceptions all end in
-one handler on stderr whose :class:`structlog.stdlib.ProcessorFormatter` runs
-the same processors: one JSON object per line off a terminal (a traceback is
-a field, not extra lines), the console renderer on one, and every value passed
-through :func:`pgcrond.core.redaction.redact` last, so a DSN in a driver's
-message never reaches the log with its password.
+pgcrond's own loggers take structlog's fast path: a bound logger that drops
+below-level calls at no cost, and processors that render straight onto
+stderr (no ``logging.LogRecord``, no handler chain: a run logs on the loop).
+The libraries' stdlib loggers (psycopg, psycopg_pool, APScheduler, asyncio),
+Python ``warnings`` and uncaught exceptions end in one stdlib handler whose
+:class:`structlog.stdlib.ProcessorFormatter` runs the same processors. Both
+write whole lines through one structlog writer per stream, under its one
+lock, so lines of the two never interleave: one JSON object per line off a
+terminal (a traceback is a field, not extra lines), the console renderer on
+one, and every value passed through :func:`pgcrond.core.redaction.redact`
+last, so a DSN in a driver's message never reaches the log with its password.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 import structlog
 from structlog.types import EventDict, Processor, WrappedLogger
@@ -75,7 +79,37 @@ def _shared_processors() -> list[Processor]:
 
 
 class _StreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Our handler on the root logger, recognisable so ``configure`` can replace it."""
+    """Our handler on the root logger, recognisable so ``configure`` can replace it.
+
+    It writes through structlog's writer for the same stream, whose lock
+    pgcrond's own lines take too.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._out = structlog.WriteLogger(stream)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._out.msg(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
+class _Named(structlog.WriteLogger):
+    """structlog's line writer, named like a stdlib logger (the ``logger`` field)."""
+
+    def __init__(self, name: str, file: TextIO) -> None:
+        super().__init__(file)
+        self.name = name
+
+
+class _NamedFactory:
+    def __init__(self, file: TextIO) -> None:
+        self._file = file
+
+    def __call__(self, *args: Any) -> _Named:
+        return _Named(str(args[0]) if args else "pgcrond", self._file)
 
 
 def use_color(choice: ColorChoice, isatty: bool) -> bool:
@@ -123,13 +157,13 @@ def configure(fmt: LogFormat = "auto", level: str = "info", color: ColorChoice =
 
     structlog.configure(
         processors=[
-            structlog.stdlib.filter_by_level,
             *_shared_processors(),
-            structlog.stdlib.PositionalArgumentsFormatter(),
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+            structlog.processors.format_exc_info,
+            redact_values,
+            renderer,
         ],
-        wrapper_class=structlog.stdlib.BoundLogger,
-        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
+        logger_factory=_NamedFactory(stream),
         cache_logger_on_first_use=True,
     )
     sys.excepthook = _log_uncaught

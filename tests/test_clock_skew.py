@@ -81,7 +81,6 @@ async def test_a_fire_the_replica_clock_calls_late_is_judged_by_the_database_and
     ahead = timedelta(minutes=10)
     firing = Firing(
         guards=lambda _: LeaseGuard(store),
-        metrics=Metrics(),
         replica="ahead:1",
         clock=lambda: datetime.now(UTC) + ahead,
     )
@@ -90,12 +89,13 @@ async def test_a_fire_the_replica_clock_calls_late_is_judged_by_the_database_and
         store=store,
         config=lambda: config,
         firing=firing,
+        metrics=Metrics(),
         spawn=lambda coro: tasks.add(asyncio.ensure_future(coro)),
         fire_now=lambda *_, **__: None,
         replica="ahead:1",
         clock=firing.clock,
     )
-    firing.on_miss = accounting.on_miss
+    firing.events = accounting
     # A tick one second ahead of the database: ten minutes old by the fire's clock.
     tick = (await ticks.database_now(store)).replace(microsecond=0) + timedelta(seconds=1)
     identity = Identity.schedule("j", run_key_for(tick))

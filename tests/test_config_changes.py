@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgcrond.storage import registry
+from pgcrond.daemon.registry import SETTLE_S
 from pgcrond.storage.embedded import LocalServer
 from tests.daemon_harness import PGCROND, Cluster, Replica, cluster, wait_until
 from tests.test_daemon import LEDGER, config
@@ -205,8 +205,9 @@ def test_an_idle_replica_sends_one_statement_a_minute_the_registry_touch(
         time.sleep(1)  # the reload reaches the replica's backends asynchronously
         mark = own_server.log_file.stat().st_size
         joined = replica.events("registry_joined")[0]
-        touch_due = datetime.fromisoformat(joined["timestamp"]) + registry.TOUCH_EVERY
-        # The whole first idle minute: up to the touch, and a few seconds past it.
+        # The first idle touch comes SETTLE_S after start, then one a minute.
+        touch_due = datetime.fromisoformat(joined["timestamp"]) + timedelta(seconds=SETTLE_S)
+        # The whole idle time before it, and a few seconds past it.
         logged = wait_until(
             lambda: [line for line in statements(own_server, mark) if "registry" in line],
             (touch_due - datetime.now(UTC)).total_seconds() + 15,

@@ -22,7 +22,7 @@ import structlog
 from pgcrond.config.loader import JobConfig, load_config
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
-from pgcrond.daemon.metrics import Metrics
+from pgcrond.events import FireEvents
 from pgcrond.fire import Firing
 from pgcrond.guard.base import ClaimRequest, Held, Recorded, Refused, Verdict
 from pgcrond.guard.memory import MemoryGuard, Row
@@ -80,7 +80,7 @@ async def test_an_unexpected_error_after_a_win_is_recorded_as_that_runs_failure(
 ) -> None:
     guard = Breaking(breaks="hold")
     tick, identity = now_tick()
-    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
         outcome = await firing.fire(job(tmp_path, "command: ['true']"), tick, identity)
     row = guard.rows[identity]
@@ -97,7 +97,7 @@ async def test_an_unexpected_error_from_a_finalize_is_retried_until_the_outcome_
 ) -> None:
     guard = Breaking(breaks="record", times=2)
     tick, identity = now_tick()
-    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
         outcome = await firing.fire(job(tmp_path, "command: ['true']"), tick, identity)
     assert "success" == outcome
@@ -112,7 +112,7 @@ async def test_an_unexpected_error_from_a_claim_is_retried_not_a_crashed_fire(
     """The claim may have won before its answer was lost: claimed again, with the same token."""
     guard = Breaking(breaks="claim")
     tick, identity = now_tick()
-    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    firing = Firing(guards=lambda _: guard, replica="unit:1")
     outcome = await firing.fire(job(tmp_path, "command: ['true']"), tick, identity)
     assert "success" == outcome
     assert ["claim", "record:success"] == guard.calls  # the broken call never reached it
@@ -123,7 +123,7 @@ async def test_a_guard_that_keeps_failing_ends_the_fire_as_crashed_and_says_so(
 ) -> None:
     guard = Breaking(breaks="claim", times=100)
     tick, identity = now_tick()
-    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
         outcome = await firing.fire(job(tmp_path, "command: ['true']"), tick, identity)
     crashed = [e for e in logs if e["event"] == "fire_crashed"]
@@ -135,10 +135,11 @@ async def test_a_failing_on_failure_hook_does_not_crash_the_recorded_fire(tmp_pa
     guard = MemoryGuard()
     tick, identity = now_tick()
 
-    def hook(*_: object) -> None:
-        raise KeyError("hook bug")
+    class Hook(FireEvents):
+        def failed_for_good(self, *_: object) -> None:
+            raise KeyError("hook bug")
 
-    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1", on_failure=hook)
+    firing = Firing(guards=lambda _: guard, replica="unit:1", events=Hook())
     with structlog.testing.capture_logs() as logs:
         outcome = await firing.fire(job(tmp_path, "command: ['false']"), tick, identity)
     assert "fail" == outcome
@@ -157,7 +158,7 @@ async def test_a_follower_that_finds_the_job_paused_waits_for_resume_then_takes_
     guard = MemoryGuard()
     guard.rows[identity] = Row("RUNNING", 1, 99, datetime.now(UTC) - timedelta(seconds=1))
     guard.script.append(Refused(identity, "paused", "RUNNING", attempt=1))
-    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
         fire = asyncio.create_task(firing.fire(job(tmp_path, "command: ['true']"), tick, identity))
         while not any(e["event"] == "waiting_for_resume" for e in logs):
@@ -172,7 +173,7 @@ async def test_a_follower_that_finds_the_job_paused_waits_for_resume_then_takes_
 async def test_a_run_once_job_refused_paused_runs_on_resume(tmp_path: Path) -> None:
     identity = Identity.initial("seed")
     guard = MemoryGuard(script=deque([Refused(identity, "paused", detail="paused by ops")]))
-    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    firing = Firing(guards=lambda _: guard, replica="unit:1")
     seed = job(tmp_path, "command: ['true']", code="seed")
     with structlog.testing.capture_logs() as logs:
         fire = asyncio.create_task(firing.fire(seed, datetime.now(UTC), identity))
@@ -188,7 +189,7 @@ async def test_a_run_once_job_refused_paused_runs_on_resume(tmp_path: Path) -> N
 async def test_a_fire_waiting_for_resume_ends_at_shutdown(tmp_path: Path) -> None:
     identity = Identity.initial("seed")
     guard = MemoryGuard(script=deque([Refused(identity, "paused", detail="paused by ops")]))
-    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    firing = Firing(guards=lambda _: guard, replica="unit:1")
     seed = job(tmp_path, "command: ['true']", code="seed")
     with structlog.testing.capture_logs() as logs:
         fire = asyncio.create_task(firing.fire(seed, datetime.now(UTC), identity))
@@ -204,7 +205,7 @@ async def test_a_fire_waiting_for_resume_ends_at_shutdown(tmp_path: Path) -> Non
 async def test_a_new_tick_of_a_paused_job_is_a_skip_not_a_wait(tmp_path: Path) -> None:
     tick, identity = now_tick()
     guard = MemoryGuard(script=deque([Refused(identity, "paused", "SKIPPED", detail="by ops")]))
-    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    firing = Firing(guards=lambda _: guard, replica="unit:1")
     outcome = await asyncio.wait_for(
         firing.fire(job(tmp_path, "command: ['true']"), tick, identity), 2
     )
@@ -216,7 +217,7 @@ async def test_a_finalize_that_keeps_failing_is_followed_and_taken_over_not_left
 ) -> None:
     guard = Breaking(breaks="record", times=3)
     tick, identity = now_tick()
-    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
         outcome = await firing.fire(job(tmp_path, "command: ['true']"), tick, identity)
     assert "success" == outcome
@@ -239,7 +240,7 @@ async def test_a_resume_that_arrives_while_the_claim_is_on_its_way_is_not_missed
             return await super().claim(request)
 
     guard = ResumedMeanwhile(script=deque([Refused(identity, "paused", detail="by ops")]))
-    firing = Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    firing = Firing(guards=lambda _: guard, replica="unit:1")
     seed = job(tmp_path, "command: ['true']", code="seed")
     outcome = await asyncio.wait_for(firing.fire(seed, datetime.now(UTC), identity), 5)
     assert "success" == outcome

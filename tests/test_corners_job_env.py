@@ -17,7 +17,7 @@ import pytest
 from pgcrond.config.loader import load_config
 from pgcrond.core.redaction import forget_all
 from pgcrond.run.context import RunContext
-from pgcrond.run.runner import job_environ
+from pgcrond.run.environment import job_environ
 from tests.daemon_harness import Replica, cluster, wait_until
 from tests.test_daemon import at
 

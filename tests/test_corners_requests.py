@@ -21,7 +21,6 @@ import structlog
 
 from pgcrond.config.loader import Config, load_config
 from pgcrond.core.keys import Identity
-from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.requests import Requests
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
@@ -84,7 +83,7 @@ async def replica(
     store: LeaseStore, pg_dsn: str, config: Config, name: str, **options: Any
 ) -> AsyncIterator[Replica]:
     own = LeaseStore(store.db, schema=store.queries.schema, owner=name)
-    firing = Firing(guards=Guards(own, store.db).for_job, metrics=Metrics(), replica=name)
+    firing = Firing(guards=Guards(own, store.db).for_job, replica=name)
     stopping = asyncio.Event()
     fire_tasks: set[asyncio.Task[Any]] = set()
     requests = Requests(

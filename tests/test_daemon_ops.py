@@ -92,8 +92,9 @@ def test_metrics_of_a_running_daemon_move_after_runs(
     job = (("cronjob", "every"),)
     assert found[("pgcrond_fires_total", job)] >= 2
     assert found[("pgcrond_wins_total", job)] >= 2
-    assert found[("pgcrond_fire_lateness_seconds_count", job)] >= 2
-    assert found[("pgcrond_run_duration_seconds_count", job)] >= 2
+    assert found[("pgcrond_fire_lateness_seconds_count", ())] >= 2
+    assert found[("pgcrond_run_duration_seconds_count", ())] >= 2
+    assert found[("pgcrond_job_last_run_duration_seconds", job)] >= 0
     assert found[("pgcrond_job_last_success_timestamp_seconds", job)] > 0
     assert 0 == found[("pgcrond_job_consecutive_failures", job)]
 

@@ -27,7 +27,6 @@ from pgcrond.core.actions import EntrypointAction, SqlAction
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
-from pgcrond.daemon.metrics import Metrics
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
 from pgcrond.run.attempt import RunRequest, RunResult
@@ -159,7 +158,7 @@ async def test_the_sql_job_recipe_commits_its_effect_and_outbox_message_once(
         identity = Identity.schedule(job.code, run_key_for(tick))
         outcomes = []
         for replica in ("a:1", "b:2"):  # two replicas fire the same tick
-            firing = Firing(guards=Guards(store, db).for_job, metrics=Metrics(), replica=replica)
+            firing = Firing(guards=Guards(store, db).for_job, replica=replica)
             outcomes.append(await firing.fire(job, tick, identity))
     finally:
         await db.close()

@@ -10,7 +10,6 @@ import structlog
 from pgcrond.config.loader import JobConfig, load_config
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
-from pgcrond.daemon.metrics import Metrics
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
 from pgcrond.storage.db import Database
@@ -36,7 +35,7 @@ async def test_an_advisory_retry_after_a_timeout_really_runs_again(
     await db.open()
     try:
         guards = Guards(LeaseStore(db, schema=schema), db)
-        firing = Firing(guards=guards.for_job, metrics=Metrics(), replica="t:1")
+        firing = Firing(guards=guards.for_job, replica="t:1")
         tick = datetime.now(UTC).replace(microsecond=0)
         with structlog.testing.capture_logs() as logs:
             outcome = await firing.fire(adv, tick, Identity.schedule("adv", run_key_for(tick)))

@@ -17,7 +17,6 @@ import structlog
 from pgcrond.config.loader import JobConfig, load_config
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
-from pgcrond.daemon.metrics import Metrics
 from pgcrond.fire import Firing
 from pgcrond.guard.base import Refused
 from pgcrond.guard.memory import MemoryGuard
@@ -40,7 +39,7 @@ def now_tick(offset: float = 0.0) -> tuple[datetime, Identity]:
 
 
 def firing(guard: MemoryGuard) -> Firing:
-    return Firing(guards=lambda _: guard, metrics=Metrics(), replica="unit:1")
+    return Firing(guards=lambda _: guard, replica="unit:1")
 
 
 @pytest.mark.usefixtures("subprocesses")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
@@ -19,6 +21,7 @@ from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable, ValidationError
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer
+from tests.test_corners_requests import until
 
 
 async def fetch(port: int, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
@@ -195,7 +198,7 @@ async def scrape(port: int) -> dict[str, Metric]:
 async def test_metrics_have_no_created_series_and_carry_build_and_process_metrics() -> None:
     metrics = Metrics()
     metrics.runs.labels(cronjob="nightly", outcome="success").inc()
-    metrics.run_duration.labels(cronjob="nightly").observe(0.2)
+    metrics.run_duration.observe(0.2)
     async with serving(metrics=metrics) as server:
         status, headers, body = await fetch(server.port, "/metrics")
     assert 200 == status
@@ -239,11 +242,11 @@ async def test_per_job_series_exist_at_zero_before_any_event_and_follow_a_reload
     assert {(("cronjob", "nightly"),): 0.0, (("cronjob", "cache-warm"),): 0.0} == series(
         families, "pgcrond_fires_total"
     )
-    assert {(("cronjob", "nightly"),): 0.0, (("cronjob", "cache-warm"),): 0.0} == series(
-        families, "pgcrond_running_jobs"
-    )
-    # Histograms come with a job's first run (their buckets are most of the memory).
-    assert {} == series(families, "pgcrond_run_duration_seconds_count")
+    # Runs in progress and the histograms are the replica's: no series per job.
+    assert {(): 0.0} == series(families, "pgcrond_running_jobs")
+    assert {(): 0.0} == series(families, "pgcrond_run_duration_seconds_count")
+    # A job's last duration comes with its first run.
+    assert {} == series(families, "pgcrond_job_last_run_duration_seconds")
     # After the reload: the removed job's series are gone (reasons too), the new one's exist.
     assert {(("cronjob", "nightly"),): 0.0, (("cronjob", "hourly"),): 0.0} == series(
         after, "pgcrond_fires_total"
@@ -305,3 +308,53 @@ async def test_metrics_format_is_negotiated_by_prometheus_clients_encoder(
         if s.name == "pgcrond_runs_total" and s.labels["cronjob"] == "nightly"
     }
     assert {"success": 0.0, "fail": 1.0, "timeout": 0.0, "cancelled": 0.0} == runs
+
+
+class _SlowCollector:
+    """A collector whose render takes ``seconds`` and shows how many renders began."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.renders = 0
+
+    def collect(self) -> Iterator[Metric]:
+        self.renders += 1
+        family = GaugeMetricFamily("slow_renders", "Renders begun.")
+        family.add_metric([], self.renders)
+        time.sleep(self.seconds)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+def _renders_shown(body: bytes, content_type: str) -> float:
+    return families_of(body, content_type)["slow_renders"].samples[0].value
+
+
+async def test_a_slow_render_is_answered_with_the_last_one_and_refreshed_behind() -> None:
+    metrics = Metrics()
+    slow = _SlowCollector(seconds=0.3)
+    metrics.registry.register(slow)
+    async with serving(metrics=metrics) as server:
+        _, headers, first = await fetch(server.port, "/metrics")  # no render yet: waits
+        started = time.monotonic()
+        _, _, second = await fetch(server.port, "/metrics")
+        waited = time.monotonic() - started
+        await until(lambda: slow.renders >= 2 and not server._renders, 5, "the refresh")
+        _, _, third = await fetch(server.port, "/metrics")
+    kind = headers["Content-Type"]
+    assert (1.0, 1.0, 2.0) == tuple(_renders_shown(b, kind) for b in (first, second, third))
+    assert waited < slow.seconds, f"the second scrape waited {waited:.3f}s for a render"
+
+
+async def test_a_fast_render_is_always_fresh() -> None:
+    metrics = Metrics()
+    fast = _SlowCollector(seconds=0.0)
+    metrics.registry.register(fast)
+    async with serving(metrics=metrics) as server:
+        shown = []
+        for _ in range(3):
+            _, headers, body = await fetch(server.port, "/metrics")
+            shown.append(_renders_shown(body, headers["Content-Type"]))
+    assert [1.0, 2.0, 3.0] == shown

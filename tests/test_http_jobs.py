@@ -20,7 +20,6 @@ from pgcrond.config.loader import JobConfig, load_config
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
-from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import ConfigError
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
@@ -86,7 +85,7 @@ async def fire(dsn: str, schema: str, job: JobConfig) -> tuple[str, list[Any], I
     try:
         store = LeaseStore(db, schema=schema)
         await store.migrate()
-        firing = Firing(guards=Guards(store, db).for_job, metrics=Metrics(), replica="t:1")
+        firing = Firing(guards=Guards(store, db).for_job, replica="t:1")
         tick = datetime.now(UTC).replace(microsecond=0)
         identity = Identity.schedule(job.code, run_key_for(tick))
         with structlog.testing.capture_logs() as logs:

@@ -93,8 +93,8 @@ async def test_a_metrics_scrape_at_2000_jobs_is_rendered_off_the_loop(tmp_path: 
     codes = [f"job-{n}" for n in range(2000)]
     metrics.set_jobs(codes)
     for code in codes:
-        metrics.run_duration.labels(code).observe(1.0)
-        metrics.lateness.labels(code).observe(0.1)
+        metrics.last_duration.labels(code).set(1.0)
+        metrics.takeovers.labels(code).inc()
     witness = Witness()
     metrics.registry.register(witness)
     server = HealthServer(

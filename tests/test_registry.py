@@ -143,7 +143,7 @@ async def test_a_replica_joins_is_listed_live_and_leaves(store: LeaseStore, tmp_
     assert ("r1", config_hash(config)) == (seen.name, seen.config_hash)
     assert {"a": job_hash(definition(config.jobs["a"]))} == seen.job_hashes
     assert seen.definitions == {"a": definition(config.jobs["a"])}
-    assert 1 == await registry.touch(store, entry)
+    assert 1 == (await registry.touch(store, entry)).hashes
     await registry.leave(store, entry)
     assert [] == await registry.live(store)
 

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from pgcrond.core.actions import CommandAction, ShellAction
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.retry import retry_delay
-from pgcrond.run import runner
+from pgcrond.run import command
 from pgcrond.run.attempt import RunResult
 from pgcrond.run.runner import execute
 from tests.jobs_fixture import (
@@ -164,7 +164,7 @@ async def test_a_long_line_is_cut_to_the_line_cap_and_marked() -> None:
     with capture_logs() as logs:
         await execute(make_request(action), Cancellation())
     events = [e for e in logs if e["event"] == "job_output"]
-    assert ["a" * runner.OUTPUT_LINE_CAP, "short"] == [e["line"] for e in events]
+    assert ["a" * command.OUTPUT_LINE_CAP, "short"] == [e["line"] for e in events]
     assert [True, False] == [e.get("truncated", False) for e in events]
 
 
@@ -184,8 +184,8 @@ async def test_twenty_megabytes_of_output_complete_within_the_run_cap_and_bounde
         tracemalloc.stop()
     assert "success" == result.outcome
     logged = sum(len(e["line"]) for e in logs if e["event"] == "job_output")
-    assert logged <= runner.OUTPUT_RUN_CAP
-    assert logged > runner.OUTPUT_RUN_CAP - runner.OUTPUT_LINE_CAP
+    assert logged <= command.OUTPUT_RUN_CAP
+    assert logged > command.OUTPUT_RUN_CAP - command.OUTPUT_LINE_CAP
     assert 1 == sum(e["event"] == "job_output_truncated" for e in logs)
     assert peak < 8 * 1024 * 1024, f"peak {peak} bytes while reading {line_count * line_size}"
 

@@ -67,6 +67,24 @@ def test_a_peer_not_seen_for_forget_after_is_no_longer_ranked() -> None:
     assert [] == spread.peers()
 
 
+async def test_peers_named_by_the_registry_are_ranked_before_any_claim_was_refused() -> None:
+    me, *others = REPLICAS
+    spread = Spread(me, DELAY)
+    spread.members(REPLICAS)  # the registry names this replica too
+    assert others == spread.peers()
+    ids = identities(300)
+    theirs = [i for i in ids if spread.preferred(i) != me]
+    mine = [i for i in ids if spread.preferred(i) == me]
+    assert 60 < len(mine) < 140, len(mine)  # about a third
+    started = time.monotonic()
+    await spread.hold_back(mine[0], datetime(2026, 1, 1, tzinfo=UTC))
+    assert time.monotonic() - started < DELAY.total_seconds() / 2
+    await spread.hold_back(theirs[0], datetime(2026, 1, 1, tzinfo=UTC))
+    assert time.monotonic() - started >= DELAY.total_seconds() * 0.9
+    spread.members([me])  # the others left the registry
+    assert [] == spread.peers()
+
+
 def test_a_delay_of_zero_turns_spreading_off() -> None:
     spread = view("me", ["peer"], timedelta(0))
     assert [] == spread.peers()

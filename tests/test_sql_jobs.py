@@ -26,7 +26,6 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.sqlscript import compile_script
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import ConfigError, SqlJobFailed
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
@@ -199,9 +198,7 @@ class Lab:
         return load_config([path]).jobs[code]
 
     async def fire(self, job: JobConfig, tick: datetime | None = None) -> tuple[str, list[Any]]:
-        firing = Firing(
-            guards=Guards(self.store, self.db).for_job, metrics=Metrics(), replica="t:1"
-        )
+        firing = Firing(guards=Guards(self.store, self.db).for_job, replica="t:1")
         tick = tick or datetime.now(UTC).replace(microsecond=0)
         with structlog.testing.capture_logs() as logs:
             outcome = await firing.fire(job, tick, Identity.schedule(job.code, run_key_for(tick)))

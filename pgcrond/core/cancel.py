@@ -77,16 +77,20 @@ class Cancellation:
             event = self._event
         return event.wait(timeout)
 
-    async def wait(self) -> str:
-        """Wait on the running loop until cancelled; returns the reason."""
+    def future(self) -> asyncio.Future[None]:
+        """A future of the running loop, done once cancelled; cancel it to stop listening."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         with self._lock:
             if not self._set:
                 self._waiters.append((loop, future))
-            else:
-                future.set_result(None)
-        await future
+                return future
+        future.set_result(None)
+        return future
+
+    async def wait(self) -> str:
+        """Wait on the running loop until cancelled; returns the reason."""
+        await self.future()
         return self._reason or "cancelled"
 
 

@@ -97,6 +97,7 @@ class Identity:
     def initial(cls, code: object) -> Identity:
         return cls.of("INITIAL", code)
 
+    @functools.cached_property
     def _digest(self) -> bytes:
         # Compact JSON with keys in this order is exactly Node's JSON.stringify
         # of {version, type, code, runKey}; ensure_ascii=False keeps non-ASCII
@@ -119,12 +120,12 @@ class Identity:
 
         Cached: every claim, finalize, log line and metric of a run asks for it.
         """
-        return "v2:" + base64.urlsafe_b64encode(self._digest()).rstrip(b"=").decode("ascii")
+        return "v2:" + base64.urlsafe_b64encode(self._digest).rstrip(b"=").decode("ascii")
 
     @property
     def idempotency_key_hex(self) -> str:
         """The same digest as 64 hex characters, for systems that reject ':'."""
-        return self._digest().hex()
+        return self._digest.hex()
 
     def __str__(self) -> str:
         return f"{self.type}:{self.code}" + (f"@{self.run_key}" if self.run_key else "")

@@ -55,6 +55,8 @@ _connection_values: set[str] = set()
 _connection_variables: set[str] = set()
 
 _secrets: set[str] = set()
+# Bumped whenever the registry changes: what was decided against it is stale.
+_generation = 0
 # The same, longest first (so that a fragment inside a longer one cannot leave
 # a tail): redact() runs on every value of every log line, so it is kept sorted.
 _by_length: tuple[str, ...] = ()
@@ -231,7 +233,8 @@ def remember(url: str | None, variables: Iterable[str] = ()) -> None:
     The URL, its whole password and the environment ``variables`` it was read
     from are kept out of every job's environment too (:func:`holds_connection_secret`).
     """
-    global _by_length  # noqa: PLW0603 - the one process-wide registry
+    global _by_length, _generation  # noqa: PLW0603 - the one process-wide registry
+    _generation += 1
     _connection_variables.update(variables)
     if url:
         _secrets.update(password_fragments(url))
@@ -254,9 +257,15 @@ def holds_connection_secret(name: str, value: str) -> bool:
     )
 
 
+def generation() -> int:
+    """A number that changes whenever a secret is remembered or forgotten."""
+    return _generation
+
+
 def forget_all() -> None:
     """Drop every remembered secret (tests)."""
-    global _by_length  # noqa: PLW0603 - the one process-wide registry
+    global _by_length, _generation  # noqa: PLW0603 - the one process-wide registry
+    _generation += 1
     _secrets.clear()
     _connection_values.clear()
     _connection_variables.clear()

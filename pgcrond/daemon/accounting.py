@@ -4,7 +4,7 @@ Three ways a tick ends without a run, and how each gets its row:
 
 * a replica fired it too late: the claim statement itself records it
   MISSED/late (nothing to do here), or, when this replica's own clock already
-  said so and no claim was sent, :meth:`Accounting.on_miss` records it;
+  said so and no claim was sent, :meth:`Accounting.missed` records it;
 * no replica could reach the database: the ticks this replica gave up on are
   kept until the database answers again, then recorded
   ``database_unavailable`` with the outage's start and end as seen here;
@@ -35,7 +35,9 @@ from pgcrond.config.loader import Config, JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
+from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import PgcrondError
+from pgcrond.events import FireEvents
 from pgcrond.fire import FireOutcome, Firing
 from pgcrond.storage.claims import NotAcquired
 from pgcrond.storage.jobstate import pause_of, paused
@@ -149,12 +151,13 @@ class FireNow(Protocol):
 
 
 @dataclass
-class Accounting:
+class Accounting(FireEvents):
     """One replica's part in accounting for every tick; see the module docstring."""
 
     store: LeaseStore
     config: Callable[[], Config]
     firing: Firing
+    metrics: Metrics
     spawn: Callable[[Coroutine[Any, Any, Any]], None]
     # Fires a tick like the scheduler would (tracked for the drain).
     fire_now: FireNow
@@ -167,9 +170,9 @@ class Accounting:
     # The database's clock when this replica began, before its scheduler started.
     _began: datetime | None = None
 
-    # -- fire hooks (Firing.on_miss / on_database) ---------------------------------
+    # -- the fire's events (pgcrond/events.py) -----------------------------------------
 
-    def on_miss(
+    def missed(
         self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
     ) -> None:
         # A coalesced tick is recorded by the claim that found its successor due.
@@ -190,7 +193,7 @@ class Accounting:
         # Recorded only if the database's clock agrees that the window is over.
         self.spawn(self._record([Miss(job.code, tick, "late", why, job.misfire_grace)]))
 
-    def on_database(self, ok: bool) -> None:
+    def database(self, operation: str, ok: bool) -> None:
         if not ok:
             if self._outage_since is None:
                 self._outage_since = self.clock()
@@ -233,7 +236,7 @@ class Accounting:
     def _count(self, recorded: list[Miss]) -> None:
         """pgcrond_missed_recorded_total: the MISSED rows this replica wrote."""
         for miss in recorded:
-            self.firing.metrics.missed_recorded.labels(miss.code, miss.reason).inc()
+            self.metrics.missed_recorded.labels(miss.code, miss.reason).inc()
 
     # -- start -------------------------------------------------------------------------
 
@@ -258,7 +261,7 @@ class Accounting:
             pauses = {}
         for job in config.jobs.values():
             held = job.suspended or pause_of(pauses, job.code) is not None
-            self.firing.metrics.paused.labels(job.code).set(1 if held else 0)
+            self.metrics.paused.labels(job.code).set(1 if held else 0)
         await self.scan(before=self._began)
 
     # -- the scan ----------------------------------------------------------------------

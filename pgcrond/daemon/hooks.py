@@ -23,22 +23,23 @@ import structlog
 from pgcrond import __version__
 from pgcrond.config.models import JobConfig
 from pgcrond.core.hooks import FailureHook
+from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held
 from pgcrond.run.attempt import RunResult
-from pgcrond.run.runner import job_environ
+from pgcrond.run.environment import job_environ
 
 log = structlog.get_logger("pgcrond.daemon.hooks")
 _BACKOFF_S = 1.0
 
 
-class FailureHooks:
+class FailureHooks(FireEvents):
     """Sends each job's ``on_failure`` for final failures; holds the tasks it started."""
 
     def __init__(self, replica: str) -> None:
         self.replica = replica
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def __call__(self, job: JobConfig, held: Held, result: RunResult) -> None:
+    def failed_for_good(self, job: JobConfig, held: Held, result: RunResult) -> None:
         hook = job.on_failure
         if hook is None:
             return

@@ -22,10 +22,17 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from pgcrond import __version__
+from pgcrond.config.models import JobConfig
+from pgcrond.core.keys import Identity
 from pgcrond.daemon.alerts import JobAlerts
+from pgcrond.daemon.job_series import JobFamily, Kind, Series
+from pgcrond.events import FireEvents
+from pgcrond.guard.base import Held
+from pgcrond.guard.base import Outcome as Verdict
 from pgcrond.run.attempt import Outcome
 
 # Every counter and histogram would also export a `_created` series with its
@@ -48,11 +55,46 @@ LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400)
 
 
+class Registry(CollectorRegistry):
+    """prometheus_client's registry, plus the per-job families that render themselves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.job_families: list[JobFamily] = []
+
+
+def exposition(registry: CollectorRegistry, accept: str) -> tuple[Callable[[], bytes], str]:
+    """How to render ``registry`` for a scraper that sent ``accept``, and the content type.
+
+    prometheus_client's own negotiation: OpenMetrics when the scraper asks
+    for it (Prometheus does by default), else the classic text format; the
+    per-job families of a :class:`Registry` are appended (before OpenMetrics's
+    ``# EOF``).
+    """
+    encoder, content_type = choose_encoder(accept)
+    openmetrics = content_type.startswith("application/openmetrics-text")
+    families = list(getattr(registry, "job_families", ()))
+
+    def render() -> bytes:
+        body = encoder(registry)
+        if not families:
+            return body
+        own = "".join(family.render(openmetrics) for family in families).encode()
+        if openmetrics:
+            return body.removesuffix(_EOF) + own + _EOF
+        return body + own
+
+    return render, content_type
+
+
+_EOF = b"# EOF\n"
+
+
 class Metrics:
     """All metrics on one registry (a fresh one per daemon, so tests can run several)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+    def __init__(self) -> None:
+        self.registry = Registry()
         r = self.registry
         # process_* (CPU, memory, open fds, start time; read from /proc, so
         # Linux only: elsewhere the collector yields nothing) and python_info.
@@ -60,73 +102,90 @@ class Metrics:
         PlatformCollector(registry=r)
         self.build = Info("pgcrond_build", "The running pgcrond release.", registry=r)
         self.build.info({"version": __version__})
-        self.fires = Counter(
-            "pgcrond_fires", "Fires of a tick on this replica.", ["cronjob"], registry=r
+        self.fires = self._job_family(
+            "pgcrond_fires",
+            "Fires of a tick on this replica.",
+            "counter",
+            ["cronjob"],
         )
-        self.wins = Counter("pgcrond_wins", "Fires whose claim won.", ["cronjob"], registry=r)
+        self.wins = self._job_family(
+            "pgcrond_wins",
+            "Fires whose claim won.",
+            "counter",
+            ["cronjob"],
+        )
+        # Replica-wide: with N replicas every tick is lost N-1 times, and a
+        # series per job and reason would be most of the page at 10,000 jobs.
         self.losses = Counter(
-            "pgcrond_losses",
-            "Fires whose claim lost, by reason.",
-            ["cronjob", "reason"],
-            registry=r,
+            "pgcrond_losses", "Fires whose claim lost, by reason.", ["reason"], registry=r
         )
-        self.skips = Counter(
+        self.skips = self._job_family(
             "pgcrond_skips",
             "Fires not run on purpose, by reason.",
+            "counter",
             ["cronjob", "reason"],
-            registry=r,
         )
-        self.misfires = Counter(
+        self.misfires = self._job_family(
             "pgcrond_misfires",
             "Ticks not run because their fire came later than misfire_grace.",
+            "counter",
             ["cronjob"],
-            registry=r,
         )
-        self.missed = Counter(
+        self.missed = self._job_family(
             "pgcrond_missed",
             "Ticks this replica gave up on within their window, by cause: late (a "
             "misfire) or database_unavailable.",
+            "counter",
             ["cronjob", "cause"],
-            registry=r,
         )
-        self.missed_recorded = Counter(
+        self.missed_recorded = self._job_family(
             "pgcrond_missed_recorded",
             "MISSED rows this replica wrote to the lease table, by reason: no_replica "
             "(found by the scan at start), database_unavailable, late.",
+            "counter",
             ["cronjob", "reason"],
-            registry=r,
         )
-        self.takeovers = Counter(
+        self.takeovers = self._job_family(
             "pgcrond_takeovers",
             "Ticks this replica reclaimed from an owner that stopped heartbeating.",
+            "counter",
             ["cronjob"],
-            registry=r,
         )
-        self.runs = Counter(
-            "pgcrond_runs", "Finished runs, by outcome.", ["cronjob", "outcome"], registry=r
+        self.runs = self._job_family(
+            "pgcrond_runs",
+            "Finished runs, by outcome.",
+            "counter",
+            ["cronjob", "outcome"],
         )
+        # The histograms are the replica's, not per job: ~17 series each per
+        # job were most of a replica's memory and of a scrape at 10,000 jobs.
+        # A job's own duration is pgcrond_job_last_run_duration_seconds.
         self.run_duration = Histogram(
             "pgcrond_run_duration_seconds",
-            "Run duration.",
-            ["cronjob"],
+            "Run duration, of every run on this replica.",
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        self.last_duration = self._job_family(
+            "pgcrond_job_last_run_duration_seconds",
+            "How long the job's last run on this replica took (appears with its first run).",
+            "gauge",
+            ["cronjob"],
+        )
         self.lateness = Histogram(
             "pgcrond_fire_lateness_seconds",
-            "Start of the run minus the tick's intended fire time.",
-            ["cronjob"],
+            "Start of the run minus the tick's intended fire time, of every run on this replica.",
             buckets=LATENESS_BUCKETS,
             registry=r,
         )
         self.running = Gauge(
-            "pgcrond_running_jobs", "Runs in progress on this replica.", ["cronjob"], registry=r
+            "pgcrond_running_jobs", "Runs in progress on this replica.", registry=r
         )
-        self.heartbeat_failures = Counter(
+        self.heartbeat_failures = self._job_family(
             "pgcrond_heartbeat_failures",
             "Heartbeats that could not reach the database.",
+            "counter",
             ["cronjob"],
-            registry=r,
         )
         self.database_errors = Counter(
             "pgcrond_database_errors",
@@ -144,19 +203,33 @@ class Metrics:
         self.next_fires = NextFires()
         r.register(self.next_fires)
 
-        self.paused = Gauge(
+        self.paused = self._job_family(
             "pgcrond_job_paused",
             "1 while the job is paused (pgcrond pause) or suspended (YAML), as this "
             "replica last learnt it: at start, and from each claim's answer.",
+            "gauge",
             ["cronjob"],
+        )
+        self.loop_stall = Gauge(
+            "pgcrond_loop_stall_seconds",
+            "The longest stall of this replica's event loop seen while ticks fired, since "
+            "start: every claim, heartbeat and run waits that long behind it.",
             registry=r,
         )
+        self.events = FireMetrics(self)
         self.config_drift = Gauge(
             "pgcrond_config_drift",
             "Config hashes that live replicas run, beyond one: 0 while all agree. As this "
             "replica last read the registry: at start, on reload and once a minute.",
             registry=r,
         )
+
+    def _job_family(
+        self, name: str, documentation: str, kind: Kind, labelnames: list[str]
+    ) -> JobFamily:
+        family = JobFamily(name, documentation, kind, labelnames)
+        self.registry.job_families.append(family)
+        return family
 
     def set_jobs(
         self, codes: Iterable[str], alert_after: Mapping[str, timedelta | None] | None = None
@@ -173,18 +246,17 @@ class Metrics:
         """
         wanted = sorted(set(codes))
         self.alerts.set_jobs({code: (alert_after or {}).get(code) for code in wanted})
-        by_job: list[Counter | Gauge] = [
-            self.fires, self.wins, self.misfires, self.takeovers, self.running,
-            self.heartbeat_failures, self.paused,
+        # What alerts and rates read is there at 0 from the start; rare events
+        # (misfires, takeovers, heartbeat failures, skips) and the last run's
+        # duration appear with their first.
+        by_job = [self.fires, self.wins, self.paused]
+        by_first_event = [
+            self.misfires, self.takeovers, self.heartbeat_failures, self.last_duration,
         ]  # fmt: skip
-        # Histograms appear with a job's first run: a zero histogram answers no
-        # alert, and its ~30 buckets per job are most of the memory at 10,000 jobs.
-        by_first_run: list[Histogram] = [self.run_duration, self.lateness]
         for metric in [
-            *by_job, *by_first_run, self.runs, self.losses, self.skips, self.missed,
-            self.missed_recorded,
+            *by_job, *by_first_event, self.runs, self.skips, self.missed, self.missed_recorded,
         ]:  # fmt: skip
-            for labels in _label_sets(metric):
+            for labels in metric.label_sets():
                 if labels[0] not in wanted:
                     metric.remove(*labels)
         for code in wanted:
@@ -196,17 +268,83 @@ class Metrics:
                 self.missed.labels(code, cause)
             for reason in MISSED_REASONS:
                 self.missed_recorded.labels(code, reason)
+        self.events.forget(wanted)
 
 
-def _label_sets(metric: Counter | Gauge | Histogram) -> set[tuple[str, ...]]:
-    """The label values of each child of ``metric``, cronjob first (as declared)."""
-    found: set[tuple[str, ...]] = set()
-    for family in metric.collect():
-        for sample in family.samples:
-            labels = {k: v for k, v in sample.labels.items() if k != "le"}
-            if "cronjob" in labels:
-                found.add((labels.pop("cronjob"), *labels.values()))
-    return found
+class _JobChildren:
+    """One job's series that every run touches, looked up once per job, not per run."""
+
+    __slots__ = ("fires", "last_duration", "runs", "wins")
+
+    def __init__(self, metrics: Metrics, code: str) -> None:
+        self.fires = metrics.fires.labels(code)
+        self.wins = metrics.wins.labels(code)
+        self.last_duration = metrics.last_duration.labels(code)
+        self.runs: dict[str, Series] = {}
+
+
+class FireMetrics(FireEvents):
+    """The fire's events, counted: the subscriber that keeps the metrics above."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+        self._jobs: dict[str, _JobChildren] = {}
+
+    def forget(self, codes: Iterable[str]) -> None:
+        """Drop the children of jobs not in ``codes`` (a reload removed their series)."""
+        keep = set(codes)
+        self._jobs = {code: c for code, c in self._jobs.items() if code in keep}
+
+    def _of(self, code: str) -> _JobChildren:
+        children = self._jobs.get(code)
+        if children is None:
+            children = self._jobs[code] = _JobChildren(self._m, code)
+        return children
+
+    def fired(self, job: JobConfig) -> None:
+        self._of(job.code).fires.inc()
+
+    def claim_won(self, job: JobConfig, held: Held) -> None:
+        self._of(job.code).wins.inc()
+        if held.claimed_from == "takeover":
+            self._m.takeovers.labels(job.code).inc()
+
+    def claim_lost(self, job: JobConfig, reason: str) -> None:
+        self._m.losses.labels(reason).inc()
+
+    def skipped(self, job: JobConfig, reason: str) -> None:
+        self._m.skips.labels(job.code, reason).inc()
+
+    def paused(self, job: JobConfig, paused: bool) -> None:
+        self._m.paused.labels(job.code).set(1 if paused else 0)
+
+    def missed(
+        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
+    ) -> None:
+        self._m.missed.labels(job.code, cause).inc()
+        if cause == "late":
+            self._m.misfires.labels(job.code).inc()
+
+    def run_started(self, job: JobConfig, lateness_s: float) -> None:
+        self._m.lateness.observe(max(lateness_s, 0.0))
+        self._m.running.inc()
+
+    def run_finished(self, job: JobConfig, outcome: str, duration_s: float) -> None:
+        self._m.running.dec()
+        self._m.run_duration.observe(duration_s)
+        children = self._of(job.code)
+        children.last_duration.set(duration_s)
+        counter = children.runs.get(outcome)
+        if counter is None:
+            counter = children.runs[outcome] = self._m.runs.labels(job.code, outcome)
+        counter.inc()
+
+    def recorded(self, job: JobConfig, kind: Verdict, final: bool) -> None:
+        self._m.alerts.recorded(job.code, kind, final=final)
+
+    def database(self, operation: str, ok: bool) -> None:
+        if not ok:
+            self._m.database_errors.labels(operation).inc()
 
 
 # What the scheduler will fire next: (the codes that share one schedule, its

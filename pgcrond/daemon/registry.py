@@ -2,7 +2,8 @@
 
 The touch is the registry's only statement while the replica is idle: one
 ``registry_touch`` per :data:`~pgcrond.storage.registry.TOUCH_EVERY`, which
-also reads how many config hashes live replicas run (the drift gauge). A
+also reads how many config hashes live replicas run (the drift gauge) and
+which replicas live (spread's peers). A
 touch that fails is logged and tried again a minute later; the row outlives
 three missed touches (``GONE_AFTER``), so a short outage loses nothing.
 """
@@ -19,10 +20,16 @@ from pgcrond.config.definition import config_hash, definition, job_hash
 from pgcrond.config.models import Config
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
+from pgcrond.guard.spread import Spread
 from pgcrond.storage import registry
 from pgcrond.storage.leases import LeaseStore
 
 log = structlog.get_logger("pgcrond.registry")
+
+# Replicas started together (a deploy, a restart of the cluster) each read
+# the registry at start, the first ones before the others joined: one touch
+# this long after start lets every one know its peers before it shares ticks.
+SETTLE_S = 10.0
 
 
 def entry_of(name: str, instance: uuid.UUID, config: Config) -> registry.Entry:
@@ -41,9 +48,12 @@ def entry_of(name: str, instance: uuid.UUID, config: Config) -> registry.Entry:
 class Membership:
     """One replica's presence in the registry, for the life of the process."""
 
-    def __init__(self, store: LeaseStore, name: str, config: Config, metrics: Metrics) -> None:
+    def __init__(
+        self, store: LeaseStore, name: str, config: Config, metrics: Metrics, spread: Spread
+    ) -> None:
         self._store = store
         self._metrics = metrics
+        self._spread = spread
         # A fresh instance per process: a restarted replica with the same
         # name replaces its predecessor's row, another live one is refused.
         self._entry = entry_of(name, uuid.uuid4(), config)
@@ -68,9 +78,11 @@ class Membership:
             log.warning("registry_write_failed", operation="reload", error=str(exc))
 
     async def run(self) -> None:
-        """Touch the row every minute until cancelled."""
+        """Touch the row once ``SETTLE_S`` after start, then every minute, until cancelled."""
+        pause = SETTLE_S
         while True:
-            await asyncio.sleep(registry.TOUCH_EVERY.total_seconds())
+            await asyncio.sleep(pause)
+            pause = registry.TOUCH_EVERY.total_seconds()
             try:
                 await self._touch()
             except DatabaseUnavailable as exc:
@@ -87,5 +99,6 @@ class Membership:
             log.warning("registry_write_failed", operation="leave", error=str(exc))
 
     async def _touch(self) -> None:
-        hashes = await registry.touch(self._store, self._entry)
-        self._metrics.config_drift.set(max(0, hashes - 1))
+        touched = await registry.touch(self._store, self._entry)
+        self._metrics.config_drift.set(max(0, touched.hashes - 1))
+        self._spread.members(touched.live)

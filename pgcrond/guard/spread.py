@@ -9,10 +9,13 @@ preferred replica claims at once; the others hold their claim back by
 ``delay`` and send it then, all in one statement, so a tick whose preferred
 replica is dead runs ``delay`` late and not later.
 
-Nothing is sent to learn who lives: a claim refused because another replica
-holds the row names that replica (the claim's answer carries the row's
-owner), and a replica not named for ``forget_after`` is dropped. A replica
-that knows no peer claims everything at once, as without spread. The claim
+Nothing is sent to learn who lives: the replica registry's touch (the one
+statement a replica sends a minute, at start too) names the live replicas,
+so a tick is shared from the first one after start, hourly and daily jobs
+too; and a claim refused because another replica holds the row names that
+replica (the claim's answer carries the row's owner), which a replica not
+named for ``forget_after`` is dropped from. A replica that knows no peer
+claims everything at once, as without spread. The claim
 statement stays the one-winner guarantee: a wrong or stale view costs only
 balance, never a duplicate or a lost tick.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from pgcrond.core.keys import Identity
@@ -47,6 +50,9 @@ class Spread:
         self._forget_after = forget_after.total_seconds()
         self._clock = clock
         self._seen: dict[str, float] = {}
+        # The live replicas the registry last named (a replica gone from it
+        # leaves at the next touch).
+        self._members: frozenset[str] = frozenset()
         # One timer per tick: the held-back claims of co-firing jobs wake in the
         # same loop turn, so they still share one claim statement.
         self._gates: dict[datetime, asyncio.Future[None]] = {}
@@ -56,12 +62,17 @@ class Spread:
         if owner is not None and owner != self.me and self.delay > timedelta(0):
             self._seen[owner] = self._clock()
 
+    def members(self, live: Iterable[str]) -> None:
+        """The registry named these replicas live (this one among them, or not)."""
+        if self.delay > timedelta(0):
+            self._members = frozenset(live) - {self.me}
+
     def peers(self) -> list[str]:
-        """The other replicas seen within ``forget_after``, oldest forgotten first."""
+        """The other live replicas: the registry's, and those seen within ``forget_after``."""
         cutoff = self._clock() - self._forget_after
         for owner in [o for o, at in self._seen.items() if at < cutoff]:
             del self._seen[owner]
-        return sorted(self._seen)
+        return sorted(self._members.union(self._seen))
 
     def preferred(self, identity: Identity) -> str:
         """The replica that claims ``identity`` first: the highest rendezvous score."""
@@ -72,7 +83,7 @@ class Spread:
 
         Every claim of the same tick held back meanwhile wakes with the first.
         """
-        if not self._seen or self.preferred(identity) == self.me:
+        if not (self._seen or self._members) or self.preferred(identity) == self.me:
             return
         gate = self._gates.get(tick)
         if gate is None:

@@ -21,7 +21,6 @@ from pgcrond.daemon.accounting import (
     run_catch_up,
     scan_identity,
 )
-from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import CommandError, ExitCode
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
@@ -176,7 +175,7 @@ async def _catch_up(args: argparse.Namespace, target: Target, store: LeaseStore)
         return ExitCode.NOT_RUN_HERE
     if not as_json:
         _print_plan(plans, "")
-    firing = Firing(guards=Guards(store, store.db).for_job, metrics=Metrics(), replica=store.owner)
+    firing = Firing(guards=Guards(store, store.db).for_job, replica=store.owner)
     runs: list[dict[str, object]] = []
     for job_plan in plans:
         todo = [p for p in job_plan.ticks if p.action in ("run", "due")]

@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 from pgcrond import report
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import manual_run_key
-from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import CommandError, ExitCode
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
@@ -45,7 +44,7 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
             job, args.run_key or manual_run_key(now), store, as_json=args.output == "json"
         )
     identity = Identity.schedule(job.code, args.run_key or manual_run_key(now))
-    firing = Firing(guards=Guards(store, store.db).for_job, metrics=Metrics(), replica=store.owner)
+    firing = Firing(guards=Guards(store, store.db).for_job, replica=store.owner)
     outcome = await firing.fire(job, now, identity, follow=False)
     detail = TRIGGER_OUTCOMES.get(outcome, outcome)
     ran_here = outcome not in NOT_RUN_HERE

@@ -1,11 +1,19 @@
-"""One attempt of a job, as every way of running sees it: what to run, how it ended.
+"""One attempt of a job, as every way of running sees it: the executor contract.
 
-:class:`RunRequest` is what the fire hands the runner; :class:`Ending` is how
-a way of running (a command, an entrypoint, an ``sql:`` or ``http:`` action)
-says its attempt ended; :class:`Watch` waits for the attempt, its
-cancellation or its timeout; :class:`RunResult` is what the fire records.
-Its own module so that each way of running imports it, and the runner that
-dispatches to them imports them, never the other way round.
+:class:`RunRequest` is what the fire hands the runner; :class:`Attempt` is what
+the runner hands the way of running its action (a command or shell script, an
+in-process or isolated entrypoint, an ``sql:`` or ``http:`` action: one module
+each in this package); :class:`Ending` is how that way says its attempt ended;
+:class:`Watch` waits for the attempt, its cancellation or its timeout;
+:class:`RunResult` is what the fire records.
+
+An executor is ``async def run(action, attempt: Attempt) -> Ending``. Its
+contract: a job's own failure is an :class:`Ending`, never an exception; it
+calls ``attempt.started()`` once the job is under way (spawned, called, sent),
+the moment ``run_started`` is logged; it waits with ``attempt.watch`` and,
+when the watch says stop, stops its work within ``attempt.watch.grace``.
+This module is imported by every executor and by the runner that dispatches
+to them, never the other way round.
 """
 
 from __future__ import annotations
@@ -18,11 +26,24 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+from structlog.typing import FilteringBoundLogger
+
 from pgcrond.core.actions import Action, Committed, SqlWork
 from pgcrond.core.cancel import Cancellation
+from pgcrond.run.context import RunContext
 from pgcrond.run.output import Capture, OutputTail
 
 Outcome = Literal["success", "fail", "timeout", "cancelled"]
+
+# A failure's text is capped so one huge message cannot flood the record.
+ERROR_CAP = 2000
+
+
+def describe(exc: BaseException) -> str:
+    """``ExcType: message``, capped: how a job's exception reads in its record."""
+    message = str(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text[:ERROR_CAP]
 
 
 @dataclass(frozen=True)
@@ -74,19 +95,31 @@ class Ending:
     permanent: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What a way of running gets beside its action, made once per attempt by the runner.
+
+    ``environ`` is the job's environment as a child process gets it (the
+    daemon's secrets stripped, the job's ``env``, then ``PGCRON_*``);
+    ``context`` the same run as an entrypoint sees it; ``output`` what the attempt
+    record keeps of what it prints (every executor feeds it).
+    """
+
+    request: RunRequest
+    watch: Watch
+    log: FilteringBoundLogger
+    environ: Mapping[str, str]
+    context: RunContext
+    started: Callable[[], None]
+    # Where the executor puts what the attempt record keeps of its output.
+    output: Capture = field(default_factory=Capture)
+
+
 class Watch:
     """Waits for the work, the cancellation or the timeout, whichever comes first."""
 
-    def __init__(
-        self,
-        request: RunRequest,
-        cancellation: Cancellation,
-        started: float,
-        output: Capture | None = None,
-    ) -> None:
+    def __init__(self, request: RunRequest, cancellation: Cancellation, started: float) -> None:
         self.cancellation = cancellation
-        # Where every way of running puts what the attempt record keeps.
-        self.output = Capture() if output is None else output
         self.grace = request.stop_grace.total_seconds()
         self._timeout = request.timeout
         self._deadline = (
@@ -100,16 +133,28 @@ class Watch:
         success, even if the job returned normally: whoever cancelled it (a lost
         lease) no longer trusts its result.
         """
-        waiter = asyncio.ensure_future(self.cancellation.wait())
+        # Callbacks, not tasks: one attempt of 10,000 co-firing ones costs a
+        # future and a timer here, no task of its own.
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        cancelled = self.cancellation.future()
+        cancelled.add_done_callback(wake)
+        work.add_done_callback(wake)
+        timer = None
+        if self._deadline is not None:
+            timer = loop.call_later(max(self._deadline - time.monotonic(), 0.0), wake)
         try:
-            remaining = None if self._deadline is None else self._deadline - time.monotonic()
-            await asyncio.wait(
-                {work, waiter},
-                timeout=None if remaining is None else max(remaining, 0.0),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            await woken
         finally:
-            waiter.cancel()
+            if timer is not None:
+                timer.cancel()
+            work.remove_done_callback(wake)
+            cancelled.cancel()
         if self.cancellation.is_set():
             return self._cancelled_ending()
         if work.done():

@@ -8,6 +8,7 @@ an in-process entrypoint would have received.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,11 +23,39 @@ from structlog.typing import FilteringBoundLogger
 from pgcrond.core.cancel import Cancellation
 
 ENV_PREFIX = "PGCRON_"
+_JOB_LOG: FilteringBoundLogger = structlog.get_logger("pgcrond.job")
 
 
 def iso_utc(moment: datetime) -> str:
     """``2026-03-29T01:30:00Z``: UTC, with a ``Z`` that every ISO parser accepts."""
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def run_variables(
+    *,
+    job: str,
+    run_key: str,
+    fire_time: datetime,
+    attempt: int,
+    idempotency_key: str,
+    idempotency_key_hex: str,
+    fencing_token: int | None,
+    deadline: datetime | None,
+) -> dict[str, str]:
+    """The ``PGCRON_*`` variables of a run (:meth:`RunContext.environ`)."""
+    variables = {
+        "PGCRON_IDEMPOTENCY_KEY": idempotency_key,
+        "PGCRON_IDEMPOTENCY_KEY_HEX": idempotency_key_hex,
+        "PGCRON_JOB": job,
+        "PGCRON_RUN_KEY": run_key,
+        "PGCRON_FIRE_TIME": iso_utc(fire_time),
+        "PGCRON_ATTEMPT": str(attempt),
+    }
+    if fencing_token is not None:
+        variables["PGCRON_FENCING_TOKEN"] = str(fencing_token)
+    if deadline is not None:
+        variables["PGCRON_DEADLINE"] = iso_utc(deadline)
+    return variables
 
 
 class Writer(Protocol):
@@ -64,11 +93,11 @@ class RunContext:
     cancelled: Cancellation
     stdout: Writer = field(default_factory=lambda: sys.stdout, compare=False, repr=False)
     stderr: Writer = field(default_factory=lambda: sys.stderr, compare=False, repr=False)
-    log: FilteringBoundLogger = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        logger: FilteringBoundLogger = structlog.get_logger("pgcrond.job")
-        object.__setattr__(self, "log", logger.bind(job=self.job, run_key=self.run_key))
+    @functools.cached_property
+    def log(self) -> FilteringBoundLogger:
+        """A logger bound to this run (made on first use: most jobs never log)."""
+        return _JOB_LOG.bind(job=self.job, run_key=self.run_key)
 
     def check(self) -> None:
         """Raise :class:`pgcrond.errors.Cancelled` once the run is being stopped."""
@@ -76,19 +105,16 @@ class RunContext:
 
     def environ(self) -> dict[str, str]:
         """The ``PGCRON_*`` variables describing this run."""
-        variables = {
-            "PGCRON_IDEMPOTENCY_KEY": self.idempotency_key,
-            "PGCRON_IDEMPOTENCY_KEY_HEX": self.idempotency_key_hex,
-            "PGCRON_JOB": self.job,
-            "PGCRON_RUN_KEY": self.run_key,
-            "PGCRON_FIRE_TIME": iso_utc(self.fire_time),
-            "PGCRON_ATTEMPT": str(self.attempt),
-        }
-        if self.fencing_token is not None:
-            variables["PGCRON_FENCING_TOKEN"] = str(self.fencing_token)
-        if self.deadline is not None:
-            variables["PGCRON_DEADLINE"] = iso_utc(self.deadline)
-        return variables
+        return run_variables(
+            job=self.job,
+            run_key=self.run_key,
+            fire_time=self.fire_time,
+            attempt=self.attempt,
+            idempotency_key=self.idempotency_key,
+            idempotency_key_hex=self.idempotency_key_hex,
+            fencing_token=self.fencing_token,
+            deadline=self.deadline,
+        )
 
     @classmethod
     def from_environ(

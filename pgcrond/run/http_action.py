@@ -35,11 +35,9 @@ from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
-from structlog.typing import FilteringBoundLogger
-
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.redaction import MIN_FRAGMENT, scrub
-from pgcrond.run.attempt import Ending, RunRequest, Watch
+from pgcrond.run.attempt import Attempt, Ending, RunRequest
 from pgcrond.run.output import http_response
 
 if TYPE_CHECKING:
@@ -176,13 +174,9 @@ def _character_kind(character: str) -> str:
     return "a character outside ASCII" if ord(character) > 0x7F else "a control character"
 
 
-async def run_http(
-    action: HttpAction,
-    request: RunRequest,
-    environ: Mapping[str, str],
-    watch: Watch,
-    log: FilteringBoundLogger,
-) -> Ending:
+async def run(action: HttpAction, attempt: Attempt) -> Ending:
+    """The executor of ``http:``: one request, its status checked against ``expect``."""
+    request, environ, watch, log = attempt.request, attempt.environ, attempt.watch, attempt.log
 
     try:
         headers = request_headers(action, request, environ)
@@ -190,7 +184,7 @@ async def run_http(
         # The environment the value came from will not change before a retry.
         return Ending("fail", f"http: {exc}", permanent=True)
     secrets = header_secrets(action, environ)
-    watch.output.hide(secrets)
+    attempt.output.hide(secrets)
     shown_url = action.shown_url
     log.debug(
         "http_request",
@@ -204,6 +198,7 @@ async def run_http(
     )
     started = time.monotonic()
     task = asyncio.ensure_future(_send(action, headers))
+    attempt.started()
     stop = await watch.until_stop(task)
     if stop is not None:
         task.cancel()
@@ -229,7 +224,7 @@ async def run_http(
         return Ending("fail", error)
     status = response.status_code
     success = status in action.expect
-    watch.output.feed(
+    attempt.output.feed(
         "stdout",
         http_response(
             response.http_version,
@@ -257,7 +252,7 @@ async def run_http(
 
 
 async def _send(action: HttpAction, headers: dict[str, str]) -> httpx.Response:
-    import httpx  # see run_http
+    import httpx  # see run
 
     timeout = action.timeout.total_seconds()
     # No redirects followed (a 3xx outside expect is a failure), no proxies or

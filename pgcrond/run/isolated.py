@@ -1,8 +1,9 @@
-"""Child-process host for ``isolate: true`` entrypoints.
+"""``isolate: true`` entrypoints: the executor, and the child-process host it starts.
 
 ``python -m pgcrond.run.isolated --result-fd N --sys-path JSON TARGET``
 
-The runner starts this in a process group of its own, exactly like a command,
+The executor (:func:`run`) starts this module in a process group of its own,
+exactly like a command (:func:`pgcrond.run.command.run_process`),
 so a stuck entrypoint can be killed. The run context arrives as the ``PGCRON_*``
 environment variables; SIGTERM (the first step of the stop sequence) sets the
 run's Cancellation so cooperative code can stop before SIGKILL. When the
@@ -25,20 +26,57 @@ from pathlib import Path
 from typing import Any
 
 from pgcrond import logs
+from pgcrond.core.actions import EntrypointAction
 from pgcrond.core.cancel import Cancellation
+from pgcrond.run.attempt import Attempt, Ending, describe
+from pgcrond.run.command import run_process
 from pgcrond.run.context import RunContext
 from pgcrond.run.entrypoints import resolve
 
 FAILURE_EXIT = 1
-ERROR_CAP = 2000
 TERMINATED = "terminated"
+_READ_CHUNK = 64 * 1024
 
 
-def describe(exc: BaseException) -> str:
-    """``ExcType: message``, capped so one huge message cannot flood the record."""
-    message = str(exc)
-    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    return text[:ERROR_CAP]
+async def run(action: EntrypointAction, attempt: Attempt) -> Ending:
+    """The executor of ``entrypoint:`` with ``isolate: true``: this module as a child."""
+    read_end, write_end = os.pipe()
+    argv = [
+        sys.executable,
+        "-m",
+        "pgcrond.run.isolated",
+        "--result-fd",
+        str(write_end),
+        "--sys-path",
+        json.dumps(sys.path),
+        action.target,
+    ]
+    try:
+        ending = await run_process(argv, attempt, hand_over=write_end)
+        error = _read_available(read_end)
+    finally:
+        os.close(read_end)
+    if ending.outcome == "fail" and error:
+        return Ending("fail", error, ending.exit_code)
+    return ending
+
+
+def _read_available(fd: int) -> str:
+    # Non-blocking: a grandchild that inherited the write end must not stall us.
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+# -- the child ------------------------------------------------------------------
 
 
 async def _await(awaitable: Awaitable[Any], cancellation: Cancellation) -> None:

@@ -29,11 +29,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from structlog.typing import FilteringBoundLogger
-
 from pgcrond.core.actions import SqlAction, SqlWork
 from pgcrond.errors import DatabaseUnavailable, PgcrondError, SqlJobFailed
-from pgcrond.run.attempt import Ending, RunRequest, Watch
+from pgcrond.run.attempt import Attempt, Ending, RunRequest, Watch
 
 QUERY_CANCELED = "57014"  # statement_timeout (or a cancel request)
 # The server's own statement_timeout should end a slow statement first (a
@@ -54,9 +52,9 @@ def bound_parameters(request: RunRequest) -> dict[str, Any]:
     }
 
 
-async def run_sql(
-    action: SqlAction, request: RunRequest, watch: Watch, log: FilteringBoundLogger
-) -> Ending:
+async def run(action: SqlAction, attempt: Attempt) -> Ending:
+    """The executor of ``sql:``: the script in one transaction that commits with SUCCESS."""
+    request, watch, log = attempt.request, attempt.watch, attempt.log
 
     if request.commit is None:
         return Ending("fail", "sql: needs the lease guard to commit with", permanent=True)
@@ -66,12 +64,13 @@ async def run_sql(
         statement_timeout=action.statement_timeout,
         role=action.role,
         idle_timeout=min(_MAX_IDLE, request.stop_grace),
-        output=watch.output.feed,
+        output=attempt.output.feed,
     )
     limited = dataclasses.replace(request, timeout=action.statement_timeout + _CLIENT_MARGIN)
     started = time.monotonic()
     sql_watch = Watch(limited, watch.cancellation, started)
     task = asyncio.ensure_future(request.commit(work))
+    attempt.started()
     stop = await sql_watch.until_stop(task)
     if stop is not None:
         # Abandoned, never awaited: on a cut network its clean-up takes as long

@@ -362,7 +362,11 @@ class LeaseStore:
         return lambda outcome: outcome.lease.id in recorded
 
     async def keep_alive(
-        self, lease: Acquired, on_failure: Callable[[Exception], None] | None = None
+        self,
+        lease: Acquired,
+        on_failure: Callable[[Exception], None] | None = None,
+        *,
+        first_wait_done: bool = False,
     ) -> None:
         """Heartbeat until cancelled; set ``lease.cancellation`` when the lease is going.
 
@@ -375,6 +379,7 @@ class LeaseStore:
         heartbeat that hangs (a partition) is not waited for past that point:
         its statement is left behind, never awaited, so no driver clean-up
         (a cancel request, a reconnect) can hold the run past its lease.
+        ``first_wait_done``: the caller waited :func:`first_wait` already.
         """
         interval = lease.timing.heartbeat.total_seconds()
         budget = lease.timing.stop_budget.total_seconds()
@@ -393,8 +398,10 @@ class LeaseStore:
                     )
                     return
                 if pending is None:
-                    beat_soon = interval and pause < remaining - _BEAT_GRID_S
-                    await asyncio.sleep(_on_grid(pause) if beat_soon else remaining)
+                    if first_wait_done:
+                        first_wait_done = False
+                    else:
+                        await asyncio.sleep(_next_wait(interval, pause, remaining))
                     if not interval or time.monotonic() >= stop_at:
                         continue
                     sent = time.monotonic()
@@ -433,16 +440,29 @@ class LeaseStore:
     async def holding(
         self, lease: Acquired, on_failure: Callable[[Exception], None] | None = None
     ) -> AsyncIterator[Acquired]:
-        """Keep ``lease`` alive in the background for the duration of the block."""
-        task = asyncio.create_task(
-            self.keep_alive(lease, on_failure), name=f"heartbeat:{lease.identity}"
-        )
+        """Keep ``lease`` alive in the background for the duration of the block.
+
+        The heartbeat's task is made only when its first beat (or the stop
+        deadline) is due: most runs end before, and cost a timer, not a task.
+        """
+        loop = asyncio.get_running_loop()
+        task: asyncio.Task[None] | None = None
+
+        def start() -> None:
+            nonlocal task
+            task = loop.create_task(self.keep_alive(lease, on_failure, first_wait_done=True))
+
+        remaining = max(lease.stop_at - time.monotonic(), 0.0)
+        interval = lease.timing.heartbeat.total_seconds()
+        timer = loop.call_later(_next_wait(interval, interval, remaining), start)
         try:
             yield lease
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            timer.cancel()
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def run_exclusive(
         self,
@@ -489,6 +509,12 @@ class LeaseStore:
 # (claimed together, renewed at the same interval) beat in the same loop turn
 # and share one statement. The stop deadline itself is never moved onto the grid.
 _BEAT_GRID_S = 0.05
+
+
+def _next_wait(interval: float, pause: float, remaining: float) -> float:
+    """Until the next heartbeat (on the grid), or the stop deadline if that comes first."""
+    beat_soon = interval and pause < remaining - _BEAT_GRID_S
+    return _on_grid(pause) if beat_soon else remaining
 
 
 def _on_grid(seconds: float) -> float:

@@ -85,8 +85,16 @@ async def join(store: LeaseStore, entry: Entry) -> None:
     )
 
 
-async def touch(store: LeaseStore, entry: Entry) -> int:
-    """Say ``entry`` is alive (joining again if its row is gone); live config hashes."""
+@dataclass(frozen=True)
+class Touched:
+    """What a touch read back: how many config hashes live replicas run, and their names."""
+
+    hashes: int
+    live: tuple[str, ...]
+
+
+async def touch(store: LeaseStore, entry: Entry) -> Touched:
+    """Say ``entry`` is alive (joining again if its row is gone); the live replicas."""
     row = await store.db.fetchone(
         store.queries.get("registry_touch"),
         {"name": entry.name, "instance": entry.instance, "gone_after_ms": to_ms(GONE_AFTER)},
@@ -94,7 +102,7 @@ async def touch(store: LeaseStore, entry: Entry) -> int:
     assert row is not None  # an aggregate always answers
     if not row["touched"]:
         await join(store, entry)
-    return int(row["hashes"])
+    return Touched(int(row["hashes"]), tuple(row["names"]))
 
 
 async def leave(store: LeaseStore, entry: Entry) -> None:

@@ -993,14 +993,16 @@ SELECT name, version, started_at, last_seen FROM {replicas} WHERE name = %(name)
 -- name: registry_touch
 -- The registry's one idle statement, once a minute per replica: say this
 -- replica is alive and, in the same round trip, count the config hashes that
--- live replicas run (the drift gauge). touched = 0: the row is gone (deleted
--- by hand, or taken over after a long outage): the replica joins again.
+-- live replicas run (the drift gauge) and name the live replicas (the peers
+-- spread shares ticks with). touched = 0: the row is gone (deleted by hand,
+-- or taken over after a long outage): the replica joins again.
 WITH touched AS (
     UPDATE {replicas} SET last_seen = clock_timestamp()
     WHERE name = %(name)s AND instance = %(instance)s
     RETURNING name
 )
-SELECT (SELECT count(*) FROM touched) AS touched, count(DISTINCT config_hash) AS hashes
+SELECT (SELECT count(*) FROM touched) AS touched, count(DISTINCT config_hash) AS hashes,
+       coalesce(array_agg(name ORDER BY name), '{{}}') AS names
 FROM {replicas}
 WHERE last_seen > clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
 

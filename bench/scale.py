@@ -1,0 +1,281 @@
+"""Co-firing jobs at scale: one tick of N per-minute jobs on R replicas, judged by the database.
+
+    .venv/bin/python -m bench.scale [--jobs 1000,10000] [--replicas 1,3] [--write-docs]
+
+Every job is an in-process async entrypoint that returns at once
+(``bench.jobs:async_noop``, ``concurrency: allow``), so what is measured is
+pgcrond: for each (jobs, replicas) a fresh schema on one throwaway
+PostgreSQL, R ``pgcrond run`` replicas, one shared tick, then SIGTERM. Every
+figure comes from the lease table by the database's clock (claimed:
+``acquired_at - tick``, finished: ``finished_at - tick``), the server's
+transaction counter (statements of the tick, after the replicas exited), the
+replicas' rusage (CPU for the tick is read from /proc around it; max RSS at
+exit), a ``/metrics`` scrape of replica 0 half a second into the tick, and
+each replica's own loop-stall probe (``loop_stall_max_s`` of ``daemon_stopped``).
+Duplicates are ``run_started`` lines beyond one per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.side_by_side import (
+    BIN,
+    CLOCK_TICK,
+    Replica,
+    base_env,
+    emit,
+    header,
+    load_note,
+    markdown_table,
+    percentile,
+    progress,
+    spawn,
+    sql,
+    stop,
+    transactions,
+    wait_ready,
+    with_db,
+    write_docs,
+)
+from pgcrond.daemon.registry import SETTLE_S
+from pgcrond.testing import LocalServer, throwaway
+
+COLUMNS = (
+    "jobs",
+    "replicas",
+    "misses / duplicates",
+    "claimed p50 / p99",
+    "finished p50 / p99",
+    "runs per replica",
+    "statements (per 500 jobs per replica)",
+    "CPU for the tick",
+    "max RSS",
+    "/metrics during the tick",
+    "longest loop stall",
+    "start to ready",
+)
+
+
+@dataclass
+class Figures:
+    jobs: int
+    replicas: int
+    row: dict[str, str]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+
+
+def write_config(path: Path, jobs: int, second: int, extra: list[str]) -> None:
+    lines = [
+        "database: {url: '${PGCROND_DATABASE_URL}'}",
+        *extra,
+        "defaults:",
+        "  concurrency: allow",
+        "  late_ticks: all",
+        "jobs:",
+    ]
+    lines += [
+        f"  job-{n:05d}: {{cron: '{second} * * * * *', entrypoint: 'bench.jobs:async_noop'}}"
+        for n in range(jobs)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def scrape(port: int, at: float, into: dict[str, float]) -> None:
+    """One scrape at ``at`` (a scraper's steady state: there was one before, at ``at - 3``)."""
+    for moment in (at - 3, at):
+        time.sleep(max(0.0, moment - time.time()))
+        _scrape_once(port, into)
+
+
+def _scrape_once(port: int, into: dict[str, float]) -> None:
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as answer:
+            body = answer.read()
+    except OSError as exc:
+        progress(f"scrape failed: {exc}")
+        return
+    into["seconds"] = time.monotonic() - started
+    into["bytes"] = len(body)
+
+
+def stall(replica: Replica) -> float:
+    for line in replica.log.read_text(errors="replace").splitlines():
+        if '"daemon_stopped"' in line:
+            return float(json.loads(line).get("loop_stall_max_s") or math.nan)
+    return math.nan
+
+
+def run_started(replica: Replica) -> int:
+    lines = replica.log.read_text(errors="replace").splitlines()
+    return sum('"run_started"' in line and '"job-' in line for line in lines)
+
+
+def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy on replica 0 (``--profile``), stopped with SIGINT once the tick is done."""
+    argv = [str(BIN / "py-spy"), "record", "--pid", str(pid), "--format", "raw", "-r", "100"]
+    return subprocess.Popen([*argv, "-o", str(out)], stdout=subprocess.DEVNULL)
+
+
+def one(
+    server: LocalServer,
+    workdir: Path,
+    jobs: int,
+    replicas: int,
+    extra: list[str],
+    profile: Path | None = None,
+) -> Figures:
+    db = f"scale_{jobs}_{replicas}"
+    sql(server.dsn, f'DROP DATABASE IF EXISTS "{db}"')
+    sql(server.dsn, f'CREATE DATABASE "{db}"')
+    dsn = with_db(server.dsn, db)
+    env = base_env(PGCROND_DATABASE_URL=dsn)
+    # The tick: the first whole minute's second far enough after start-up.
+    guess = time.time() + 14 + (1 + jobs / 1500) * max(1.0, replicas / 2) * 1.5
+    tick = math.ceil(guess)
+    config = workdir / f"scale-{jobs}-{replicas}.yaml"
+    write_config(config, jobs, tick % 60, extra)
+    migrate = [str(BIN / "pgcrond"), "migrate", "-c", str(config)]
+    subprocess.run(migrate, env=env, check=True, stdout=subprocess.DEVNULL)
+    ports = [free_port() for _ in range(replicas)]
+    argv = [str(BIN / "pgcrond"), "run", "-c", str(config), "--log-format", "json", "--http"]
+    progress(f"scale: {jobs} jobs x {replicas} replicas, tick at second {tick % 60}")
+    started = [
+        spawn([*argv, f"127.0.0.1:{port}"], env, workdir / f"scale-{jobs}-{replicas}-{n}.log")
+        for n, port in enumerate(ports)
+    ]
+    wait_ready(started, '"daemon_ready"', timeout=300)
+    ready = max(r.ready - r.spawned for r in started)
+    # Past the registry's settle touch (spread then knows every peer), with
+    # room for the scrape before the tick.
+    settled = time.time() + SETTLE_S + 2
+    if tick < settled:
+        tick += 60 * math.ceil((settled - tick) / 60)
+        progress(f"scale: ready after the tick; waiting {tick - time.time():.0f}s")
+    time.sleep(max(0.0, tick - 4.0 - time.time()))
+    before = transactions(server)[db]
+    cpu_before = [cpu_seconds(r.pid) for r in started]
+    scraped: dict[str, float] = {}
+    scraper = threading.Thread(target=scrape, args=(ports[0], tick + 0.5, scraped))
+    scraper.start()
+    spy = None
+    if profile is not None:
+        spy = profiler(started[0].pid, profile / f"scale-{jobs}-{replicas}.txt")
+    deadline = tick + 60
+    done = 0
+    while time.time() < deadline:
+        done = sql(
+            dsn,
+            "SELECT count(*) FROM pgcrond.leases WHERE status <> 'RUNNING' AND code LIKE 'job-%%'",
+        )[0][0]
+        if time.time() > tick and done >= jobs:
+            break
+        time.sleep(0.25)
+    time.sleep(1.0)  # room for a late duplicate to show
+    cpu_after = [cpu_seconds(r.pid) for r in started]
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
+    scraper.join()
+    rows = sql(
+        dsn,
+        "SELECT owner, status, extract(epoch FROM acquired_at) - %s, "
+        "extract(epoch FROM finished_at) - %s FROM pgcrond.leases WHERE code LIKE 'job-%%'",
+        (tick, tick),
+    )
+    stop(started)
+    after = transactions(server)[db]
+    success = [r for r in rows if r[1] == "SUCCESS"]
+    claimed = [float(r[2]) * 1000 for r in success]
+    finished = [float(r[3]) * 1000 for r in success]
+    by_owner: dict[str, int] = {}
+    for r in success:
+        by_owner[str(r[0])] = by_owner.get(str(r[0]), 0) + 1
+    starts = sum(run_started(r) for r in started)
+    statements = after - before
+    per_500 = statements / max(1.0, jobs / 500) / replicas
+    cpu = [b - a for a, b in zip(cpu_before, cpu_after, strict=True)]
+    stalls = [stall(r) for r in started]
+
+    def pair(values: list[float]) -> str:
+        if not values:
+            return "-"
+        return f"{percentile(values, 0.5):,.0f} / {percentile(values, 0.99):,.0f} ms"
+
+    row = {
+        "jobs": f"{jobs:,}",
+        "replicas": str(replicas),
+        "misses / duplicates": f"{jobs - len(success)} / {max(0, starts - jobs)}",
+        "claimed p50 / p99": pair(claimed),
+        "finished p50 / p99": pair(finished),
+        "runs per replica": " / ".join(str(n) for n in sorted(by_owner.values(), reverse=True)),
+        "statements (per 500 jobs per replica)": f"{statements:,} ({per_500:.1f})",
+        "CPU for the tick": " / ".join(f"{c:.1f}" for c in cpu) + " s",
+        "max RSS": f"{max(r.max_rss_mib for r in started):.0f} MiB",
+        "/metrics during the tick": (
+            f"{scraped['seconds'] * 1000:,.0f} ms ({scraped['bytes'] / 1024:,.0f} KiB)"
+            if scraped
+            else "-"
+        ),
+        "longest loop stall": f"{max(stalls) * 1000:,.0f} ms",
+        "start to ready": f"{ready:.2f} s",
+    }
+    progress(f"scale: {row}")
+    sql(server.dsn, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    return Figures(jobs, replicas, row)
+
+
+def counts(text: str) -> list[int]:
+    return [int(part) for part in text.split(",")]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=counts, default=[100, 1000, 10000])
+    parser.add_argument("--replicas", type=counts, default=[1, 3, 6])
+    parser.add_argument("--profile", type=Path, help="py-spy replica 0 into this directory")
+    parser.add_argument("--write-docs", action="store_true", help="rewrite docs/performance.md")
+    parser.add_argument(
+        "--set", action="append", default=[], help="a top-level config line, e.g. 'spread: 0'"
+    )
+    args = parser.parse_args()
+    load = load_note()
+    rows = []
+    with throwaway() as server:
+        workdir = Path(server.data_dir).parent / "bench-scale"
+        workdir.mkdir(exist_ok=True)
+        for jobs in args.jobs:
+            for replicas in args.replicas:
+                rows.append(one(server, workdir, jobs, replicas, args.set, args.profile).row)
+        emit(rows, COLUMNS)
+        if args.write_docs:
+            command = "bench.scale " + " ".join(sys.argv[1:])
+            body = header(server, f".venv/bin/python -m {command}", load)
+            write_docs("scale-tick", body + "\n" + markdown_table(rows, COLUMNS, COLUMNS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""What a fire tells the rest of the replica: the events protocol of :mod:`pgcrond.fire`.
+
+The fire decides and records; what it decided is counted (metrics), accounted
+for (MISSED rows, the outage window) and announced (failure hooks) by
+subscribers of the daemon, which the fire layer must not import. A subscriber
+overrides the events it cares about; every event here is a no-op.
+
+The contract for every subscriber: called on the loop, in the fire's own
+task, so it returns at once (it may start a task of its own) and never
+raises (an exception would end the fire; a subscriber catches its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from pgcrond.config.models import JobConfig
+from pgcrond.core.keys import Identity
+from pgcrond.guard.base import Held, Outcome
+from pgcrond.run.attempt import RunResult
+
+
+class FireEvents:
+    """Every event of a fire, as a no-op: subscribe by overriding."""
+
+    def fired(self, job: JobConfig) -> None:
+        """This replica's timer went off for a tick of ``job`` (or a run was asked for)."""
+
+    def claim_won(self, job: JobConfig, held: Held) -> None:
+        """This replica runs the attempt ``held`` (``held.claimed_from`` says how it came)."""
+
+    def claim_lost(self, job: JobConfig, reason: str) -> None:
+        """Another replica runs or ran the tick; ``reason`` is the claim's answer."""
+
+    def skipped(self, job: JobConfig, reason: str) -> None:
+        """The tick is not run on purpose: ``paused``, ``overlap``, ``suspended``."""
+
+    def paused(self, job: JobConfig, paused: bool) -> None:
+        """A claim's answer said whether ``job`` is paused now."""
+
+    def missed(
+        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
+    ) -> None:
+        """No replica may run the tick any more: ``cause`` is late, coalesced or
+        database_unavailable; ``recorded``: the guard already stored it (MISSED)."""
+
+    def run_started(self, job: JobConfig, lateness_s: float) -> None:
+        """An attempt starts here, ``lateness_s`` after its tick's fire time."""
+
+    def run_finished(self, job: JobConfig, outcome: str, duration_s: float) -> None:
+        """An attempt ended here: ``outcome`` is the runner's, or ``lease_lost``."""
+
+    def recorded(self, job: JobConfig, kind: Outcome, final: bool) -> None:
+        """The attempt's outcome is stored; ``final``: no retry time follows it."""
+
+    def failed_for_good(self, job: JobConfig, held: Held, result: RunResult) -> None:
+        """The attempt failed and no retry follows: the job's ``on_failure`` hooks."""
+
+    def database(self, operation: str, ok: bool) -> None:
+        """A database call of ``operation`` (claim, finalize) got through, or did not."""
+
+
+class FanOut(FireEvents):
+    """Every event to each subscriber in turn, in the order given."""
+
+    def __init__(self, subscribers: Sequence[FireEvents]) -> None:
+        self._subscribers = tuple(subscribers)
+
+    def fired(self, job: JobConfig) -> None:
+        for s in self._subscribers:
+            s.fired(job)
+
+    def claim_won(self, job: JobConfig, held: Held) -> None:
+        for s in self._subscribers:
+            s.claim_won(job, held)
+
+    def claim_lost(self, job: JobConfig, reason: str) -> None:
+        for s in self._subscribers:
+            s.claim_lost(job, reason)
+
+    def skipped(self, job: JobConfig, reason: str) -> None:
+        for s in self._subscribers:
+            s.skipped(job, reason)
+
+    def paused(self, job: JobConfig, paused: bool) -> None:
+        for s in self._subscribers:
+            s.paused(job, paused)
+
+    def missed(
+        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
+    ) -> None:
+        for s in self._subscribers:
+            s.missed(job, identity, tick, cause, recorded)
+
+    def run_started(self, job: JobConfig, lateness_s: float) -> None:
+        for s in self._subscribers:
+            s.run_started(job, lateness_s)
+
+    def run_finished(self, job: JobConfig, outcome: str, duration_s: float) -> None:
+        for s in self._subscribers:
+            s.run_finished(job, outcome, duration_s)
+
+    def recorded(self, job: JobConfig, kind: Outcome, final: bool) -> None:
+        for s in self._subscribers:
+            s.recorded(job, kind, final)
+
+    def failed_for_good(self, job: JobConfig, held: Held, result: RunResult) -> None:
+        for s in self._subscribers:
+            s.failed_for_good(job, held, result)
+
+    def database(self, operation: str, ok: bool) -> None:
+        for s in self._subscribers:
+            s.database(operation, ok)
