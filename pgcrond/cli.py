@@ -25,6 +25,7 @@ examples:
   pgcrond run -c config/example.yaml            run the daemon
   pgcrond status -c config/                     what runs, what ran, what failed
   pgcrond history --job nightly --status FAIL   past failures of one job
+  pgcrond logs nightly                          what its newest attempt printed
   pgcrond init && pgcrond check pgcrond.yaml    start a config from a commented template
 
 output:
@@ -52,6 +53,7 @@ HANDLERS: dict[str, str] = {
     "status": "pgcrond.ops.commands:status_command",
     "plan": "pgcrond.ops.plan:plan_command",
     "history": "pgcrond.ops.commands:history_command",
+    "logs": "pgcrond.ops.attempts:logs_command",
     "trigger": "pgcrond.ops.trigger:trigger_command",
     "unlock": "pgcrond.ops.unlock:unlock_command",
     "prune": "pgcrond.ops.prune:prune_command",
@@ -263,6 +265,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="also pgcrond's own rows (pgcrond:catch-up, pgcrond:prune), hidden by default",
     )
     _add_output(history)
+
+    logs = sub.add_parser(
+        "logs",
+        help="what an attempt printed: the kept head and tail of its stdout and stderr",
+        description="Print an attempt's output as its attempt record keeps it: the first "
+        "2 KiB and last 16 KiB of each stream (how much was dropped between them is "
+        "said), redacted, with control characters and invalid UTF-8 escaped. A failed "
+        "attempt shows stderr first. Default: the job's newest attempt.",
+    )
+    _add_config(logs, required=False)
+    _add_database(logs)
+    logs.add_argument("job", metavar="CODE", help="the job")
+    logs.add_argument(
+        "--run-key", metavar="K", help="this tick (or manual run); default: the newest"
+    )
+    logs.add_argument(
+        "--attempt", type=int, metavar="N", help="this attempt of it; default: the newest"
+    )
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="if the attempt is still running, wait for it to end, then print its output "
+        "(it cannot be streamed from here: the output is stored when the attempt ends; "
+        "the replica running it streams it to its own log as job_output events)",
+    )
+    _add_output(logs)
 
     trigger = sub.add_parser(
         "trigger",

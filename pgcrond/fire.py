@@ -473,7 +473,7 @@ class Firing:
                 job,
                 "finalize",
                 lambda: guard.record(
-                    held, Verdict(kind, result.error or result.outcome, retry_after)
+                    held, Verdict(kind, result.error or result.outcome, retry_after, result)
                 ),
                 None,
             )

@@ -14,6 +14,8 @@ from typing import Any
 from pgcrond.config.models import JobConfig
 from pgcrond.core.durations import format_duration
 from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule
+from pgcrond.run.output import safe
+from pgcrond.storage import attempts
 from pgcrond.storage.registry import Drift, LiveReplica
 
 NONE = "-"
@@ -161,6 +163,34 @@ def history_entry(row: Mapping[str, Any]) -> dict[str, Any]:
         "duration_s": None if finished is None else seconds(finished - row["acquired_at"]),
         "error": row["error"],
     }
+
+
+def attempt_entry(row: Mapping[str, Any], *, output: bool = False) -> dict[str, Any]:
+    """An attempt record as ``pgcrond logs`` / ``history --json`` and the status page show it.
+
+    Its text is safe to print anywhere (control characters and invalid UTF-8
+    escaped); ``output`` adds the kept head and tail of each stream.
+    """
+    started, finished = row["started_at"], row["finished_at"]
+    duration_ms = row["duration_ms"]
+    if duration_ms is not None:
+        duration = round(duration_ms / 1000, 3)
+    else:
+        duration = None if finished is None else seconds(finished - started)
+    entry = {
+        "attempt": row["attempt"],
+        "status": row["status"],
+        "replica": safe(row["replica"]),
+        "fencing_token": row["fencing_token"],
+        "started_at": started,
+        "finished_at": finished,
+        "duration_s": duration,
+        "exit_code": row["exit_code"],
+        "error": None if row["error"] is None else safe(row["error"]),
+    }
+    if output:
+        entry["output"] = attempts.output_of(row).as_json()
+    return entry
 
 
 def pause_entry(job: JobConfig, pause: Any | None) -> dict[str, Any] | None:

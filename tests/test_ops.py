@@ -429,6 +429,8 @@ def test_history_filters_by_job_status_since_and_limit_and_json_keeps_the_full_e
         "retry_at": None,
         "duration_s": 0.85,
         "error": TRACEBACK,
+        # Written straight into the table, so without attempt records.
+        "attempts": [],
     } == {key: value for key, value in failed.items() if key not in ("id", "fencing_token")}
 
 

@@ -6,7 +6,7 @@ does not depend on the YAML loader that builds them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import MappingProxyType
@@ -71,6 +71,10 @@ class SqlAction:
             raise ValidationError("timeout", "must be longer than 0")
 
 
+# The two streams of an attempt's output (pgcrond.run.output keeps them).
+OutputStream = Literal["stdout", "stderr"]
+
+
 @dataclass(frozen=True)
 class SqlWork:
     """One run's ``sql:`` statements with their bound values, for the guard to commit."""
@@ -82,6 +86,11 @@ class SqlWork:
     # Server-side bounds for a client that vanishes mid-transaction (killed,
     # paused, partitioned): its row lock must not outlive the lease for long.
     idle_timeout: timedelta = timedelta(seconds=5)
+    # Told what the attempt record keeps, (stream, bytes): each statement's
+    # command tag on "stdout", the server's notices on "stderr".
+    output: Callable[[OutputStream, bytes], None] | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 # What committing SQL work together with SUCCESS came to: both, or neither

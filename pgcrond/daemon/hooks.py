@@ -5,7 +5,9 @@ failure; bounded (a timeout per attempt, a few retries on a connect error,
 5xx or 429) and never awaited by the fire, so a slow receiver cannot hold up
 the next tick. The webhook gets the event as JSON; the command gets it on
 stdin and as ``PGCRON_*`` variables, in an environment stripped of the
-daemon's secrets (the DSN never reaches either).
+daemon's secrets (the DSN never reaches either). The event carries the failed
+attempt's output tail (``output.stdout`` / ``output.stderr``: ``text``,
+``dropped_bytes``), as its attempt record keeps it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class FailureHooks(FireEvents):
             "outcome": result.outcome,
             "error": result.error,
             "exit_code": result.exit_code,
+            # The attempt's output tail, as its record keeps it (redacted,
+            # bounded, shown safely): what a person needs to see why.
+            "output": result.output.as_json(),
             "replica": self.replica,
             "at": datetime.now(UTC).isoformat(),
         }

@@ -53,7 +53,7 @@ from pgcrond.core.schedule import Schedule, manual_run_key, tick_of
 from pgcrond.daemon import page_auth
 from pgcrond.daemon.exchange import Request, Response
 from pgcrond.errors import PgcrondError
-from pgcrond.storage import jobstate, registry
+from pgcrond.storage import attempts, jobstate, registry
 from pgcrond.storage import status as reads
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.requests import request_run
@@ -97,6 +97,18 @@ OUTCOME_CLASSES = {
     "RUNNING": "run",
     "NO_ROW": "miss",
 }
+
+# An attempt record's status -> the badge colour of the tick outcome it matches.
+ATTEMPT_CLASSES = {
+    "success": "ok",
+    "fail": "fail",
+    "timeout": "fail",
+    "lost": "fail",
+    "released": "skip",
+    "running": "run",
+}
+# The newest attempts a job's page shows with their output (up to 36 KiB each).
+ATTEMPTS_SHOWN = 10
 
 Answer = tuple[int, str, bytes]
 # ASCII digits only, and few of them: str.isdigit() also takes '²', which
@@ -524,15 +536,25 @@ class StatusPage:
         [entry] = await self._job_entries(store, [job], now, next_fires=NEXT_FIRES)
         rows = [tick_entry(row) for row in await reads.ticks(store, job.code)]
         asked = [request_entry(row) for row in await reads.requests(store, job.code)]
+        kept = [
+            attempt_entry(row)
+            for row in await attempts.of_job(store, job.code, limit=ATTEMPTS_SHOWN)
+        ]
         data = {
             "generated_at": now,
             "replica": self.replica,
             "job": entry,
             "ticks": rows,
             "requests": asked,
+            "attempts": kept,
         }
         actions = "" if signed_in is None else _actions(job, entry["paused"], signed_in)
-        body = actions + _job_body(job, entry, rows, now) + _requests_table(asked, now)
+        body = (
+            actions
+            + _job_body(job, entry, rows, now)
+            + _attempts_section(kept, now)
+            + _requests_table(asked, now)
+        )
         return View(f"Job {job.code}", job_path(job.code, ".json"), data, body)
 
     # -- data -------------------------------------------------------------------------------
@@ -765,6 +787,11 @@ def request_entry(row: Mapping[str, Any]) -> dict[str, Any]:
         "done_at": row["done_at"],
         "outcome": row["outcome"],
     }
+
+
+def attempt_entry(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An attempt record with its output: ``pgcrond logs --json``'s fields."""
+    return {"run_key": row["run_key"], **report.attempt_entry(row, output=True)}
 
 
 def tick_entry(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -1111,6 +1138,51 @@ def _requests_table(asked: list[dict[str, Any]], now: datetime) -> str:
         '<h2>Manual runs requested</h2><div class="scroll"><table class="requests cards-on-phone">'
         "<thead><tr><th>Run key</th><th>Requested by</th><th>Requested</th><th>Taken by</th>"
         f"<th>Outcome</th></tr></thead><tbody>{rows}</tbody></table></div>"
+    )
+
+
+def _attempts_section(kept: list[dict[str, Any]], now: datetime) -> str:
+    """Each recent attempt and what it printed: streams collapsed, the failing one first.
+
+    The text is already safe (control characters and invalid UTF-8 escaped,
+    pgcrond.run.output.shown); esc() makes it safe in HTML too.
+    """
+    if not kept:
+        return (
+            '<h2>Attempts</h2><p class="empty">No attempt records yet (kept for runs under '
+            "the lease guard).</p>"
+        )
+    out = []
+    for a in kept:
+        failed = a["status"] not in ("success", "running")
+        exit_code = "" if a["exit_code"] is None else f" · exit {a['exit_code']}"
+        error = f'<p class="err">{esc(a["error"])}</p>' if a["error"] else ""
+        streams = []
+        order = ("stderr", "stdout") if failed else ("stdout", "stderr")
+        for name in order:
+            stream = a["output"][name]
+            dropped = stream["dropped_bytes"]
+            if not stream["text"]:
+                streams.append(f'<p class="stream empty">{name}: empty</p>')
+                continue
+            note = f" · {dropped} bytes in the middle not kept" if dropped else ""
+            streams.append(
+                f'<details class="stream {name}"><summary>{name}{esc(note)}</summary>'
+                f"<pre>{esc(stream['text'])}</pre></details>"
+            )
+        out.append(
+            f'<article class="attempt"><header><code>{esc(a["run_key"] or "(initial)")}</code> '
+            f'attempt {esc(a["attempt"])} <span class="badge {ATTEMPT_CLASSES[a["status"]]}">'
+            f"{esc(a['status'])}</span><small>on {esc(a['replica'])} · started "
+            f"{esc(report.when(a['started_at']))} ({esc(report.relative(a['started_at'] - now))})"
+            f" · took {esc(report.took(a['duration_s']))}{esc(exit_code)}</small></header>"
+            f"{error}{''.join(streams)}</article>"
+        )
+    return (
+        f"<h2>Attempts (newest first, {len(kept)})</h2>"
+        f'<p class="note">What each attempt printed, as its record keeps it: the first 2 KiB '
+        f"and last 16 KiB of each stream, redacted (also <code>pgcrond logs CODE</code>).</p>"
+        f'<div class="attempts">{"".join(out)}</div>'
     )
 
 

@@ -57,6 +57,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
 from pgcrond.errors import Unsupported
+from pgcrond.run.attempt import RunResult
 
 RefusalReason = Literal[
     # Another replica holds a live claim (wait: until it could lapse).
@@ -97,6 +98,9 @@ class Verdict:
     error: str | None = None
     # A failure to be claimed again after this long; None: final.
     retry_after: timedelta | None = None
+    # What the run left (exit code, duration, output), for a guard that keeps
+    # attempt records; None where nothing ran.
+    run: RunResult | None = field(default=None, compare=False, repr=False)
 
     @property
     def retries(self) -> bool:

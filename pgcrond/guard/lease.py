@@ -32,6 +32,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
 from pgcrond.guard.spread import Spread
+from pgcrond.storage.attempts import AttemptEnd
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.leases import LeaseStore
 
@@ -277,17 +278,31 @@ class LeaseGuard(Guard):
     async def record(self, held: Held, verdict: Verdict) -> Recorded:
         outcome, error, retry_after = verdict.outcome, verdict.error, verdict.retry_after
         lease = self._open[held.identity].lease
+        end = AttemptEnd.of(verdict.run)
         if outcome == "success" and self._open[held.identity].committed:
-            return "done"  # recorded in the job's own transaction
+            # Recorded in the job's own transaction; its attempt record is
+            # told what the statements left. The tick is done either way.
+            try:
+                await _bounded(
+                    self.store.close_attempt(lease, "success", end), FINALIZE_TIMEOUT_S, "finalize"
+                )
+            except PgcrondError as exc:
+                log.warning(
+                    "attempt_not_recorded",
+                    job=held.identity.code,
+                    run_key=held.identity.run_key,
+                    error=str(exc),
+                )
+            return "done"
         pending: Awaitable[bool]
         if outcome == "success":
-            pending = self.store.complete(lease)
+            pending = self.store.complete(lease, end)
         elif outcome == "released":
-            pending = self.store.release(lease)
+            pending = self.store.release(lease, end)
         else:
             reason = "timeout" if outcome == "timeout" else "error"
             pending = self.store.fail(
-                lease, error or outcome, reason=reason, retry_after=retry_after
+                lease, error or outcome, reason=reason, retry_after=retry_after, end=end
             )
         try:
             recorded = await _bounded(pending, FINALIZE_TIMEOUT_S, "finalize")

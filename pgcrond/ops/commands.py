@@ -14,8 +14,8 @@ from pgcrond.config.loader import Config, JobConfig
 from pgcrond.core.durations import parse_duration
 from pgcrond.errors import CommandError
 from pgcrond.ops.session import EXIT_OK, Target, run_command
+from pgcrond.storage import attempts, registry
 from pgcrond.storage import history as records
-from pgcrond.storage import registry
 from pgcrond.storage.leases import LeaseStore
 
 ERROR_WIDTH = 60
@@ -198,6 +198,9 @@ async def _history(args: argparse.Namespace, target: Target, store: LeaseStore) 
         internal=args.all or args.job is not None,
     )
     entries = [report.history_entry(row) for row in rows]
+    kept = await attempts.of_rows(store, [entry["id"] for entry in entries], output=True)
+    for entry in entries:
+        entry["attempts"] = [report.attempt_entry(row, output=True) for row in kept[entry["id"]]]
     if args.output == "json":
         print(report.to_json(entries))
         return EXIT_OK
@@ -207,23 +210,65 @@ async def _history(args: argparse.Namespace, target: Target, store: LeaseStore) 
     print(
         report.table(
             ["JOB", "RUN KEY", "STATUS", "REASON", "ATTEMPT", "OWNER", "ACQUIRED", "TOOK", "ERROR"],
-            [
-                [
-                    entry["job"],
-                    entry["run_key"] or "(initial)",
-                    entry["status"],
-                    entry["reason"] or report.NONE,
-                    str(entry["attempt"]),
-                    entry["owner"],
-                    report.when(entry["acquired_at"]),
-                    report.took(entry["duration_s"]),
-                    report.first_line(entry["error"], ERROR_WIDTH),
-                ]
-                for entry in entries
-            ],
+            [row for entry in entries for row in _history_rows(entry)],
         )
     )
     return EXIT_OK
+
+
+def _history_rows(entry: dict[str, Any]) -> list[list[str]]:
+    """A tick's row; under it, when it took more than one attempt or did not succeed, a row
+    per attempt record: how it ended and the last line it printed (``pgcrond logs`` has
+    the whole kept output)."""
+    rows = [
+        [
+            entry["job"],
+            entry["run_key"] or "(initial)",
+            entry["status"],
+            entry["reason"] or report.NONE,
+            str(entry["attempt"]),
+            entry["owner"],
+            report.when(entry["acquired_at"]),
+            report.took(entry["duration_s"]),
+            report.first_line(entry["error"], ERROR_WIDTH),
+        ]
+    ]
+    kept_attempts = entry["attempts"]
+    if len(kept_attempts) == 1 and kept_attempts[0]["status"] in ("success", "running"):
+        return rows
+    for kept in kept_attempts:
+        exit_code = kept["exit_code"]
+        rows.append(
+            [
+                "",
+                "",
+                f"└ {kept['status']}",
+                report.NONE if exit_code is None else f"exit {exit_code}",
+                str(kept["attempt"]),
+                kept["replica"],
+                report.when(kept["started_at"]),
+                report.took(kept["duration_s"]),
+                report.first_line(_attempt_note(kept), ERROR_WIDTH),
+            ]
+        )
+    return rows
+
+
+def _attempt_note(kept: dict[str, Any]) -> str | None:
+    """An attempt's error and the last line it printed (stderr first when it failed)."""
+    failed = kept["status"] not in ("success", "running")
+    streams = ("stderr", "stdout") if failed else ("stdout", "stderr")
+    last = next(
+        (
+            line.strip()
+            for name in streams
+            for line in reversed(kept["output"][name]["text"].splitlines())
+            if line.strip()
+        ),
+        None,
+    )
+    parts = [part for part in (kept["error"], last and f"› {last}") if part]
+    return " ".join(parts) or None
 
 
 def _since(text: str, now: datetime) -> datetime:

@@ -32,6 +32,7 @@ from pgcrond.core.actions import Action, Committed, SqlWork
 from pgcrond.core.box import Box
 from pgcrond.core.cancel import Cancellation
 from pgcrond.run.context import RunContext
+from pgcrond.run.output import Capture, OutputTail
 
 Outcome = Literal["success", "fail", "timeout", "cancelled"]
 
@@ -84,6 +85,8 @@ class RunResult:
     # Retry-After), or never (a failure no retry can fix).
     retry_after: timedelta | None = None
     permanent: bool = False
+    # The attempt's output as its record keeps it (pgcrond.run.output).
+    output: OutputTail = field(default_factory=OutputTail, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,8 @@ class Attempt:
 
     ``environ`` is the job's environment as a child process gets it (the
     daemon's secrets stripped, the job's ``env``, then ``PGCRON_*``);
-    ``context`` the same run as an entrypoint sees it.
+    ``context`` the same run as an entrypoint sees it; ``output`` what the attempt
+    record keeps of what it prints (every executor feeds it).
     """
 
     request: RunRequest
@@ -110,6 +114,8 @@ class Attempt:
     environ: Mapping[str, str]
     context: RunContext
     started: Callable[[], None]
+    # Where the executor puts what the attempt record keeps of its output.
+    output: Capture = field(default_factory=Capture)
 
 
 class Watch:

@@ -17,12 +17,14 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 
 from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import CommandAction, ShellAction
 from pgcrond.run.attempt import Attempt, Ending, Watch, describe
 from pgcrond.run.box import Cell
+from pgcrond.run.output import Capture, Stream
 
 # Output caps keep one chatty job from flooding the log pipeline; the pipes are
 # drained past them regardless, so the child never blocks on a full pipe.
@@ -57,7 +59,7 @@ async def run_process(argv: list[str], attempt: Attempt, *, hand_over: int | Non
     cell = Cell(attempt.request.job, attempt.request.box)
     stdout, stdout_transport = await _pipe_reader(out_read)
     stderr, stderr_transport = await _pipe_reader(err_read)
-    budget = _OutputBudget(log)
+    budget = _OutputBudget(log, attempt.output)
     pumps = asyncio.gather(_pump(stdout, "stdout", budget), _pump(stderr, "stderr", budget))
     try:
         try:
@@ -160,6 +162,11 @@ def _signal_group(group: int, signum: signal.Signals) -> None:
         os.killpg(group, signum)
 
 
+def output_lines(log: FilteringBoundLogger) -> Callable[[Stream, bytes], None]:
+    """Logs a job's lines as ``job_output``, under the same caps as a command's output."""
+    return _OutputBudget(log).emit
+
+
 def _exit_status(returncode: int) -> int | None:
     return returncode if returncode >= 0 else None
 
@@ -174,12 +181,14 @@ def _signal_name(signum: int) -> str:
 class _OutputBudget:
     """Bytes of output one run may still log, shared by stdout and stderr."""
 
-    def __init__(self, log: FilteringBoundLogger) -> None:
+    def __init__(self, log: FilteringBoundLogger, output: Capture | None = None) -> None:
         self.log = log
+        # The attempt record's copy, which sees every byte, past the log's caps too.
+        self.output = output
         self.remaining = OUTPUT_RUN_CAP
         self.exhausted = False
 
-    def emit(self, stream: str, line: bytes) -> None:
+    def emit(self, stream: Stream, line: bytes) -> None:
         if self.exhausted:
             return
         truncated = len(line) > OUTPUT_LINE_CAP
@@ -198,13 +207,15 @@ class _OutputBudget:
             self.log.info("job_output", stream=stream, line=text)
 
 
-async def _pump(reader: asyncio.StreamReader, stream: str, budget: _OutputBudget) -> None:
+async def _pump(reader: asyncio.StreamReader, stream: Stream, budget: _OutputBudget) -> None:
     # Hand-rolled line splitting: StreamReader.readline() raises on lines
     # longer than its limit, and buffering a whole long line would let a
     # single line of gigabytes live in memory.
     pending = b""
     skipping = False  # inside a long line whose head was already logged
     while chunk := await reader.read(_READ_CHUNK):
+        if budget.output is not None:
+            budget.output.feed(stream, chunk)
         if budget.exhausted:
             continue
         *lines, pending = (pending + chunk).split(b"\n")

@@ -9,11 +9,13 @@ an in-process entrypoint would have received.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
+from typing import Protocol
 
 import structlog
 from structlog.typing import FilteringBoundLogger
@@ -56,6 +58,14 @@ def run_variables(
     return variables
 
 
+class Writer(Protocol):
+    """What ``ctx.stdout`` and ``ctx.stderr`` are: enough for ``write()`` and ``print(file=)``."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class RunContext:
     """Passed as the single argument to an entrypoint.
@@ -65,6 +75,9 @@ class RunContext:
     the daemon's ``os.environ`` and must read its settings from here instead.
     ``cwd`` is the job's working directory; only an isolated entrypoint actually
     runs in it, because changing directory would affect the whole daemon.
+    ``stdout`` and ``stderr`` are the run's own streams: what an in-process
+    entrypoint writes there is logged and kept in its attempt record, as a
+    command's output is (in an isolated child they are the process's own).
     """
 
     job: str
@@ -78,6 +91,8 @@ class RunContext:
     env: Mapping[str, str]
     cwd: Path | None
     cancelled: Cancellation
+    stdout: Writer = field(default_factory=lambda: sys.stdout, compare=False, repr=False)
+    stderr: Writer = field(default_factory=lambda: sys.stderr, compare=False, repr=False)
 
     @functools.cached_property
     def log(self) -> FilteringBoundLogger:

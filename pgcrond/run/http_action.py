@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.redaction import MIN_FRAGMENT, looks_secret, scrub
 from pgcrond.run.attempt import Attempt, Ending, RunRequest
+from pgcrond.run.output import http_response
 
 if TYPE_CHECKING:
     import httpx
@@ -181,6 +182,7 @@ async def run(action: HttpAction, attempt: Attempt) -> Ending:
         # The environment the value came from will not change before a retry.
         return Ending("fail", f"http: {exc}", permanent=True)
     secrets = header_secrets(action, environ)
+    attempt.output.hide(secrets)
     shown_url = action.shown_url
     log.debug(
         "http_request",
@@ -220,6 +222,16 @@ async def run(action: HttpAction, attempt: Attempt) -> Ending:
         return Ending("fail", error)
     status = response.status_code
     success = status in action.expect
+    attempt.output.feed(
+        "stdout",
+        http_response(
+            response.http_version,
+            status,
+            response.reason_phrase,
+            redact_headers(response.headers).items(),
+            response.content,
+        ),
+    )
     level = log.info if success else log.warning
     level(
         "http_response",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import inspect
 import threading
@@ -24,6 +25,7 @@ from structlog.typing import FilteringBoundLogger
 from pgcrond.core.actions import EntrypointAction
 from pgcrond.run import leftovers
 from pgcrond.run.attempt import Attempt, Ending, Watch, describe
+from pgcrond.run.command import output_lines
 from pgcrond.run.context import RunContext
 from pgcrond.run.entrypoints import resolve
 
@@ -98,7 +100,13 @@ async def _run_entrypoint(target: str, attempt: Attempt) -> Ending:
     except Exception as exc:
         return Ending("fail", describe(exc))
     watch = attempt.watch
-    call = _EntrypointCall(function, attempt.context)
+    lines = output_lines(attempt.log)
+    context = dataclasses.replace(
+        attempt.context,
+        stdout=attempt.output.writer("stdout", lines),
+        stderr=attempt.output.writer("stderr", lines),
+    )
+    call = _EntrypointCall(function, context)
     task: asyncio.Future[str | None] = asyncio.ensure_future(call.run())
     attempt.started()
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import assert_never
@@ -24,10 +24,12 @@ from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import CommandAction, EntrypointAction, HttpAction, ShellAction, SqlAction
 from pgcrond.core.cancel import Cancellation
+from pgcrond.core.redaction import MIN_FRAGMENT
 from pgcrond.run import command, inprocess, isolated
 from pgcrond.run.attempt import Attempt, Ending, RunRequest, RunResult, Watch
 from pgcrond.run.context import RunContext, run_variables
 from pgcrond.run.environment import job_environ
+from pgcrond.run.output import Capture
 
 _log: FilteringBoundLogger = structlog.get_logger("pgcrond.run.runner")
 
@@ -53,10 +55,11 @@ async def execute(
             told = True
             on_start()
 
+    output = Capture(_secret_values(request.env))
     if cancellation.is_set():
         ending = Ending("cancelled", f"cancelled: {cancellation.reason}")
     else:
-        ending = await _execute(request, cancellation, started, tell)
+        ending = await _execute(request, cancellation, started, tell, output)
     tell()
     return RunResult(
         outcome=ending.outcome,
@@ -65,11 +68,23 @@ async def execute(
         duration_s=time.monotonic() - started,
         retry_after=ending.retry_after,
         permanent=ending.permanent,
+        output=output.tail(),
     )
 
 
+def _secret_values(job_env: Mapping[str, str]) -> list[str]:
+    """The job's own ``env:`` values that look secret by name: scrubbed from its output record."""
+    from pgcrond.run.http_action import is_secret_header  # the one list of secret-looking names
+
+    return [v for n, v in job_env.items() if is_secret_header(n) and len(v) >= MIN_FRAGMENT]
+
+
 async def _execute(
-    request: RunRequest, cancellation: Cancellation, started: float, tell: Callable[[], None]
+    request: RunRequest,
+    cancellation: Cancellation,
+    started: float,
+    tell: Callable[[], None],
+    output: Capture,
 ) -> Ending:
     deadline = None if request.timeout is None else datetime.now(UTC) + request.timeout
     variables = run_variables(
@@ -98,7 +113,8 @@ async def _execute(
         cancelled=cancellation,
     )
     log = _log.bind(job=request.job, run_key=request.run_key, attempt=request.attempt)
-    attempt = Attempt(request, Watch(request, cancellation, started), log, environ, context, tell)
+    watch = Watch(request, cancellation, started)
+    attempt = Attempt(request, watch, log, environ, context, tell, output)
     action = request.action
     match action:
         case CommandAction() | ShellAction():

@@ -64,6 +64,7 @@ async def run(action: SqlAction, attempt: Attempt) -> Ending:
         statement_timeout=action.statement_timeout,
         role=action.role,
         idle_timeout=min(_MAX_IDLE, request.stop_grace),
+        output=attempt.output.feed,
     )
     limited = dataclasses.replace(request, timeout=action.statement_timeout + _CLIENT_MARGIN)
     started = time.monotonic()

@@ -30,6 +30,7 @@ from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import LeaseTiming, to_ms
 from pgcrond.errors import LeaseLost, PgcrondError
 from pgcrond.storage import sqljob
+from pgcrond.storage.attempts import AttemptEnd, columns, finalize_columns
 from pgcrond.storage.batch import TurnBatch
 from pgcrond.storage.claims import Acquired, NotAcquired, NotAcquiredReason, Renewal
 from pgcrond.storage.db import Database
@@ -262,9 +263,21 @@ class LeaseStore:
         }
         return lambda lease: renewed.get(lease.id)
 
-    async def complete(self, lease: Acquired) -> bool:
-        """Record SUCCESS; False when fenced. A SUCCESS row is never claimed again."""
-        return await self._finalize(lease, "SUCCESS", None, None, None)
+    async def complete(self, lease: Acquired, end: AttemptEnd | None = None) -> bool:
+        """Record SUCCESS; False when fenced. A SUCCESS row is never claimed again.
+
+        ``end`` (here and for :meth:`fail` and :meth:`release`): what the
+        attempt left, for its attempt record, closed in the same statement.
+        """
+        return await self._finalize(lease, "SUCCESS", None, None, None, end=end)
+
+    async def close_attempt(self, lease: Acquired, status: str, end: AttemptEnd | None) -> None:
+        """Tell a finished attempt's record what it left (an sql: job's committed SUCCESS)."""
+        await self.db.execute(
+            self.queries.get("attempt_close"),
+            {"id": lease.id, "fencing_token": lease.fencing_token, "status": status,
+             "error": None, **columns(end)},
+        )  # fmt: skip
 
     async def complete_with(self, lease: Acquired, work: SqlWork) -> bool:
         """Run an sql: job's statements and record SUCCESS in one transaction; False when fenced.
@@ -281,14 +294,15 @@ class LeaseStore:
         *,
         reason: str = "error",
         retry_after: timedelta | None = timedelta(0),
+        end: AttemptEnd | None = None,
     ) -> bool:
         """Record FAIL; False when fenced. ``retry_after=None`` makes the failure final."""
-        return await self._finalize(lease, "FAIL", reason, error, retry_after)
+        return await self._finalize(lease, "FAIL", reason, error, retry_after, end=end)
 
-    async def release(self, lease: Acquired) -> bool:
+    async def release(self, lease: Acquired, end: AttemptEnd | None = None) -> bool:
         """Give a running claim back (e.g. at shutdown) so that a survivor may take it."""
         return await self._finalize(
-            lease, "FAIL", "released", "released by its owner", timedelta(0)
+            lease, "FAIL", "released", "released by its owner", timedelta(0), end=end
         )
 
     async def give_back(self, lease: Acquired, late_after: datetime) -> str | None:
@@ -311,6 +325,8 @@ class LeaseStore:
         reason: str | None,
         error: str | None,
         retry_after: timedelta | None,
+        *,
+        end: AttemptEnd | None,
     ) -> bool:
         """Record an outcome; co-finishing runs share one statement (see FINALIZE_LINGER_S)."""
         self._unfinalized.discard(lease)
@@ -321,6 +337,7 @@ class LeaseStore:
                 reason,
                 None if error is None else storable(error),
                 None if retry_after is None else to_ms(retry_after),
+                end,
             )
         )
 
@@ -334,6 +351,8 @@ class LeaseStore:
                 "reasons": [o.reason for o in outcomes],
                 "errors": [o.error for o in outcomes],
                 "retry_ms": [o.retry_ms for o in outcomes],
+                "fencing_tokens": [o.lease.fencing_token for o in outcomes],
+                **finalize_columns([o.end for o in outcomes]),
             },
         )
         recorded = {row["id"] for row in rows}
@@ -526,6 +545,7 @@ class _Outcome:
     reason: str | None
     error: str | None
     retry_ms: int | None
+    end: AttemptEnd | None = None
 
 
 def _abandon(task: asyncio.Task[Any]) -> None:

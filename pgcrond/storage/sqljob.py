@@ -58,7 +58,19 @@ async def commit_with(db: Database, queries: Queries, lease: Acquired, work: Sql
     wait = work.statement_timeout.total_seconds()
     try:
         async with db.connection(wait=wait) as conn:
-            return await _transaction(conn, queries, lease, work)
+            told = work.output
+            if told is None:
+                return await _transaction(conn, queries, lease, work)
+
+            def notice(diagnostic: psycopg.errors.Diagnostic) -> None:
+                told("stderr", f"{diagnostic.severity}: {diagnostic.message_primary}\n".encode())
+
+            # The connection goes back to the pool: its handler must not stay.
+            conn.add_notice_handler(notice)
+            try:
+                return await _transaction(conn, queries, lease, work)
+            finally:
+                conn.remove_notice_handler(notice)
     except NoConnection as exc:
         raise SqlJobFailed(
             f"no connection for sql: jobs within {wait:g}s (each running sql: job holds one "
@@ -85,7 +97,7 @@ async def _transaction(
             try:
                 async with conn.pipeline():
                     # The job's own SQL is data, run once: never prepared.
-                    await conn.execute(statement, work.params, prepare=False)
+                    ran = await conn.execute(statement, work.params, prepare=False)
                     state = await conn.execute(queries.get("sql_job_state"))
             except psycopg.Error as exc:
                 if _is_outage(exc):
@@ -99,6 +111,8 @@ async def _transaction(
                     "committed without the run's SUCCESS, so the run is failed without retries",
                     permanent=True,
                 )
+            if work.output is not None:
+                work.output("stdout", _command_tag(number, ran).encode())
             found = dict(await state.fetchone() or {})
             changed = [
                 f"{name} ({value} -> {found.get(name)})"
@@ -121,6 +135,13 @@ async def _transaction(
         if await success.fetchone() is None:
             raise LeaseLost(f"lease of {lease.identity} changed under its row lock")
     return True
+
+
+def _command_tag(number: int, cursor: psycopg.AsyncCursor[Any]) -> str:
+    """``statement 2: INSERT 0 1 (1 row)``, as psql would tell it."""
+    rows = cursor.rowcount
+    count = "" if rows < 0 else f" ({rows} row{'' if rows == 1 else 's'})"
+    return f"statement {number}: {cursor.statusmessage or '(no command tag)'}{count}\n"
 
 
 def _bounds(statement_timeout: timedelta, work: SqlWork) -> dict[str, int]:

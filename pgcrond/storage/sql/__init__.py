@@ -74,6 +74,8 @@ class Queries:
             "forbid_rows": sql.Identifier(self.schema, f"{self.table}_forbid"),
             "requests_pending": own("requests_pending_idx"),
             "replicas": sql.Identifier(self.schema, f"{self.table}_replicas"),
+            "attempts": sql.Identifier(self.schema, f"{self.table}_attempts"),
+            "attempts_status_check": own("attempts_status_check"),
         }
 
     @property

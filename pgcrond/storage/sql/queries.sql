@@ -154,6 +154,27 @@ WITH request AS (
                AND l.status = 'RUNNING'))
     RETURNING l.lock_key, l.id, l.status, l.owner, l.owner_token, l.attempt, l.fencing_token,
               l.expires_at, l.retry_at, l.reason, l.error
+), started AS (
+    -- Every won claim starts an attempt record (closed by its finalize), in
+    -- this round trip: a replica killed mid-attempt leaves one that says so.
+    INSERT INTO {attempts} AS a (lease_id, fencing_token, attempt, replica, started_at, status)
+    SELECT c.id, c.fencing_token, c.attempt, c.owner, clock_timestamp(), 'running'
+    FROM claim c
+    WHERE c.status = 'RUNNING'
+), superseded AS (
+    -- A reclaimed row's attempt still 'running' had an owner that never
+    -- finished it (killed, cut off, released by unlock): closed as lost.
+    UPDATE {attempts} AS a
+    SET status = 'lost',
+        finished_at = clock_timestamp(),
+        error = CASE WHEN c.status = 'RUNNING' THEN
+                    'lost: its replica stopped renewing the lease before the attempt ended; '
+                    || c.owner || ' took the tick over (attempt ' || c.attempt || ')'
+                ELSE
+                    'lost: its replica stopped renewing the lease before the attempt ended; '
+                    || 'not taken over (concurrency: forbid)' END
+    FROM claim c
+    WHERE a.lease_id = c.id AND a.status = 'running' AND a.fencing_token < c.fencing_token
 )
 SELECT true AS claimed, lock_key, id, status, owner, owner_token, attempt, fencing_token,
        expires_at, retry_at, reason, false AS busy, NULL::text AS paused, error AS detail,
@@ -217,27 +238,52 @@ WHERE l.status = 'RUNNING' AND l.expires_at > clock_timestamp()
 -- can be reclaimed from then on; without one it is final. Repeating the same
 -- finalize (its reply was lost in an outage) succeeds again: the owner token
 -- only changes on a claim, so this stays fenced. Locked in lock-key order.
+-- Each recorded outcome closes its attempt record too (the claim's fencing
+-- token names it), with the exit code, duration and output the run left.
 WITH outcome AS (
     SELECT *
     FROM unnest(
         %(ids)s::bigint[], %(owner_tokens)s::uuid[], %(statuses)s::text[],
-        %(reasons)s::text[], %(errors)s::text[], %(retry_ms)s::bigint[]
-    ) AS f (id, owner_token, status, reason, error, retry_ms)
+        %(reasons)s::text[], %(errors)s::text[], %(retry_ms)s::bigint[],
+        %(fencing_tokens)s::bigint[], %(exit_codes)s::integer[], %(durations_ms)s::float8[],
+        %(stdout_heads)s::bytea[], %(stdout_tails)s::bytea[], %(stdout_dropped)s::bigint[],
+        %(stderr_heads)s::bytea[], %(stderr_tails)s::bytea[], %(stderr_dropped)s::bigint[]
+    ) AS f (id, owner_token, status, reason, error, retry_ms, fencing_token, exit_code,
+            duration_ms, stdout_head, stdout_tail, stdout_dropped, stderr_head, stderr_tail,
+            stderr_dropped)
 ), mine AS (
     SELECT l.id FROM {table} l JOIN outcome f ON l.id = f.id AND l.owner_token = f.owner_token
     ORDER BY l.lock_key
     FOR UPDATE OF l
+), recorded AS (
+    UPDATE {table} AS l
+    SET status = f.status,
+        finished_at = clock_timestamp(),
+        reason = f.reason,
+        error = left(f.error, 4000),
+        retry_at = clock_timestamp() + f.retry_ms * interval '1 millisecond'
+    FROM outcome f
+    WHERE l.id = f.id AND l.id IN (SELECT id FROM mine)
+      AND (l.status = 'RUNNING' OR (l.status = f.status AND l.finished_at IS NOT NULL))
+    RETURNING l.id
+), closed AS (
+    UPDATE {attempts} AS a
+    SET status = CASE WHEN f.status = 'SUCCESS' THEN 'success'
+                      WHEN f.reason IN ('timeout', 'released') THEN f.reason
+                      ELSE 'fail' END,
+        finished_at = coalesce(a.finished_at, clock_timestamp()),
+        error = left(f.error, 4000),
+        exit_code = f.exit_code,
+        duration_ms = f.duration_ms,
+        stdout_head = f.stdout_head, stdout_tail = f.stdout_tail,
+        stdout_dropped = f.stdout_dropped,
+        stderr_head = f.stderr_head, stderr_tail = f.stderr_tail,
+        stderr_dropped = f.stderr_dropped
+    FROM outcome f
+    WHERE a.lease_id = f.id AND a.fencing_token = f.fencing_token
+      AND f.id IN (SELECT id FROM recorded)
 )
-UPDATE {table} AS l
-SET status = f.status,
-    finished_at = clock_timestamp(),
-    reason = f.reason,
-    error = left(f.error, 4000),
-    retry_at = clock_timestamp() + f.retry_ms * interval '1 millisecond'
-FROM outcome f
-WHERE l.id = f.id AND l.id IN (SELECT id FROM mine)
-  AND (l.status = 'RUNNING' OR (l.status = f.status AND l.finished_at IS NOT NULL))
-RETURNING l.id
+SELECT id FROM recorded
 
 -- name: give_back
 -- Give back a won claim that ran nothing, because its answer came too slowly
@@ -245,7 +291,9 @@ RETURNING l.id
 -- decides: past late_after the row is closed FAIL/late for good (nobody may run
 -- it); inside, it is FAIL/released, reclaimable at once, and the attempt it
 -- counted is taken back (the next claim counts it again), so a give-back never
--- costs the job a retry. By the current owner only.
+-- costs the job a retry. By the current owner only. The attempt record the
+-- claim started goes too: no attempt ran.
+WITH given AS (
 UPDATE {table}
 SET status = 'FAIL',
     finished_at = clock_timestamp(),
@@ -256,7 +304,12 @@ SET status = 'FAIL',
     retry_at = CASE WHEN clock_timestamp() > %(late_after)s THEN NULL ELSE clock_timestamp() END,
     attempt = CASE WHEN clock_timestamp() > %(late_after)s THEN attempt ELSE attempt - 1 END
 WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
-RETURNING id, reason
+RETURNING id, reason, fencing_token
+), unrun AS (
+    DELETE FROM {attempts} a USING given g
+    WHERE a.lease_id = g.id AND a.fencing_token = g.fencing_token
+)
+SELECT id, reason FROM given
 
 -- name: schema_exists
 SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s) AS present
@@ -378,17 +431,26 @@ WHERE lock_key = %(lock_key)s AND code = %(code)s
 -- Release one row: FAIL/released, reclaimable now. The new owner token fences the
 -- old owner (its heartbeat and finalize match no row). Guarded by the status and
 -- token that were shown, so a row that moved on meanwhile is left alone.
-UPDATE {table}
-SET status = 'FAIL',
-    reason = 'released',
-    owner_token = gen_random_uuid(),
-    finished_at = clock.now,
-    retry_at = clock.now,
-    error = left(%(error)s, 4000)
-FROM (SELECT clock_timestamp() AS now) clock
-WHERE lock_key = %(lock_key)s AND code = %(code)s
-  AND status = %(status)s AND owner_token = %(owner_token)s
-RETURNING id
+-- An attempt still running by the record is closed as lost: its owner is fenced.
+WITH released AS (
+    UPDATE {table}
+    SET status = 'FAIL',
+        reason = 'released',
+        owner_token = gen_random_uuid(),
+        finished_at = clock.now,
+        retry_at = clock.now,
+        error = left(%(error)s, 4000)
+    FROM (SELECT clock_timestamp() AS now) clock
+    WHERE lock_key = %(lock_key)s AND code = %(code)s
+      AND status = %(status)s AND owner_token = %(owner_token)s
+    RETURNING id, error
+), lost AS (
+    UPDATE {attempts} AS a
+    SET status = 'lost', finished_at = clock_timestamp(), error = 'lost: ' || r.error
+    FROM released r
+    WHERE a.lease_id = r.id AND a.status = 'running'
+)
+SELECT id FROM released
 
 -- name: prune_batch
 -- Delete one batch of finished SCHEDULE rows older than the cutoff. SKIP LOCKED:
@@ -412,16 +474,25 @@ WHERE id IN (
 -- within its misfire window, and ticks never repeat, so nothing else would
 -- ever close them. The new owner token fences the vanished owner, should it
 -- come back. (A run-once row needs none of this: every start reclaims it.)
-UPDATE {table}
-SET status = 'FAIL',
-    reason = 'abandoned',
-    owner_token = gen_random_uuid(),
-    finished_at = clock_timestamp(),
-    retry_at = NULL,
-    error = 'abandoned: the lease expired at ' || expires_at || ' and nobody took the tick over'
-WHERE type = 'SCHEDULE' AND status = 'RUNNING'
-  AND expires_at < clock_timestamp() - %(after_ms)s * interval '1 millisecond'
-RETURNING id
+-- Its attempt record is closed as lost.
+WITH abandoned AS (
+    UPDATE {table}
+    SET status = 'FAIL',
+        reason = 'abandoned',
+        owner_token = gen_random_uuid(),
+        finished_at = clock_timestamp(),
+        retry_at = NULL,
+        error = 'abandoned: the lease expired at ' || expires_at || ' and nobody took the tick over'
+    WHERE type = 'SCHEDULE' AND status = 'RUNNING'
+      AND expires_at < clock_timestamp() - %(after_ms)s * interval '1 millisecond'
+    RETURNING id, error
+), lost AS (
+    UPDATE {attempts} AS a
+    SET status = 'lost', finished_at = clock_timestamp(), error = 'lost: ' || b.error
+    FROM abandoned b
+    WHERE a.lease_id = b.id AND a.status = 'running'
+)
+SELECT id FROM abandoned
 
 -- name: open_ticks
 -- Ticks of these jobs that are not finished: RUNNING (a takeover may still be
@@ -754,12 +825,21 @@ SELECT set_config('jit', 'off', true) AS jit
 -- name: sql_job_success
 -- The SUCCESS finalize of an sql: job, in its own transaction after its
 -- statements: by the current owner only (the row is locked by sql_job_lock
--- since the start of the transaction, so it is still ours).
-UPDATE {table}
-SET status = 'SUCCESS', finished_at = clock_timestamp(), reason = NULL, error = NULL,
-    retry_at = NULL
-WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
-RETURNING id
+-- since the start of the transaction, so it is still ours). Its attempt record
+-- is closed as a success with it; the output follows (attempt_close).
+WITH done AS (
+    UPDATE {table}
+    SET status = 'SUCCESS', finished_at = clock_timestamp(), reason = NULL, error = NULL,
+        retry_at = NULL
+    WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
+    RETURNING id, fencing_token
+), closed AS (
+    UPDATE {attempts} AS a
+    SET status = 'success', finished_at = clock_timestamp()
+    FROM done d
+    WHERE a.lease_id = d.id AND a.fencing_token = d.fencing_token
+)
+SELECT id FROM done
 
 -- name: status_page_failing
 -- The codes, in the order given, whose newest finished run (SUCCESS or FAIL) is
@@ -981,3 +1061,53 @@ WITH schedule_rows AS (
 SELECT (SELECT count(*) FROM schedule_rows) AS ticks,
        (SELECT count(*) FROM initial_row) AS initial,
        (SELECT count(*) FROM pause_row) AS paused
+
+-- name: attempt_close
+-- Close one attempt record outside a finalize: an sql: job's SUCCESS was
+-- committed with its own statements, and its record is told afterwards.
+UPDATE {attempts}
+SET status = %(status)s,
+    finished_at = coalesce(finished_at, clock_timestamp()),
+    error = left(%(error)s, 4000),
+    exit_code = %(exit_code)s,
+    duration_ms = %(duration_ms)s,
+    stdout_head = %(stdout_head)s, stdout_tail = %(stdout_tail)s,
+    stdout_dropped = %(stdout_dropped)s,
+    stderr_head = %(stderr_head)s, stderr_tail = %(stderr_tail)s,
+    stderr_dropped = %(stderr_dropped)s
+WHERE lease_id = %(id)s AND fencing_token = %(fencing_token)s
+
+-- name: attempts
+-- One job's attempt records, newest first, with their output (`pgcrond logs`,
+-- the status page): of one run key and one attempt number when given (NULL:
+-- any). Ticks are walked newest first through the (code, acquired_at) index
+-- and each one's records read by its key, so the cost grows with what is
+-- shown, not with the job's history.
+SELECT l.code, l.type, l.run_key, l.status AS tick_status, a.lease_id, a.fencing_token,
+       a.attempt, a.replica, a.started_at, a.finished_at, a.status, a.error, a.exit_code,
+       a.duration_ms, a.stdout_head, a.stdout_tail, a.stdout_dropped, a.stderr_head,
+       a.stderr_tail, a.stderr_dropped
+FROM {table} l
+JOIN LATERAL (
+    SELECT * FROM {attempts} r
+    WHERE r.lease_id = l.id AND (%(attempt)s::integer IS NULL OR r.attempt = %(attempt)s)
+) a ON true
+WHERE l.code = %(code)s
+  AND (%(run_key)s::text IS NULL OR l.run_key = %(run_key)s)
+ORDER BY l.acquired_at DESC, l.id DESC, a.fencing_token DESC
+LIMIT %(limit)s
+
+-- name: attempts_of
+-- The attempt records of these lease rows, oldest first per row (history, the
+-- status page); the output columns only with %(output)s.
+SELECT a.lease_id, a.fencing_token, a.attempt, a.replica, a.started_at, a.finished_at,
+       a.status, a.error, a.exit_code, a.duration_ms,
+       CASE WHEN %(output)s THEN a.stdout_head END AS stdout_head,
+       CASE WHEN %(output)s THEN a.stdout_tail END AS stdout_tail,
+       a.stdout_dropped,
+       CASE WHEN %(output)s THEN a.stderr_head END AS stderr_head,
+       CASE WHEN %(output)s THEN a.stderr_tail END AS stderr_tail,
+       a.stderr_dropped
+FROM {attempts} a
+WHERE a.lease_id = ANY(%(ids)s::bigint[])
+ORDER BY a.lease_id, a.fencing_token

@@ -32,6 +32,26 @@ CREATE TABLE pgcrond.leases (
     CONSTRAINT leases_type_check CHECK ((type = ANY (ARRAY['SCHEDULE'::text, 'INITIAL'::text])))
 );
 
+CREATE TABLE pgcrond.leases_attempts (
+    lease_id bigint NOT NULL,
+    fencing_token bigint NOT NULL,
+    attempt integer NOT NULL,
+    replica text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone,
+    status text NOT NULL,
+    error text,
+    exit_code integer,
+    duration_ms double precision,
+    stdout_head bytea,
+    stdout_tail bytea,
+    stdout_dropped bigint,
+    stderr_head bytea,
+    stderr_tail bytea,
+    stderr_dropped bigint,
+    CONSTRAINT leases_attempts_status_check CHECK ((status = ANY (ARRAY['running'::text, 'success'::text, 'fail'::text, 'timeout'::text, 'released'::text, 'lost'::text])))
+);
+
 CREATE SEQUENCE pgcrond.leases_fencing_seq
     START WITH 1
     INCREMENT BY 1
@@ -100,6 +120,9 @@ ALTER SEQUENCE pgcrond.leases_requests_id_seq OWNED BY pgcrond.leases_requests.i
 
 ALTER TABLE ONLY pgcrond.leases_requests ALTER COLUMN id SET DEFAULT nextval('pgcrond.leases_requests_id_seq'::regclass);
 
+ALTER TABLE ONLY pgcrond.leases_attempts
+    ADD CONSTRAINT leases_attempts_pkey PRIMARY KEY (lease_id, fencing_token);
+
 ALTER TABLE ONLY pgcrond.leases_forbid
     ADD CONSTRAINT leases_forbid_pkey PRIMARY KEY (code);
 
@@ -131,3 +154,6 @@ CREATE INDEX leases_finished_idx ON pgcrond.leases USING btree (finished_at) WHE
 CREATE INDEX leases_requests_pending_idx ON pgcrond.leases_requests USING btree (requested_at) WHERE (done_at IS NULL);
 
 CREATE INDEX leases_running_idx ON pgcrond.leases USING btree (code) WHERE (status = 'RUNNING'::text);
+
+ALTER TABLE ONLY pgcrond.leases_attempts
+    ADD CONSTRAINT leases_attempts_lease_id_fkey FOREIGN KEY (lease_id) REFERENCES pgcrond.leases(id) ON DELETE CASCADE;

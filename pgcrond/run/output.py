@@ -1,0 +1,245 @@
+"""An attempt's output as it is kept: the head and tail of each stream, redacted.
+
+Every byte a job writes still goes to the log stream as ``job_output`` lines
+(the runner's caps apply there); this module keeps, beside that, what the
+attempt record stores: per stream the first :data:`HEAD_BYTES` and the last
+:data:`TAIL_BYTES`, and how many bytes between them were not kept. Memory is
+bounded whatever the job writes (a few dozen KiB per attempt), and a stream is
+never read twice.
+
+Output is bytes, kept as bytes. Redaction reads them as UTF-8 with
+``surrogateescape`` (lossless, so invalid bytes survive it untouched); what a
+person or a program is shown goes through :func:`shown`, which makes invalid
+UTF-8, NULs, terminal escape sequences and other control characters visible
+as escapes, so the same text is safe in a terminal, in JSON and (escaped as
+usual) in HTML.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgcrond.core.actions import OutputStream
+from pgcrond.core.redaction import redact, scrub
+
+Stream = OutputStream
+STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
+HEAD_BYTES = 2 * 1024
+TAIL_BYTES = 16 * 1024
+# Redaction reads this much past each cut, so that a secret straddling the
+# cut is still recognised whole before the cut is made (a secret longer than
+# this may show in part at the very edge of what is kept).
+_SLACK = 1024
+
+# An in-process entrypoint's line that never ends is told in pieces this long,
+# so that a writer holds no more than this (the log cuts lines shorter still).
+_PENDING_CAP = 64 * 1024
+
+# Shown as escapes: C0 controls but tab and newline (ESC starts a terminal
+# sequence, CR overwrites a line), DEL, C1 controls (a terminal reads 0x9b as
+# CSI), and the Unicode format characters that reorder or hide text.
+_UNSAFE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]"
+)
+
+
+@dataclass(frozen=True)
+class StreamTail:
+    """One stream as kept: its head, its tail, and how many bytes between them were dropped.
+
+    A stream that fit whole is all ``head`` (``tail`` empty, ``dropped`` 0).
+    """
+
+    head: bytes = b""
+    tail: bytes = b""
+    dropped: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not (self.head or self.tail)
+
+    def text(self) -> str:
+        """The kept bytes as safe text, with a line saying where and how much was dropped."""
+        if not self.dropped:
+            return shown(self.head + self.tail)
+        return f"{shown(self.head)}\n[… {self.dropped} bytes not kept …]\n{shown(self.tail)}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"text": self.text(), "dropped_bytes": self.dropped}
+
+
+@dataclass(frozen=True)
+class OutputTail:
+    """What an attempt's output record keeps: both streams, bounded and redacted."""
+
+    stdout: StreamTail = field(default_factory=StreamTail)
+    stderr: StreamTail = field(default_factory=StreamTail)
+
+    def streams(self, failing_first: bool = False) -> list[tuple[Stream, StreamTail]]:
+        """The streams in the order to show them: stderr first for a failed attempt."""
+        pairs: list[tuple[Stream, StreamTail]] = [("stdout", self.stdout), ("stderr", self.stderr)]
+        return pairs[::-1] if failing_first else pairs
+
+    def as_json(self) -> dict[str, Any]:
+        return {name: stream.as_json() for name, stream in self.streams()}
+
+
+HTTP_BODY_BYTES = 1024
+
+
+def http_response(
+    version: str, status: int, reason: str, headers: Iterable[tuple[str, str]], body: bytes
+) -> bytes:
+    """An ``http:`` attempt's output: the status line, the headers (already redacted), the
+    first KiB of the body (and how much more there was)."""
+    lines = [f"{version} {status} {reason}".rstrip()]
+    lines += [f"{name}: {value}" for name, value in headers]
+    more = len(body) - HTTP_BODY_BYTES
+    cut = f"\n[… {more} more bytes of body …]" if more > 0 else ""
+    return ("\n".join(lines) + "\n\n").encode() + body[:HTTP_BODY_BYTES] + cut.encode()
+
+
+def shown(data: bytes) -> str:
+    """``data`` as text that is safe anywhere: invalid bytes and control characters escaped.
+
+    Tabs and newlines stay (a CR before a newline is dropped); everything else
+    that could move a terminal's cursor, recolour it, hide text or reorder it
+    is written as ``\\xNN`` / ``\\uNNNN``, and bytes that are not UTF-8 as
+    ``\\xNN``, so what is shown is what the job wrote, visibly.
+    """
+    return safe(data.decode("utf-8", "backslashreplace").replace("\r\n", "\n"))
+
+
+def safe(text: str) -> str:
+    """``text`` with every character :func:`shown` escapes escaped (an error message, a name)."""
+    return _UNSAFE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+class _Kept:
+    """One stream's head and rolling tail, with slack on each cut for redaction."""
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = HEAD_BYTES + _SLACK - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if len(data) >= TAIL_BYTES + _SLACK:
+            self.tail[:] = data[-(TAIL_BYTES + _SLACK) :]
+            return
+        self.tail += data
+        extra = len(self.tail) - (TAIL_BYTES + _SLACK)
+        if extra > 0:
+            del self.tail[:extra]
+
+    def kept(self, clean: Callable[[bytes], bytes]) -> StreamTail:
+        dropped = max(0, self.total - HEAD_BYTES - TAIL_BYTES)
+        if self.total <= len(self.head) + len(self.tail):
+            # Head and tail touch: redact them as one text, then cut.
+            whole = clean(bytes(self.head + self.tail))
+            if not dropped:
+                return StreamTail(whole)
+            return StreamTail(whole[:HEAD_BYTES], whole[-TAIL_BYTES:], dropped)
+        return StreamTail(
+            clean(bytes(self.head))[:HEAD_BYTES], clean(bytes(self.tail))[-TAIL_BYTES:], dropped
+        )
+
+
+class Capture:
+    """Collects one attempt's output as it is written; :meth:`tail` is what is stored.
+
+    Fed from the loop (a child's pipes) or from a job's thread (an in-process
+    entrypoint's writers), hence the lock.
+    """
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._streams = {name: _Kept() for name in STREAMS}
+        self._secrets = [secret for secret in secrets if secret]
+        self._writers: list[JobWriter] = []
+        self._lock = threading.Lock()
+
+    def hide(self, secrets: Iterable[str]) -> None:
+        """Also scrub these values (an ``http:`` job's header secrets) from what is stored."""
+        with self._lock:
+            self._secrets.extend(secret for secret in secrets if secret)
+
+    def feed(self, stream: Stream, data: bytes) -> None:
+        with self._lock:
+            self._streams[stream].feed(data)
+
+    def writer(self, stream: Stream, line: Callable[[Stream, bytes], None]) -> JobWriter:
+        """A text stream for an in-process entrypoint: kept here, and each line told to ``line``."""
+        writer = JobWriter(self, stream, line)
+        self._writers.append(writer)
+        return writer
+
+    def tail(self) -> OutputTail:
+        """The output so far, bounded and redacted (a writer's unfinished line is told first)."""
+        for writer in self._writers:
+            writer.flush()
+        with self._lock:
+            secrets = list(self._secrets)
+            stdout, stderr = (self._streams[name] for name in STREAMS)
+            return OutputTail(stdout.kept(_cleaner(secrets)), stderr.kept(_cleaner(secrets)))
+
+
+def _cleaner(secrets: list[str]) -> Callable[[bytes], bytes]:
+    def clean(data: bytes) -> bytes:
+        text = data.decode("utf-8", "surrogateescape")
+        text = scrub(redact(text), secrets) if secrets else redact(text)
+        return text.encode("utf-8", "surrogateescape")
+
+    return clean
+
+
+class JobWriter:
+    """``ctx.stdout`` / ``ctx.stderr`` of an in-process entrypoint (``print(file=…)`` works).
+
+    What is written is kept in the attempt's output record and logged line by
+    line as ``job_output``, as a command's output is.
+    """
+
+    def __init__(
+        self, capture: Capture, stream: Stream, line: Callable[[Stream, bytes], None]
+    ) -> None:
+        self._capture = capture
+        self._stream: Stream = stream
+        self._line = line
+        self._pending = b""
+        self._lock = threading.Lock()
+
+    def write(self, text: str | bytes) -> int:
+        data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
+        self._capture.feed(self._stream, data)
+        with self._lock:
+            *lines, self._pending = (self._pending + data).split(b"\n")
+            if len(self._pending) > _PENDING_CAP:
+                lines.append(self._pending)
+                self._pending = b""
+        for line in lines:
+            self._line(self._stream, line)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str | bytes]) -> None:
+        for text in lines:
+            self.write(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, b""
+        if pending:
+            self._line(self._stream, pending)
