@@ -32,7 +32,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
 from pgcrond.guard.spread import Spread
-from pgcrond.storage.attempts import AttemptEnd
+from pgcrond.storage.attempt_end import AttemptEnd
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.leases import LeaseStore
 

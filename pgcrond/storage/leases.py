@@ -30,7 +30,7 @@ from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import LeaseTiming, to_ms
 from pgcrond.errors import LeaseLost, PgcrondError
 from pgcrond.storage import sqljob
-from pgcrond.storage.attempts import AttemptEnd, columns, finalize_columns
+from pgcrond.storage.attempt_end import AttemptEnd, columns, finalize_columns
 from pgcrond.storage.batch import TurnBatch
 from pgcrond.storage.claims import Acquired, NotAcquired, NotAcquiredReason, Renewal
 from pgcrond.storage.db import Database
