@@ -248,13 +248,17 @@ class LeaseGuard(Guard):
             return Refused(request.identity, "held", "RUNNING", wait=timedelta(0))
         return await self.claim(dataclasses.replace(request, spreadable=False))
 
-    async def _quietly(self, write: Awaitable[bool], lease: Acquired) -> None:
+    async def _quietly(
+        self, write: Awaitable[object], lease: Acquired, event: str = "claim_not_returned"
+    ) -> None:
+        """``write``, bounded; a failure is logged as ``event``, never raised."""
         try:
             await _bounded(write, FINALIZE_TIMEOUT_S, "finalize")
         except PgcrondError as exc:
-            # The row expires by itself; a follower then decides.
+            # The row expires by itself (a follower then decides), or the
+            # attempt's record stays as it was: the tick's outcome is not at stake.
             log.warning(
-                "claim_not_returned",
+                event,
                 job=lease.identity.code,
                 run_key=lease.identity.run_key,
                 error=str(exc),
@@ -282,17 +286,9 @@ class LeaseGuard(Guard):
         if outcome == "success" and self._open[held.identity].committed:
             # Recorded in the job's own transaction; its attempt record is
             # told what the statements left. The tick is done either way.
-            try:
-                await _bounded(
-                    self.store.close_attempt(lease, "success", end), FINALIZE_TIMEOUT_S, "finalize"
-                )
-            except PgcrondError as exc:
-                log.warning(
-                    "attempt_not_recorded",
-                    job=held.identity.code,
-                    run_key=held.identity.run_key,
-                    error=str(exc),
-                )
+            await self._quietly(
+                self.store.close_attempt(lease, "success", end), lease, "attempt_not_recorded"
+            )
             return "done"
         pending: Awaitable[bool]
         if outcome == "success":

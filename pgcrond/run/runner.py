@@ -27,7 +27,7 @@ from pgcrond.core.cancel import Cancellation
 from pgcrond.core.redaction import MIN_FRAGMENT
 from pgcrond.run import command, inprocess, isolated
 from pgcrond.run.attempt import Attempt, Ending, RunRequest, RunResult, Watch
-from pgcrond.run.context import RunContext, run_variables
+from pgcrond.run.context import RunContext
 from pgcrond.run.environment import job_environ
 from pgcrond.run.output import Capture
 
@@ -87,17 +87,7 @@ async def _execute(
     output: Capture,
 ) -> Ending:
     deadline = None if request.timeout is None else datetime.now(UTC) + request.timeout
-    variables = run_variables(
-        job=request.job,
-        run_key=request.run_key,
-        fire_time=request.fire_time,
-        attempt=request.attempt,
-        idempotency_key=request.idempotency_key,
-        idempotency_key_hex=request.idempotency_key_hex,
-        fencing_token=request.fencing_token,
-        deadline=deadline,
-    )
-    environ = job_environ(request.env, variables, request.box.inherited(os.environ))
+    environ: dict[str, str] = {}
     context = RunContext(
         job=request.job,
         run_key=request.run_key,
@@ -107,11 +97,13 @@ async def _execute(
         idempotency_key_hex=request.idempotency_key_hex,
         fencing_token=request.fencing_token,
         deadline=deadline,
-        # The entrypoint's view of the environment (it shares the daemon's own).
+        # The entrypoint's view of the environment (it shares the daemon's own),
+        # a live view of the dict filled from the context's own variables.
         env=MappingProxyType(environ),
         cwd=request.cwd,
         cancelled=cancellation,
     )
+    environ.update(job_environ(request.env, context.environ(), request.box.inherited(os.environ)))
     log = _log.bind(job=request.job, run_key=request.run_key, attempt=request.attempt)
     watch = Watch(request, cancellation, started)
     attempt = Attempt(request, watch, log, environ, context, tell, output)
