@@ -61,7 +61,7 @@ COLUMNS = (
     "runs per replica",
     "statements (per 500 jobs per replica)",
     "CPU for the tick",
-    "max RSS",
+    "RSS at rest / max",
     "/metrics during the tick",
     "longest loop stall",
     "start to ready",
@@ -79,6 +79,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory now (``VmRSS``): the replica at rest, before the tick."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
 
 
 def cpu_seconds(pid: int) -> float:
@@ -179,6 +187,7 @@ def one(
     time.sleep(max(0.0, tick - 4.0 - time.time()))
     before = transactions(server)[db]
     cpu_before = [cpu_seconds(r.pid) for r in started]
+    at_rest = max(rss_mib(r.pid) for r in started)
     scraped: dict[str, float] = {}
     scraper = threading.Thread(target=scrape, args=(ports[0], tick + 0.5, scraped))
     scraper.start()
@@ -235,7 +244,7 @@ def one(
         "runs per replica": " / ".join(str(n) for n in sorted(by_owner.values(), reverse=True)),
         "statements (per 500 jobs per replica)": f"{statements:,} ({per_500:.1f})",
         "CPU for the tick": " / ".join(f"{c:.1f}" for c in cpu) + " s",
-        "max RSS": f"{max(r.max_rss_mib for r in started):.0f} MiB",
+        "RSS at rest / max": f"{at_rest:.0f} / {max(r.max_rss_mib for r in started):.0f} MiB",
         "/metrics during the tick": (
             f"{scraped['seconds'] * 1000:,.0f} ms ({scraped['bytes'] / 1024:,.0f} KiB)"
             if scraped

@@ -9,7 +9,9 @@ mechanism that enforces it (cgroups, rlimits, the user switch) is
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+import functools
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -99,21 +101,27 @@ class Box:
     def passes(self, name: str, also: tuple[str, ...] = ()) -> bool:
         """Whether pgcrond's own variable ``name`` reaches the job (the secrets are
         stripped afterwards all the same, see :func:`pgcrond.run.environment.job_environ`)."""
-        return any(
-            fnmatch.fnmatchcase(name, pattern)
-            for pattern in (*BASE_PASSTHROUGH, *also, *self.env_passthrough)
-        )
+        return _matcher((*BASE_PASSTHROUGH, *also, *self.env_passthrough))(name) is not None
 
     def inherited(self, base: Mapping[str, str]) -> dict[str, str]:
         """The part of ``base`` the job inherits; who it is, when it switches user."""
         also = tuple(base.get(PASSTHROUGH_ENV, "").replace(",", " ").split())
-        environ = {name: value for name, value in base.items() if self.passes(name, also)}
+        matches = _matcher((*BASE_PASSTHROUGH, *also, *self.env_passthrough))
+        environ = {name: value for name, value in base.items() if matches(name) is not None}
         if self.user is not None:
             # The daemon's own HOME and USER would describe root to a job run as nobody.
             environ.update(USER=self.user.name, LOGNAME=self.user.name)
             if self.home is not None:
                 environ["HOME"] = self.home
         return environ
+
+
+@functools.lru_cache(maxsize=256)
+def _matcher(patterns: tuple[str, ...]) -> Callable[[str], re.Match[str] | None]:
+    """One regular expression for a set of shell patterns: asked for every
+    variable of every attempt, so ten thousand co-firing jobs must not pay
+    ``fnmatch`` per pattern (a few distinct sets exist: one per ``env_passthrough``)."""
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns)).match
 
 
 def runs_a_process(action: Action) -> bool:

@@ -40,7 +40,7 @@ from pgcrond.core.redaction import redact
 from pgcrond.core.replica import this_process
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for, tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE
-from pgcrond.daemon import notify
+from pgcrond.daemon import collector, notify
 from pgcrond.daemon.accounting import Accounting
 from pgcrond.daemon.alerts import seed as seed_alerts
 from pgcrond.daemon.hooks import FailureHooks
@@ -90,6 +90,9 @@ PRUNE_CODE = "pgcrond:prune"
 # Fires handed on per loop turn when one schedule holds many jobs: a turn
 # stays a few ms, and a chunk's claims still fill one statement.
 FAN_OUT_CHUNK = 500
+# Claims of a big fan-out waiting for their answer before the next chunk is
+# handed on: two statements' worth, so one is answered while the next is out.
+FAN_OUT_WINDOW = 2 * FAN_OUT_CHUNK
 
 
 class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
@@ -190,6 +193,7 @@ class Daemon:
                 return 0
             # A changed file (or ConfigMap swap) reloads exactly as SIGHUP does.
             self._spawn(self._watcher.run(lambda: notify.reloading_while(self._reload())))
+            collector.settle()
             notify.ready()
             notify.status(f"running {len(self.config.jobs)} jobs")
             log.info(
@@ -411,15 +415,21 @@ class Daemon:
         self._spawn(self._fan_out(list(codes), tick, following))
 
     async def _fan_out(self, codes: list[str], tick: datetime, following: datetime | None) -> None:
-        """Hand on a big group's fires a chunk per loop turn.
+        """Hand on a big group's fires a chunk per loop turn, as claims are answered.
 
         10,000 jobs on one schedule handed on in one callback held the loop
         for a second: no claim answer, heartbeat or stop deadline was seen
-        meanwhile. A chunk's claims still share a statement (one turn).
+        meanwhile. A chunk's claims still share a statement (one turn); the
+        next chunk waits until fewer than ``FAN_OUT_WINDOW`` claims are out.
         """
         for start in range(0, len(codes), FAN_OUT_CHUNK):
             if start:
                 await asyncio.sleep(0)
+                if self._store is not None:
+                    # Claims go out as fast as they are answered, no faster:
+                    # 10,000 fires at once held 10,000 tasks' memory and made
+                    # the loop's turns (and its collections) long.
+                    await self._store.claim_room(FAN_OUT_WINDOW)
             for code in codes[start : start + FAN_OUT_CHUNK]:
                 self._on_fire(code, tick, following)
 
@@ -638,6 +648,7 @@ class Daemon:
             # How each changed: the names of its fields that differ (schedule, timeout, ...).
             changes={code: changed_fields(old_jobs[code], new.jobs[code]) for code in changed},
         )
+        collector.settle()
 
     def _running(self) -> list[str]:
         if self._firing is None:
@@ -784,6 +795,7 @@ def run_command(args: argparse.Namespace) -> int:
     """``pgcrond run``: exit 2 on a bad config (all errors printed), 0 after a clean stop,
     130 after a second SIGINT cut the drain short."""
     configure(args.log_format, args.log_level, args.color)
+    collector.tune()
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
         config = load_config(args.config, database_url=args.database_url)

@@ -183,6 +183,10 @@ class LeaseStore:
         )
         return await self._claims.submit(request)
 
+    async def claim_room(self, below: int) -> None:
+        """Until fewer than ``below`` claims wait for their answer (:meth:`TurnBatch.room`)."""
+        await self._claims.room(below)
+
     async def _claim(
         self, batch: list[_ClaimRequest]
     ) -> Callable[[_ClaimRequest], Acquired | NotAcquired]:
