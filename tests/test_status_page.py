@@ -29,7 +29,8 @@ from structlog.testing import capture_logs
 
 import pgcrond
 from pgcrond.cli import main
-from pgcrond.config.loader import Config, load_config
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import Config
 from pgcrond.core.keys import Identity
 from pgcrond.core.passwords import hash_password, parse_hash
 from pgcrond.core.schedule import run_key_for
