@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pgcrond.config.loader import JobConfig
+from pgcrond.config.models import JobConfig
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
 

@@ -9,7 +9,8 @@ choices of the deployment files themselves.
 
 from __future__ import annotations
 
-from pgcrond.config import loader as _daemon
+from pgcrond.config import fields as _fields
+from pgcrond.config import models as _daemon
 from pgcrond.daemon.lifecycle import STOP_WAIT_S
 
 # Entry point: [project.scripts] in pyproject.toml.
@@ -25,7 +26,7 @@ READYZ_PATH = "/readyz"
 METRICS_PATH = "/metrics"
 
 # Carries the DSN; overrides database.url.
-DATABASE_URL_ENV = _daemon.DATABASE_URL_ENV
+DATABASE_URL_ENV = _fields.DATABASE_URL_ENV
 DATABASE_SCHEMA = "pgcrond"
 DATABASE_TABLE = "leases"
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pgcrond.daemon.status_page import job_path
+from pgcrond.daemon.page.routes import job_path
 from pgcrond.run.output import HEAD_BYTES, TAIL_BYTES
 from tests.daemon_harness import PGCROND, Cluster, cluster, wait_until
 from tests.test_daemon import at, config

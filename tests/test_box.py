@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from pgcrond.config.loader import JobConfig, load_config
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import JobConfig
 from pgcrond.core.cancel import Cancellation
 from pgcrond.run import box
 from pgcrond.run.attempt import RunResult

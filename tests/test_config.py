@@ -9,8 +9,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from pgcrond.config.loader import DatabaseConfig, load_config, min_history_retention
-from pgcrond.config.models import PruneRule, prune_rules
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import DatabaseConfig, PruneRule, min_history_retention, prune_rules
 from pgcrond.core.actions import CommandAction, EntrypointAction, ShellAction
 from pgcrond.core.redaction import redact
 from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule

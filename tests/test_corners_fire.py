@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from pgcrond.config.loader import JobConfig, load_config
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.events import FireEvents

@@ -19,7 +19,8 @@ import psycopg
 import pytest
 import structlog
 
-from pgcrond.config.loader import Config, load_config
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import Config
 from pgcrond.core.keys import Identity
 from pgcrond.daemon.requests import Requests
 from pgcrond.fire import Firing

@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgcrond.config.loader import load_config
-from pgcrond.daemon.status_page import STYLESHEET, Route, StatusPage, route
+from pgcrond.daemon.page.routes import STYLESHEET, Route, route
+from pgcrond.daemon.status_page import StatusPage
 from tests.daemon_harness import cluster
 from tests.test_daemon import config
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import structlog
 
-from pgcrond.config.loader import JobConfig, load_config
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import JobConfig
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for

@@ -26,7 +26,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from pgcrond.catchup import newest_ticks, plan_job
-from pgcrond.config.loader import Config, load_config
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import Config
 from pgcrond.core.schedule import CronSchedule, run_key_for
 from pgcrond.daemon.accounting import find_plan
 from pgcrond.daemon.http import HealthServer

@@ -17,7 +17,8 @@ from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict
 
 from pgcrond.cli import main
-from pgcrond.config.loader import DatabaseConfig, load_config
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import DatabaseConfig
 from pgcrond.core import redaction
 from pgcrond.core.redaction import redact, split_uri, url_problems
 from pgcrond.errors import ConfigError, ExitCode

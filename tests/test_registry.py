@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from pgcrond.config.definition import config_hash, definition, job_hash
-from pgcrond.config.loader import Config, load_config
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import Config
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.registry import entry_of

@@ -20,7 +20,8 @@ import pytest
 import structlog
 from psycopg.rows import dict_row
 
-from pgcrond.config.loader import JobConfig, load_config
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import JobConfig
 from pgcrond.core.actions import SqlAction, SqlWork
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for

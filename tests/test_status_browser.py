@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from pgcrond.daemon.status_page import job_path
+from pgcrond.daemon.page.routes import job_path
 from tests.daemon_harness import ROOT, Replica, wait_until
 from tests.store_helpers import open_store
 from tests.test_status_page import (

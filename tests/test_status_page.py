@@ -29,15 +29,18 @@ from structlog.testing import capture_logs
 
 import pgcrond
 from pgcrond.cli import main
-from pgcrond.config.loader import Config, load_config
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import Config
 from pgcrond.core.keys import Identity
 from pgcrond.core.passwords import hash_password, parse_hash
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.http import MAX_BODY, HealthServer
 from pgcrond.daemon.metrics import Metrics
+from pgcrond.daemon.page.entries import _stale
+from pgcrond.daemon.page.routes import action_route, job_path
 from pgcrond.daemon.registry import entry_of
-from pgcrond.daemon.status_page import StatusPage, _stale, action_route, job_path
+from pgcrond.daemon.status_page import StatusPage
 from pgcrond.errors import ConfigError
 from pgcrond.storage import jobstate, registry
 from pgcrond.storage.claims import Acquired

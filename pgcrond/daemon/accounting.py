@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 import structlog
 
 from pgcrond.catchup import JobPlan, Planned, plan, superseded_at
-from pgcrond.config.loader import Config, JobConfig
+from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming

@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from pgcrond.config.loader import Config
+from pgcrond.config.models import Config
 from pgcrond.core.keys import Identity
 from pgcrond.errors import PgcrondError
 from pgcrond.fire import Firing

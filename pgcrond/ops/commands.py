@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgcrond import report
-from pgcrond.config.loader import Config, JobConfig
+from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.durations import parse_duration
 from pgcrond.errors import CommandError
 from pgcrond.ops.session import EXIT_OK, Target, run_command

@@ -12,7 +12,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pgcrond.config.loader import Config, JobConfig, load_config
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.actions import Action, CommandAction, HttpAction, ShellAction, SqlAction
 from pgcrond.core.box import BASE_PASSTHROUGH, runs_a_process
 from pgcrond.core.durations import format_duration

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 
 from pgcrond import report
-from pgcrond.config.loader import (
+from pgcrond.config.fields import MIN_HISTORY_RETENTION
+from pgcrond.config.models import (
     DEFAULT_HISTORY_RETENTION,
-    MIN_HISTORY_RETENTION,
+    PruneRule,
     min_history_retention,
+    prune_rules,
 )
-from pgcrond.config.models import PruneRule, prune_rules
 from pgcrond.core.durations import format_duration, parse_duration
 from pgcrond.errors import CommandError
 from pgcrond.ops.session import EXIT_OK, Target, run_command

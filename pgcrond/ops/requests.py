@@ -9,7 +9,7 @@ outcome is in ``pgcrond history --job CODE``.
 from __future__ import annotations
 
 from pgcrond import report
-from pgcrond.config.loader import JobConfig
+from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.errors import ExitCode
 from pgcrond.storage.leases import LeaseStore

@@ -16,7 +16,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pgcrond.config.loader import DATABASE_URL_ENV, Config, load_config
+from pgcrond.config.fields import DATABASE_URL_ENV
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import Config
 from pgcrond.core.redaction import redact
 from pgcrond.errors import CommandError, ConfigError, DatabaseUnavailable, ExitCode, PgcrondError
 from pgcrond.storage import history as records

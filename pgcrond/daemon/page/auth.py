@@ -35,6 +35,7 @@ from pgcrond.config.models import PageAccess
 from pgcrond.core.passwords import USER_NAME, PasswordHash, hash_password, parse_hash
 from pgcrond.daemon.exchange import Request
 
+# The name its log lines have always carried: filters and alerts match on it.
 log = structlog.get_logger("pgcrond.daemon.page_auth")
 
 CSRF_COOKIE = "pgcrond_csrf"

@@ -1,0 +1,204 @@
+"""One job's definition -> :class:`JobConfig`: its fields over ``defaults:``, and its own rules.
+
+A job inherits every default-able field from ``defaults:`` (``env:`` merged
+key by key); a rule that the defaults alone break is reported once, at the
+defaults, not once per job.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from types import MappingProxyType
+from typing import cast
+from zoneinfo import ZoneInfo
+
+from pgcrond.config.actions import read_action
+from pgcrond.config.fields import JOB, MIN_HISTORY_RETENTION, CatchUp, Concurrency, Guard, LateTicks
+from pgcrond.config.models import (
+    DEFAULT_JOB_LEASE,
+    DEFAULT_MIN_HOLD,
+    DEFAULT_MISFIRE_GRACE,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_TIMEZONE,
+    JobConfig,
+)
+from pgcrond.config.process import read_box, read_environment
+from pgcrond.config.reading import INVALID, Reading
+from pgcrond.config.schedules import read_schedule
+from pgcrond.config.yamlnodes import Located, Section
+from pgcrond.core.durations import format_duration
+from pgcrond.core.hooks import FailureHook
+from pgcrond.core.keys import KeyHash
+from pgcrond.core.schedule import OnceSchedule
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.errors import ValidationError
+
+_TIMING_FIELDS = ("lease", "heartbeat")
+
+
+def read_job(reading: Reading, code: str, key: Located, definition: Located) -> JobConfig | None:
+    defaults, default_values = reading.defaults, reading.default_values
+    before = len(reading.issues)
+    section = reading.issues.section(definition, key.line, code, "", tuple(JOB))
+    if section is None:
+        return None
+    own = reading.read_all(section)
+    merged = {**default_values, **own}
+    if isinstance(merged.get("env"), dict) and isinstance(default_values.get("env"), dict):
+        merged["env"] = {
+            **cast(dict[str, str], default_values["env"]),
+            **cast(dict[str, str], merged["env"]),
+        }
+    zone = merged.get("timezone")
+    zone = zone if isinstance(zone, ZoneInfo) else None
+    if own.keys() & set(_TIMING_FIELDS) or not default_values.keys() & set(_TIMING_FIELDS):
+        timing = read_timing(reading, own, default_values, section, defaults)
+    else:
+        timing = reading.default_timing  # its problems were reported once, at the defaults
+    schedule, zone = read_schedule(reading, section, zone, "timezone" in own)
+    guard = cast(Guard, merged.get("guard", JOB["guard"].default))
+    action = read_action(reading, section, merged, timing, guard)
+    key_hash = reading.read(section, "key_hash", JOB["key_hash"].convert)
+    lock_key = reading.read(section, "lock_key", JOB["lock_key"].convert)
+    description = reading.read(section, "description", JOB["description"].convert)
+    suspended = reading.read(section, "suspended", JOB["suspended"].convert)
+    renamed_from = reading.read(section, "renamed_from", JOB["renamed_from"].convert) or ()
+    if renamed_from:
+        reading.renames[code] = (section, renamed_from)
+    jitter = merged.get("jitter", JOB["jitter"].default)
+    grace = merged.get("misfire_grace", DEFAULT_MISFIRE_GRACE)
+    if isinstance(jitter, timedelta) and isinstance(grace, timedelta) and jitter >= grace:
+        # A fire moved past the misfire window would never run.
+        reading.report(
+            section if "jitter" in own else (defaults or section),
+            "jitter",
+            f"must be shorter than misfire_grace ({format_duration(grace)})",
+            job=code,
+        )
+    if guard != "advisory":
+        for name in ("key_hash", "lock_key"):
+            if name in section.values:
+                reading.report(section, name, "only used with guard: advisory")
+    misfire_grace = merged.get("misfire_grace", DEFAULT_MISFIRE_GRACE)
+    if (
+        timing is not None
+        and isinstance(misfire_grace, timedelta)
+        and guard == "lease"
+        and not isinstance(schedule, OnceSchedule)
+    ):
+        check_takeover(reading, section, own, timing, misfire_grace)
+    retention = merged.get("history_retention")
+    if isinstance(retention, timedelta) and timing is not None:
+        floor = max(MIN_HISTORY_RETENTION, cast(timedelta, misfire_grace) + timing.lease)
+        if retention < floor:
+            reading.report(
+                section if "history_retention" in own else (defaults or section),
+                "history_retention",
+                f"must be at least {format_duration(floor)} (the floor, or misfire_grace "
+                "+ lease): a finished run deleted sooner can be claimed afresh by a late "
+                "replica and run twice",
+                job=code,
+            )
+    env = read_environment(reading, section, own, merged)
+    box = read_box(reading, section, own, merged, action)
+    if (
+        len(reading.issues) > before
+        or INVALID in merged.values()
+        or schedule is None
+        or action is None
+        or timing is None
+        or env is None
+        or box is None
+    ):
+        return None
+    return JobConfig(
+        code=code,
+        schedule=schedule,
+        action=action,
+        guard=guard,
+        timezone=zone or DEFAULT_TIMEZONE,
+        timing=timing,
+        timeout=cast(timedelta | None, merged.get("timeout", JOB["timeout"].default)),
+        retries=cast(int, merged.get("retries", JOB["retries"].default)),
+        on_failure=cast(FailureHook | None, merged.get("on_failure")),
+        retry_delay=cast(timedelta, merged.get("retry_delay", DEFAULT_RETRY_DELAY)),
+        min_hold=cast(timedelta, merged.get("min_hold", DEFAULT_MIN_HOLD)),
+        misfire_grace=cast(timedelta, misfire_grace),
+        concurrency=cast(Concurrency, merged.get("concurrency", JOB["concurrency"].default)),
+        env=MappingProxyType(env),
+        cwd=cast(Path | None, merged.get("cwd", JOB["cwd"].default)),
+        box=box,
+        env_file=cast(tuple[Path, ...], merged.get("env_file", ())),
+        key_hash=cast(KeyHash, key_hash or JOB["key_hash"].default),
+        lock_key=code if lock_key is None else lock_key,
+        description=description,
+        suspended=bool(suspended),
+        catch_up=cast(CatchUp, merged.get("catch_up", JOB["catch_up"].default)),
+        max_catch_up=cast(int, merged.get("max_catch_up", JOB["max_catch_up"].default)),
+        late_ticks=cast(LateTicks, merged.get("late_ticks", JOB["late_ticks"].default)),
+        alert_after=cast(timedelta | None, merged.get("alert_after", JOB["alert_after"].default)),
+        jitter=cast(timedelta, jitter),
+        renamed_from=renamed_from,
+        history_retention=cast(timedelta | None, merged.get("history_retention")),
+        source=f"{key.file}:{key.line}",
+    )
+
+
+def read_timing(
+    reading: Reading,
+    values: dict[str, object],
+    default_values: dict[str, object],
+    section: Section,
+    defaults: Section | None,
+) -> LeaseTiming | None:
+    """Validate lease and heartbeat together, blaming whichever level set the culprit."""
+    merged = {**default_values, **values}
+    lease, heartbeat = merged.get("lease", DEFAULT_JOB_LEASE), merged.get("heartbeat")
+    if lease is INVALID or heartbeat is INVALID:
+        return None
+    try:
+        return LeaseTiming.build(cast(timedelta | None, lease), cast(timedelta | None, heartbeat))
+    except ValidationError as exc:
+        blamed = section
+        if defaults is not None and exc.field not in section.values:
+            blamed = defaults if exc.field in defaults.values else section
+        message = str(exc).removeprefix(f"{exc.field}: ")
+        reading.report(blamed, exc.field, message, job=section.job)
+        return None
+
+
+def check_takeover(
+    reading: Reading,
+    section: Section,
+    own: dict[str, object],
+    timing: LeaseTiming,
+    grace: timedelta,
+) -> None:
+    """Refuse a lease that outlives the tick's window: no replica could ever take it over.
+
+    A survivor may reclaim a tick only once the dead winner's lease has run
+    out, and only until ``misfire_grace`` after the tick. The claim is made
+    at the tick at the earliest, so the lease must end before the grace does.
+    """
+    if timing.lease < grace:
+        return
+    message = (
+        f"lease {format_duration(timing.lease)} is not shorter than misfire_grace "
+        f"{format_duration(grace)}: if the replica running a tick dies, its lease outlives "
+        "the tick's window and no other replica can take the tick over, so the tick is "
+        f"lost; set lease below {format_duration(grace)} or misfire_grace above "
+        f"{format_duration(timing.lease)}"
+    )
+    blamed = next((name for name in ("lease", "misfire_grace") if name in own), None)
+    if blamed is not None:
+        reading.report(section, blamed, message)
+        return
+    defaults = reading.defaults
+    set_by_defaults = [n for n in ("lease", "misfire_grace") if defaults and n in defaults.values]
+    if defaults is not None and set_by_defaults:
+        if "takeover" not in reading.reported_at_defaults:
+            reading.reported_at_defaults.add("takeover")
+            reading.report(defaults, set_by_defaults[0], message)
+        return
+    reading.report(section, "lease", message)
