@@ -40,7 +40,7 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
-from pgcrond.config.loader import JobConfig
+from pgcrond.config.models import JobConfig
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.retry import retry_delay

@@ -36,7 +36,6 @@ from pgcrond.config.models import (
     Config,
     JobConfig,
     PageAccess,
-    min_history_retention,
 )
 from pgcrond.config.reading import Reading
 from pgcrond.config.rules import check_renames, check_retention
@@ -44,11 +43,6 @@ from pgcrond.config.sources import STDIN, STDIN_NAME, Sources
 from pgcrond.config.yamlnodes import Section
 from pgcrond.core.box import Cgroups
 from pgcrond.errors import ConfigError, ConfigIssue
-
-# Config, JobConfig and min_history_retention are defined in models; they are
-# named here too only for fire.py, guard/ and daemon/lifecycle.py, which import
-# them from here and are being reshaped in another change (then: from models).
-__all__ = ["Config", "JobConfig", "load_config", "min_history_retention"]
 
 
 def load_config(

@@ -32,8 +32,14 @@ from apscheduler.triggers.base import BaseTrigger
 
 from pgcrond import catchup
 from pgcrond.config.listen import parse_listen
-from pgcrond.config.loader import Config, JobConfig, load_config, min_history_retention
-from pgcrond.config.models import changed_fields, prune_rules
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import (
+    Config,
+    JobConfig,
+    changed_fields,
+    min_history_retention,
+    prune_rules,
+)
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact

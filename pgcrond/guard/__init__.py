@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pgcrond.config.loader import JobConfig
+from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.guard.advisory import AdvisoryGuard
 from pgcrond.guard.base import Guard
