@@ -16,7 +16,6 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from types import MappingProxyType
 from typing import assert_never
 
 import structlog
@@ -28,7 +27,7 @@ from pgcrond.core.redaction import MIN_FRAGMENT
 from pgcrond.run import command, inprocess, isolated
 from pgcrond.run.attempt import Attempt, Ending, RunRequest, RunResult, Watch
 from pgcrond.run.context import RunContext
-from pgcrond.run.environment import job_environ
+from pgcrond.run.environment import RunEnviron, job_environ
 from pgcrond.run.output import Capture
 
 _log: FilteringBoundLogger = structlog.get_logger("pgcrond.run.runner")
@@ -87,7 +86,9 @@ async def _execute(
     output: Capture,
 ) -> Ending:
     deadline = None if request.timeout is None else datetime.now(UTC) + request.timeout
-    environ: dict[str, str] = {}
+    environ = RunEnviron(
+        lambda: job_environ(request.env, context.environ(), request.box.inherited(os.environ))
+    )
     context = RunContext(
         job=request.job,
         run_key=request.run_key,
@@ -97,13 +98,12 @@ async def _execute(
         idempotency_key_hex=request.idempotency_key_hex,
         fencing_token=request.fencing_token,
         deadline=deadline,
-        # The entrypoint's view of the environment (it shares the daemon's own),
-        # a live view of the dict filled from the context's own variables.
-        env=MappingProxyType(environ),
+        # The entrypoint's view of the environment (it shares the daemon's
+        # own), made from the context's own variables when first read.
+        env=environ,
         cwd=request.cwd,
         cancelled=cancellation,
     )
-    environ.update(job_environ(request.env, context.environ(), request.box.inherited(os.environ)))
     log = _log.bind(job=request.job, run_key=request.run_key, attempt=request.attempt)
     watch = Watch(request, cancellation, started)
     attempt = Attempt(request, watch, log, environ, context, tell, output)
