@@ -51,11 +51,16 @@ def job_hash(job: Definition) -> str:
     return _digest(job)[:JOB_HASH_LENGTH]
 
 
-def config_hash(config: Config) -> str:
-    """The digest of every job's definition (and the cluster-wide settings jobs obey)."""
+def config_hash(config: Config, definitions: Mapping[str, Definition] | None = None) -> str:
+    """The digest of every job's definition (and the cluster-wide settings jobs obey).
+
+    ``definitions``: each job's :func:`definition`, when the caller made them already.
+    """
+    if definitions is None:
+        definitions = {code: definition(job) for code, job in config.jobs.items()}
     return _digest(
         {
-            "jobs": {code: definition(job) for code, job in config.jobs.items()},
+            "jobs": definitions,
             "history_retention": config.history_retention.total_seconds(),
             "catch_up_window": config.catch_up_window.total_seconds(),
             "spread": config.spread.total_seconds(),

@@ -46,7 +46,7 @@ from pgcrond.core.redaction import redact
 from pgcrond.core.replica import this_process
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for, tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE
-from pgcrond.daemon import collector, notify
+from pgcrond.daemon import interpreter, notify
 from pgcrond.daemon.accounting import Accounting
 from pgcrond.daemon.alerts import seed as seed_alerts
 from pgcrond.daemon.hooks import FailureHooks
@@ -199,7 +199,7 @@ class Daemon:
                 return 0
             # A changed file (or ConfigMap swap) reloads exactly as SIGHUP does.
             self._spawn(self._watcher.run(lambda: notify.reloading_while(self._reload())))
-            collector.settle()
+            interpreter.settle()
             notify.ready()
             notify.status(f"running {len(self.config.jobs)} jobs")
             log.info(
@@ -647,7 +647,7 @@ class Daemon:
         self.metrics.set_jobs(new.jobs, _alert_after(new))
         # How each changed: the names of its fields that differ (schedule, timeout, ...).
         changes = {code: changed_fields(old_jobs[code], new.jobs[code]) for code in changed}
-        collector.settle()
+        interpreter.settle()
         loop_s = time.perf_counter() - began
         if self._advisory_db is not None:
             await self._advisory_db.resize(_advisory_pool_size(new))
@@ -807,7 +807,7 @@ def run_command(args: argparse.Namespace) -> int:
     """``pgcrond run``: exit 2 on a bad config (all errors printed), 0 after a clean stop,
     130 after a second SIGINT cut the drain short."""
     configure(args.log_format, args.log_level, args.color)
-    collector.tune()
+    interpreter.tune()
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
         config = load_config(args.config, database_url=args.database_url)

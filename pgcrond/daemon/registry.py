@@ -39,7 +39,7 @@ def entry_of(name: str, instance: uuid.UUID, config: Config) -> registry.Entry:
         name=name,
         instance=instance,
         version=__version__,
-        config_hash=config_hash(config),
+        config_hash=config_hash(config, definitions),
         job_hashes={code: job_hash(one) for code, one in definitions.items()},
         definitions=definitions,
     )
