@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import tempfile
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -66,6 +67,8 @@ def system_processes() -> None:
     (PostgreSQL, PgBouncer), Chromium, promtool, a wheel build, the fault suite."""
 
 
+# Before pytest-xdist reads the groups (its --dist loadgroup) off the items.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if hand := [m.name for m in item.iter_markers() if m.name in TIERS]:
@@ -73,7 +76,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid}: tier marked by hand ({', '.join(hand)}); "
                 "tiers follow the fixtures a test requests (tests/conftest.py)"
             )
-        item.add_marker(tier_of(getattr(item, "fixturenames", ())))
+        tier = tier_of(getattr(item, "fixturenames", ()))
+        item.add_marker(tier)
+        if tier == "system" and item.get_closest_marker("xdist_group") is None:
+            # A module's system tests run on one worker, one after another:
+            # its module fixtures are made once, and its tests' windows do
+            # not overlap each other's.
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def tier_of(fixturenames: Sequence[str]) -> str:
@@ -203,13 +212,29 @@ async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
         await db.close()
 
 
-# The idle scenario in the background (tests/idle.py), once per session.
+# The idle scenario in the background (tests/idle.py), once per session: every
+# process of the session (each pytest-xdist worker) shares it through a
+# directory the controller makes, and the controller stops it at the end.
+IDLE_HOME = "PGCROND_TEST_IDLE_HOME"  # a PGCROND_ name: kept from the replicas' environment
 _background: dict[str, idle.Background] = {}
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not _is_xdist_worker(config):
+        # Before any worker starts: the workers inherit it.
+        home = Path(tempfile.mkdtemp(prefix="pgcrond-idle-"))
+        home.chmod(0o755)  # under root, the scenario's server runs as 'nobody'
+        os.environ[IDLE_HOME] = str(home)
 
 
 def _start_idle_scenario() -> idle.Background:
     if "idle" not in _background:
-        _background["idle"] = idle.Background()
+        _background["idle"] = idle.Background(Path(os.environ[IDLE_HOME]))
+    _background["idle"].start_once()
     return _background["idle"]
 
 
@@ -224,6 +249,8 @@ def idle_minute(system_processes: None) -> idle.IdleMinute:
     return _start_idle_scenario().result()
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    for scenario in _background.values():
-        scenario.stop()
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # After every worker is done (a worker may still need the result while another ends).
+    if not _is_xdist_worker(config) and IDLE_HOME in os.environ:
+        home = Path(os.environ.pop(IDLE_HOME))
+        (_background.pop("idle", None) or idle.Background(home)).stop()
