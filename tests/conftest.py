@@ -67,8 +67,6 @@ def system_processes() -> None:
     (PostgreSQL, PgBouncer), Chromium, promtool, a wheel build, the fault suite."""
 
 
-# Before pytest-xdist reads the groups (its --dist loadgroup) off the items.
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if hand := [m.name for m in item.iter_markers() if m.name in TIERS]:
@@ -76,13 +74,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid}: tier marked by hand ({', '.join(hand)}); "
                 "tiers follow the fixtures a test requests (tests/conftest.py)"
             )
-        tier = tier_of(getattr(item, "fixturenames", ()))
-        item.add_marker(tier)
-        if tier == "system" and item.get_closest_marker("xdist_group") is None:
-            # A module's system tests run on one worker, one after another:
-            # its module fixtures are made once, and its tests' windows do
-            # not overlap each other's.
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        item.add_marker(tier_of(getattr(item, "fixturenames", ())))
+    # The idle minute's judges last (a stable sort): the scenario they read,
+    # started with the first system test, has then had the most time to end.
+    items.sort(key=lambda item: "idle_minute" in getattr(item, "fixturenames", ()))
 
 
 def tier_of(fixturenames: Sequence[str]) -> str:
