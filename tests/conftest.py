@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgcrond.core import redaction
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, throwaway
 from pgcrond.storage.leases import LeaseStore
@@ -143,6 +144,20 @@ def _tier_guard(item: pytest.Item) -> Iterator[None]:
         finally:
             if violations:
                 raise TierViolation("\n".join(violations))
+
+
+@pytest.fixture(autouse=True)
+def _no_remembered_secrets() -> Iterator[None]:
+    """Each test starts and ends with no secret remembered for redaction.
+
+    The registry is process-wide (``pgcrond.core.redaction``): a config a test
+    loads remembers its URL's password (one test's is ``x``), and every later
+    ``redact`` in that process then masks it, so an expected ``.../x`` came out
+    ``.../***`` in whichever test ran after it (seen with pytest-xdist's order).
+    """
+    redaction.forget_all()
+    yield
+    redaction.forget_all()
 
 
 # Setup and call only: a session fixture's teardown may run in whichever test
