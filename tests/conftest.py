@@ -233,12 +233,18 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+_OWNS_IDLE_HOME = pytest.StashKey[Path]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if not _is_xdist_worker(config):
-        # Before any worker starts: the workers inherit it.
+    # Made once, by the outermost pytest process (not a worker, not a session
+    # of tests/test_tiers.py's inside this one), before any worker starts: the
+    # workers inherit the variable.
+    if not _is_xdist_worker(config) and IDLE_HOME not in os.environ:
         home = Path(tempfile.mkdtemp(prefix="pgcrond-idle-"))
         home.chmod(0o755)  # under root, the scenario's server runs as 'nobody'
         os.environ[IDLE_HOME] = str(home)
+        config.stash[_OWNS_IDLE_HOME] = home
 
 
 def _start_idle_scenario() -> idle.Background:
@@ -261,6 +267,6 @@ def idle_minute(system_processes: None) -> idle.IdleMinute:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     # After every worker is done (a worker may still need the result while another ends).
-    if not _is_xdist_worker(config) and IDLE_HOME in os.environ:
-        home = Path(os.environ.pop(IDLE_HOME))
+    if home := config.stash.get(_OWNS_IDLE_HOME, None):
+        del os.environ[IDLE_HOME]
         (_background.pop("idle", None) or idle.Background(home)).stop()
