@@ -33,6 +33,7 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, throwaway
 from pgcrond.storage.leases import LeaseStore
 from tests import idle
+from tests.daemon_harness import wait_until
 
 TIERS = ("unit", "integration", "system")
 # Heaviest first: a test is in the tier of the heaviest fixture it uses.
@@ -193,12 +194,30 @@ def pg_dsn() -> Iterator[str]:
         yield server.dsn
 
 
+LOCKS_IN_SCHEMA = """
+SELECT 1 FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND l.pid <> pg_backend_pid()
+LIMIT 1
+"""
+
+
 @pytest.fixture
 def schema(pg_dsn: str) -> Iterator[str]:
     """A fresh schema name for this test; dropped afterwards."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     yield name
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        # A replica the test just killed may have left a backend mid-statement
+        # in the schema (it ends once it notices its client gone): DROP ...
+        # CASCADE taking the tables one by one then deadlocked with it (seen
+        # under pytest-xdist's load). The drop waits for the schema's locks.
+        wait_until(
+            lambda: not conn.execute(LOCKS_IN_SCHEMA, (name,)).fetchone(),
+            15,
+            f"other sessions to release their locks in schema {name}",
+        )
         conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
