@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import tempfile
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -27,10 +28,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgcrond.core import redaction
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, throwaway
 from pgcrond.storage.leases import LeaseStore
 from tests import idle
+from tests.daemon_harness import wait_until
 
 TIERS = ("unit", "integration", "system")
 # Heaviest first: a test is in the tier of the heaviest fixture it uses.
@@ -74,6 +77,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 "tiers follow the fixtures a test requests (tests/conftest.py)"
             )
         item.add_marker(tier_of(getattr(item, "fixturenames", ())))
+    # The idle minute's judges last (a stable sort): the scenario they read,
+    # started with the first system test, has then had the most time to end.
+    items.sort(key=lambda item: "idle_minute" in getattr(item, "fixturenames", ()))
 
 
 def tier_of(fixturenames: Sequence[str]) -> str:
@@ -141,6 +147,20 @@ def _tier_guard(item: pytest.Item) -> Iterator[None]:
                 raise TierViolation("\n".join(violations))
 
 
+@pytest.fixture(autouse=True)
+def _no_remembered_secrets() -> Iterator[None]:
+    """Each test starts and ends with no secret remembered for redaction.
+
+    The registry is process-wide (``pgcrond.core.redaction``): a config a test
+    loads remembers its URL's password (one test's is ``x``), and every later
+    ``redact`` in that process then masks it, so an expected ``.../x`` came out
+    ``.../***`` in whichever test ran after it (seen with pytest-xdist's order).
+    """
+    redaction.forget_all()
+    yield
+    redaction.forget_all()
+
+
 # Setup and call only: a session fixture's teardown may run in whichever test
 # happens to be last, and belongs to the tier of the test that set it up.
 @pytest.hookimpl(wrapper=True)
@@ -174,12 +194,30 @@ def pg_dsn() -> Iterator[str]:
         yield server.dsn
 
 
+LOCKS_IN_SCHEMA = """
+SELECT 1 FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND l.pid <> pg_backend_pid()
+LIMIT 1
+"""
+
+
 @pytest.fixture
 def schema(pg_dsn: str) -> Iterator[str]:
     """A fresh schema name for this test; dropped afterwards."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     yield name
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        # A replica the test just killed may have left a backend mid-statement
+        # in the schema (it ends once it notices its client gone): DROP ...
+        # CASCADE taking the tables one by one then deadlocked with it (seen
+        # under pytest-xdist's load). The drop waits for the schema's locks.
+        wait_until(
+            lambda: not conn.execute(LOCKS_IN_SCHEMA, (name,)).fetchone(),
+            15,
+            f"other sessions to release their locks in schema {name}",
+        )
         conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
@@ -203,13 +241,35 @@ async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
         await db.close()
 
 
-# The idle scenario in the background (tests/idle.py), once per session.
+# The idle scenario in the background (tests/idle.py), once per session: every
+# process of the session (each pytest-xdist worker) shares it through a
+# directory the controller makes, and the controller stops it at the end.
+IDLE_HOME = "PGCROND_TEST_IDLE_HOME"  # a PGCROND_ name: kept from the replicas' environment
 _background: dict[str, idle.Background] = {}
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+_OWNS_IDLE_HOME = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Made once, by the outermost pytest process (not a worker, not a session
+    # of tests/test_tiers.py's inside this one), before any worker starts: the
+    # workers inherit the variable.
+    if not _is_xdist_worker(config) and IDLE_HOME not in os.environ:
+        home = Path(tempfile.mkdtemp(prefix="pgcrond-idle-"))
+        home.chmod(0o755)  # under root, the scenario's server runs as 'nobody'
+        os.environ[IDLE_HOME] = str(home)
+        config.stash[_OWNS_IDLE_HOME] = home
 
 
 def _start_idle_scenario() -> idle.Background:
     if "idle" not in _background:
-        _background["idle"] = idle.Background()
+        _background["idle"] = idle.Background(Path(os.environ[IDLE_HOME]))
+    _background["idle"].start_once()
     return _background["idle"]
 
 
@@ -224,6 +284,8 @@ def idle_minute(system_processes: None) -> idle.IdleMinute:
     return _start_idle_scenario().result()
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    for scenario in _background.values():
-        scenario.stop()
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # After every worker is done (a worker may still need the result while another ends).
+    if home := config.stash.get(_OWNS_IDLE_HOME, None):
+        del os.environ[IDLE_HOME]
+        (_background.pop("idle", None) or idle.Background(home)).stop()

@@ -17,6 +17,7 @@ request was taken within a generous bound.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -24,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -37,6 +37,7 @@ from pgcrond.daemon.registry import SETTLE_S
 from pgcrond.storage import registry
 from pgcrond.storage.embedded import LocalServer, throwaway
 from tests.daemon_harness import PGCROND, ROOT, cluster, quiet_cron, wait_until
+from tests.jobs_fixture import is_alive, poll
 
 REPLICAS = 3
 # Past the last replica's first touch: a statement that followed it would show.
@@ -156,16 +157,30 @@ def first_minute(workdir: Path) -> IdleMinute:
 
 
 class Background:
-    """The scenario in a process of its own, from start to its written result."""
+    """The scenario in a process of its own, shared by every process of a test
+    session (each pytest-xdist worker, or the one pytest) through ``home``: the
+    first to ask starts it, any of them reads its result, and the session's
+    controller stops it (``stop``) once every worker is done."""
 
-    def __init__(self) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="pgcrond-idle-"))
-        self.workdir.chmod(0o755)  # under root, the replicas' server runs as 'nobody'
-        self.result_path = self.workdir / "result.json"
-        self.log_path = self.workdir / "scenario.log"
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.result_path = home / "result.json"
+        self.failed_path = home / "failed"
+        self.log_path = home / "scenario.log"
+        self.pid_path = home / "pid"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start_once(self) -> None:
+        """Start the scenario unless a process of this session already has."""
+        if self.process is not None:
+            return
+        try:
+            os.close(os.open(self.home / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tests.idle", str(self.workdir / "cluster"),
+                [sys.executable, "-m", "tests.idle", str(self.home / "cluster"),
                  str(self.result_path)],
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
@@ -174,33 +189,49 @@ class Background:
                 # Its own session: a signal at the suite's terminal is not its to take.
                 start_new_session=True,
             )  # fmt: skip
+        self.pid_path.write_text(str(self.process.pid))
 
     def result(self, timeout: float = 180) -> IdleMinute:
-        """Wait for the scenario; its own failure is raised with its output."""
-        code = self.process.wait(timeout)
-        if code != 0 or not self.result_path.exists():
-            raise AssertionError(
-                f"the idle scenario exited {code}:\n{self.log_path.read_text()[-4000:]}"
-            )
+        """Wait for the scenario's outcome; its own failure is raised with its output."""
+        self.start_once()
+
+        def ended() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                return True
+            return self.result_path.exists() or self.failed_path.exists()
+
+        wait_until(ended, timeout, "the idle scenario", every=0.2)
+        if not self.result_path.exists():
+            raise AssertionError(f"the idle scenario failed:\n{self.log_path.read_text()[-4000:]}")
         return IdleMinute(**json.loads(self.result_path.read_text()))
 
     def stop(self) -> None:
-        """End the scenario if it still runs (it stops its replicas and server), and clean up."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        """End the scenario if it still runs (it stops its replicas and server), and clean up.
+
+        Under pytest-xdist the worker that started it may be gone: the process is
+        found by the pid it left, signalled as a group, and awaited by polling.
+        """
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            pid = int(self.pid_path.read_text())
+            if is_alive(pid):
+                os.killpg(pid, signal.SIGTERM)
+                if not poll(lambda: not is_alive(pid), 60):
+                    os.killpg(pid, signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait(10)
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
 def main(workdir: str, result_path: str) -> None:
     # SIGTERM unwinds like an exception: the replicas and the server are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     Path(workdir).mkdir()
-    found = first_minute(Path(workdir))
+    try:
+        found = first_minute(Path(workdir))
+    except BaseException:
+        # Seen by a session process that did not start the scenario (pytest-xdist).
+        Path(result_path).with_name("failed").touch()
+        raise
     partial = Path(result_path + ".partial")
     partial.write_text(json.dumps(dataclasses.asdict(found)))
     partial.rename(result_path)  # whole or absent

@@ -147,7 +147,8 @@ def make_request(action: Action, **overrides: Any) -> RunRequest:
     return RunRequest(**fields)
 
 
-def _poll(condition: Callable[[], bool], within: float) -> bool:
+def poll(condition: Callable[[], bool], within: float) -> bool:
+    """True once ``condition`` holds, False if it still does not after ``within`` seconds."""
     deadline = time.monotonic() + within
     while not condition():
         if time.monotonic() > deadline:
@@ -158,7 +159,7 @@ def _poll(condition: Callable[[], bool], within: float) -> bool:
 
 async def wait_for_path(path: Path, within: float = 10.0) -> None:
     """Wait until a child process has created ``path`` (bounded; polled off the loop)."""
-    if not await asyncio.to_thread(_poll, path.exists, within):
+    if not await asyncio.to_thread(poll, path.exists, within):
         raise AssertionError(f"{path} did not appear within {within}s")
 
 
@@ -183,7 +184,7 @@ def live_processes_in_session(session: int) -> list[int]:
 
 async def wait_until_session_gone(session: int, within: float = 5.0) -> list[int]:
     """Killed processes take a moment to die; returns what is still alive after ``within``."""
-    await asyncio.to_thread(_poll, lambda: not live_processes_in_session(session), within)
+    await asyncio.to_thread(poll, lambda: not live_processes_in_session(session), within)
     return live_processes_in_session(session)
 
 

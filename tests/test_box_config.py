@@ -20,7 +20,7 @@ import pytest
 from pgcrond.cli import main
 from pgcrond.config.loader import load_config
 from pgcrond.core.box import BASE_PASSTHROUGH, Account, Box, Limits
-from pgcrond.core.redaction import forget_all, redact
+from pgcrond.core.redaction import redact
 from pgcrond.errors import ConfigError, ConfigIssue, ExitCode
 from pgcrond.run import box
 
@@ -45,11 +45,6 @@ def issues_of(path: Path, **kwargs: object) -> list[tuple[int | None, str | None
 
 def shown(issues: tuple[ConfigIssue, ...]) -> list[tuple[int | None, str | None, str | None, str]]:
     return [(i.line, i.job, i.field, i.message) for i in issues]
-
-
-@pytest.fixture(autouse=True)
-def _forget_secrets() -> None:
-    forget_all()
 
 
 @ROOT_ONLY

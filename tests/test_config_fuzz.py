@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgcrond.cli import main
-from pgcrond.core import redaction
 from pgcrond.core.durations import parse_duration
 from pgcrond.errors import ExitCode
 
@@ -22,10 +20,8 @@ SETTINGS = settings(
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PGCROND_DATABASE_URL", raising=False)
-    yield
-    redaction.forget_all()
 
 
 def check(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

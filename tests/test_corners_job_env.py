@@ -28,7 +28,15 @@ pytestmark = pytest.mark.usefixtures("system_processes")
 def write_environ(ctx: RunContext) -> None:
     """A job that writes the environment it was given, one NAME=value a line."""
     lines = [f"{name}={value}" for name, value in sorted(ctx.env.items())]
-    Path(ctx.env["ENV_OUT"]).write_text("\n".join(lines) + "\n")
+    # Whole or absent: the test reads the file as soon as it exists.
+    part = Path(ctx.env["ENV_OUT"] + ".part")
+    part.write_text("\n".join(lines) + "\n")
+    part.rename(ctx.env["ENV_OUT"])
+
+
+def dump_env(out: Path, name: str) -> str:
+    """A shell line writing its environment to ``out/name.env``, whole or absent."""
+    return f"env > {out}/{name}.part && mv {out}/{name}.part {out}/{name}.env"
 
 
 @pytest.mark.slow
@@ -39,11 +47,11 @@ def test_no_job_environment_holds_the_dsn(pg_dsn: str, schema: str, tmp_path: Pa
     jobs = (
         f"  command:\n"
         f'    at: "{at(4)}"\n'
-        f'    command: [/bin/sh, -c, "env > {out}/command.env; exit 3"]\n'
-        f'    on_failure: {{command: [/bin/sh, -c, "env > {out}/hook.env"], timeout: 5s}}\n'
+        f'    command: [/bin/sh, -c, "{dump_env(out, "command")}; exit 3"]\n'
+        f'    on_failure: {{command: [/bin/sh, -c, "{dump_env(out, "hook")}"], timeout: 5s}}\n'
         f"  shell:\n"
         f'    at: "{at(4)}"\n'
-        f'    shell: "env > {out}/shell.env"\n'
+        f'    shell: "{dump_env(out, "shell")}"\n'
         f"  isolated:\n"
         f'    at: "{at(4)}"\n'
         f"    entrypoint: {entry}\n"

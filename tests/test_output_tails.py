@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from pgcrond.core import redaction
 from pgcrond.run.output import (
     HEAD_BYTES,
@@ -20,11 +18,6 @@ from pgcrond.run.output import (
     http_response,
     shown,
 )
-
-
-@pytest.fixture(autouse=True)
-def _no_remembered_secrets() -> None:
-    redaction.forget_all()
 
 
 def test_a_stream_that_fits_is_kept_whole_and_an_empty_one_stays_empty() -> None:

@@ -6,7 +6,6 @@ libpq's own reading (``psycopg.conninfo.conninfo_to_dict`` calls
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -24,13 +23,6 @@ from pgcrond.core.redaction import redact, split_uri, url_problems
 from pgcrond.errors import ConfigError, ExitCode
 
 LEAKY = "postgresql://app:t-PW@x@127.0.0.1:5432/db"
-
-
-@pytest.fixture(autouse=True)
-def _fresh_secrets() -> Iterator[None]:
-    redaction.forget_all()
-    yield
-    redaction.forget_all()
 
 
 def libpq(url: str) -> dict[str, str]:
