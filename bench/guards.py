@@ -44,6 +44,7 @@ from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import throwaway
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 
 NO_HOLD = timedelta(0)
 TIMING = LeaseTiming.build(timedelta(seconds=60))
@@ -176,7 +177,7 @@ async def bench(dsn: str, runs: int, seconds: float) -> None:
     adv = await open_db(proxied, "bench-advisory", CONCURRENT_JOBS + 1)
     store_db = await open_db(proxied, "bench-lease", 4)
     store = LeaseStore(store_db, schema="bench")
-    await store.migrate()
+    await migrate(store)
     prefix = uuid.uuid4().hex
 
     async def advisory_win(n: int) -> None:

@@ -32,6 +32,7 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import throwaway
 from pgcrond.storage.jobstate import pause
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 from tests.store_helpers import count_round_trips
 
 TIMING = LeaseTiming.build(timedelta(minutes=5))
@@ -56,7 +57,7 @@ async def round_trips(dsn: str, schema: str) -> dict[str, int]:
     db = Database(dsn, min_size=1, max_size=1)
     await db.open()
     store = LeaseStore(db, schema=schema)
-    await store.migrate()
+    await migrate(store)
     trace = Path(tempfile.mkstemp(prefix="pgcrond-trace-")[1])
     handle = trace.open("w")
     async with db.connection() as conn:

@@ -34,6 +34,7 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 from pgcrond.testing import throwaway
 from tests import pgbouncer as bouncer
 
@@ -47,7 +48,7 @@ async def open_store(dsn: str, schema: str, prepared: bool) -> LeaseStore:
         # The pool has one connection: this is the one every claim uses.
         conn.prepare_threshold = 0 if prepared else None
     store = LeaseStore(db, schema=schema)
-    await store.migrate()
+    await migrate(store)
     return store
 
 

@@ -35,6 +35,7 @@ from pgcrond.daemon.status_page import StatusPage
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import throwaway
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 
 MINUTELY = 5
 DAILY = 995
@@ -113,7 +114,7 @@ async def bench(dsn: str, requests: int) -> None:
     db = Database(dsn, min_size=1, max_size=4)
     await db.open()
     store = LeaseStore(db, schema="bench_status")
-    await store.migrate()
+    await migrate(store)
     codes = list(config.jobs)
     steps = ["1 minute"] * MINUTELY + ["1 day"] * DAILY
     started = time.perf_counter()

@@ -27,6 +27,7 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import throwaway
 from pgcrond.storage.history import prune
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 
 TIMING = LeaseTiming.build(timedelta(minutes=1), timedelta(0))
 SCHEMA = "bench"
@@ -40,7 +41,7 @@ async def fill(dsn: str, jobs: int, ticks: int) -> LeaseStore:
     db = Database(dsn)
     await db.open()
     store = LeaseStore(db, schema=SCHEMA, owner="bench-host:12345")
-    await store.migrate()
+    await migrate(store)
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=ticks)
     for n in range(ticks):
         tick = start + timedelta(seconds=n)

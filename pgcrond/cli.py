@@ -48,7 +48,7 @@ HANDLERS: dict[str, str] = {
     "check": "pgcrond.ops.inspect:check_command",
     "schema": "pgcrond.ops.inspect:schema_command",
     "next": "pgcrond.ops.inspect:next_command",
-    "run": "pgcrond.daemon.lifecycle:run_command",
+    "run": "pgcrond.daemon.command:run_command",
     "migrate": "pgcrond.ops.commands:migrate_command",
     "status": "pgcrond.ops.commands:status_command",
     "plan": "pgcrond.ops.plan:plan_command",

@@ -32,6 +32,7 @@ from pgcrond.core import redaction
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, throwaway
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 from tests import idle
 from tests.daemon_harness import wait_until
 
@@ -235,7 +236,7 @@ async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
     await db.open()
     leases = LeaseStore(db, schema=schema, owner="test:1")
     try:
-        await leases.migrate()
+        await migrate(leases)
         yield leases
     finally:
         await db.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import find_bindir, throwaway
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate as migrate_store
 
 SNAPSHOT = Path(__file__).resolve().parent.parent / "pgcrond" / "storage" / "sql" / "schema.sql"
 HEADER = (
@@ -65,7 +66,7 @@ async def migrate(dsn: str, schema: str) -> None:
     db = Database(dsn)
     await db.open()
     try:
-        await LeaseStore(db, schema=schema, owner="schema-snapshot:1").migrate()
+        await migrate_store(LeaseStore(db, schema=schema, owner="schema-snapshot:1"))
     finally:
         await db.close()
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate as migrate_store
 
 
 @asynccontextmanager
@@ -21,7 +22,7 @@ async def open_store(
     try:
         store = LeaseStore(db, schema=schema, owner=owner)
         if migrate:
-            await store.migrate()
+            await migrate_store(store)
         yield store
     finally:
         await db.close()

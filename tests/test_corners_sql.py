@@ -39,6 +39,7 @@ from pgcrond.errors import ConfigError, SqlJobFailed
 from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 from tests.daemon_harness import cluster, wait_until
 
 # Starts replicas or servers: the system tier.
@@ -214,7 +215,7 @@ async def lab(dsn: str, schema: str) -> AsyncIterator[Lab]:
     await db.open()
     try:
         store = LeaseStore(db, schema=schema, owner="t:1")
-        await store.migrate()
+        await migrate(store)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(EFFECTS_DDL.format(table=f'"{schema}".effects'))
             conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
@@ -349,7 +350,7 @@ async def test_the_sql_pool_discards_session_state_before_the_next_job(
     await sql_db.open()
     try:
         store = LeaseStore(db, schema=schema, sql_db=sql_db)
-        await store.migrate()
+        await migrate(store)
         lab_ = Lab(pg_dsn, schema, store, "", "")
         assert True is await lab_.run(
             f"SELECT pg_advisory_lock({key})", "CREATE TEMPORARY TABLE leftover (x int)"
@@ -376,7 +377,7 @@ async def test_an_sql_job_waits_for_a_connection_of_its_own_without_holding_up_c
     await sql_db.open()
     try:
         store = LeaseStore(db, schema=schema, sql_db=sql_db)
-        await store.migrate()
+        await migrate(store)
         it = Lab(pg_dsn, schema, store, "", "")
         busy = asyncio.ensure_future(it.run("SELECT pg_sleep(1.5)"))
         await asyncio.sleep(0.3)

@@ -747,7 +747,7 @@ def test_least_privilege_role_migrates_and_runs_but_reaches_nothing_else(
     """Owner of its schema only: migrate + claim work; other tables and public refuse it."""
     from pgcrond.core.keys import Identity
     from pgcrond.storage.claims import Acquired
-    from pgcrond.storage.leases import SyncLeaseStore
+    from pgcrond.storage.sync_store import SyncLeaseStore
 
     database, role = scratch_database
     admin = with_database(pg_dsn, database)

@@ -33,6 +33,7 @@ from pgcrond.run.attempt import RunRequest, RunResult
 from pgcrond.run.runner import execute
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "exactly-once.md"
 
@@ -153,7 +154,7 @@ async def test_the_sql_job_recipe_commits_its_effect_and_outbox_message_once(
     await db.open()
     try:
         store = LeaseStore(db, schema=schema)
-        await store.migrate()
+        await migrate(store)
         tick = datetime.now(UTC).replace(microsecond=0)
         identity = Identity.schedule(job.code, run_key_for(tick))
         outcomes = []

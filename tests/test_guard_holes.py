@@ -19,7 +19,9 @@ from pgcrond.guard.base import ClaimRequest, Held, Refused, Verdict
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.db import Database
+from pgcrond.storage.keepalive import holding
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 from tests.faults.proxy import proxied
 
 TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))
@@ -134,7 +136,7 @@ async def test_hole_6_a_run_is_told_to_stop_a_grace_and_a_margin_before_expiry(
     lease = await store.claim(identity, TWO_S)
     assert isinstance(lease, Acquired)
     assert TWO_S.stop_margin > timedelta(0)
-    async with store.holding(lease):
+    async with holding(lease, store.heartbeat):
         reason = await asyncio.wait_for(lease.cancellation.wait(), 5)
     told_at = time.monotonic()
     kill_at = told_at + TWO_S.stop_grace.total_seconds()
@@ -177,13 +179,13 @@ async def test_hole_11_a_hung_heartbeat_does_not_hold_the_run_past_its_stop_dead
         await db.open()
         try:
             leases = LeaseStore(db, schema=schema, owner="test:cut")
-            await leases.migrate()
+            await migrate(leases)
             _, identity = tick_identity("hung", 1)
             timing = LeaseTiming.build(timedelta(seconds=2), timedelta(milliseconds=300))
             lease = await leases.claim(identity, timing)
             assert isinstance(lease, Acquired)
             proxy.partition(6)
-            async with leases.holding(lease):
+            async with holding(lease, leases.heartbeat):
                 reason = await asyncio.wait_for(lease.cancellation.wait(), 5)
             stopped = time.monotonic()
         finally:

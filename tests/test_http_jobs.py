@@ -27,6 +27,7 @@ from pgcrond.guard import Guards
 from pgcrond.run.http_action import redact_headers
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 
 
 @dataclass
@@ -85,7 +86,7 @@ async def fire(dsn: str, schema: str, job: JobConfig) -> tuple[str, list[Any], I
     await db.open()
     try:
         store = LeaseStore(db, schema=schema)
-        await store.migrate()
+        await migrate(store)
         firing = Firing(guards=Guards(store, db).for_job, replica="t:1")
         tick = datetime.now(UTC).replace(microsecond=0)
         identity = Identity.schedule(job.code, run_key_for(tick))

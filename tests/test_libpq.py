@@ -109,6 +109,7 @@ async def test_prepared_statements_can_be_turned_on_for_the_lease_pool(
     from pgcrond.core.keys import Identity
     from pgcrond.storage.claims import Acquired
     from pgcrond.storage.leases import LeaseStore
+    from pgcrond.storage.migrate import migrate as migrate_store
 
     path = tmp_path / "jobs.yaml"
     path.write_text(
@@ -120,7 +121,7 @@ async def test_prepared_statements_can_be_turned_on_for_the_lease_pool(
     await db.open()
     try:
         store = LeaseStore(db, schema=schema)
-        await store.migrate()
+        await migrate_store(store)
         for n in range(3):
             lease = await store.claim(Identity.schedule("j", f"2026-01-01T00:00:0{n}Z"))
             assert isinstance(lease, Acquired)

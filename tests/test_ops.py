@@ -21,8 +21,8 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.ops import session as ops
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.history import prune
-from pgcrond.storage.leases import SyncLeaseStore
 from pgcrond.storage.sql import migrations
+from pgcrond.storage.sync_store import SyncLeaseStore
 from tests.store_helpers import open_store
 
 T0 = datetime(2026, 1, 10, 3, 0, tzinfo=UTC)

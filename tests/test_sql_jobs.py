@@ -33,6 +33,7 @@ from pgcrond.guard import Guards
 from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 from tests import pgbouncer as bouncer
 from tests.faults.checker import owner_pid
 
@@ -217,7 +218,7 @@ async def lab(dsn: str, schema: str, tmp_path: Path) -> AsyncIterator[Lab]:
     await db.open()
     try:
         store = LeaseStore(db, schema=schema)
-        await store.migrate()
+        await migrate(store)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(EFFECTS_DDL.format(table=f'"{schema}".effects'))
         yield Lab(dsn, schema, db, store, tmp_path)

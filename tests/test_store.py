@@ -18,8 +18,9 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import DatabaseUnavailable, LeaseLost, ValidationError
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.embedded import LocalServer
-from pgcrond.storage.leases import SyncLeaseStore
+from pgcrond.storage.keepalive import holding
 from pgcrond.storage.sql import migrations
+from pgcrond.storage.sync_store import SyncLeaseStore
 from tests.store_helpers import count_round_trips, open_store, quick_processes
 
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))
@@ -323,7 +324,7 @@ async def test_an_outage_cancels_the_run_only_once_the_lease_could_have_expired(
     async with open_store(own_server.dsn, schema) as store:
         lease = await store.claim(identity, timing)
         assert isinstance(lease, Acquired)
-        async with store.holding(lease):
+        async with holding(lease, store.heartbeat):
             await asyncio.sleep(0.3)
             assert not lease.cancellation.is_set()
             own_server.kill()
@@ -531,7 +532,7 @@ async def test_a_heartbeat_error_that_is_not_an_outage_still_stops_the_run_befor
             )
         failures: list[Exception] = []
         started = asyncio.get_running_loop().time()
-        async with store.holding(lease, failures.append):
+        async with holding(lease, store.heartbeat, failures.append):
             reason = await asyncio.wait_for(lease.cancellation.wait(), 5)
         waited = asyncio.get_running_loop().time() - started
     assert "lease_expired" == reason

@@ -14,37 +14,22 @@ config; a bad one is rejected and the old jobs keep running.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import logging
 import signal
-import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from apscheduler.executors.base import BaseExecutor
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.triggers.base import BaseTrigger
 
-from pgcrond import catchup
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.loader import load_config
-from pgcrond.config.models import (
-    Config,
-    JobConfig,
-    changed_fields,
-    min_history_retention,
-    prune_rules,
-)
-from pgcrond.core.jitter import fire_time
+from pgcrond.config.models import Config, JobConfig, changed_fields
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
 from pgcrond.core.replica import this_process
-from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for, tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE
 from pgcrond.daemon import interpreter, notify
 from pgcrond.daemon.accounting import Accounting
@@ -52,8 +37,11 @@ from pgcrond.daemon.alerts import seed as seed_alerts
 from pgcrond.daemon.hooks import FailureHooks
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import Metrics
+from pgcrond.daemon.pruning import Pruning
 from pgcrond.daemon.registry import Membership
 from pgcrond.daemon.requests import Requests
+from pgcrond.daemon.resume import resume_open_ticks
+from pgcrond.daemon.scheduling import Scheduling
 from pgcrond.daemon.stall import StallProbe
 from pgcrond.daemon.status_page import StatusPage
 from pgcrond.daemon.watch import ConfigWatcher
@@ -62,16 +50,14 @@ from pgcrond.events import FanOut
 from pgcrond.fire import FireOutcome, Firing
 from pgcrond.guard import Guards
 from pgcrond.guard.spread import Spread
-from pgcrond.logs import configure
 from pgcrond.run import box
-from pgcrond.storage.claims import NotAcquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, attach
-from pgcrond.storage.history import abandon_stale, open_ticks, ping, prune
+from pgcrond.storage.history import ping
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 from pgcrond.storage.pooling import log_pooling
 from pgcrond.storage.renames import apply_renames
-from pgcrond.storage.requests import prune_requests
 from pgcrond.storage.ticks import job_ticks
 
 log = structlog.get_logger("pgcrond.daemon.lifecycle")
@@ -83,60 +69,11 @@ STUCK_AFTER_S = 15.0
 # in-process entrypoint: signal, stop grace, cancel, stop grace again) plus
 # recording the release. Supervisors must allow shutdown_grace + this.
 STOP_WAIT_S = 2 * MAX_STOP_GRACE.total_seconds() + 5.0
-PRUNE_EVERY = timedelta(hours=1)
-# How far back a starting replica looks for ticks left open (bounded by the
-# query's LIMIT too): retries are followed past the misfire window.
-RESUME_WITHIN = timedelta(hours=24)
 # At shutdown, on_failure hooks still sending get this long.
 HOOK_DRAIN_S = 3.0
 # How long background tasks get to end once cancelled (psycopg's own cancel
 # request is bounded by 5 s).
 CLOSE_WAIT_S = 6.0
-PRUNE_CODE = "pgcrond:prune"
-# Fires handed on per loop turn when one schedule holds many jobs: a turn
-# stays a few ms, and a chunk's claims still fill one statement.
-FAN_OUT_CHUNK = 500
-# Claims of a big fan-out waiting for their answer before the next chunk is
-# handed on: two statements' worth, so one is answered while the next is out.
-FAN_OUT_WINDOW = 2 * FAN_OUT_CHUNK
-
-
-class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
-    """An APScheduler trigger over our own schedule (cron(8) semantics, DST rule).
-
-    APScheduler 3's crontab parser reads day-of-week 0 as Monday and ANDs the
-    day fields, so it is never used.
-    """
-
-    def __init__(self, schedule: Schedule) -> None:
-        self.schedule = schedule
-
-    def get_next_fire_time(
-        self, previous_fire_time: datetime | None, now: datetime
-    ) -> datetime | None:
-        return self.schedule.next_after(previous_fire_time or now)
-
-    def __str__(self) -> str:
-        return self.schedule.describe()
-
-
-class FireExecutor(BaseExecutor):  # type: ignore[misc]
-    """Hands each intended fire time straight to the daemon, on the loop."""
-
-    def __init__(self, submit: Callable[[str, datetime], None]) -> None:
-        super().__init__()
-        self._submit = submit
-
-    def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
-        for run_time in run_times:
-            self._submit(job.id, run_time)
-        # The run itself is tracked by the daemon, not by APScheduler's
-        # instance count (which would otherwise refuse the next tick).
-        self._run_job_success(job.id, [])
-
-
-def _no_op() -> None:
-    """APScheduler needs a callable per job; the executor never calls it."""
 
 
 class Daemon:
@@ -166,12 +103,10 @@ class Daemon:
         self.stop_requested = asyncio.Event()
         self.stop_now = asyncio.Event()
         self._beat = time.monotonic()
-        self._last_prune = -float("inf")
         self._server: LocalServer | None = None
         self._http: HealthServer | None = None
-        self._scheduler: AsyncIOScheduler | None = None
-        # APScheduler job id (a schedule's repr) -> the codes of the jobs on it.
-        self._groups: dict[str, list[str]] = {}
+        self._scheduling: Scheduling | None = None
+        self._pruning: Pruning | None = None
         self._db: Database | None = None
         self._advisory_db: Database | None = None
         self._sql_db: Database | None = None
@@ -271,6 +206,7 @@ class Daemon:
             replica=self.replica,
         )
         self._firing.events = FanOut([self.metrics.events, accounting, self._hooks])
+        self._pruning = Pruning(store, lambda: self.config, self._spawn)
         self._start_beat()
         await self._start_http()
         if not await self._migrate(store):
@@ -294,8 +230,8 @@ class Daemon:
         )
         self._spawn(requests.run(log_pooling(store.db)))
         await accounting.begin()
-        self._start_scheduler()
-        self._spawn(self._resume_open_ticks())
+        self._start_scheduler(store)
+        self._spawn(resume_open_ticks(store, lambda: self.config, self._follow_started))
         # Ticks nobody ran while no replica was up: recorded, or caught up (once).
         self._spawn(accounting.start())
         # The alert gauges start from the table's truth (one query), not from zero.
@@ -331,7 +267,7 @@ class Daemon:
         delay = 0.5
         while not self.stop_requested.is_set():
             try:
-                applied = await store.migrate()
+                applied = await migrate(store)
             except DatabaseUnavailable as exc:
                 log.warning(
                     "database_unavailable", operation="migrate", error=str(exc), retry_in_s=delay
@@ -357,115 +293,17 @@ class Daemon:
                 paused=moved.paused,
             )
 
-    def _start_scheduler(self) -> None:
-        scheduler = AsyncIOScheduler(
-            timezone=UTC,
-            executors={"default": FireExecutor(self._on_fire_group)},
-            job_defaults={"coalesce": False, "max_instances": 1, "misfire_grace_time": None},
+    def _start_scheduler(self, store: LeaseStore) -> None:
+        scheduling = self._scheduling = Scheduling(
+            config=lambda: self.config,
+            fire=self._spawn_fire,
+            spawn=self._spawn,
+            claim_room=store.claim_room,
+            wake=self._stall.wake,
+            stopping=self.stop_requested,
         )
-        self._scheduler = scheduler
-        self._regroup(self.config.jobs.values())
-        scheduler.start()
-        self.metrics.next_fires.follow(self._next_ticks)
-
-    def _next_ticks(self) -> list[tuple[list[str], datetime | None]]:
-        """Each schedule's jobs and next tick, for a scrape (on the render's thread).
-
-        APScheduler's ``get_jobs`` copies its store under its own lock; a
-        reload replaces ``_groups`` whole, so one reference is a consistent map.
-        A schedule added by a reload after the copy shows from the next scrape.
-        """
-        scheduler, groups = self._scheduler, self._groups
-        if scheduler is None:
-            return []
-        return [(groups.get(entry.id, []), entry.next_run_time) for entry in scheduler.get_jobs()]
-
-    def _regroup(self, started: Iterable[JobConfig]) -> None:
-        """One APScheduler job per distinct schedule, fanning out to its jobs.
-
-        APScheduler's cost is per job it holds (next fire times, its sorted
-        store, events): 10,000 per-minute jobs on one cron are one entry, and
-        their co-firing fires are handed on in one turn. Run-once jobs in
-        ``started`` (new or changed ones) are attempted now; the lease decides.
-        """
-        scheduler = self._scheduler
-        assert scheduler is not None
-        groups: dict[str, list[str]] = {}
-        schedules: dict[str, Schedule] = {}
-        for job in self.config.jobs.values():
-            if not isinstance(job.schedule, OnceSchedule):
-                key = repr(job.schedule)
-                groups.setdefault(key, []).append(job.code)
-                schedules[key] = job.schedule
-        for key in self._groups.keys() - groups.keys():
-            with contextlib.suppress(Exception):
-                scheduler.remove_job(key)
-        for key in groups.keys() - self._groups.keys():
-            scheduler.add_job(_no_op, trigger=ScheduleTrigger(schedules[key]), id=key, name=key)
-        self._groups = groups
-        for job in started:
-            if isinstance(job.schedule, OnceSchedule):
-                self._spawn_fire(job, datetime.now(UTC), Identity.initial(job.code))
-
-    def _on_fire_group(self, key: str, tick: datetime) -> None:
-        codes = self._groups.get(key, ())
-        if not codes:
-            return
-        self._stall.wake()
-        # Once per schedule, not per job: when this tick is superseded.
-        following = self.config.jobs[codes[0]].schedule.next_after(tick)
-        if len(codes) <= FAN_OUT_CHUNK:
-            for code in codes:
-                self._on_fire(code, tick, following)
-            return
-        self._spawn(self._fan_out(list(codes), tick, following))
-
-    async def _fan_out(self, codes: list[str], tick: datetime, following: datetime | None) -> None:
-        """Hand on a big group's fires a chunk per loop turn, as claims are answered.
-
-        10,000 jobs on one schedule handed on in one callback held the loop
-        for a second: no claim answer, heartbeat or stop deadline was seen
-        meanwhile. A chunk's claims still share a statement (one turn); the
-        next chunk waits until fewer than ``FAN_OUT_WINDOW`` claims are out.
-        """
-        for start in range(0, len(codes), FAN_OUT_CHUNK):
-            if start:
-                await asyncio.sleep(0)
-                if self._store is not None:
-                    # Claims go out as fast as they are answered, no faster:
-                    # 10,000 fires at once held 10,000 tasks' memory and made
-                    # the loop's turns (and its collections) long.
-                    await self._store.claim_room(FAN_OUT_WINDOW)
-            for code in codes[start : start + FAN_OUT_CHUNK]:
-                self._on_fire(code, tick, following)
-
-    def _on_fire(self, code: str, tick: datetime, following: datetime | None) -> None:
-        job = self.config.jobs.get(code)
-        if job is None or self.stop_requested.is_set():
-            return
-        tick = tick.astimezone(UTC)
-        # jitter: APScheduler keeps firing at the ticks (one monotonic next
-        # fire per job, even when the jitter exceeds the gap between ticks);
-        # the fire is handed on at tick + its stable shift, the same instant
-        # on every replica. Misfire and lateness count from that instant.
-        at = fire_time(code, tick, job.jitter)
-        delay = (at - datetime.now(UTC)).total_seconds()
-        if delay <= 0:
-            self._fire_at(code, tick, at, following)
-        else:
-            asyncio.get_running_loop().call_later(delay, self._fire_at, code, tick, at, following)
-
-    def _fire_at(self, code: str, tick: datetime, at: datetime, following: datetime | None) -> None:
-        """Fire ``tick`` of ``code`` as due at ``at`` (its jittered fire time)."""
-        job = self.config.jobs.get(code)
-        if job is None or self.stop_requested.is_set():
-            return  # removed by a reload while its shift ran, or stopping
-        self._spawn_fire(
-            job,
-            at,
-            Identity.schedule(code, run_key_for(tick)),
-            superseded_at=catchup.superseded_at(job, following),
-        )
+        scheduling.start()
+        self.metrics.next_fires.follow(scheduling.next_ticks)
 
     def _spawn_fire(
         self,
@@ -489,41 +327,9 @@ class Daemon:
         self.fire_tasks.add(task)
         task.add_done_callback(self.fire_tasks.discard)
 
-    async def _resume_open_ticks(self) -> None:
-        """Follow the ticks other replicas started and nobody finished (one query, at start).
-
-        A started tick is followed until it is done: a retry whose scheduler
-        died, or a takeover of an owner that died with it, is then taken by
-        this replica if nobody else does.
-        """
-        assert self._store is not None
-        jobs = {
-            code: job
-            for code, job in self.config.jobs.items()
-            if job.guard == "lease" and not isinstance(job.schedule, OnceSchedule)
-        }
-        if not jobs:
-            return
-        try:
-            ticks = await open_ticks(self._store, list(jobs), within=RESUME_WITHIN)
-        except PgcrondError as exc:
-            log.warning("resume_failed", error=str(exc))
-            return
-        for open_tick in ticks:
-            job, tick = jobs[open_tick.code], tick_of(open_tick.run_key)
-            if tick is not None:
-                tick = fire_time(job.code, tick, job.jitter)  # its window starts there
-            if tick is None:
-                continue  # a manual run: its caller follows it
-            log.info(
-                "tick_resumed", job=job.code, run_key=open_tick.run_key, status=open_tick.status
-            )
-            self._spawn_fire(
-                job,
-                tick,
-                Identity.schedule(job.code, open_tick.run_key, open_tick.key_code),
-                started=True,
-            )
+    def _follow_started(self, job: JobConfig, tick: datetime, identity: Identity) -> None:
+        """A tick another replica started and nobody finished (resumed at start)."""
+        self._spawn_fire(job, tick, identity, started=True)
 
     async def _fire(
         self,
@@ -535,6 +341,7 @@ class Daemon:
         superseded_at: datetime | None,
     ) -> None:
         assert self._firing is not None
+        assert self._pruning is not None
         # An unexpected error is Firing's to record and log (fire_crashed).
         # Its lines name the job and run key themselves: binding them as
         # context variables for every fire cost more than the lines.
@@ -546,48 +353,7 @@ class Daemon:
             # run-once job here ("lose" once another replica has it done).
             log.info("initial_attempted", job=job.code, outcome=outcome)
         if outcome in ("success", "fail", "timeout"):
-            self._maybe_prune()
-
-    # -- retention --------------------------------------------------------------
-
-    def _maybe_prune(self) -> None:
-        """Prune history at most hourly, after a run: an idle replica sends no query."""
-        now = time.monotonic()
-        if now - self._last_prune < PRUNE_EVERY.total_seconds():
-            return
-        self._last_prune = now
-        self._spawn(self._prune())
-
-    async def _prune(self) -> None:
-        assert self._store is not None
-        store = self._store
-        hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-        identity = Identity.schedule(PRUNE_CODE, run_key_for(hour))
-
-        async def prune_history(_: object) -> tuple[int, int, int]:
-            abandoned = await abandon_stale(store, min_history_retention(self.config.jobs))
-            deleted = 0
-            for rule in prune_rules(self.config):
-                deleted += await prune(
-                    store, rule.older_than, only=rule.only, excluding=rule.excluding
-                )
-            # Finished requests go with the history of the same age.
-            requests = await prune_requests(store, self.config.history_retention)
-            return abandoned, deleted, requests
-
-        try:
-            done = await store.run_exclusive(identity, prune_history, retry_after=None)
-        except PgcrondError as exc:
-            log.warning("prune_failed", error=str(exc))
-            return
-        if not isinstance(done, NotAcquired):
-            log.info(
-                "history_pruned",
-                abandoned=done[0],
-                deleted=done[1],
-                requests=done[2],
-                older_than_s=self.config.history_retention.total_seconds(),
-            )
+            self._pruning.maybe_prune()
 
     # -- signals, reload, shutdown -----------------------------------------------
 
@@ -618,7 +384,7 @@ class Daemon:
                 detail="the previous configuration stays in force",
             )
             return
-        if self.stop_requested.is_set() or self._scheduler is None:
+        if self.stop_requested.is_set() or self._scheduling is None:
             return
         if new.database != self.config.database:
             log.warning("config_reload_partial", detail="database settings change only on restart")
@@ -643,7 +409,7 @@ class Daemon:
         changed = [
             code for code in new.jobs if code in old_jobs and new.jobs[code] != old_jobs[code]
         ]
-        self._regroup([new.jobs[code] for code in added + changed])
+        self._scheduling.regroup([new.jobs[code] for code in added + changed])
         self.metrics.set_jobs(new.jobs, _alert_after(new))
         # How each changed: the names of its fields that differ (schedule, timeout, ...).
         changes = {code: changed_fields(old_jobs[code], new.jobs[code]) for code in changed}
@@ -669,8 +435,8 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         notify.stopping()
-        if self._scheduler is not None:
-            self._scheduler.shutdown(wait=False)
+        if self._scheduling is not None:
+            self._scheduling.shutdown()
         if self._firing is not None:
             self._firing.stopping.set()
         await self._drain(self.config.shutdown_grace.total_seconds())
@@ -801,32 +567,3 @@ def _alert_after(config: Config) -> dict[str, timedelta | None]:
 def _advisory_pool_size(config: Config) -> int:
     """One connection per advisory-guarded job (each holds one while it runs), and a spare."""
     return max(2, 1 + sum(1 for job in config.jobs.values() if job.guard == "advisory"))
-
-
-def run_command(args: argparse.Namespace) -> int:
-    """``pgcrond run``: exit 2 on a bad config (all errors printed), 0 after a clean stop,
-    130 after a second SIGINT cut the drain short."""
-    configure(args.log_format, args.log_level, args.color)
-    interpreter.tune()
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    try:
-        config = load_config(args.config, database_url=args.database_url)
-    except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
-        print(
-            "pgcrond did not start: fix these and run `pgcrond check` to verify.", file=sys.stderr
-        )
-        return ExitCode.ERROR
-    try:
-        # Inside: a PGCROND_REPLICA that cannot name a replica is refused here.
-        daemon = Daemon(
-            config,
-            args.config,
-            database_url=args.database_url,
-            http_listen=args.http,
-            replica=args.replica,
-        )
-        return asyncio.run(daemon.run())
-    except PgcrondError as exc:
-        log.error("daemon_failed", error=str(exc))
-        return ExitCode.FAILED

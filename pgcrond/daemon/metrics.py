@@ -358,7 +358,7 @@ class NextFires(Collector):
 
     Asked of the scheduler when scraped, never stored: it is current as jobs
     fire and after a reload without anything updating it. The scheduler holds
-    one entry per distinct schedule (``Daemon._regroup``), so a scrape asks
+    one entry per distinct schedule (``Scheduling.regroup``), so a scrape asks
     it for a handful of times and writes one sample per job: milliseconds at
     10,000 jobs, on the render's worker thread.
     """

@@ -34,6 +34,7 @@ from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Ver
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.attempt_end import AttemptEnd
 from pgcrond.storage.claims import Acquired, NotAcquired
+from pgcrond.storage.keepalive import holding
 from pgcrond.storage.leases import LeaseStore
 
 T = TypeVar("T")
@@ -276,7 +277,7 @@ class LeaseGuard(Guard):
             if callback is not None:
                 callback(held.identity)
 
-        async with self.store.holding(lease, failed):
+        async with holding(lease, self.store.heartbeat, failed):
             yield held
 
     async def record(self, held: Held, verdict: Verdict) -> Recorded:

@@ -29,6 +29,7 @@ from pgcrond.ops.session import Target, run_command
 from pgcrond.storage import jobstate
 from pgcrond.storage.claims import NotAcquired
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 
 
 def pause_command(args: argparse.Namespace) -> int:
@@ -86,7 +87,7 @@ async def _pause(args: argparse.Namespace, target: Target, store: LeaseStore) ->
     codes = _codes(args, target)
     by = operator(args.by, store.owner)
     # The job-state table comes with migration 2; a fresh cluster may not have it yet.
-    await store.migrate()
+    await migrate(store)
     pauses = await jobstate.pause(store, codes, by=by, reason=args.reason)
     if args.output == "json":
         print(report.to_json({"paused": [_pause_json(pause) for pause in pauses]}))

@@ -17,6 +17,7 @@ from pgcrond.ops.session import EXIT_OK, Target, run_command
 from pgcrond.storage import attempts, registry
 from pgcrond.storage import history as records
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 
 ERROR_WIDTH = 60
 
@@ -34,7 +35,7 @@ def history_command(args: argparse.Namespace) -> int:
 
 
 async def _migrate(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
-    applied = await store.migrate()
+    applied = await migrate(store)
     if args.output == "json":
         print(report.to_json({"table": target.table_name, "applied": list(applied)}))
         return EXIT_OK

@@ -15,6 +15,7 @@ from pgcrond.logs import configure
 from pgcrond.ops.session import EXIT_NOT_DONE, EXIT_OK, Target, run_command
 from pgcrond.run import box
 from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
 
 # What `pgcrond trigger` exits with when this process did not run the job.
 EXIT_NOT_RUN_HERE = ExitCode.NOT_RUN_HERE
@@ -35,7 +36,7 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
     if job is None:
         known = ", ".join(sorted(target.config.jobs)) or "none"
         raise CommandError(f"no job {args.code!r} in the config (jobs: {known})")
-    await store.migrate()
+    await migrate(store)
     now = datetime.now(UTC)
     if getattr(args, "detach", False):
         # Recorded for the daemons (pgcrond.ops.requests); nothing runs here.

@@ -9,32 +9,29 @@ All expiry decisions use the database clock, never a worker's.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
-import math
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import structlog
 
 from pgcrond.core.actions import SqlWork
-from pgcrond.core.keys import Identity, lock_id
+from pgcrond.core.keys import Identity
 from pgcrond.core.replica import this_process
-from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import LeaseTiming, to_ms
 from pgcrond.errors import LeaseLost, PgcrondError
 from pgcrond.storage import sqljob
 from pgcrond.storage.attempt_end import AttemptEnd, columns, finalize_columns
 from pgcrond.storage.batch import TurnBatch
-from pgcrond.storage.claims import Acquired, NotAcquired, NotAcquiredReason, Renewal
+from pgcrond.storage.claim_answers import PendingClaim, claim_keys
+from pgcrond.storage.claims import Acquired, NotAcquired, Renewal
 from pgcrond.storage.db import Database
-from pgcrond.storage.sql import Queries, migrations
+from pgcrond.storage.keepalive import holding
+from pgcrond.storage.sql import Queries
 
 T = TypeVar("T")
 log = structlog.get_logger("pgcrond.storage.leases")
@@ -65,7 +62,7 @@ def default_owner() -> str:
 
 
 class LeaseStore:
-    """Lease operations on one table; async. See :class:`SyncLeaseStore` for sync code."""
+    """Lease operations on one table; async. See :mod:`pgcrond.storage.sync_store` for sync code."""
 
     def __init__(
         self,
@@ -82,7 +79,7 @@ class LeaseStore:
         self.sql_db = db if sql_db is None else sql_db
         self.queries = Queries(schema, table)
         self.owner = owner or default_owner()
-        self._claims: TurnBatch[Acquired | NotAcquired] = TurnBatch(self._claim, keys=_claim_keys)
+        self._claims: TurnBatch[Acquired | NotAcquired] = TurnBatch(self._claim, keys=claim_keys)
         # Leases won and not yet finalized: a hint only (a fenced lease is never
         # finalized, and leaves when it is dropped), so held weakly.
         self._unfinalized: weakref.WeakSet[Acquired] = weakref.WeakSet()
@@ -93,54 +90,6 @@ class LeaseStore:
             expected=lambda: len(self._unfinalized),
         )
         self._beats: TurnBatch[Renewal | None] = TurnBatch(self._heartbeat_batch, keys=_lease_id)
-
-    async def migrate(self) -> list[int]:
-        """Create or upgrade the table; safe when many replicas migrate at once.
-
-        An up-to-date table is recognised without any DDL, so a role that may
-        only read and write the table can start replicas once it is migrated.
-        """
-        if await self._up_to_date():
-            return []
-        applied_now: list[int] = []
-        async with self.db.connection() as conn, conn.transaction():
-            await conn.execute(
-                self.queries.get("migration_lock"),
-                {"lock_id": lock_id(f"migrate:{self.queries.schema}")},
-            )
-            # CREATE SCHEMA IF NOT EXISTS needs CREATE on the whole database
-            # even when the schema exists; a least-privilege role owns only its
-            # schema, so ask first.
-            cursor = await conn.execute(
-                self.queries.get("schema_exists"), {"schema": self.queries.schema}
-            )
-            found = await cursor.fetchone()
-            if not (found and found["present"]):
-                await conn.execute(self.queries.create_schema())
-            await conn.execute(self.queries.get("migrations_table"))
-            cursor = await conn.execute(self.queries.get("applied_migrations"))
-            done = {row["version"] for row in await cursor.fetchall()}
-            for version, template in migrations():
-                if version in done:
-                    continue
-                # A migration holds several statements: never prepared, even
-                # with database.prepared_statements on.
-                await conn.execute(self.queries.migration(template), prepare=False)
-                await conn.execute(self.queries.get("record_migration"), {"version": version})
-                applied_now.append(version)
-        return applied_now
-
-    async def _up_to_date(self) -> bool:
-        async with self.db.connection() as conn:
-            cursor = await conn.execute(
-                self.queries.get("table_exists"), {"name": self.queries.migrations_name}
-            )
-            found = await cursor.fetchone()
-            if not (found and found["present"]):
-                return False
-            cursor = await conn.execute(self.queries.get("applied_migrations"))
-            done = {row["version"] for row in await cursor.fetchall()}
-        return {version for version, _ in migrations()} <= done
 
     async def claim(
         self,
@@ -171,7 +120,7 @@ class LeaseStore:
         (the text says where it is suspended), is recorded SKIPPED and refused
         ``paused``; a manual run key (not a tick's) is never paused.
         """
-        request = _ClaimRequest(
+        request = PendingClaim(
             identity,
             timing or LeaseTiming.build(),
             owner_token or uuid.uuid4(),
@@ -188,8 +137,8 @@ class LeaseStore:
         await self._claims.room(below)
 
     async def _claim(
-        self, batch: list[_ClaimRequest]
-    ) -> Callable[[_ClaimRequest], Acquired | NotAcquired]:
+        self, batch: list[PendingClaim]
+    ) -> Callable[[PendingClaim], Acquired | NotAcquired]:
         # The send time, not the time the batch started waiting for a
         # connection: the answer's age is judged from it.
         sent = [time.monotonic()]
@@ -229,7 +178,7 @@ class LeaseStore:
             received_at = time.monotonic()
         by_key = {row["lock_key"]: row for row in rows}
 
-        def answer(request: _ClaimRequest) -> Acquired | NotAcquired:
+        def answer(request: PendingClaim) -> Acquired | NotAcquired:
             outcome = request.outcome(
                 by_key.get(request.identity.idempotency_key), sent[0], received_at
             )
@@ -365,109 +314,6 @@ class LeaseStore:
         # that did land is recorded again (see the finalize query).
         return lambda outcome: outcome.lease.id in recorded
 
-    async def keep_alive(
-        self,
-        lease: Acquired,
-        on_failure: Callable[[Exception], None] | None = None,
-        *,
-        first_wait_done: bool = False,
-    ) -> None:
-        """Heartbeat until cancelled; set ``lease.cancellation`` when the lease is going.
-
-        A fenced or lapsed heartbeat means the lease is gone: "lease_lost".
-        Otherwise the run goes on only while the lease surely holds, by the
-        database's own numbers at the last answer (``expires_at - db_now``,
-        counted from when that statement was *sent*), less the stop budget
-        (the runner's stop grace and a safety margin), so that the run is over
-        before another replica may take the tick over: "lease_expired". A
-        heartbeat that hangs (a partition) is not waited for past that point:
-        its statement is left behind, never awaited, so no driver clean-up
-        (a cancel request, a reconnect) can hold the run past its lease.
-        ``first_wait_done``: the caller waited :func:`first_wait` already.
-        """
-        interval = lease.timing.heartbeat.total_seconds()
-        budget = lease.timing.stop_budget.total_seconds()
-        # After a failure, try again sooner: one lost heartbeat must not cost the run.
-        retry = max(0.05, interval / 4)
-        stop_at = lease.stop_at
-        pause = interval
-        pending: asyncio.Task[timedelta | None] | None = None
-        try:
-            while True:
-                remaining = stop_at - time.monotonic()
-                if remaining <= 0:
-                    lease.cancellation.cancel("lease_expired")
-                    log.warning(
-                        "lease_expired", job=lease.identity.code, run_key=lease.identity.run_key
-                    )
-                    return
-                if pending is None:
-                    if first_wait_done:
-                        first_wait_done = False
-                    else:
-                        await asyncio.sleep(_next_wait(interval, pause, remaining))
-                    if not interval or time.monotonic() >= stop_at:
-                        continue
-                    sent = time.monotonic()
-                    pending = asyncio.ensure_future(self.heartbeat(lease))
-                done, _ = await asyncio.wait({pending}, timeout=max(stop_at - time.monotonic(), 0))
-                if not done:
-                    continue  # the stop deadline came first: stop the run (loop top)
-                task, pending = pending, None
-                try:
-                    renewed = task.result()
-                except Exception as exc:  # any failure: keep the lease while it surely holds
-                    if on_failure is not None:
-                        on_failure(exc)
-                    log.warning(
-                        "heartbeat_failed",
-                        job=lease.identity.code,
-                        run_key=lease.identity.run_key,
-                        error=str(exc) or type(exc).__name__,
-                        stop_in_s=round(stop_at - time.monotonic(), 3),
-                    )
-                    pause = retry
-                    continue
-                if renewed is None:
-                    lease.cancellation.cancel("lease_lost")
-                    log.warning(
-                        "lease_lost", job=lease.identity.code, run_key=lease.identity.run_key
-                    )
-                    return
-                stop_at = sent + renewed.total_seconds() - budget
-                pause = interval
-        finally:
-            if pending is not None:
-                _abandon(pending)
-
-    @contextlib.asynccontextmanager
-    async def holding(
-        self, lease: Acquired, on_failure: Callable[[Exception], None] | None = None
-    ) -> AsyncIterator[Acquired]:
-        """Keep ``lease`` alive in the background for the duration of the block.
-
-        The heartbeat's task is made only when its first beat (or the stop
-        deadline) is due: most runs end before, and cost a timer, not a task.
-        """
-        loop = asyncio.get_running_loop()
-        task: asyncio.Task[None] | None = None
-
-        def start() -> None:
-            nonlocal task
-            task = loop.create_task(self.keep_alive(lease, on_failure, first_wait_done=True))
-
-        remaining = max(lease.stop_at - time.monotonic(), 0.0)
-        interval = lease.timing.heartbeat.total_seconds()
-        timer = loop.call_later(_next_wait(interval, interval, remaining), start)
-        try:
-            yield lease
-        finally:
-            timer.cancel()
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
     async def run_exclusive(
         self,
         identity: Identity,
@@ -487,7 +333,7 @@ class LeaseStore:
         lease = await self.claim(identity, timing, forbid_overlap=forbid_overlap)
         if isinstance(lease, NotAcquired):
             return lease
-        async with self.holding(lease):
+        async with holding(lease, self.heartbeat):
             try:
                 value = await fn(lease)
             except Exception as exc:
@@ -509,34 +355,6 @@ class LeaseStore:
         return value
 
 
-# Heartbeats wake on a grid of the loop's clock, so that co-running leases
-# (claimed together, renewed at the same interval) beat in the same loop turn
-# and share one statement. The stop deadline itself is never moved onto the grid.
-_BEAT_GRID_S = 0.05
-
-
-def _next_wait(interval: float, pause: float, remaining: float) -> float:
-    """Until the next heartbeat (on the grid), or the stop deadline if that comes first."""
-    beat_soon = interval and pause < remaining - _BEAT_GRID_S
-    return _on_grid(pause) if beat_soon else remaining
-
-
-def _on_grid(seconds: float) -> float:
-    now = asyncio.get_running_loop().time()
-    wake = math.ceil((now + seconds) / _BEAT_GRID_S) * _BEAT_GRID_S
-    return max(wake - now, 0.0)
-
-
-def _claim_keys(request: _ClaimRequest) -> list[str]:
-    # One identity per statement, and one tick per forbid job (a statement
-    # cannot see the rows it inserts itself, so a second tick would not find
-    # the first one running).
-    keys = [request.identity.idempotency_key]
-    if request.forbid_overlap:
-        keys.append(f"forbid:{request.identity.code}")
-    return keys
-
-
 def _lease_id(request: Acquired | _Outcome) -> list[int]:
     lease = request.lease if isinstance(request, _Outcome) else request
     return [lease.id]
@@ -550,191 +368,3 @@ class _Outcome:
     error: str | None
     retry_ms: int | None
     end: AttemptEnd | None = None
-
-
-def _abandon(task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` without waiting for it; its outcome is of no interest any more."""
-    task.cancel()
-    task.add_done_callback(lambda done: done.cancelled() or done.exception())
-
-
-@dataclass(frozen=True)
-class _ClaimRequest:
-    identity: Identity
-    timing: LeaseTiming
-    token: uuid.UUID
-    forbid_overlap: bool
-    fire_time: datetime | None = None
-    late_after: datetime | None = None
-    superseded_at: datetime | None = None
-    suspended: str | None = None
-
-    @property
-    def pausable(self) -> bool:
-        """Pause stops ticks and run-once jobs; a manual run key is the operator's own ask."""
-        return self.identity.type == "INITIAL" or tick_of(self.identity.run_key or "") is not None
-
-    def outcome(
-        self, row: dict[str, Any] | None, sent_at: float, received_at: float
-    ) -> Acquired | NotAcquired:
-        if row is None:
-            # The conflicting row was inserted by a claim that committed after
-            # this statement's snapshot: a live lease, just granted.
-            return NotAcquired(self.identity, "held", "RUNNING", None, self.timing.lease)
-        won = row["claimed"] or row["owner_token"] == self.token  # an earlier try committed
-        if won and row["status"] == "RUNNING":
-            return Acquired(
-                identity=self.identity,
-                id=row["id"],
-                owner_token=self.token,
-                fencing_token=row["fencing_token"],
-                attempt=row["attempt"],
-                expires_at=row["expires_at"],
-                timing=self.timing,
-                claimed_from=row["reason"],
-                sent_at=sent_at,
-                remaining=row["expires_at"] - row["db_now"],
-                received_at=received_at,
-                db_now=row["db_now"],
-            )
-        return _refusal(self.identity, row)
-
-
-def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
-    status: str = row["status"]
-    owner: str | None = row["owner"]
-    attempt: int = row["attempt"]
-    db_now: datetime = row["db_now"]
-    if status == "NOT_DUE":
-        # expires_at carries the tick's fire time here.
-        return NotAcquired(identity, "not_due", None, None, row["expires_at"] - db_now)
-    if status == "LATE":
-        return NotAcquired(identity, "late", None, None)
-    if status == "PAUSED":
-        # A run-once job while paused: no row, so it runs once resumed.
-        return NotAcquired(identity, "paused", None, None, detail=row["detail"])
-    if status == "MISSED" and row["claimed"]:
-        # Past its window or coalesced, and this claim recorded the tick MISSED.
-        missed: NotAcquiredReason = "coalesced" if row["reason"] == "coalesced" else "late"
-        return NotAcquired(identity, missed, status, owner, attempt=attempt, detail=row["detail"])
-    if status == "SKIPPED" and row["claimed"]:
-        reason: NotAcquiredReason = "overlap" if row["reason"] == "overlap" else "paused"
-        return NotAcquired(identity, reason, status, owner, attempt=attempt, detail=row["detail"])
-    paused: str | None = row["paused"]
-    if row["locked"]:
-        # Another transaction holds the row (an sql: job's, while it runs; a
-        # claim or finalize of it just now): its owner has it, for now.
-        return NotAcquired(
-            identity, "held", status, owner, max(row["expires_at"] - db_now, timedelta()), attempt
-        )
-    if status == "RUNNING":
-        wait = max(row["expires_at"] - db_now, timedelta())
-        if paused and not wait:
-            # Expired while the job is paused: no takeover until it is resumed.
-            return NotAcquired(identity, "paused", status, owner, attempt=attempt)
-        if row["busy"] and not wait:
-            # Expired, but another tick of the job runs: no takeover under forbid.
-            return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
-        return NotAcquired(identity, "held", status, owner, wait, attempt)
-    if status == "FAIL":
-        retry_at: datetime | None = row["retry_at"]
-        if retry_at is None:
-            return NotAcquired(identity, "failed", status, owner, attempt=attempt)
-        wait = max(retry_at - db_now, timedelta())
-        if paused and not wait:
-            # Due for a retry, but the job is paused: the retry waits for resume.
-            return NotAcquired(identity, "paused", status, owner, attempt=attempt)
-        if row["busy"] and not wait:
-            # Due for a retry, but another tick of the job runs: no retry under forbid.
-            return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
-        return NotAcquired(
-            identity, "retry_pending", status, owner, wait, attempt, cause=row["reason"]
-        )
-    return NotAcquired(identity, "done", status, owner, attempt=attempt)
-
-
-class SyncLeaseStore:
-    """The same lease store for synchronous code, run on anyio's blocking portal.
-
-    The library is async first; sync callers get the same code run on the
-    portal's private loop instead of a second, drifting implementation.
-    """
-
-    def __init__(self, conninfo: str, **options: Any) -> None:
-        """``options``: :class:`LeaseStore`'s (``schema``, ``table``, ``owner``)."""
-        from anyio.from_thread import start_blocking_portal
-
-        self._db = Database(conninfo)
-        self.store = LeaseStore(self._db, **options)
-        self._portal_cm = start_blocking_portal()
-        self._portal = self._portal_cm.__enter__()
-        try:
-            self._portal.call(self._db.open)
-        except BaseException:
-            # The portal's thread is not a daemon: leaving it would hang the exit.
-            self._portal_cm.__exit__(None, None, None)
-            raise
-
-    def close(self) -> None:
-        self._portal.call(self._db.close)
-        self._portal_cm.__exit__(None, None, None)
-
-    def __enter__(self) -> SyncLeaseStore:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def migrate(self) -> list[int]:
-        return self._portal.call(self.store.migrate)
-
-    def claim(
-        self, identity: Identity, timing: LeaseTiming | None = None, *, forbid_overlap: bool = False
-    ) -> Acquired | NotAcquired:
-        return self._portal.call(
-            functools.partial(self.store.claim, identity, timing, forbid_overlap=forbid_overlap)
-        )
-
-    def heartbeat(self, lease: Acquired) -> timedelta | None:
-        return self._portal.call(self.store.heartbeat, lease)
-
-    def complete(self, lease: Acquired) -> bool:
-        return self._portal.call(self.store.complete, lease)
-
-    def fail(
-        self,
-        lease: Acquired,
-        error: str,
-        *,
-        reason: str = "error",
-        retry_after: timedelta | None = timedelta(0),
-    ) -> bool:
-        return self._portal.call(
-            functools.partial(self.store.fail, lease, error, reason=reason, retry_after=retry_after)
-        )
-
-    def release(self, lease: Acquired) -> bool:
-        return self._portal.call(self.store.release, lease)
-
-    def run_exclusive(
-        self,
-        identity: Identity,
-        fn: Callable[[Acquired], T],
-        *,
-        timing: LeaseTiming | None = None,
-        forbid_overlap: bool = False,
-    ) -> T | NotAcquired:
-        """As :meth:`LeaseStore.run_exclusive`; ``fn`` runs in a worker thread."""
-
-        async def in_thread(lease: Acquired) -> T:
-            return await asyncio.to_thread(fn, lease)
-
-        return self._portal.call(
-            functools.partial(
-                self.store.run_exclusive,
-                identity,
-                in_thread,
-                timing=timing,
-                forbid_overlap=forbid_overlap,
-            )
-        )

@@ -1,0 +1,56 @@
+"""At start, the ticks other replicas started and nobody finished: followed here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import structlog
+
+from pgcrond.config.models import Config, JobConfig
+from pgcrond.core.jitter import fire_time
+from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import OnceSchedule, tick_of
+from pgcrond.errors import PgcrondError
+from pgcrond.storage.history import open_ticks
+from pgcrond.storage.leases import LeaseStore
+
+log = structlog.get_logger("pgcrond.daemon.resume")
+
+# How far back a starting replica looks for ticks left open (bounded by the
+# query's LIMIT too): retries are followed past the misfire window.
+RESUME_WITHIN = timedelta(hours=24)
+
+
+async def resume_open_ticks(
+    store: LeaseStore,
+    config: Callable[[], Config],
+    follow: Callable[[JobConfig, datetime, Identity], None],
+) -> None:
+    """Follow the ticks other replicas started and nobody finished (one query, at start).
+
+    A started tick is followed until it is done: a retry whose scheduler
+    died, or a takeover of an owner that died with it, is then taken by
+    this replica if nobody else does. ``follow``: fires a started tick (the
+    daemon tracks it for the drain).
+    """
+    jobs = {
+        code: job
+        for code, job in config().jobs.items()
+        if job.guard == "lease" and not isinstance(job.schedule, OnceSchedule)
+    }
+    if not jobs:
+        return
+    try:
+        ticks = await open_ticks(store, list(jobs), within=RESUME_WITHIN)
+    except PgcrondError as exc:
+        log.warning("resume_failed", error=str(exc))
+        return
+    for open_tick in ticks:
+        job, tick = jobs[open_tick.code], tick_of(open_tick.run_key)
+        if tick is not None:
+            tick = fire_time(job.code, tick, job.jitter)  # its window starts there
+        if tick is None:
+            continue  # a manual run: its caller follows it
+        log.info("tick_resumed", job=job.code, run_key=open_tick.run_key, status=open_tick.status)
+        follow(job, tick, Identity.schedule(job.code, open_tick.run_key, open_tick.key_code))

@@ -1,0 +1,210 @@
+"""APScheduler's part: one entry per distinct schedule, and the hand-on of its fires.
+
+APScheduler keeps the timers; :class:`ScheduleTrigger` gives it our schedule
+(cron(8) semantics, DST rule) and :class:`FireExecutor` hands each intended
+fire time on, so the tick's run key never comes from the clock at run time.
+A schedule's fire fans out to the jobs on it, each at its jittered fire time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from apscheduler.executors.base import BaseExecutor
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.base import BaseTrigger
+
+from pgcrond import catchup
+from pgcrond.config.models import Config, JobConfig
+from pgcrond.core.jitter import fire_time
+from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
+from pgcrond.daemon.accounting import FireNow
+
+# Fires handed on per loop turn when one schedule holds many jobs: a turn
+# stays a few ms, and a chunk's claims still fill one statement.
+FAN_OUT_CHUNK = 500
+# Claims of a big fan-out waiting for their answer before the next chunk is
+# handed on: two statements' worth, so one is answered while the next is out.
+FAN_OUT_WINDOW = 2 * FAN_OUT_CHUNK
+
+
+class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
+    """An APScheduler trigger over our own schedule (cron(8) semantics, DST rule).
+
+    APScheduler 3's crontab parser reads day-of-week 0 as Monday and ANDs the
+    day fields, so it is never used.
+    """
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+
+    def get_next_fire_time(
+        self, previous_fire_time: datetime | None, now: datetime
+    ) -> datetime | None:
+        return self.schedule.next_after(previous_fire_time or now)
+
+    def __str__(self) -> str:
+        return self.schedule.describe()
+
+
+class FireExecutor(BaseExecutor):  # type: ignore[misc]
+    """Hands each intended fire time straight on to its schedule's jobs, on the loop."""
+
+    def __init__(self, submit: Callable[[str, datetime], None]) -> None:
+        super().__init__()
+        self._submit = submit
+
+    def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        for run_time in run_times:
+            self._submit(job.id, run_time)
+        # The run itself is tracked by the daemon, not by APScheduler's
+        # instance count (which would otherwise refuse the next tick).
+        self._run_job_success(job.id, [])
+
+
+def _no_op() -> None:
+    """APScheduler needs a callable per job; the executor never calls it."""
+
+
+class Scheduling:
+    """The replica's APScheduler: started once, regrouped at each reload, shut at the drain."""
+
+    def __init__(
+        self,
+        *,
+        config: Callable[[], Config],
+        fire: FireNow,
+        spawn: Callable[[Coroutine[Any, Any, Any]], None],
+        claim_room: Callable[[int], Awaitable[None]],
+        wake: Callable[[], None],
+        stopping: asyncio.Event,
+    ) -> None:
+        """``fire``: hands a fire on (the daemon tracks it for the drain); ``spawn``: a
+        background task of the daemon's; ``claim_room``: the lease store's
+        (:meth:`~pgcrond.storage.leases.LeaseStore.claim_room`); ``wake``: the stall probe's."""
+        self._config = config
+        self._fire = fire
+        self._spawn = spawn
+        self._claim_room = claim_room
+        self._wake = wake
+        self._stopping = stopping
+        self._scheduler: AsyncIOScheduler | None = None
+        # APScheduler job id (a schedule's repr) -> the codes of the jobs on it.
+        self._groups: dict[str, list[str]] = {}
+
+    def start(self) -> None:
+        scheduler = AsyncIOScheduler(
+            timezone=UTC,
+            executors={"default": FireExecutor(self._on_fire_group)},
+            job_defaults={"coalesce": False, "max_instances": 1, "misfire_grace_time": None},
+        )
+        self._scheduler = scheduler
+        self.regroup(self._config().jobs.values())
+        scheduler.start()
+
+    def shutdown(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+
+    def next_ticks(self) -> list[tuple[list[str], datetime | None]]:
+        """Each schedule's jobs and next tick, for a scrape (on the render's thread).
+
+        APScheduler's ``get_jobs`` copies its store under its own lock; a
+        reload replaces ``_groups`` whole, so one reference is a consistent map.
+        A schedule added by a reload after the copy shows from the next scrape.
+        """
+        scheduler, groups = self._scheduler, self._groups
+        if scheduler is None:
+            return []
+        return [(groups.get(entry.id, []), entry.next_run_time) for entry in scheduler.get_jobs()]
+
+    def regroup(self, started: Iterable[JobConfig]) -> None:
+        """One APScheduler job per distinct schedule, fanning out to its jobs.
+
+        APScheduler's cost is per job it holds (next fire times, its sorted
+        store, events): 10,000 per-minute jobs on one cron are one entry, and
+        their co-firing fires are handed on in one turn. Run-once jobs in
+        ``started`` (new or changed ones) are attempted now; the lease decides.
+        """
+        scheduler = self._scheduler
+        assert scheduler is not None
+        groups: dict[str, list[str]] = {}
+        schedules: dict[str, Schedule] = {}
+        for job in self._config().jobs.values():
+            if not isinstance(job.schedule, OnceSchedule):
+                key = repr(job.schedule)
+                groups.setdefault(key, []).append(job.code)
+                schedules[key] = job.schedule
+        for key in self._groups.keys() - groups.keys():
+            with contextlib.suppress(Exception):
+                scheduler.remove_job(key)
+        for key in groups.keys() - self._groups.keys():
+            scheduler.add_job(_no_op, trigger=ScheduleTrigger(schedules[key]), id=key, name=key)
+        self._groups = groups
+        for job in started:
+            if isinstance(job.schedule, OnceSchedule):
+                self._fire(job, datetime.now(UTC), Identity.initial(job.code), superseded_at=None)
+
+    def _on_fire_group(self, key: str, tick: datetime) -> None:
+        codes = self._groups.get(key, ())
+        if not codes:
+            return
+        self._wake()
+        # Once per schedule, not per job: when this tick is superseded.
+        following = self._config().jobs[codes[0]].schedule.next_after(tick)
+        if len(codes) <= FAN_OUT_CHUNK:
+            for code in codes:
+                self._on_fire(code, tick, following)
+            return
+        self._spawn(self._fan_out(list(codes), tick, following))
+
+    async def _fan_out(self, codes: list[str], tick: datetime, following: datetime | None) -> None:
+        """Hand on a big group's fires a chunk per loop turn, as claims are answered.
+
+        10,000 jobs on one schedule handed on in one callback held the loop
+        for a second: no claim answer, heartbeat or stop deadline was seen
+        meanwhile. A chunk's claims still share a statement (one turn); the
+        next chunk waits until fewer than ``FAN_OUT_WINDOW`` claims are out.
+        """
+        for start in range(0, len(codes), FAN_OUT_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+                # Claims go out as fast as they are answered, no faster:
+                # 10,000 fires at once held 10,000 tasks' memory and made
+                # the loop's turns (and its collections) long.
+                await self._claim_room(FAN_OUT_WINDOW)
+            for code in codes[start : start + FAN_OUT_CHUNK]:
+                self._on_fire(code, tick, following)
+
+    def _on_fire(self, code: str, tick: datetime, following: datetime | None) -> None:
+        job = self._config().jobs.get(code)
+        if job is None or self._stopping.is_set():
+            return
+        tick = tick.astimezone(UTC)
+        # jitter: APScheduler keeps firing at the ticks (one monotonic next
+        # fire per job, even when the jitter exceeds the gap between ticks);
+        # the fire is handed on at tick + its stable shift, the same instant
+        # on every replica. Misfire and lateness count from that instant.
+        at = fire_time(code, tick, job.jitter)
+        delay = (at - datetime.now(UTC)).total_seconds()
+        if delay <= 0:
+            self._fire_at(code, tick, at, following)
+        else:
+            asyncio.get_running_loop().call_later(delay, self._fire_at, code, tick, at, following)
+
+    def _fire_at(self, code: str, tick: datetime, at: datetime, following: datetime | None) -> None:
+        """Fire ``tick`` of ``code`` as due at ``at`` (its jittered fire time)."""
+        job = self._config().jobs.get(code)
+        if job is None or self._stopping.is_set():
+            return  # removed by a reload while its shift ran, or stopping
+        self._fire(
+            job,
+            at,
+            Identity.schedule(code, run_key_for(tick)),
+            superseded_at=catchup.superseded_at(job, following),
+        )

@@ -1,0 +1,124 @@
+"""A claim as the turn's statement sends it, and how its row becomes the answer.
+
+One :class:`PendingClaim` per identity claimed, waiting in its turn's batch;
+the claim statement answers each with a row, read here as
+:class:`~pgcrond.storage.claims.Acquired` (the lease) or
+:class:`~pgcrond.storage.claims.NotAcquired` and why.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import tick_of
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.storage.claims import Acquired, NotAcquired, NotAcquiredReason
+
+
+def claim_keys(request: PendingClaim) -> list[str]:
+    # One identity per statement, and one tick per forbid job (a statement
+    # cannot see the rows it inserts itself, so a second tick would not find
+    # the first one running).
+    keys = [request.identity.idempotency_key]
+    if request.forbid_overlap:
+        keys.append(f"forbid:{request.identity.code}")
+    return keys
+
+
+@dataclass(frozen=True)
+class PendingClaim:
+    identity: Identity
+    timing: LeaseTiming
+    token: uuid.UUID
+    forbid_overlap: bool
+    fire_time: datetime | None = None
+    late_after: datetime | None = None
+    superseded_at: datetime | None = None
+    suspended: str | None = None
+
+    @property
+    def pausable(self) -> bool:
+        """Pause stops ticks and run-once jobs; a manual run key is the operator's own ask."""
+        return self.identity.type == "INITIAL" or tick_of(self.identity.run_key or "") is not None
+
+    def outcome(
+        self, row: dict[str, Any] | None, sent_at: float, received_at: float
+    ) -> Acquired | NotAcquired:
+        if row is None:
+            # The conflicting row was inserted by a claim that committed after
+            # this statement's snapshot: a live lease, just granted.
+            return NotAcquired(self.identity, "held", "RUNNING", None, self.timing.lease)
+        won = row["claimed"] or row["owner_token"] == self.token  # an earlier try committed
+        if won and row["status"] == "RUNNING":
+            return Acquired(
+                identity=self.identity,
+                id=row["id"],
+                owner_token=self.token,
+                fencing_token=row["fencing_token"],
+                attempt=row["attempt"],
+                expires_at=row["expires_at"],
+                timing=self.timing,
+                claimed_from=row["reason"],
+                sent_at=sent_at,
+                remaining=row["expires_at"] - row["db_now"],
+                received_at=received_at,
+                db_now=row["db_now"],
+            )
+        return _refusal(self.identity, row)
+
+
+def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
+    status: str = row["status"]
+    owner: str | None = row["owner"]
+    attempt: int = row["attempt"]
+    db_now: datetime = row["db_now"]
+    if status == "NOT_DUE":
+        # expires_at carries the tick's fire time here.
+        return NotAcquired(identity, "not_due", None, None, row["expires_at"] - db_now)
+    if status == "LATE":
+        return NotAcquired(identity, "late", None, None)
+    if status == "PAUSED":
+        # A run-once job while paused: no row, so it runs once resumed.
+        return NotAcquired(identity, "paused", None, None, detail=row["detail"])
+    if status == "MISSED" and row["claimed"]:
+        # Past its window or coalesced, and this claim recorded the tick MISSED.
+        missed: NotAcquiredReason = "coalesced" if row["reason"] == "coalesced" else "late"
+        return NotAcquired(identity, missed, status, owner, attempt=attempt, detail=row["detail"])
+    if status == "SKIPPED" and row["claimed"]:
+        reason: NotAcquiredReason = "overlap" if row["reason"] == "overlap" else "paused"
+        return NotAcquired(identity, reason, status, owner, attempt=attempt, detail=row["detail"])
+    paused: str | None = row["paused"]
+    if row["locked"]:
+        # Another transaction holds the row (an sql: job's, while it runs; a
+        # claim or finalize of it just now): its owner has it, for now.
+        return NotAcquired(
+            identity, "held", status, owner, max(row["expires_at"] - db_now, timedelta()), attempt
+        )
+    if status == "RUNNING":
+        wait = max(row["expires_at"] - db_now, timedelta())
+        if paused and not wait:
+            # Expired while the job is paused: no takeover until it is resumed.
+            return NotAcquired(identity, "paused", status, owner, attempt=attempt)
+        if row["busy"] and not wait:
+            # Expired, but another tick of the job runs: no takeover under forbid.
+            return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
+        return NotAcquired(identity, "held", status, owner, wait, attempt)
+    if status == "FAIL":
+        retry_at: datetime | None = row["retry_at"]
+        if retry_at is None:
+            return NotAcquired(identity, "failed", status, owner, attempt=attempt)
+        wait = max(retry_at - db_now, timedelta())
+        if paused and not wait:
+            # Due for a retry, but the job is paused: the retry waits for resume.
+            return NotAcquired(identity, "paused", status, owner, attempt=attempt)
+        if row["busy"] and not wait:
+            # Due for a retry, but another tick of the job runs: no retry under forbid.
+            return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
+        return NotAcquired(
+            identity, "retry_pending", status, owner, wait, attempt, cause=row["reason"]
+        )
+    return NotAcquired(identity, "done", status, owner, attempt=attempt)

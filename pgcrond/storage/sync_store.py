@@ -1,0 +1,105 @@
+"""The lease store for synchronous code: :class:`SyncLeaseStore`."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from pgcrond.core.keys import Identity
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.storage.claims import Acquired, NotAcquired
+from pgcrond.storage.db import Database
+from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.migrate import migrate
+
+T = TypeVar("T")
+
+
+class SyncLeaseStore:
+    """The same lease store for synchronous code, run on anyio's blocking portal.
+
+    The library is async first; sync callers get the same code run on the
+    portal's private loop instead of a second, drifting implementation.
+    """
+
+    def __init__(self, conninfo: str, **options: Any) -> None:
+        """``options``: :class:`LeaseStore`'s (``schema``, ``table``, ``owner``)."""
+        from anyio.from_thread import start_blocking_portal
+
+        self._db = Database(conninfo)
+        self.store = LeaseStore(self._db, **options)
+        self._portal_cm = start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        try:
+            self._portal.call(self._db.open)
+        except BaseException:
+            # The portal's thread is not a daemon: leaving it would hang the exit.
+            self._portal_cm.__exit__(None, None, None)
+            raise
+
+    def close(self) -> None:
+        self._portal.call(self._db.close)
+        self._portal_cm.__exit__(None, None, None)
+
+    def __enter__(self) -> SyncLeaseStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def migrate(self) -> list[int]:
+        return self._portal.call(migrate, self.store)
+
+    def claim(
+        self, identity: Identity, timing: LeaseTiming | None = None, *, forbid_overlap: bool = False
+    ) -> Acquired | NotAcquired:
+        return self._portal.call(
+            functools.partial(self.store.claim, identity, timing, forbid_overlap=forbid_overlap)
+        )
+
+    def heartbeat(self, lease: Acquired) -> timedelta | None:
+        return self._portal.call(self.store.heartbeat, lease)
+
+    def complete(self, lease: Acquired) -> bool:
+        return self._portal.call(self.store.complete, lease)
+
+    def fail(
+        self,
+        lease: Acquired,
+        error: str,
+        *,
+        reason: str = "error",
+        retry_after: timedelta | None = timedelta(0),
+    ) -> bool:
+        return self._portal.call(
+            functools.partial(self.store.fail, lease, error, reason=reason, retry_after=retry_after)
+        )
+
+    def release(self, lease: Acquired) -> bool:
+        return self._portal.call(self.store.release, lease)
+
+    def run_exclusive(
+        self,
+        identity: Identity,
+        fn: Callable[[Acquired], T],
+        *,
+        timing: LeaseTiming | None = None,
+        forbid_overlap: bool = False,
+    ) -> T | NotAcquired:
+        """As :meth:`LeaseStore.run_exclusive`; ``fn`` runs in a worker thread."""
+
+        async def in_thread(lease: Acquired) -> T:
+            return await asyncio.to_thread(fn, lease)
+
+        return self._portal.call(
+            functools.partial(
+                self.store.run_exclusive,
+                identity,
+                in_thread,
+                timing=timing,
+                forbid_overlap=forbid_overlap,
+            )
+        )
