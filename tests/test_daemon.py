@@ -182,6 +182,42 @@ def test_a_stopped_runner_is_taken_over_and_fenced_when_it_resumes(
     assert 2 == leases[0]["attempt"]
 
 
+def test_a_stopped_runner_whose_lapsed_lease_nobody_took_finishes_and_records_its_run(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """SIGSTOP past the lease with no other replica: on waking it asks, renews, finishes.
+
+    Stopping the run unasked on waking would leave its effect (it may be
+    written by then) without an outcome, and the tick would run again.
+    """
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        cfg = one_shot(schema, seconds=3, sleep=3, lease="2s", heartbeat="500ms")
+        (replica,) = running.start(running.write_config(cfg), 1)
+        first_start(running)
+        replica.signal(signal.SIGSTOP)
+        wait_until(
+            lambda: running.rows(
+                "SELECT 1 FROM {leases} WHERE status = 'RUNNING' AND expires_at < now()"
+            ),
+            20,
+            "the stopped owner's lease to lapse at the database",
+        )
+        replica.signal(signal.SIGCONT)
+        checked = replica.wait_event("lease_check_after_stall", timeout=20)
+        finished = replica.wait_event("run_finished", timeout=20)
+        wait_until(
+            lambda: running.rows("SELECT 1 FROM {leases} WHERE status = 'SUCCESS'"),
+            20,
+            "the outcome to be recorded",
+        )
+        leases = running.rows("SELECT * FROM {leases}")
+        phases = running.rows("SELECT phase, attempt FROM {ledger} ORDER BY id")
+    assert checked["stalled_past_stop_s"] > 0
+    assert "success" == finished["outcome"]
+    assert [("start", 1), ("end", 1)] == [(row["phase"], row["attempt"]) for row in phases]
+    assert [("SUCCESS", 1)] == [(row["status"], row["attempt"]) for row in leases]
+
+
 def test_sigterm_lets_the_running_job_finish_and_exits_zero(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:

@@ -7,6 +7,7 @@ a partition is the fault.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
+from pgcrond.storage.sync_store import SyncLeaseStore
 from tests.faults.proxy import proxied
 
 TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))
@@ -126,6 +128,80 @@ async def test_hole_5_a_late_heartbeat_does_not_revive_an_expired_lease(
     await asyncio.sleep(0.3)
     assert await store.heartbeat(lease) is None
     assert expired_at == row(pg_dsn, schema, identity)["expires_at"]
+
+
+async def test_the_owner_s_check_after_a_stall_revives_its_lapsed_lease_if_nobody_claimed(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    _, identity = tick_identity("wake-check", 1)
+    short = LeaseTiming.build(timedelta(milliseconds=200), timedelta(0))
+    lease = await store.claim(identity, short)
+    assert isinstance(lease, Acquired)
+    expired_at = row(pg_dsn, schema, identity)["expires_at"]
+    await asyncio.sleep(0.3)
+    renewed = await store.heartbeat(lease, revive=True)
+    assert renewed is not None and renewed > timedelta(0)
+    revived = row(pg_dsn, schema, identity)
+    assert "RUNNING" == revived["status"]
+    assert expired_at < revived["expires_at"]  # type: ignore[operator]
+    # A claim since rotates the owner token: then nothing revives it.
+    await asyncio.sleep(0.3)
+    taken = await store.claim(identity, short)
+    assert isinstance(taken, Acquired)
+    assert await store.heartbeat(lease, revive=True) is None
+    assert taken.fencing_token == await _token(pg_dsn, schema, identity)
+
+
+async def _token(pg_dsn: str, schema: str, identity: Identity) -> int:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        found = conn.execute(
+            f'SELECT fencing_token FROM "{schema}".leases WHERE code = %s AND run_key = %s',
+            (identity.code, identity.run_key),
+        ).fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+ONE_S = LeaseTiming.build(timedelta(seconds=1), timedelta(milliseconds=300))
+
+
+def stand_still(seconds: float) -> None:
+    """Hold the event loop's thread, as a SIGSTOP of the process or a long stall does."""
+    time.sleep(seconds)
+
+
+async def test_a_loop_that_stood_still_past_the_stop_deadline_asks_before_stopping_the_run(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """The run went on while the loop stood still: unclaimed, its lease is renewed, not dropped."""
+    _, identity = tick_identity("stall", 1)
+    lease = await store.claim(identity, ONE_S)
+    assert isinstance(lease, Acquired)
+    async with holding(lease, store.heartbeat):
+        before = row(pg_dsn, schema, identity)["expires_at"]
+        stand_still(1.3)  # past the lease
+        with contextlib.suppress(TimeoutError):
+            reason = await asyncio.wait_for(lease.cancellation.wait(), 0.6)
+            raise AssertionError(f"the run was stopped ({reason}) although its lease was free")
+        after = row(pg_dsn, schema, identity)
+    assert "RUNNING" == after["status"]
+    assert before < after["expires_at"]  # type: ignore[operator]
+    assert await store.complete(lease)
+
+
+async def test_a_loop_that_stood_still_while_its_tick_was_taken_over_stops_the_run(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    _, identity = tick_identity("stall-taken", 1)
+    lease = await store.claim(identity, ONE_S)
+    assert isinstance(lease, Acquired)
+    with SyncLeaseStore(pg_dsn, schema=schema, owner="test:2") as other:
+        async with holding(lease, store.heartbeat):
+            stand_still(1.3)  # meanwhile another replica takes the tick over:
+            assert isinstance(other.claim(identity, ONE_S), Acquired)
+            reason = await asyncio.wait_for(lease.cancellation.wait(), 2)
+    assert "lease_lost" == reason
+    assert not await store.complete(lease)
 
 
 async def test_hole_6_a_run_is_told_to_stop_a_grace_and_a_margin_before_expiry(

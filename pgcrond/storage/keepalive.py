@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -22,8 +22,15 @@ from pgcrond.storage.claims import Acquired
 
 log = structlog.get_logger("pgcrond.storage.keepalive")
 
-# Extends a live lease: how long it now has left, or None when fenced or lapsed.
-Heartbeat = Callable[[Acquired], Awaitable[timedelta | None]]
+
+class Heartbeat(Protocol):
+    """Extends a live lease: how long it now has left, or None when fenced or lapsed.
+
+    ``revive``: extend it even if it lapsed, as long as no claim came since
+    (:meth:`pgcrond.storage.leases.LeaseStore.heartbeat`).
+    """
+
+    def __call__(self, lease: Acquired, *, revive: bool = False) -> Awaitable[timedelta | None]: ...
 
 
 async def keep_alive(
@@ -31,7 +38,7 @@ async def keep_alive(
     heartbeat: Heartbeat,
     on_failure: Callable[[Exception], None] | None = None,
     *,
-    first_wait_done: bool = False,
+    woke_from: float | None = None,
 ) -> None:
     """Heartbeat until cancelled; set ``lease.cancellation`` when the lease is going.
 
@@ -44,35 +51,54 @@ async def keep_alive(
     heartbeat that hangs (a partition) is not waited for past that point:
     its statement is left behind, never awaited, so no driver clean-up
     (a cancel request, a reconnect) can hold the run past its lease.
-    ``first_wait_done``: the caller waited :func:`first_wait` already.
+
+    A wake due before the stop deadline that comes after it means the loop
+    (or the whole process: SIGSTOP, a stall) stood still, and the run went
+    on regardless, maybe to its end: stopping it now unasked would leave an
+    effect it wrote without its outcome, and the tick would run again. So
+    the database is asked first, for at most the stop margin: a lease that
+    nobody claimed meanwhile is this owner's still, and is renewed.
+    ``woke_from``: the caller waited for the first beat already, due then
+    (the loop's monotonic clock).
     """
     interval = lease.timing.heartbeat.total_seconds()
     budget = lease.timing.stop_budget.total_seconds()
+    wake_check = lease.timing.stop_margin.total_seconds()
     # After a failure, try again sooner: one lost heartbeat must not cost the run.
     retry = max(0.05, interval / 4)
     stop_at = lease.stop_at
     pause = interval
     pending: asyncio.Task[timedelta | None] | None = None
+    answer_by = stop_at
     try:
         while True:
-            remaining = stop_at - time.monotonic()
-            if remaining <= 0:
+            waited, stalled = woke_from is not None, _stood_still(interval, woke_from, stop_at)
+            woke_from = None
+            if time.monotonic() >= stop_at and not stalled:
                 lease.cancellation.cancel("lease_expired")
                 log.warning(
                     "lease_expired", job=lease.identity.code, run_key=lease.identity.run_key
                 )
                 return
             if pending is None:
-                if first_wait_done:
-                    first_wait_done = False
-                else:
-                    await asyncio.sleep(_next_wait(interval, pause, remaining))
-                if not interval or time.monotonic() >= stop_at:
-                    continue
+                if not waited or not interval:
+                    wait = _next_wait(interval, pause, stop_at - time.monotonic())
+                    woke_from = time.monotonic() + wait
+                    await asyncio.sleep(wait)
+                    continue  # the loop's top decides: beat, stop, or ask after a stall
                 sent = time.monotonic()
-                pending = asyncio.ensure_future(heartbeat(lease))
-            done, _ = await asyncio.wait({pending}, timeout=max(stop_at - time.monotonic(), 0))
+                pending = asyncio.ensure_future(heartbeat(lease, revive=stalled))
+                answer_by = sent + wake_check if stalled else stop_at
+                if stalled:
+                    log.warning(
+                        "lease_check_after_stall",
+                        job=lease.identity.code,
+                        run_key=lease.identity.run_key,
+                        stalled_past_stop_s=round(sent - stop_at, 3),
+                    )
+            done, _ = await asyncio.wait({pending}, timeout=max(answer_by - time.monotonic(), 0))
             if not done:
+                stop_at = min(stop_at, time.monotonic())
                 continue  # the stop deadline came first: stop the run (loop top)
             task, pending = pending, None
             try:
@@ -100,6 +126,16 @@ async def keep_alive(
             _abandon(pending)
 
 
+def _stood_still(interval: float, woke_from: float | None, stop_at: float) -> bool:
+    """Whether a wake due at ``woke_from`` came past ``stop_at``, which it was due before.
+
+    Only with heartbeats on: without them there is nothing to ask.
+    """
+    if woke_from is None or not interval:
+        return False
+    return woke_from < stop_at - _BEAT_GRID_S / 2 <= time.monotonic()
+
+
 @contextlib.asynccontextmanager
 async def holding(
     lease: Acquired, heartbeat: Heartbeat, on_failure: Callable[[Exception], None] | None = None
@@ -112,13 +148,16 @@ async def holding(
     loop = asyncio.get_running_loop()
     task: asyncio.Task[None] | None = None
 
-    def start() -> None:
-        nonlocal task
-        task = loop.create_task(keep_alive(lease, heartbeat, on_failure, first_wait_done=True))
-
     remaining = max(lease.stop_at - time.monotonic(), 0.0)
     interval = lease.timing.heartbeat.total_seconds()
-    timer = loop.call_later(_next_wait(interval, interval, remaining), start)
+    wait = _next_wait(interval, interval, remaining)
+    due = time.monotonic() + wait
+
+    def start() -> None:
+        nonlocal task
+        task = loop.create_task(keep_alive(lease, heartbeat, on_failure, woke_from=due))
+
+    timer = loop.call_later(wait, start)
     try:
         yield lease
     finally:

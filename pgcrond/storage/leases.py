@@ -9,6 +9,7 @@ All expiry decisions use the database clock, never a worker's.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 import weakref
@@ -89,7 +90,12 @@ class LeaseStore:
             linger=FINALIZE_LINGER_S,
             expected=lambda: len(self._unfinalized),
         )
-        self._beats: TurnBatch[Renewal | None] = TurnBatch(self._heartbeat_batch, keys=_lease_id)
+        self._beats: TurnBatch[Renewal | None] = TurnBatch(
+            functools.partial(self._heartbeat_batch, revive=False), keys=_lease_id
+        )
+        self._wake_checks: TurnBatch[Renewal | None] = TurnBatch(
+            functools.partial(self._heartbeat_batch, revive=True), keys=_lease_id
+        )
 
     async def claim(
         self,
@@ -188,27 +194,30 @@ class LeaseStore:
 
         return answer
 
-    async def heartbeat(self, lease: Acquired) -> timedelta | None:
+    async def heartbeat(self, lease: Acquired, *, revive: bool = False) -> timedelta | None:
         """Extend a live lease; how long it now has left, or None when fenced or lapsed.
 
         Heartbeats of co-running leases in one loop turn share one statement;
-        each row is still matched by its own owner token.
+        each row is still matched by its own owner token. ``revive``: extend
+        the lease even if it lapsed, as long as nobody claimed the row since
+        (the owner's check after its loop stood still; see the query).
         """
-        renewal = await self.renew(lease)
+        renewal = await self.renew(lease, revive=revive)
         return None if renewal is None else renewal.remaining
 
-    async def renew(self, lease: Acquired) -> Renewal | None:
+    async def renew(self, lease: Acquired, *, revive: bool = False) -> Renewal | None:
         """As :meth:`heartbeat`, with the database's clock at the answer."""
-        return await self._beats.submit(lease)
+        return await (self._wake_checks if revive else self._beats).submit(lease)
 
     async def _heartbeat_batch(
-        self, leases: list[Acquired]
+        self, leases: list[Acquired], *, revive: bool
     ) -> Callable[[Acquired], Renewal | None]:
         rows = await self.db.fetchall(
             self.queries.get("heartbeat"),
             {
                 "ids": [lease.id for lease in leases],
                 "owner_tokens": [lease.owner_token for lease in leases],
+                "revive": revive,
             },
         )
         renewed = {
