@@ -54,10 +54,10 @@ from typing import Literal
 from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
+from pgcrond.core.outcome import RunResult
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
 from pgcrond.errors import Unsupported
-from pgcrond.run.attempt import RunResult
 
 RefusalReason = Literal[
     # Another replica holds a live claim (wait: until it could lapse).
