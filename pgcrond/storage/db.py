@@ -83,10 +83,11 @@ def connection_settings(
 #
 # psycopg_pool (3.3) has no public setting for this: `reconnect_timeout` only
 # bounds how long it keeps trying. Its pool takes the reconnect's backoff as
-# an argument of `_add_connection` (None: a fresh default one), so our pool
-# hands it a steady one there, and no other pool in the process changes (a
-# patch of the class's delays did that). What would remove this: a reconnect
-# backoff parameter on AsyncConnectionPool (initial delay, backoff factor).
+# an argument of the private `_add_connection` (None: a fresh default one), so
+# our pool hands it a steady one there; no other pool in the process (a
+# user's own) is touched, as setting the class's delays would. What would
+# remove this: a reconnect backoff parameter on AsyncConnectionPool (initial
+# delay, backoff factor).
 class _SteadyReconnect(AttemptWithBackoff):
     INITIAL_DELAY = 0.5
     DELAY_BACKOFF = 1.0
