@@ -23,7 +23,7 @@ from typing import Literal
 
 from pgcrond.config.models import JobConfig
 from pgcrond.core.jitter import fire_time
-from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
+from pgcrond.core.schedule import Schedule, run_key_for
 
 # At most this many ticks per job and scan (a per-second job down for a day
 # would otherwise be 86,400 rows); older ones are counted, not recorded.
@@ -59,7 +59,7 @@ class JobPlan:
 
 def covered(job: JobConfig) -> bool:
     """Jobs whose every tick has a row: lease-guarded, with ticks (not run-once)."""
-    return job.guard == "lease" and not isinstance(job.schedule, OnceSchedule)
+    return job.guard_remembers and not job.is_once
 
 
 def superseded_at(job: JobConfig, following: datetime | None) -> datetime | None:

@@ -17,8 +17,8 @@ from datetime import datetime
 
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
+from pgcrond.core.outcome import RunResult
 from pgcrond.guard.base import Held, Outcome
-from pgcrond.run.attempt import RunResult
 
 
 class FireEvents:

@@ -13,8 +13,8 @@ from typing import Any
 
 from pgcrond.config.models import JobConfig
 from pgcrond.core.durations import format_duration
+from pgcrond.core.output import safe
 from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule
-from pgcrond.run.output import safe
 from pgcrond.storage import attempts
 from pgcrond.storage.registry import Drift, LiveReplica
 

@@ -25,8 +25,8 @@ from structlog.testing import capture_logs
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
 from pgcrond.core.cancel import Cancellation
+from pgcrond.core.outcome import RunResult
 from pgcrond.run import box
-from pgcrond.run.attempt import RunResult
 from pgcrond.run.runner import execute
 from tests.jobs_fixture import make_request
 

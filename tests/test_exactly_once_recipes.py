@@ -26,10 +26,11 @@ from pgcrond.config.loader import load_config
 from pgcrond.core.actions import EntrypointAction, SqlAction
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
+from pgcrond.core.outcome import RunResult
 from pgcrond.core.schedule import run_key_for
 from pgcrond.fire import Firing
 from pgcrond.guard import Guards
-from pgcrond.run.attempt import RunRequest, RunResult
+from pgcrond.run.attempt import RunRequest
 from pgcrond.run.runner import execute
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore

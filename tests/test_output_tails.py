@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 
 from pgcrond.core import redaction
+from pgcrond.core.output import StreamTail, shown
 from pgcrond.run.output import (
     HEAD_BYTES,
     HTTP_BODY_BYTES,
     TAIL_BYTES,
     Capture,
-    StreamTail,
     http_response,
-    shown,
 )
 
 

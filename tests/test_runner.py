@@ -21,9 +21,9 @@ from structlog.testing import capture_logs
 from pgcrond.core.actions import CommandAction, ShellAction
 from pgcrond.core.box import Box
 from pgcrond.core.cancel import Cancellation
+from pgcrond.core.outcome import RunResult
 from pgcrond.core.retry import retry_delay
 from pgcrond.run import command
-from pgcrond.run.attempt import RunResult
 from pgcrond.run.runner import execute
 from tests.jobs_fixture import (
     RUN_KEY,

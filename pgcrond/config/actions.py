@@ -15,9 +15,9 @@ from pgcrond.config.reading import Reading
 from pgcrond.config.yamlnodes import Section
 from pgcrond.core.actions import Action, CommandAction, EntrypointAction, ShellAction, SqlAction
 from pgcrond.core.durations import format_duration
+from pgcrond.core.entrypoints import resolve
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import EntrypointError
-from pgcrond.run.entrypoints import resolve
 
 
 def read_action(

@@ -135,6 +135,18 @@ class JobConfig:
         """A run-once job: attempted at start under the INITIAL identity, never on a tick."""
         return isinstance(self.schedule, OnceSchedule)
 
+    # What its guard kind can do, said once for code that has the config and
+    # not the guard (a guard says ``remembers`` itself: guard/base.py).
+    @property
+    def guard_remembers(self) -> bool:
+        """Its guard keeps every tick's outcome in the lease table (history, retries, catch-up)."""
+        return self.guard == "lease"
+
+    @property
+    def guard_holds_connection(self) -> bool:
+        """Its guard holds a database connection while a run goes on (an advisory lock)."""
+        return self.guard == "advisory"
+
 
 def changed_fields(old: JobConfig, new: JobConfig) -> list[str]:
     """The names of the fields that differ between two versions of a job (a reload logs them)."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-from collections.abc import Mapping
-from typing import cast
+from collections.abc import Callable, Mapping
+from typing import Literal, TypeVar, cast
 
 from pgcrond.config.envfiles import Read, fill_file_references, read_env_files
 from pgcrond.config.fields import JOB
@@ -19,6 +19,8 @@ from pgcrond.config.reading import Reading
 from pgcrond.config.yamlnodes import Section
 from pgcrond.core.actions import Action
 from pgcrond.core.box import Account, Box, Limits, runs_a_process
+
+T = TypeVar("T")
 
 
 def read_environment(
@@ -78,40 +80,28 @@ def read_box(
     known = False
     gid: Account | None = None
     if isinstance(user, str | int):
-        try:
-            entry = pwd.getpwnam(user) if isinstance(user, str) else pwd.getpwuid(user)
-        except KeyError:
-            if isinstance(user, str):
-                reading.machine_issue(
-                    reading.blame(section, own, "user"),
-                    "user",
-                    f"no user {user!r} on this machine (getent passwd {user})",
-                )
-                if not reading.allow_unset:
-                    return None
-            else:
-                # No passwd entry: its own number as its group, never the daemon's (root).
-                account = Account(str(user), user)
-                gid = Account(str(user), user)
-        else:
+        entry = _lookup(
+            reading, section, own, "user", user, by_name=pwd.getpwnam, by_id=pwd.getpwuid
+        )
+        if entry is not None:
             account = Account(entry.pw_name, entry.pw_uid)
             home, known = entry.pw_dir, True
             gid = _group_of(entry.pw_gid)
+        elif isinstance(user, int):
+            # No passwd entry: its own number as its group, never the daemon's (root).
+            account = gid = Account(str(user), user)
+        elif not reading.allow_unset:
+            return None
     if isinstance(group, str | int):
-        try:
-            found = grp.getgrnam(group) if isinstance(group, str) else grp.getgrgid(group)
+        found = _lookup(
+            reading, section, own, "group", group, by_name=grp.getgrnam, by_id=grp.getgrgid
+        )
+        if found is not None:
             gid = Account(found.gr_name, found.gr_gid)
-        except KeyError:
-            if isinstance(group, str):
-                reading.machine_issue(
-                    reading.blame(section, own, "group"),
-                    "group",
-                    f"no group {group!r} on this machine (getent group {group})",
-                )
-                if not reading.allow_unset:
-                    return None
-            else:
-                gid = Account(str(group), group)
+        elif isinstance(group, int):
+            gid = Account(str(group), group)
+        elif not reading.allow_unset:
+            return None
     for name, wanted, current in (
         ("user", account, os.geteuid()),
         # The user's own group follows the user: said once, for the user.
@@ -134,6 +124,37 @@ def read_box(
         limits=cast(Limits, merged.get("limits") or Limits()),
         env_passthrough=passthrough,
     )
+
+
+# Where `getent` finds each kind of account, for the message that names it.
+_GETENT = {"user": "passwd", "group": "group"}
+
+
+def _lookup(
+    reading: Reading,
+    section: Section,
+    own: Mapping[str, object],
+    kind: Literal["user", "group"],
+    value: str | int,
+    *,
+    by_name: Callable[[str], T],
+    by_id: Callable[[int], T],
+) -> T | None:
+    """The machine's entry for a user or group, by name or id; None when it has none.
+
+    A name the machine does not know is reported (an id needs no entry: the
+    caller uses the number as it is).
+    """
+    try:
+        return by_name(value) if isinstance(value, str) else by_id(value)
+    except KeyError:
+        if isinstance(value, str):
+            reading.machine_issue(
+                reading.blame(section, own, kind),
+                kind,
+                f"no {kind} {value!r} on this machine (getent {_GETENT[kind]} {value})",
+            )
+        return None
 
 
 def _group_of(gid: int) -> Account:

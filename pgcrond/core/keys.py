@@ -20,6 +20,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Literal
 
+from pgcrond.core.schedule import tick_of
 from pgcrond.errors import ValidationError
 
 IdentityType = Literal["SCHEDULE", "INITIAL"]
@@ -96,6 +97,11 @@ class Identity:
     @classmethod
     def initial(cls, code: object) -> Identity:
         return cls.of("INITIAL", code)
+
+    @property
+    def pausable(self) -> bool:
+        """Pause stops ticks and run-once jobs; a manual run key is the operator's own ask."""
+        return self.type == "INITIAL" or tick_of(self.run_key or "") is not None
 
     @functools.cached_property
     def _digest(self) -> bytes:

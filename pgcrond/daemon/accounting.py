@@ -175,8 +175,14 @@ class Accounting(FireEvents):
     def missed(
         self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
     ) -> None:
-        # A coalesced tick is recorded by the claim that found its successor due.
-        if recorded or cause == "coalesced" or identity.type != "SCHEDULE" or job.guard != "lease":
+        # A coalesced tick is recorded by the claim that found its successor due;
+        # a guard that remembers nothing has no row to record a miss in.
+        if (
+            recorded
+            or cause == "coalesced"
+            or identity.type != "SCHEDULE"
+            or not self.firing.guards(job).remembers
+        ):
             return
         # ``tick`` is the fire time (moved by jitter); the row is the tick's.
         fired, tick = tick, tick_of(identity.run_key or "") or tick

@@ -24,9 +24,9 @@ from pgcrond import __version__
 from pgcrond.config.models import JobConfig
 from pgcrond.core.box import Box
 from pgcrond.core.hooks import FailureHook
+from pgcrond.core.outcome import RunResult
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held
-from pgcrond.run.attempt import RunResult
 from pgcrond.run.environment import job_environ
 
 log = structlog.get_logger("pgcrond.daemon.hooks")

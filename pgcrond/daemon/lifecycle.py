@@ -566,4 +566,4 @@ def _alert_after(config: Config) -> dict[str, timedelta | None]:
 
 def _advisory_pool_size(config: Config) -> int:
     """One connection per advisory-guarded job (each holds one while it runs), and a spare."""
-    return max(2, 1 + sum(1 for job in config.jobs.values() if job.guard == "advisory"))
+    return max(2, 1 + sum(1 for job in config.jobs.values() if job.guard_holds_connection))

@@ -28,12 +28,12 @@ from prometheus_client.registry import Collector
 from pgcrond import __version__
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
+from pgcrond.core.outcome import Outcome
 from pgcrond.daemon.alerts import JobAlerts
 from pgcrond.daemon.job_series import JobFamily, Kind, Series
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held
 from pgcrond.guard.base import Outcome as Verdict
-from pgcrond.run.attempt import Outcome
 
 # Every counter and histogram would also export a `_created` series with its
 # creation time: twice the series for a value nobody alerts on. The switch is

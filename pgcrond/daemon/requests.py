@@ -228,9 +228,9 @@ class Requests:
             requested_at=request.requested_at.isoformat(),
             waited_s=round(request.waited.total_seconds(), 3),
         )
-        # The advisory guard remembers nothing: the request row is the only
-        # record that its run started, and one that started is not run again.
-        advisory = job.guard == "advisory"
+        # A guard that remembers nothing (advisory) leaves the request row the
+        # only record that its run started, and one that started is not run again.
+        advisory = not self.firing.guards(job).remembers
         if advisory and request.started_at is not None:
             bound.warning(
                 "request_outcome_unknown",

@@ -7,10 +7,11 @@ from datetime import datetime, timedelta
 
 import structlog
 
+from pgcrond.catchup import covered
 from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
-from pgcrond.core.schedule import OnceSchedule, tick_of
+from pgcrond.core.schedule import tick_of
 from pgcrond.errors import PgcrondError
 from pgcrond.storage.history import open_ticks
 from pgcrond.storage.leases import LeaseStore
@@ -34,11 +35,7 @@ async def resume_open_ticks(
     this replica if nobody else does. ``follow``: fires a started tick (the
     daemon tracks it for the drain).
     """
-    jobs = {
-        code: job
-        for code, job in config().jobs.items()
-        if job.guard == "lease" and not isinstance(job.schedule, OnceSchedule)
-    }
+    jobs = {code: job for code, job in config().jobs.items() if covered(job)}
     if not jobs:
         return
     try:

@@ -24,7 +24,6 @@ from pgcrond.guard.base import (
     Refused,
     Verdict,
     held_as_is,
-    pausable,
 )
 from pgcrond.storage.advisory import AdvisoryLease, advisory_lock
 from pgcrond.storage.db import Database
@@ -63,7 +62,7 @@ class AdvisoryGuard(Guard):
 
     async def claim(self, request: ClaimRequest) -> Held | Refused:
         identity = request.identity
-        if request.suspended is not None and pausable(identity):
+        if request.suspended is not None and identity.pausable:
             # No table to record the skip in; `pgcrond pause` needs guard: lease.
             return Refused(identity, "paused", detail=request.suspended)
         state = self._open.get(identity)

@@ -54,10 +54,9 @@ from typing import Literal
 from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
-from pgcrond.core.schedule import tick_of
+from pgcrond.core.outcome import RunResult
 from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
 from pgcrond.errors import Unsupported
-from pgcrond.run.attempt import RunResult
 
 RefusalReason = Literal[
     # Another replica holds a live claim (wait: until it could lapse).
@@ -188,11 +187,6 @@ class Guard(abc.ABC):
     async def commit_with(self, held: Held, work: SqlWork) -> Committed:
         """Run ``work`` and record SUCCESS in one transaction; see the module docstring."""
         raise Unsupported(f"{type(self).__name__} cannot commit database work with an outcome")
-
-
-def pausable(identity: Identity) -> bool:
-    """Pause stops ticks and run-once jobs; a manual run key is the operator's own ask."""
-    return identity.type == "INITIAL" or tick_of(identity.run_key or "") is not None
 
 
 @contextlib.asynccontextmanager

@@ -25,7 +25,6 @@ from pgcrond.guard.base import (
     Recorded,
     Refused,
     Verdict,
-    pausable,
 )
 
 
@@ -74,7 +73,7 @@ class MemoryGuard(Guard):
             return scripted
         now = self.clock()
         identity = request.identity
-        if request.suspended is not None and pausable(identity):
+        if request.suspended is not None and identity.pausable:
             return Refused(identity, "paused", detail=request.suspended)
         if identity.type == "SCHEDULE" and now < request.tick:
             return Refused(identity, "not_due", wait=request.tick - now)

@@ -1,6 +1,6 @@
 """``pgcrond logs``: the output an attempt left, from its attempt record.
 
-The record keeps each stream's head and tail (pgcrond.run.output), redacted;
+The record keeps each stream's head and tail (pgcrond.core.output), redacted;
 the text printed here has every control character and invalid byte escaped,
 so a job's output can never drive the terminal it is shown in.
 

@@ -4,8 +4,9 @@
 the runner hands the way of running its action (a command or shell script, an
 in-process or isolated entrypoint, an ``sql:`` or ``http:`` action: one module
 each in this package); :class:`Ending` is how that way says its attempt ended;
-:class:`Watch` waits for the attempt, its cancellation or its timeout;
-:class:`RunResult` is what the fire records.
+:class:`Watch` waits for the attempt, its cancellation or its timeout; the
+runner turns the ending into the :class:`~pgcrond.core.outcome.RunResult` the
+fire records.
 
 An executor is ``async def run(action, attempt: Attempt) -> Ending``. Its
 contract: a job's own failure is an :class:`Ending`, never an exception; it
@@ -24,17 +25,20 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import Action, Committed, SqlWork
 from pgcrond.core.box import Box
 from pgcrond.core.cancel import Cancellation
-from pgcrond.run.context import RunContext
-from pgcrond.run.output import Capture, OutputTail
+from pgcrond.core.outcome import Outcome
 
-Outcome = Literal["success", "fail", "timeout", "cancelled"]
+# Handed on for fire.py alone, which is being changed elsewhere at the moment:
+# it is to import RunResult from pgcrond.core.outcome, and this line to go.
+from pgcrond.core.outcome import RunResult as RunResult  # noqa: PLC0414 - re-exported
+from pgcrond.run.context import RunContext
+from pgcrond.run.output import Capture
 
 # A failure's text is capped so one huge message cannot flood the record.
 ERROR_CAP = 2000
@@ -73,20 +77,6 @@ class RunRequest:
         # A naive time would silently be read as the host's local time.
         if self.fire_time.utcoffset() is None:
             raise ValueError("fire_time must be timezone-aware")
-
-
-@dataclass(frozen=True)
-class RunResult:
-    outcome: Outcome
-    error: str | None
-    exit_code: int | None
-    duration_s: float
-    # A failure's hints for its retry: not before this long (an HTTP
-    # Retry-After), or never (a failure no retry can fix).
-    retry_after: timedelta | None = None
-    permanent: bool = False
-    # The attempt's output as its record keeps it (pgcrond.run.output).
-    output: OutputTail = field(default_factory=OutputTail, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

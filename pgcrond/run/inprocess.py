@@ -23,11 +23,11 @@ from typing import Any
 from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import EntrypointAction
+from pgcrond.core.entrypoints import resolve
 from pgcrond.run import leftovers
 from pgcrond.run.attempt import Attempt, Ending, Watch, describe
 from pgcrond.run.command import output_lines
 from pgcrond.run.context import RunContext
-from pgcrond.run.entrypoints import resolve
 
 
 async def run(action: EntrypointAction, attempt: Attempt) -> Ending:

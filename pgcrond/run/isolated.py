@@ -28,10 +28,10 @@ from typing import Any
 from pgcrond import logs
 from pgcrond.core.actions import EntrypointAction
 from pgcrond.core.cancel import Cancellation
+from pgcrond.core.entrypoints import resolve
 from pgcrond.run.attempt import Attempt, Ending, describe
 from pgcrond.run.command import run_process
 from pgcrond.run.context import RunContext
-from pgcrond.run.entrypoints import resolve
 
 FAILURE_EXIT = 1
 TERMINATED = "terminated"

@@ -23,9 +23,10 @@ from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import CommandAction, EntrypointAction, HttpAction, ShellAction, SqlAction
 from pgcrond.core.cancel import Cancellation
+from pgcrond.core.outcome import RunResult
 from pgcrond.core.redaction import MIN_FRAGMENT
 from pgcrond.run import command, inprocess, isolated
-from pgcrond.run.attempt import Attempt, Ending, RunRequest, RunResult, Watch
+from pgcrond.run.attempt import Attempt, Ending, RunRequest, Watch
 from pgcrond.run.context import RunContext
 from pgcrond.run.environment import RunEnviron, job_environ
 from pgcrond.run.output import Capture

@@ -25,13 +25,13 @@ from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 import structlog
-from anyio.from_thread import start_blocking_portal
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import KeyHash, lock_id
 from pgcrond.errors import LeaseLost, ValidationError
+from pgcrond.storage.blocking import BlockingDatabase
 from pgcrond.storage.db import Database, connection_settings, translate
 from pgcrond.storage.sql import Queries
 
@@ -314,7 +314,7 @@ async def _release(cursor: psycopg.AsyncClientCursor[DictRow], lease: AdvisoryLe
     return True
 
 
-class SyncAdvisoryLock:
+class SyncAdvisoryLock(BlockingDatabase):
     """The advisory guard for synchronous code: a private loop and a small pool.
 
     The job runs in the caller's thread; probing runs on the private loop, so
@@ -322,25 +322,7 @@ class SyncAdvisoryLock:
     """
 
     def __init__(self, conninfo: str, *, max_size: int = 4) -> None:
-        self._db = Database(conninfo, min_size=1, max_size=max_size)
-        self._portal_cm = start_blocking_portal()
-        self._portal = self._portal_cm.__enter__()
-        try:
-            self._portal.call(self._db.open)
-        except BaseException:
-            # The portal's thread is not a daemon: leaving it would hang the exit.
-            self._portal_cm.__exit__(None, None, None)
-            raise
-
-    def close(self) -> None:
-        self._portal.call(self._db.close)
-        self._portal_cm.__exit__(None, None, None)
-
-    def __enter__(self) -> SyncAdvisoryLock:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        super().__init__(Database(conninfo, min_size=1, max_size=max_size))
 
     @contextlib.contextmanager
     def lock(
@@ -355,9 +337,9 @@ class SyncAdvisoryLock:
         """As :func:`advisory_lock`, for a ``with`` block in synchronous code."""
         # Both halves of the async manager run on the portal's loop: the probe
         # task it starts lives there.
-        with self._portal.wrap_async_context_manager(
+        with self.portal.wrap_async_context_manager(
             advisory_lock(
-                self._db,
+                self.db,
                 key,
                 key_hash=key_hash,
                 min_hold=min_hold,

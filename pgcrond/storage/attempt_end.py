@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgcrond.run.attempt import RunResult
-from pgcrond.run.output import OutputTail
+from pgcrond.core.outcome import RunResult
+from pgcrond.core.output import OutputTail
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pgcrond.run.output import OutputTail, StreamTail
+from pgcrond.core.output import OutputTail, StreamTail
 from pgcrond.storage.leases import LeaseStore
 
 

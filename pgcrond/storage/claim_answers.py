@@ -14,7 +14,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pgcrond.core.keys import Identity
-from pgcrond.core.schedule import tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.claims import Acquired, NotAcquired, NotAcquiredReason
 
@@ -42,8 +41,8 @@ class PendingClaim:
 
     @property
     def pausable(self) -> bool:
-        """Pause stops ticks and run-once jobs; a manual run key is the operator's own ask."""
-        return self.identity.type == "INITIAL" or tick_of(self.identity.run_key or "") is not None
+        """Whether a pause stops this claim (:attr:`Identity.pausable`): the statement's column."""
+        return self.identity.pausable
 
     def outcome(
         self, row: dict[str, Any] | None, sent_at: float, received_at: float

@@ -80,8 +80,27 @@ def connection_settings(
 # windows run out. A steady ~0.5 s keeps "claim within about a second of the
 # database answering again"; it only costs connection attempts while the
 # database is down, never a query while idle.
-AttemptWithBackoff.INITIAL_DELAY = 0.5
-AttemptWithBackoff.DELAY_BACKOFF = 1.0
+#
+# psycopg_pool (3.3) has no public setting for this: `reconnect_timeout` only
+# bounds how long it keeps trying. Its pool takes the reconnect's backoff as
+# an argument of the private `_add_connection` (None: a fresh default one), so
+# our pool hands it a steady one there; no other pool in the process (a
+# user's own) is touched, as setting the class's delays would. What would
+# remove this: a reconnect backoff parameter on AsyncConnectionPool (initial
+# delay, backoff factor).
+class _SteadyReconnect(AttemptWithBackoff):
+    INITIAL_DELAY = 0.5
+    DELAY_BACKOFF = 1.0
+
+
+class _Pool(AsyncConnectionPool[psycopg.AsyncConnection[DictRow]]):
+    """The driver's pool, reconnecting every ~0.5 s while the database is down."""
+
+    async def _add_connection(
+        self, attempt: AttemptWithBackoff | None, growing: bool = False
+    ) -> None:
+        steady = attempt or _SteadyReconnect(timeout=self.reconnect_timeout)
+        await super()._add_connection(steady, growing)
 
 
 class NoConnection(DatabaseUnavailable):
@@ -136,7 +155,7 @@ class Database:
         """
         self.conninfo = conninfo
         self.timeout = timeout
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[DictRow]] = AsyncConnectionPool(
+        self._pool = _Pool(
             conninfo,
             connection_class=psycopg.AsyncConnection[DictRow],
             kwargs={

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
+from pgcrond.storage.blocking import BlockingDatabase
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
@@ -18,53 +19,31 @@ from pgcrond.storage.migrate import migrate
 T = TypeVar("T")
 
 
-class SyncLeaseStore:
-    """The same lease store for synchronous code, run on anyio's blocking portal.
-
-    The library is async first; sync callers get the same code run on the
-    portal's private loop instead of a second, drifting implementation.
-    """
+class SyncLeaseStore(BlockingDatabase):
+    """The same lease store for synchronous code, run on its database's blocking portal."""
 
     def __init__(self, conninfo: str, **options: Any) -> None:
         """``options``: :class:`LeaseStore`'s (``schema``, ``table``, ``owner``)."""
-        from anyio.from_thread import start_blocking_portal
-
-        self._db = Database(conninfo)
-        self.store = LeaseStore(self._db, **options)
-        self._portal_cm = start_blocking_portal()
-        self._portal = self._portal_cm.__enter__()
-        try:
-            self._portal.call(self._db.open)
-        except BaseException:
-            # The portal's thread is not a daemon: leaving it would hang the exit.
-            self._portal_cm.__exit__(None, None, None)
-            raise
-
-    def close(self) -> None:
-        self._portal.call(self._db.close)
-        self._portal_cm.__exit__(None, None, None)
-
-    def __enter__(self) -> SyncLeaseStore:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        db = Database(conninfo)
+        # Made before the portal starts: bad options leave no thread behind.
+        self.store = LeaseStore(db, **options)
+        super().__init__(db)
 
     def migrate(self) -> list[int]:
-        return self._portal.call(migrate, self.store)
+        return self.portal.call(migrate, self.store)
 
     def claim(
         self, identity: Identity, timing: LeaseTiming | None = None, *, forbid_overlap: bool = False
     ) -> Acquired | NotAcquired:
-        return self._portal.call(
+        return self.portal.call(
             functools.partial(self.store.claim, identity, timing, forbid_overlap=forbid_overlap)
         )
 
     def heartbeat(self, lease: Acquired) -> timedelta | None:
-        return self._portal.call(self.store.heartbeat, lease)
+        return self.portal.call(self.store.heartbeat, lease)
 
     def complete(self, lease: Acquired) -> bool:
-        return self._portal.call(self.store.complete, lease)
+        return self.portal.call(self.store.complete, lease)
 
     def fail(
         self,
@@ -74,12 +53,12 @@ class SyncLeaseStore:
         reason: str = "error",
         retry_after: timedelta | None = timedelta(0),
     ) -> bool:
-        return self._portal.call(
+        return self.portal.call(
             functools.partial(self.store.fail, lease, error, reason=reason, retry_after=retry_after)
         )
 
     def release(self, lease: Acquired) -> bool:
-        return self._portal.call(self.store.release, lease)
+        return self.portal.call(self.store.release, lease)
 
     def run_exclusive(
         self,
@@ -94,7 +73,7 @@ class SyncLeaseStore:
         async def in_thread(lease: Acquired) -> T:
             return await asyncio.to_thread(fn, lease)
 
-        return self._portal.call(
+        return self.portal.call(
             functools.partial(
                 self.store.run_exclusive,
                 identity,

@@ -68,7 +68,7 @@ def attempts_section(kept: list[dict[str, Any]], now: datetime) -> str:
     """Each recent attempt and what it printed: streams collapsed, the failing one first.
 
     The text is already safe (control characters and invalid UTF-8 escaped,
-    pgcrond.run.output.shown); esc() makes it safe in HTML too.
+    pgcrond.core.output.shown); esc() makes it safe in HTML too.
     """
     if not kept:
         return (
