@@ -43,13 +43,14 @@ import structlog
 from pgcrond.config.models import JobConfig
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
+from pgcrond.core.outcome import RunResult
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
 from pgcrond.run import leftovers
-from pgcrond.run.attempt import RunRequest, RunResult
+from pgcrond.run.attempt import RunRequest
 from pgcrond.run.runner import execute
 
 T = TypeVar("T")

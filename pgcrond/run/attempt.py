@@ -33,10 +33,6 @@ from pgcrond.core.actions import Action, Committed, SqlWork
 from pgcrond.core.box import Box
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.outcome import Outcome
-
-# Handed on for fire.py alone, which is being changed elsewhere at the moment:
-# it is to import RunResult from pgcrond.core.outcome, and this line to go.
-from pgcrond.core.outcome import RunResult as RunResult  # noqa: PLC0414 - re-exported
 from pgcrond.run.context import RunContext
 from pgcrond.run.output import Capture
 

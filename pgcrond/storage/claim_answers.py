@@ -39,11 +39,6 @@ class PendingClaim:
     superseded_at: datetime | None = None
     suspended: str | None = None
 
-    @property
-    def pausable(self) -> bool:
-        """Whether a pause stops this claim (:attr:`Identity.pausable`): the statement's column."""
-        return self.identity.pausable
-
     def outcome(
         self, row: dict[str, Any] | None, sent_at: float, received_at: float
     ) -> Acquired | NotAcquired:

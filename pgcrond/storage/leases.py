@@ -165,8 +165,8 @@ class LeaseStore:
                 "fire_times": [r.fire_time for r in batch],
                 "late_after": [r.late_after for r in batch],
                 "superseded_at": [r.superseded_at for r in batch],
-                "pausable": [r.pausable for r in batch],
-                "suspended": [r.suspended if r.pausable else None for r in batch],
+                "pausable": [r.identity.pausable for r in batch],
+                "suspended": [r.suspended if r.identity.pausable else None for r in batch],
                 "owner": self.owner,
             }
             if forbid_codes:
