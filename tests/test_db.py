@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import time
+
 import psycopg
 import pytest
 
 from pgcrond.core.redaction import redact
 from pgcrond.errors import DatabaseUnavailable
-from pgcrond.storage.db import translate
+from pgcrond.storage.db import Database, translate
 
 
 @pytest.mark.parametrize(
@@ -50,3 +54,39 @@ def test_redact_hides_passwords_with_url_delimiters_in_them(dsn: str) -> None:
     redacted = redact(dsn)
     assert "***@" in redacted
     assert not any(part in redacted for part in ("p@ss", "pa/ss", "se#cret"))
+
+
+# Real libpq connection attempts: the integration tier's.
+@pytest.mark.usefixtures("pg_dsn")
+async def test_the_pool_tries_to_reconnect_every_half_second_not_with_growing_backoff() -> None:
+    """psycopg_pool's own backoff (1 s, 2 s, 4 s, ...) would let ticks miss after an outage.
+
+    A listener that hangs up on every connection stands in for a database that
+    is down; four attempts come within 1.5 s (+ jitter) here, within 7 s with
+    the library's default backoff. Fails loudly too if a psycopg_pool upgrade
+    stops calling the reconnect hook the pool overrides.
+    """
+    attempts: list[float] = []
+    four = asyncio.Event()
+
+    def hang_up(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        attempts.append(time.monotonic())
+        if len(attempts) >= 4:
+            four.set()
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    db = Database(
+        f"host=127.0.0.1 port={port} dbname=x user=x sslmode=disable gssencmode=disable",
+        min_size=1,
+    )
+    try:
+        await db.open()
+        await asyncio.wait_for(four.wait(), 4.0)
+    finally:
+        await db.close()
+        server.close()
+        await server.wait_closed()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(attempts[:4])]
+    assert max(gaps) < 1.0, gaps
