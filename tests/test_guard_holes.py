@@ -32,13 +32,14 @@ TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))
 def row(pg_dsn: str, schema: str, identity: Identity) -> dict[str, object]:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         cur = conn.execute(
-            f'SELECT status, reason, error, expires_at, attempt FROM "{schema}".leases '
-            "WHERE code = %s AND run_key IS NOT DISTINCT FROM %s",
+            "SELECT status, reason, error, expires_at, attempt, fencing_token "
+            f'FROM "{schema}".leases WHERE code = %s AND run_key IS NOT DISTINCT FROM %s',
             (identity.code, identity.run_key),
         )
         found = cur.fetchone()
         assert found is not None
-        return dict(zip(["status", "reason", "error", "expires_at", "attempt"], found, strict=True))
+        columns = ["status", "reason", "error", "expires_at", "attempt", "fencing_token"]
+        return dict(zip(columns, found, strict=True))
 
 
 def tick_identity(code: str, seconds: int) -> tuple[datetime, Identity]:
@@ -120,25 +121,14 @@ async def test_hole_4_an_error_text_the_database_cannot_store_is_recorded_cleane
 async def test_hole_5_a_late_heartbeat_does_not_revive_an_expired_lease(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
-    _, identity = tick_identity("late-beat", 1)
+    """Nor does anything once a claim came since; the owner's check after a stall does."""
     short = LeaseTiming.build(timedelta(milliseconds=200), timedelta(0))
-    lease = await store.claim(identity, short)
-    assert isinstance(lease, Acquired)
+    identity, lease = await won(store, "late-beat", short)
     expired_at = row(pg_dsn, schema, identity)["expires_at"]
     await asyncio.sleep(0.3)
     assert await store.heartbeat(lease) is None
     assert expired_at == row(pg_dsn, schema, identity)["expires_at"]
-
-
-async def test_the_owner_s_check_after_a_stall_revives_its_lapsed_lease_if_nobody_claimed(
-    store: LeaseStore, pg_dsn: str, schema: str
-) -> None:
-    _, identity = tick_identity("wake-check", 1)
-    short = LeaseTiming.build(timedelta(milliseconds=200), timedelta(0))
-    lease = await store.claim(identity, short)
-    assert isinstance(lease, Acquired)
-    expired_at = row(pg_dsn, schema, identity)["expires_at"]
-    await asyncio.sleep(0.3)
+    # The wake check (keepalive, after the loop stood still): nobody claimed since.
     renewed = await store.heartbeat(lease, revive=True)
     assert renewed is not None and renewed > timedelta(0)
     revived = row(pg_dsn, schema, identity)
@@ -149,20 +139,18 @@ async def test_the_owner_s_check_after_a_stall_revives_its_lapsed_lease_if_nobod
     taken = await store.claim(identity, short)
     assert isinstance(taken, Acquired)
     assert await store.heartbeat(lease, revive=True) is None
-    assert taken.fencing_token == await _token(pg_dsn, schema, identity)
-
-
-async def _token(pg_dsn: str, schema: str, identity: Identity) -> int:
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        found = conn.execute(
-            f'SELECT fencing_token FROM "{schema}".leases WHERE code = %s AND run_key = %s',
-            (identity.code, identity.run_key),
-        ).fetchone()
-    assert found is not None
-    return int(found[0])
+    assert taken.fencing_token == row(pg_dsn, schema, identity)["fencing_token"]
 
 
 ONE_S = LeaseTiming.build(timedelta(seconds=1), timedelta(milliseconds=300))
+
+
+async def won(store: LeaseStore, code: str, timing: LeaseTiming) -> tuple[Identity, Acquired]:
+    """A claim of a tick of ``code``, won."""
+    _, identity = tick_identity(code, 1)
+    lease = await store.claim(identity, timing)
+    assert isinstance(lease, Acquired)
+    return identity, lease
 
 
 def stand_still(seconds: float) -> None:
@@ -174,9 +162,7 @@ async def test_a_loop_that_stood_still_past_the_stop_deadline_asks_before_stoppi
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
     """The run went on while the loop stood still: unclaimed, its lease is renewed, not dropped."""
-    _, identity = tick_identity("stall", 1)
-    lease = await store.claim(identity, ONE_S)
-    assert isinstance(lease, Acquired)
+    identity, lease = await won(store, "stall", ONE_S)
     async with holding(lease, store.heartbeat):
         before = row(pg_dsn, schema, identity)["expires_at"]
         stand_still(1.3)  # past the lease
@@ -192,9 +178,7 @@ async def test_a_loop_that_stood_still_past_the_stop_deadline_asks_before_stoppi
 async def test_a_loop_that_stood_still_while_its_tick_was_taken_over_stops_the_run(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
-    _, identity = tick_identity("stall-taken", 1)
-    lease = await store.claim(identity, ONE_S)
-    assert isinstance(lease, Acquired)
+    identity, lease = await won(store, "stall-taken", ONE_S)
     with SyncLeaseStore(pg_dsn, schema=schema, owner="test:2") as other:
         async with holding(lease, store.heartbeat):
             stand_still(1.3)  # meanwhile another replica takes the tick over:
