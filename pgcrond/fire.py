@@ -30,13 +30,12 @@ In short:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import structlog
 
@@ -92,12 +91,13 @@ class Firing:
     # Told what each fire decided and how each run ended (pgcrond/events.py):
     # the daemon's metrics, accounting and failure hooks.
     events: FireEvents = field(default_factory=FireEvents)
-    # Set at shutdown: no new claims, followers give up, runs get stop_grace.
+    # Set at shutdown (:meth:`stop`): no new claims, followers give up, runs get stop_grace.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     # The attempts running here: (identity, attempt) -> how to stop it.
     running: dict[tuple[Identity, int], Cancellation] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
-    _slots: dict[float, asyncio.Future[None]] = field(default_factory=dict, repr=False)
+    # Followers asleep until a grid slot: each a future of its own (no task).
+    _slots: dict[float, list[asyncio.Future[None]]] = field(default_factory=dict, repr=False)
     # The one place that knows which identities this replica fires now: a
     # second fire of one (a request, catch-up, a resumed open tick) joins the
     # first's outcome instead of claiming with the same owner token.
@@ -108,6 +108,12 @@ class Firing:
     # count lets a fire see a resume that came while its claim was on its way.
     _resume: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _resumes: int = 0
+
+    def stop(self) -> None:
+        """Shutdown: no new claims, and every follower asleep on the grid wakes and gives up."""
+        self.stopping.set()
+        for slot in list(self._slots):
+            self._ring(slot)
 
     def in_flight(self, identity: Identity) -> bool:
         """Whether this replica fires ``identity`` now."""
@@ -566,18 +572,23 @@ class Firing:
             delay = min(delay * 2, _BACKOFF_MAX)
 
     async def _sleep_on_grid(self, seconds: float) -> None:
-        """Sleep at least ``seconds``, waking with every follower of the same grid slot."""
+        """Sleep at least ``seconds``, waking with every follower of the same grid slot.
+
+        A sleeping follower (thousands after a big tick, for a lease each) is
+        one future on its slot's list, no task of its own: :meth:`stop` rings
+        every slot.
+        """
+        if self.stopping.is_set():
+            return
         loop = asyncio.get_running_loop()
         slot = math.ceil((loop.time() + seconds) / _RECHECK_GRID_S) * _RECHECK_GRID_S
-        wake = self._slots.get(slot)
-        if wake is None:
-            wake = self._slots[slot] = loop.create_future()
+        sleepers = self._slots.get(slot)
+        if sleepers is None:
+            sleepers = self._slots[slot] = []
             loop.call_at(slot, self._ring, slot)
-        stop: asyncio.Future[Any] = asyncio.ensure_future(self.stopping.wait())
-        try:
-            await asyncio.wait({wake, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
+        wake: asyncio.Future[None] = loop.create_future()
+        sleepers.append(wake)
+        await wake
 
     async def _wait_for_resume(
         self, bound: structlog.typing.FilteringBoundLogger, refusal: Refused, resumes: int
@@ -600,12 +611,9 @@ class Firing:
             stop.cancel()
 
     def _ring(self, slot: float) -> None:
-        self._slots.pop(slot).set_result(None)
-
-    async def _sleep(self, seconds: float) -> None:
-        """Sleep, but wake at once when the replica starts stopping."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), seconds)
+        for wake in self._slots.pop(slot, ()):
+            if not wake.done():  # a sleeper cancelled meanwhile
+                wake.set_result(None)
 
     async def _execute(self, job: JobConfig, tick: datetime, held: Held, guard: Guard) -> RunResult:
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation

@@ -197,7 +197,7 @@ async def test_a_fire_waiting_for_resume_ends_at_shutdown(tmp_path: Path) -> Non
         while not any(e["event"] == "waiting_for_resume" for e in logs):
             assert not fire.done()
             await asyncio.sleep(0.01)
-        firing.stopping.set()
+        firing.stop()
         outcome = await asyncio.wait_for(fire, 2)
     assert "lose" == outcome  # not run here; the next start tries it again
     assert identity not in guard.rows
@@ -245,3 +245,33 @@ async def test_a_resume_that_arrives_while_the_claim_is_on_its_way_is_not_missed
     seed = job(tmp_path, "command: ['true']", code="seed")
     outcome = await asyncio.wait_for(firing.fire(seed, datetime.now(UTC), identity), 5)
     assert "success" == outcome
+
+
+async def test_followers_asleep_on_the_grid_end_at_shutdown(tmp_path: Path) -> None:
+    """A follower asleep is a future on its grid slot, not a task: stop() rings every slot."""
+    one = job(tmp_path, "command: ['true']", code="followed")
+    tick = datetime.now(UTC)
+    identities = [Identity.schedule("followed", f"2026-01-01T00:00:{n:02d}Z") for n in range(50)]
+    # Another replica holds every tick for a minute yet: each is followed, asleep.
+    held: deque[str | Refused] = deque(
+        Refused(i, "held", "RUNNING", wait=timedelta(minutes=1)) for i in identities
+    )
+    guard = MemoryGuard(script=held)
+    all_lost = asyncio.Event()
+
+    class Lost(FireEvents):
+        count = 0
+
+        def claim_lost(self, job: JobConfig, reason: str) -> None:
+            # Said just before the fire goes to sleep on the grid, in the same step.
+            self.count += 1
+            if self.count == len(identities):
+                all_lost.set()
+
+    firing = Firing(guards=lambda _: guard, replica="unit:1", events=Lost())
+    fires = [asyncio.create_task(firing.fire(one, tick, i)) for i in identities]
+    await asyncio.wait_for(all_lost.wait(), 5)
+    assert not any(fire.done() for fire in fires)
+    firing.stop()
+    outcomes = await asyncio.wait_for(asyncio.gather(*fires), 2)
+    assert {"lose"} == set(outcomes)

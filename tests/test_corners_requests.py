@@ -72,7 +72,7 @@ class Replica:
     async def shutdown(self) -> None:
         """As the daemon does: stop claiming, stop the runs, wait for the fires."""
         self.stopping.set()
-        self.firing.stopping.set()
+        self.firing.stop()
         for cancellation in list(self.firing.running.values()):
             cancellation.cancel("shutdown")
         if self.requests.tasks:

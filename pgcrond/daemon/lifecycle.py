@@ -438,7 +438,7 @@ class Daemon:
         if self._scheduling is not None:
             self._scheduling.shutdown()
         if self._firing is not None:
-            self._firing.stopping.set()
+            self._firing.stop()
         await self._drain(self.config.shutdown_grace.total_seconds())
         pending = {task for task in self.fire_tasks if not task.done()}
         if pending:
