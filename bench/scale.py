@@ -276,6 +276,8 @@ def main() -> int:
         "--set", action="append", default=[], help="a top-level config line, e.g. 'spread: 0'"
     )
     args = parser.parse_args()
+    if args.profile is not None and not (BIN / "py-spy").exists():
+        parser.error("--profile records with py-spy: .venv/bin/pip install py-spy, then run again")
     load = load_note()
     rows = []
     with throwaway() as server:
