@@ -176,83 +176,91 @@ def one(
         spawn([*argv, f"127.0.0.1:{port}"], env, workdir / f"scale-{jobs}-{replicas}-{n}.log")
         for n, port in enumerate(ports)
     ]
-    wait_ready(started, '"daemon_ready"', timeout=300)
-    ready = max(r.ready - r.spawned for r in started)
-    # Past the registry's settle touch (spread then knows every peer), with
-    # room for the scrape before the tick.
-    settled = time.time() + SETTLE_S + 2
-    if tick < settled:
-        tick += 60 * math.ceil((settled - tick) / 60)
-        progress(f"scale: ready after the tick; waiting {tick - time.time():.0f}s")
-    time.sleep(max(0.0, tick - 4.0 - time.time()))
-    before = transactions(server)[db]
-    cpu_before = [cpu_seconds(r.pid) for r in started]
-    at_rest = max(rss_mib(r.pid) for r in started)
-    scraped: dict[str, float] = {}
-    scraper = threading.Thread(target=scrape, args=(ports[0], tick + 0.5, scraped))
-    scraper.start()
-    spy = None
-    if profile is not None:
-        spy = profiler(started[0].pid, profile / f"scale-{jobs}-{replicas}.txt")
-    deadline = tick + 60
-    done = 0
-    while time.time() < deadline:
-        done = sql(
+    try:
+        wait_ready(started, '"daemon_ready"', timeout=300)
+        ready = max(r.ready - r.spawned for r in started)
+        # Past the registry's settle touch (spread then knows every peer), with
+        # room for the scrape before the tick.
+        settled = time.time() + SETTLE_S + 2
+        if tick < settled:
+            tick += 60 * math.ceil((settled - tick) / 60)
+            progress(f"scale: ready after the tick; waiting {tick - time.time():.0f}s")
+        time.sleep(max(0.0, tick - 4.0 - time.time()))
+        before = transactions(server)[db]
+        cpu_before = [cpu_seconds(r.pid) for r in started]
+        at_rest = max(rss_mib(r.pid) for r in started)
+        scraped: dict[str, float] = {}
+        scraper = threading.Thread(target=scrape, args=(ports[0], tick + 0.5, scraped))
+        scraper.start()
+        spy = None
+        if profile is not None:
+            spy = profiler(started[0].pid, profile / f"scale-{jobs}-{replicas}.txt")
+        deadline = tick + 60
+        done = 0
+        while time.time() < deadline:
+            done = sql(
+                dsn,
+                "SELECT count(*) FROM pgcrond.leases "
+                "WHERE status <> 'RUNNING' AND code LIKE 'job-%%'",
+            )[0][0]
+            if time.time() > tick and done >= jobs:
+                break
+            time.sleep(0.25)
+        time.sleep(1.0)  # room for a late duplicate to show
+        cpu_after = [cpu_seconds(r.pid) for r in started]
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+        scraper.join()
+        rows = sql(
             dsn,
-            "SELECT count(*) FROM pgcrond.leases WHERE status <> 'RUNNING' AND code LIKE 'job-%%'",
-        )[0][0]
-        if time.time() > tick and done >= jobs:
-            break
-        time.sleep(0.25)
-    time.sleep(1.0)  # room for a late duplicate to show
-    cpu_after = [cpu_seconds(r.pid) for r in started]
-    if spy is not None:
-        spy.send_signal(signal.SIGINT)
-        spy.wait(60)
-    scraper.join()
-    rows = sql(
-        dsn,
-        "SELECT owner, status, extract(epoch FROM acquired_at) - %s, "
-        "extract(epoch FROM finished_at) - %s FROM pgcrond.leases WHERE code LIKE 'job-%%'",
-        (tick, tick),
-    )
-    stop(started)
-    after = transactions(server)[db]
-    success = [r for r in rows if r[1] == "SUCCESS"]
-    claimed = [float(r[2]) * 1000 for r in success]
-    finished = [float(r[3]) * 1000 for r in success]
-    by_owner: dict[str, int] = {}
-    for r in success:
-        by_owner[str(r[0])] = by_owner.get(str(r[0]), 0) + 1
-    starts = sum(run_started(r) for r in started)
-    statements = after - before
-    per_500 = statements / max(1.0, jobs / 500) / replicas
-    cpu = [b - a for a, b in zip(cpu_before, cpu_after, strict=True)]
-    stalls = [stall(r) for r in started]
+            "SELECT owner, status, extract(epoch FROM acquired_at) - %s, "
+            "extract(epoch FROM finished_at) - %s FROM pgcrond.leases WHERE code LIKE 'job-%%'",
+            (tick, tick),
+        )
+        stop(started)
+        after = transactions(server)[db]
+        success = [r for r in rows if r[1] == "SUCCESS"]
+        claimed = [float(r[2]) * 1000 for r in success]
+        finished = [float(r[3]) * 1000 for r in success]
+        by_owner: dict[str, int] = {}
+        for r in success:
+            by_owner[str(r[0])] = by_owner.get(str(r[0]), 0) + 1
+        starts = sum(run_started(r) for r in started)
+        statements = after - before
+        per_500 = statements / max(1.0, jobs / 500) / replicas
+        cpu = [b - a for a, b in zip(cpu_before, cpu_after, strict=True)]
+        stalls = [stall(r) for r in started]
 
-    def pair(values: list[float]) -> str:
-        if not values:
-            return "-"
-        return f"{percentile(values, 0.5):,.0f} / {percentile(values, 0.99):,.0f} ms"
+        def pair(values: list[float]) -> str:
+            if not values:
+                return "-"
+            return f"{percentile(values, 0.5):,.0f} / {percentile(values, 0.99):,.0f} ms"
 
-    row = {
-        "jobs": f"{jobs:,}",
-        "replicas": str(replicas),
-        "misses / duplicates": f"{jobs - len(success)} / {max(0, starts - jobs)}",
-        "claimed p50 / p99": pair(claimed),
-        "finished p50 / p99": pair(finished),
-        "runs per replica": " / ".join(str(n) for n in sorted(by_owner.values(), reverse=True)),
-        "statements (per 500 jobs per replica)": f"{statements:,} ({per_500:.1f})",
-        "CPU for the tick": " / ".join(f"{c:.1f}" for c in cpu) + " s",
-        "RSS at rest / max": f"{at_rest:.0f} / {max(r.max_rss_mib for r in started):.0f} MiB",
-        "/metrics during the tick": (
-            f"{scraped['seconds'] * 1000:,.0f} ms ({scraped['bytes'] / 1024:,.0f} KiB)"
-            if scraped
-            else "-"
-        ),
-        "longest loop stall": f"{max(stalls) * 1000:,.0f} ms",
-        "start to ready": f"{ready:.2f} s",
-    }
+        row = {
+            "jobs": f"{jobs:,}",
+            "replicas": str(replicas),
+            "misses / duplicates": f"{jobs - len(success)} / {max(0, starts - jobs)}",
+            "claimed p50 / p99": pair(claimed),
+            "finished p50 / p99": pair(finished),
+            "runs per replica": " / ".join(str(n) for n in sorted(by_owner.values(), reverse=True)),
+            "statements (per 500 jobs per replica)": f"{statements:,} ({per_500:.1f})",
+            "CPU for the tick": " / ".join(f"{c:.1f}" for c in cpu) + " s",
+            "RSS at rest / max": f"{at_rest:.0f} / {max(r.max_rss_mib for r in started):.0f} MiB",
+            "/metrics during the tick": (
+                f"{scraped['seconds'] * 1000:,.0f} ms ({scraped['bytes'] / 1024:,.0f} KiB)"
+                if scraped
+                else "-"
+            ),
+            "longest loop stall": f"{max(stalls) * 1000:,.0f} ms",
+            "start to ready": f"{ready:.2f} s",
+        }
+    finally:
+        # An error on the way (a missing tool, a timeout) must not leave replicas
+        # running to load the machine under the next measurement.
+        for replica in started:
+            if replica.process.poll() is None:
+                replica.process.kill()
     progress(f"scale: {row}")
     sql(server.dsn, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
     return Figures(jobs, replicas, row)
