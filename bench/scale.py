@@ -286,6 +286,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.profile is not None and not (BIN / "py-spy").exists():
         parser.error("--profile records with py-spy: .venv/bin/pip install py-spy, then run again")
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
     load = load_note()
     rows = []
     with throwaway() as server:

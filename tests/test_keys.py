@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import unicodedata
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pgcrond.core import keys
 from pgcrond.core.keys import Identity, lock_id, nestjs_hash_key
 from pgcrond.errors import ValidationError
 
@@ -97,3 +100,14 @@ def test_lock_ids_do_not_collide_across_100k_keys() -> None:
 def test_bad_lock_keys_raise_clear_errors(key: object, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         lock_id(key)  # type: ignore[arg-type]
+
+
+def test_control_characters_are_exactly_unicode_s_cc_and_cs() -> None:
+    """The one-search check refuses what a category lookup per character did, no more."""
+    differ = [
+        point
+        for point in range(sys.maxunicode + 1)
+        if (unicodedata.category(chr(point)) in ("Cc", "Cs"))
+        != (keys._CONTROL.search(chr(point)) is not None)
+    ]
+    assert [] == differ
