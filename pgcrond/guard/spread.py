@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
@@ -32,6 +33,7 @@ from pgcrond.core.keys import Identity
 
 # A peer named by no refused claim for this long is no longer ranked.
 FORGET_AFTER = timedelta(minutes=10)
+_PURGE_EVERY_S = 1.0
 
 
 class Spread:
@@ -60,27 +62,44 @@ class Spread:
         self._own: dict[datetime, int] = {}
         # Gates whose delay is over but which wait for this replica's own claims.
         self._due: set[datetime] = set()
+        # _ranked(), kept until the set changes: asked on every fire.
+        self._peers: list[str] | None = None
+        self._purged_at = -math.inf
 
     def saw(self, owner: str | None) -> None:
         """A claim of a current tick was refused because ``owner`` holds it."""
         if owner is not None and owner != self.me and self.delay > timedelta(0):
+            if owner not in self._seen:
+                self._peers = None
             self._seen[owner] = self._clock()
 
     def members(self, live: Iterable[str]) -> None:
         """The registry named these replicas live (this one among them, or not)."""
         if self.delay > timedelta(0):
             self._members = frozenset(live) - {self.me}
+            self._peers = None
 
     def peers(self) -> list[str]:
         """The other live replicas: the registry's, and those seen within ``forget_after``."""
-        cutoff = self._clock() - self._forget_after
-        for owner in [o for o, at in self._seen.items() if at < cutoff]:
-            del self._seen[owner]
-        return sorted(self._members.union(self._seen))
+        return self._ranked()[1:]
+
+    def _ranked(self) -> list[str]:
+        """This replica, then its peers sorted: the candidates of every preference."""
+        now = self._clock()
+        # Forgetting is a matter of minutes: looked for once a second, not per fire.
+        if now - self._purged_at >= _PURGE_EVERY_S:
+            self._purged_at = now
+            cutoff = now - self._forget_after
+            for owner in [o for o, at in self._seen.items() if at < cutoff]:
+                del self._seen[owner]
+                self._peers = None
+        if self._peers is None:
+            self._peers = [self.me, *sorted(self._members.union(self._seen))]
+        return self._peers
 
     def preferred(self, identity: Identity) -> str:
         """The replica that claims ``identity`` first: the highest rendezvous score."""
-        return max([self.me, *self.peers()], key=lambda owner: _score(identity, owner))
+        return max(self._ranked(), key=lambda owner: _score(identity, owner))
 
     async def hold_back(self, identity: Identity, tick: datetime) -> bool:
         """Return at once if this replica is preferred (True); else False, ``delay`` on.
