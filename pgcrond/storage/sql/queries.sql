@@ -204,12 +204,8 @@ WHERE NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = c.lock_key)
 -- name: heartbeat
 -- Extend held leases by the lease each was granted (co-running leases share the
 -- statement); only each row's current owner can, and only while it is live: a
--- heartbeat arriving after the expiry must not revive a lease whose owner has
--- stopped its run at the stop deadline, not knowing the beat would land.
--- revive: the owner's own check after its loop stood still past that deadline
--- (a SIGSTOP, a stall): its run went on meanwhile, so a lapsed row it still
--- owns (no claim since: a claim rotates the owner token, and claim and
--- heartbeat take the row's lock in turn) is renewed rather than run twice.
+-- late heartbeat must not revive a lease whose owner stopped its run; revive:
+-- the owner's wake check after a stall (storage/keepalive.py) may, if unclaimed.
 -- Rows are locked in lock-key order, the order the
 -- claim inserts in, so a batch never waits on another in a cycle. A row another
 -- transaction holds (an sql: job's own, while its statements run) is not
