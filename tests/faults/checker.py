@@ -84,11 +84,15 @@ its SUCCESS, is a defect whatever the faults).
     time, and went on for a moment after waking before it noticed. The
     lease's inherent limit, like ``duplicate_fenced``: reported, not a defect.
 ``started_late`` / ``started_early``
-    a tick's first run whose 'start' is later than ``misfire_grace`` after
-    its tick (plus ``start_slack``: the ledger row is written just after the
-    claim), or any run earlier than the tick itself. Retries and takeovers of
-    a started tick are not bounded by the grace: the tick is followed to its end.
-    An ``sql:`` job's start is its first claim (from the history), else its effect.
+    a tick's first claim later than ``misfire_grace`` after its tick (plus
+    ``start_slack``), or any run earlier than the tick itself. The grace
+    bounds the first claim (the daemon judges it in the claim, by the database
+    clock): retries and takeovers of a started tick follow it to its end, and
+    a first attempt may be stopped before its 'start' row lands (a command's
+    child still starting up), so a later attempt's 'start' does not date the
+    tick's start. The history dates claims; without it, the earliest 'start'
+    (written just after its claim: hence the slack), and for an ``sql:`` job
+    (no 'start' row) its first attempt's effect.
 
 Every violation is attributed to the faults it may be due to: those of its
 replicas (or cluster-wide ones) active during its span, extended by
@@ -694,34 +698,32 @@ def _timing(
 ) -> list[Violation]:
     found = []
     tick = _parse(key)
-    # (when, what, whether it is the tick's first start, its ledger rows)
-    starts: list[tuple[datetime, str, bool, list[LedgerRow]]] = []
+    # Any attempt may start early: every 'start', and an sql: job's claims (it
+    # writes no 'start').
+    early = [
+        (r.at, f"attempt {r.attempt} token {r.fencing_token} (pid {r.pid})", [r])
+        for r in rows
+        if r.phase == "start"
+    ]
     if job.sql:
-        # No 'start' row: an attempt begins at its claim (the history), else,
-        # without history, the first attempt at its effect.
-        first_claim = min((at for _, at in claims), default=None)
-        starts = [(at, f"claim of token {token}", at == first_claim, []) for token, at in claims]
-        if not starts:
-            starts = [
-                (r.at, f"attempt 1 token {r.fencing_token} (pid {r.pid}) effect", True, [r])
-                for r in rows
-                if r.phase == "end" and r.attempt == 1
-            ]
-    else:
-        # misfire_grace bounds a tick's first start: once one attempt started, its
-        # retries and takeovers follow the tick to its end, whenever that is.
-        first_start = min((r.attempt for r in rows if r.phase == "start"), default=None)
-        starts = [
-            (
-                r.at,
-                f"attempt {r.attempt} token {r.fencing_token} (pid {r.pid})",
-                r.attempt == first_start,
-                [r],
-            )
+        early += [(at, f"claim of token {token}", []) for token, at in claims]
+    # misfire_grace bounds a tick's first claim, by the database clock: its
+    # retries and takeovers follow the tick to its end, whenever that is, and
+    # its first attempt may be stopped before its 'start' lands (a command's
+    # child still starting up when its replica is killed). Without any claim
+    # known (an sql: job without history), the first attempt's effect dates it.
+    first = min(claims, key=lambda claim: claim[1], default=None)
+    late: list[tuple[datetime, str, list[LedgerRow]]] = (
+        [(first[1], f"the first claim (token {first[0]})", [])] if first else []
+    )
+    if job.sql and not first:
+        late = [
+            (r.at, f"attempt 1 token {r.fencing_token} (pid {r.pid}) effect", [r])
             for r in rows
-            if r.phase == "start"
+            if r.phase == "end" and r.attempt == 1
         ]
-    for at, what, first, evidence in starts:
+        early += late
+    for at, what, evidence in early:
         if at < tick:
             found.append(
                 _violation(
@@ -735,14 +737,15 @@ def _timing(
                     tick,
                 )
             )
+    for at, what, evidence in late:
         lateness = at - tick
-        if first and lateness > job.misfire_grace + start_slack:
+        if lateness > job.misfire_grace + start_slack:
             found.append(
                 _violation(
                     "started_late",
                     job,
                     key,
-                    f"{what} started {lateness.total_seconds():.3f}s after its tick "
+                    f"{what} came {lateness.total_seconds():.3f}s after its tick "
                     f"(misfire_grace {job.misfire_grace.total_seconds():g}s)",
                     evidence,
                     None,

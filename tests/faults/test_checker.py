@@ -507,6 +507,34 @@ def test_an_sql_success_without_its_effect_is_a_fenced_outcome() -> None:
     assert sorted(["fenced_outcome", "lost_tick"]) == sorted(kinds(report))
 
 
+def test_a_tick_s_start_is_its_first_claim_not_its_first_start_row() -> None:
+    ledger, leases = clean()
+    history = [claim(TICK, n, n + 0.005, token=10 + n) for n in range(3)]
+    # Tick 1: attempt 1 claimed at once but was stopped before its 'start'
+    # landed (a command's child still starting up); attempt 2 took it over and
+    # started 9 s after the tick. The tick started in time: not late.
+    ledger = [
+        *without(ledger, 1),
+        row(TICK, 1, "start", 1 + 9.0, token=21, attempt=2),
+        row(TICK, 1, "end", 1 + 9.1, token=21, attempt=2),
+    ]
+    history += [claim(TICK, 1, 1 + 8.9, token=21)]
+    leases = [x for x in leases if x.run_key != key(1)] + [
+        lease(TICK, 1, "SUCCESS", token=21, attempt=2)
+    ]
+    assert [] == kinds(check([TICK], ledger, leases, [], WINDOW, history))
+    # Tick 2's first claim came after the grace: late, whatever its rows say.
+    history = [h for h in history if h.run_key != key(2)] + [claim(TICK, 2, 2 + 9.0, token=12)]
+    ledger = [
+        *without(ledger, 2),
+        row(TICK, 2, "start", 2 + 9.1, token=12),
+        row(TICK, 2, "end", 2 + 9.2, token=12),
+    ]
+    late = check([TICK], ledger, leases, [], WINDOW, history)
+    assert ["started_late"] == kinds(late)
+    assert "the first claim (token 12)" in late.violations[0].detail
+
+
 def test_an_sql_job_s_first_claim_bounds_its_start() -> None:
     ledger, leases, history = sql_clean()
     # Tick 1's first claim came 9 s late (attempt 1 failed then; attempt 2's
