@@ -135,6 +135,7 @@ class Firing:
         started: bool = False,
         on_start: Callable[[], Awaitable[None]] | None = None,
         superseded_at: datetime | None = None,
+        held_back: bool = False,
     ) -> FireOutcome:
         """Handle one fire of ``job`` for ``tick``; returns what this replica did.
 
@@ -147,6 +148,8 @@ class Firing:
         ``superseded_at``: when the job's next tick fires (a scheduled tick of
         a job with late_ticks: coalesce); a first claim answered after it
         gives the tick up as coalesced, so only the newest late tick runs.
+        ``held_back``: the tick's hold-back for another preferred replica is
+        over already (a deferred fire, :mod:`pgcrond.deferral`): claim at once.
         An identity this replica fires already is not fired twice: the call
         returns what that fire comes to.
         """
@@ -165,6 +168,7 @@ class Firing:
                 started=started,
                 on_start=on_start,
                 superseded_at=superseded_at,
+                held_back=held_back,
             )
         except BaseException:
             done.cancel()
@@ -184,6 +188,7 @@ class Firing:
         started: bool,
         on_start: Callable[[], Awaitable[None]] | None,
         superseded_at: datetime | None,
+        held_back: bool,
     ) -> FireOutcome:
         self.events.fired(job)
         bound = log.bind(job=job.code, run_key=identity.run_key)
@@ -203,6 +208,7 @@ class Firing:
                 started=started,
                 on_start=on_start,
                 superseded_at=superseded_at,
+                held_back=held_back,
             )
         except Exception as exc:
             # Past every retry: said once, with the error, and the fire ends.
@@ -257,6 +263,7 @@ class Firing:
         started: bool,
         on_start: Callable[[], Awaitable[None]] | None,
         superseded_at: datetime | None,
+        held_back: bool,
     ) -> FireOutcome:
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
@@ -273,7 +280,7 @@ class Firing:
                 # Like the misfire bound, coalescing bounds a tick's first start only.
                 superseded_at=superseded_at if deadline is not None else None,
                 suspended=f"suspended: true in {job.source}" if job.suspended else None,
-                spreadable=outcome is None and deadline is not None,
+                spreadable=not held_back and outcome is None and deadline is not None,
             )
             resumes = self._resumes
             claim = functools.partial(guard.claim, request)

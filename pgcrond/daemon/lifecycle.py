@@ -45,6 +45,7 @@ from pgcrond.daemon.scheduling import Scheduling
 from pgcrond.daemon.stall import StallProbe
 from pgcrond.daemon.status_page import StatusPage
 from pgcrond.daemon.watch import ConfigWatcher
+from pgcrond.deferral import Deferral
 from pgcrond.errors import ConfigError, DatabaseUnavailable, ExitCode, PgcrondError
 from pgcrond.events import FanOut
 from pgcrond.fire import FireOutcome, Firing
@@ -111,6 +112,7 @@ class Daemon:
         self._advisory_db: Database | None = None
         self._sql_db: Database | None = None
         self._firing: Firing | None = None
+        self._deferral: Deferral | None = None
         self._hooks = FailureHooks(self.replica)
         self._store: LeaseStore | None = None
         self._accounting: Accounting | None = None
@@ -196,6 +198,7 @@ class Daemon:
             ).for_job,
             replica=self.replica,
         )
+        self._deferral = Deferral(self._firing, self._spawn_fire, self._spawn)
         accounting = self._accounting = Accounting(
             store=store,
             config=lambda: self.config,
@@ -313,16 +316,31 @@ class Daemon:
         *,
         started: bool = False,
         superseded_at: datetime | None = None,
+        held_back: bool = False,
     ) -> None:
         assert self._firing is not None
+        assert self._deferral is not None
         if self._firing.in_flight(identity):
             # This replica already follows the tick (say, the scheduler's fire
             # still retrying through an outage when start-up or catch-up finds
             # the same tick): Firing would join it; no task is needed for that.
             return
+        if (
+            not (started or held_back)
+            and identity.type == "SCHEDULE"
+            and self._deferral.offer(job, tick, identity, superseded_at)
+        ):
+            return  # another live replica is preferred: looked at after the hold-back
         # No task name: formatting one per fire cost more than the task.
         task = asyncio.create_task(
-            self._fire(job, tick, identity, started=started, superseded_at=superseded_at)
+            self._fire(
+                job,
+                tick,
+                identity,
+                started=started,
+                superseded_at=superseded_at,
+                held_back=held_back,
+            )
         )
         self.fire_tasks.add(task)
         task.add_done_callback(self.fire_tasks.discard)
@@ -339,6 +357,7 @@ class Daemon:
         *,
         started: bool,
         superseded_at: datetime | None,
+        held_back: bool,
     ) -> None:
         assert self._firing is not None
         assert self._pruning is not None
@@ -346,7 +365,7 @@ class Daemon:
         # Its lines name the job and run key themselves: binding them as
         # context variables for every fire cost more than the lines.
         outcome: FireOutcome = await self._firing.fire(
-            job, tick, identity, started=started, superseded_at=superseded_at
+            job, tick, identity, started=started, superseded_at=superseded_at, held_back=held_back
         )
         if identity.type == "INITIAL":
             # Says, on every replica and at every start, what became of the

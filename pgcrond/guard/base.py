@@ -30,6 +30,13 @@ Every guard fulfils these rules; the implementations only say how.
   arguments, which must be safe); no other error escapes.
 * **forget** ends the guard's interest in an identity (an advisory lock still
   held for retries is released); it is called once per fire, always.
+* **defers** / **standings** (optional; guards that spread a tick's runs):
+  ``defers(identity)`` says another live replica is preferred for it, so
+  its fire may wait for the hold-back and be looked at in one batch with the
+  tick's other such fires; ``standings`` reads where those ticks stand
+  (settled, or how long until a claim could take them) without claiming.
+  A settled tick needs nothing more from this replica; any other is fired
+  as usual, its hold-back over (``ClaimRequest.spreadable`` False).
 * **commit_with** (optional; for ``sql:`` jobs) runs the job's database work
   and records SUCCESS in one transaction, after checking under a row lock that
   ``held`` is still the current holder: ``"done"`` both committed, ``"fenced"``
@@ -46,7 +53,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -57,6 +64,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
 from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
 from pgcrond.errors import Unsupported
+from pgcrond.storage.claims import Standing
 
 RefusalReason = Literal[
     # Another replica holds a live claim (wait: until it could lapse).
@@ -180,6 +188,17 @@ class Guard(abc.ABC):
     @abc.abstractmethod
     async def record(self, held: Held, verdict: Verdict) -> Recorded:
         """Store ``verdict`` as the current holder; its ``retry_after`` asks for a retry."""
+
+    def defers(self, identity: Identity) -> bool:
+        """Whether another live replica is preferred for ``identity`` (see the module docstring)."""
+        return False
+
+    async def held_back(self, tick: datetime) -> None:  # noqa: B027 - optional hook
+        """Until the hold-back of ``tick``'s deferred fires is over."""
+
+    async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
+        """Where each of ``identities`` stands; one with no record is left out."""
+        raise Unsupported(f"{type(self).__name__} defers no fire")
 
     async def forget(self, identity: Identity) -> None:  # noqa: B027 - optional hook
         """The fire of ``identity`` is over on this replica."""

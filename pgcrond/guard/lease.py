@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -33,7 +33,7 @@ from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.attempt_end import AttemptEnd
-from pgcrond.storage.claims import Acquired, NotAcquired
+from pgcrond.storage.claims import Acquired, NotAcquired, Standing
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.leases import LeaseStore
 
@@ -344,6 +344,16 @@ class LeaseGuard(Guard):
             return "fenced"
         opened.committed = True
         return "done"
+
+    def defers(self, identity: Identity) -> bool:
+        return self.spread is not None and self.spread.defers(identity)
+
+    async def held_back(self, tick: datetime) -> None:
+        if self.spread is not None:
+            await self.spread.held_back(tick)
+
+    async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
+        return await _bounded(self.store.standings(identities), CLAIM_TIMEOUT_S, "standings")
 
     async def forget(self, identity: Identity) -> None:
         self._open.pop(identity, None)

@@ -112,16 +112,24 @@ class Spread:
         back meanwhile wakes with the first. A True return obliges the caller
         to say :meth:`answered` once the claim's answer came (or failed).
         """
-        if not (self._seen or self._members) or self.preferred(identity) == self.me:
+        if not self.defers(identity):
             self._own[tick] = self._own.get(tick, 0) + 1
             return True
+        await self.held_back(tick)
+        return False
+
+    def defers(self, identity: Identity) -> bool:
+        """Whether another replica this one knows is preferred for ``identity``."""
+        return bool(self._seen or self._members) and self.preferred(identity) != self.me
+
+    async def held_back(self, tick: datetime) -> None:
+        """Until the hold-back of ``tick`` is over (see :meth:`hold_back`)."""
         gate = self._gates.get(tick)
         if gate is None:
             loop = asyncio.get_running_loop()
             gate = self._gates[tick] = loop.create_future()
             loop.call_later(self.delay.total_seconds(), self._delay_over, tick)
         await asyncio.shield(gate)
-        return False
 
     def answered(self, tick: datetime) -> None:
         """A claim of ``tick`` that :meth:`hold_back` let go at once was answered."""

@@ -95,3 +95,18 @@ class NotAcquired:
     detail: str | None = None
     # The refusing row's own reason (a FAIL row's "error", "timeout", "released", ...).
     cause: str | None = None
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where a tick with a row stands, for a replica that did not claim it.
+
+    ``settled``: no claim will ever take the row again (SUCCESS, MISSED,
+    SKIPPED, FAIL with no retry). Otherwise ``wait``: how long until a claim
+    could take it (a RUNNING row's expiry, a FAIL row's retry time; zero or
+    less: now), by the database clock.
+    """
+
+    status: str
+    settled: bool
+    wait: timedelta | None

@@ -13,7 +13,7 @@ import functools
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -29,7 +29,7 @@ from pgcrond.storage import sqljob
 from pgcrond.storage.attempt_end import AttemptEnd, columns, finalize_columns
 from pgcrond.storage.batch import TurnBatch
 from pgcrond.storage.claim_answers import PendingClaim, claim_keys
-from pgcrond.storage.claims import Acquired, NotAcquired, Renewal
+from pgcrond.storage.claims import Acquired, NotAcquired, Renewal, Standing
 from pgcrond.storage.db import Database
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.sql import Queries
@@ -193,6 +193,22 @@ class LeaseStore:
             return outcome
 
         return answer
+
+    async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
+        """Where each tick stands now, in one statement; a tick with no row is left out."""
+        rows = await self.db.fetchall(
+            self.queries.get("standings"),
+            {"lock_keys": [identity.idempotency_key for identity in identities]},
+        )
+        by_key = {identity.idempotency_key: identity for identity in identities}
+        return {
+            by_key[row["lock_key"]]: Standing(
+                status=row["status"],
+                settled=row["settled"],
+                wait=None if row["wait_s"] is None else timedelta(seconds=float(row["wait_s"])),
+            )
+            for row in rows
+        }
 
     async def heartbeat(self, lease: Acquired, *, revive: bool = False) -> timedelta | None:
         """Extend a live lease; how long it now has left, or None when fenced or lapsed.

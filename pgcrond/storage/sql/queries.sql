@@ -201,6 +201,20 @@ WHERE NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = c.lock_key)
        OR (c.pause_reason IS NOT NULL AND c.type = 'INITIAL'
            AND NOT EXISTS (SELECT 1 FROM {table} e WHERE e.lock_key = c.lock_key)))
 
+-- name: standings
+-- Where each of these ticks stands, for a replica that left them to the one
+-- preferred for them (spread): settled (SUCCESS, MISSED, SKIPPED, or FAIL
+-- with no retry time: rows no claim ever takes again, by the claim's own
+-- rule above), or how long until a claim could take the row (a RUNNING row's
+-- expiry, a FAIL row's retry time; 0 or less: now). A tick with no row is not
+-- returned. Read only: no lock, no write.
+SELECT lock_key, status,
+       status NOT IN ('RUNNING', 'FAIL') OR (status = 'FAIL' AND retry_at IS NULL) AS settled,
+       extract(epoch FROM CASE WHEN status = 'RUNNING' THEN expires_at ELSE retry_at END
+                          - clock_timestamp()) AS wait_s
+FROM {table}
+WHERE lock_key = ANY(%(lock_keys)s::text[])
+
 -- name: heartbeat
 -- Extend held leases by the lease each was granted (co-running leases share the
 -- statement); only each row's current owner can, and only while it is live: a

@@ -1,0 +1,155 @@
+"""Deferred fires: what a replica does with the ticks another live replica is preferred for.
+
+A real lease table: replica ``a`` (the preferred one) leaves each tick in one
+state, replica ``b`` defers its fires of them, and what ``b`` then fires (the
+daemon's spawn, recorded) and tells its events is checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import JobConfig
+from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import run_key_for
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.deferral import Deferral
+from pgcrond.events import FireEvents
+from pgcrond.fire import Firing
+from pgcrond.guard.lease import LeaseGuard
+from pgcrond.guard.spread import Spread
+from pgcrond.storage.claims import Acquired
+from tests.store_helpers import count_round_trips, open_store
+
+A, B = "host-a:1", "host-b:2"
+DELAY = timedelta(milliseconds=100)
+LONG = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
+SHORT = LeaseTiming.build(timedelta(seconds=1), timedelta(0))
+
+
+def job(tmp_path: Path) -> JobConfig:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "database: {url: 'postgresql://unused@127.0.0.1/x'}\n"
+        "jobs:\n  j: {cron: '* * * * *', command: ['true']}\n"
+    )
+    return load_config([path]).jobs["j"]
+
+
+@dataclass
+class Told(FireEvents):
+    lost: list[str] = field(default_factory=list)
+    fires: int = 0
+
+    def fired(self, job: JobConfig) -> None:
+        self.fires += 1
+
+    def claim_lost(self, job: JobConfig, reason: str) -> None:
+        self.lost.append(reason)
+
+
+@dataclass
+class Spawned:
+    """The daemon's side: what the deferral fired, and when (loop time)."""
+
+    fires: dict[str, tuple[bool, bool, float]] = field(default_factory=dict)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def fire(
+        self,
+        job: JobConfig,
+        tick: datetime,
+        identity: Identity,
+        *,
+        started: bool = False,
+        superseded_at: datetime | None = None,
+        held_back: bool = False,
+    ) -> None:
+        self.fires[identity.code] = (started, held_back, asyncio.get_running_loop().time())
+        self.arrived.set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+def preferred_to_a(count: int, tick: datetime) -> list[Identity]:
+    spread = Spread(B, DELAY)
+    spread.members([A, B])
+    ticks = [Identity.schedule(f"job-{n}", run_key_for(tick)) for n in range(count * 4)]
+    return [i for i in ticks if spread.defers(i)][:count]
+
+
+async def test_a_deferred_tick_is_left_settled_claimed_when_orphaned_and_followed_while_held(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    tick = datetime.now(UTC).replace(microsecond=0)
+    done, failed, retry, held, orphan = preferred_to_a(5, tick)
+    the_job = job(tmp_path)
+    trace = tmp_path / "b.trace"
+    async with (
+        open_store(pg_dsn, schema, owner=A) as store_a,
+        open_store(pg_dsn, schema, owner=B, migrate=False, max_size=1) as store_b,
+    ):
+        # a: one SUCCESS, one FAIL for good, one FAIL due for its retry, one
+        # RUNNING on a short lease; the orphan has no row (a died first).
+        leases: dict[str, Acquired] = {}
+        for identity, timing in ((done, LONG), (failed, LONG), (retry, LONG), (held, SHORT)):
+            won = await store_a.claim(identity, timing, fire_time=tick)
+            assert isinstance(won, Acquired)
+            leases[identity.code] = won
+        assert await store_a.complete(leases[done.code])
+        assert await store_a.fail(leases[failed.code], "boom", retry_after=None)
+        assert await store_a.fail(leases[retry.code], "boom", retry_after=timedelta(0))
+
+        spread = Spread(B, DELAY)
+        spread.members([A, B])
+        guard = LeaseGuard(store_b, spread=spread)
+        told = Told()
+        firing = Firing(guards=lambda _: guard, replica=B, events=told)
+        spawned = Spawned()
+        deferral = Deferral(firing, spawned.fire, spawned.spawn)
+        loop = asyncio.get_running_loop()
+        with trace.open("w") as wire:
+            async with store_b.db.connection() as conn:
+                conn.pgconn.trace(wire.fileno())
+            began = loop.time()
+            for identity in (done, failed, retry, held, orphan):
+                assert deferral.offer(the_job, tick, identity, None)
+            # The first look, a hold-back after the offers: the orphan and the
+            # due retry are fired, the held tick is followed, the rest left.
+            await asyncio.wait_for(spawned.arrived.wait(), 5)
+            while len(spawned.fires) < 2:
+                spawned.arrived.clear()
+                await asyncio.wait_for(spawned.arrived.wait(), 5)
+            async with store_b.db.connection() as conn:
+                conn.pgconn.untrace()
+        first_look = count_round_trips(trace.read_text())
+        assert {orphan.code: False, retry.code: True} == {
+            code: started for code, (started, _, _) in spawned.fires.items()
+        }
+        assert all(held_back for _, held_back, _ in spawned.fires.values())
+        assert spawned.fires[orphan.code][2] - began >= DELAY.total_seconds() * 0.9
+        # The held tick: followed, and fired as started once its lease lapsed
+        # (a's lease was 1 s; a never renews it), by a look of its own.
+        assert 1 == len(deferral)
+        while held.code not in spawned.fires:
+            spawned.arrived.clear()
+            await asyncio.wait_for(spawned.arrived.wait(), 5)
+        started, _, at = spawned.fires[held.code]
+        assert started and at - began >= 1.0
+        assert 0 == len(deferral)
+    # Five ticks, one read; the settled ones never fired.
+    assert 1 == first_look
+    assert {retry.code, orphan.code, held.code} == set(spawned.fires)
+    # Said where no fire of its own follows at once, as a lost claim would.
+    assert 3 == told.fires
+    assert ["done", "failed", "held"] == sorted(told.lost)
