@@ -83,6 +83,13 @@ its SUCCESS, is a defect whatever the faults).
     overlap (its token fenced): the stopped owner could not stop its job in
     time, and went on for a moment after waking before it noticed. The
     lease's inherent limit, like ``duplicate_fenced``: reported, not a defect.
+``forbid_overlap_abandoned``
+    a ``forbid_overlap`` that begins after the replica of one of the two runs
+    abandoned that run's thread (``entrypoint_thread_abandoned``: a sync
+    entrypoint still running at the end of its stop grace, here blocked in
+    its own database write through an outage): Python cannot kill a thread,
+    and what it does next is unsupervised (docs/jobs.md; ``isolate: true``
+    makes such a job killable). Reported, not a defect.
 ``started_late`` / ``started_early``
     a tick's first claim later than ``misfire_grace`` after its tick (plus
     ``start_slack``), or any run earlier than the tick itself. The grace
@@ -125,6 +132,7 @@ KINDS = (
     "once_rerun",
     "forbid_overlap",
     "forbid_overlap_fenced",
+    "forbid_overlap_abandoned",
     "started_late",
     "started_early",
     "ran_while_paused",
@@ -133,8 +141,16 @@ KINDS = (
 # The lease's inherent limit, reported but not a defect: an effect written by
 # an owner that was fenced before it wrote, or whose lease lapsed at the
 # database before its outcome landed (the tick then runs again, same key).
+# So is an overlap of a forbid job's run whose thread its replica had
+# abandoned after the stop grace (docs/jobs.md: a thread cannot be killed).
 INHERENT = frozenset(
-    {"duplicate_fenced", "duplicate_lapsed", "outcome_lapsed", "forbid_overlap_fenced"}
+    {
+        "duplicate_fenced",
+        "duplicate_lapsed",
+        "outcome_lapsed",
+        "forbid_overlap_fenced",
+        "forbid_overlap_abandoned",
+    }
 )
 # Faults during which the daemon cannot reach its database.
 UNREACHABLE = frozenset({"pg_restart", "partition", "blackhole"})
@@ -264,6 +280,17 @@ class Pause:
 
 
 @dataclass(frozen=True)
+class Abandon:
+    """A run whose thread its replica abandoned after the stop grace (from its log)."""
+
+    pid: int
+    at: datetime
+    job: str
+    run_key: str
+    attempt: int
+
+
+@dataclass(frozen=True)
 class Crash:
     """An unhandled exception a replica's log shows."""
 
@@ -353,6 +380,7 @@ def check(
     requests: Sequence[Request] = (),
     pauses: Sequence[Pause] = (),
     crashes: Sequence[Crash] = (),
+    abandons: Sequence[Abandon] = (),
     start_slack: timedelta = timedelta(milliseconds=500),
     horizon: timedelta = timedelta(seconds=3),
 ) -> Report:
@@ -411,7 +439,7 @@ def check(
                 found += _timing(job, key, rows, tick_claims, start_slack)
                 found += _paused_claims(job, key, rows, tick_versions, mine)
         if job.forbid:
-            found += _overlaps(job, by_tick, faults, claims)
+            found += _overlaps(job, by_tick, faults, claims, abandons)
     found += [_crashed(crash) for crash in crashes]
 
     attributed = [_attribute(v, faults, horizon) for v in found]
@@ -814,6 +842,28 @@ def _crashed(crash: Crash) -> Violation:
     )
 
 
+def abandons_in_log(text: str, pid: int) -> list[Abandon]:
+    """The runs whose thread one replica's log says it abandoned after the stop grace."""
+    found = []
+    for line in text.splitlines():
+        if '"entrypoint_thread_abandoned"' not in line:
+            continue
+        event = _json_event(line)
+        if event is None or event.get("event") != "entrypoint_thread_abandoned":
+            continue
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            found.append(
+                Abandon(
+                    pid,
+                    datetime.fromisoformat(event["timestamp"]),
+                    str(event["job"]),
+                    str(event["run_key"]),
+                    int(event["attempt"]),
+                )
+            )
+    return found
+
+
 def crashes_in_log(text: str, replica: str, pid: int) -> list[Crash]:
     """The unhandled exceptions in one replica's log (JSON lines, and bare stderr lines).
 
@@ -886,6 +936,7 @@ def _overlaps(
     by_tick: dict[tuple[str, str], list[LedgerRow]],
     faults: Sequence[Fault],
     claims: dict[tuple[str, str], list[tuple[int, datetime]]] | None = None,
+    abandons: Sequence[Abandon] = (),
 ) -> list[Violation]:
     runs: list[_Run] = []
     for (code, key), rows in by_tick.items():
@@ -912,9 +963,23 @@ def _overlaps(
             _woke_fenced(run, overlap[0], (claims or {}).get((job.code, run.key), []))
             for run in (first, second)
         )
+        abandoned = any(
+            a.job == job.code
+            and a.pid == run.pid
+            and a.run_key == run.key
+            and a.at <= overlap[0]
+            and any(r.attempt == a.attempt for r in run.rows)
+            for a in abandons
+            for run in (first, second)
+        )
+        kind = "forbid_overlap"
+        if fenced:
+            kind = "forbid_overlap_fenced"
+        elif abandoned:
+            kind = "forbid_overlap_abandoned"
         found.append(
             _violation(
-                "forbid_overlap_fenced" if fenced else "forbid_overlap",
+                kind,
                 job,
                 first.key,
                 f"tick {first.key} token {first.token} (pid {first.pid}, "

@@ -245,6 +245,7 @@ class Observations:
     requests: list[checker.Request] = field(default_factory=list)
     pauses: list[checker.Pause] = field(default_factory=list)
     crashes: list[checker.Crash] = field(default_factory=list)
+    abandons: list[checker.Abandon] = field(default_factory=list)
 
     def check(self) -> checker.Report:
         return checker.check(
@@ -257,6 +258,7 @@ class Observations:
             requests=self.requests,
             pauses=self.pauses,
             crashes=self.crashes,
+            abandons=self.abandons,
         )
 
     def logs_about(self, job: str, run_key: str, limit: int = 20) -> list[str]:
@@ -678,6 +680,13 @@ class Cluster:
                 spawn.pid,
             )
         ]
+        abandons = [
+            abandon
+            for spawn in self.spawns
+            for abandon in checker.abandons_in_log(
+                spawn.log.read_text(errors="replace") if spawn.log.exists() else "", spawn.pid
+            )
+        ]
         dump = {
             "window": [window.start.isoformat(), window.end.isoformat()],
             "faults": [asdict(f) for f in self.faults],
@@ -688,6 +697,7 @@ class Cluster:
             "requests": requests,
             "pauses": [asdict(p) for p in self.pauses],
             "crashes": [asdict(c) for c in crashes],
+            "abandons": [asdict(a) for a in abandons],
         }
         (self.workdir / "observations.json").write_text(json.dumps(dump, default=str, indent=1))
         return Observations(
@@ -728,6 +738,7 @@ class Cluster:
             ],
             pauses=list(self.pauses),
             crashes=crashes,
+            abandons=abandons,
         )
 
 

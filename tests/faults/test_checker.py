@@ -9,6 +9,7 @@ import pytest
 
 from tests.faults.checker import (
     INHERENT,
+    Abandon,
     Crash,
     Fault,
     JobSpec,
@@ -19,6 +20,7 @@ from tests.faults.checker import (
     Report,
     Request,
     Window,
+    abandons_in_log,
     check,
     crashes_in_log,
     table_text,
@@ -346,6 +348,37 @@ def test_overlapping_runs_of_a_forbid_job() -> None:
     assert key(0) in report.violations[0].detail and key(2) in report.violations[0].detail
     # Back to back is fine.
     assert [] == check([SLOW], slow_runs(2.05), slow_leases(), [], WINDOW).violations
+
+
+def test_an_overlap_by_a_run_whose_thread_was_abandoned_is_inherent() -> None:
+    runs = slow_runs(3.1)
+    # Replica 100 gave tick 0's thread up at 2.0 (its stop grace over): the
+    # thread went on, unsupervised, until 3.1, overlapping tick 2 from 2.1.
+    abandoned = [Abandon(100, at(2.0), SLOW.code, key(0), 1)]
+    report = check([SLOW], runs, slow_leases(), [], WINDOW, abandons=abandoned)
+    assert ["forbid_overlap_abandoned"] == kinds(report)
+    assert "forbid_overlap_abandoned" in INHERENT
+    # Abandoned only after the overlap began, or another run's: a defect still.
+    for late in (
+        Abandon(100, at(2.5), SLOW.code, key(0), 1),
+        Abandon(300, at(2.0), SLOW.code, key(0), 1),
+    ):
+        report = check([SLOW], runs, slow_leases(), [], WINDOW, abandons=[late])
+        assert ["forbid_overlap"] == kinds(report)
+
+
+def test_abandoned_threads_are_read_from_a_replica_s_log() -> None:
+    log = "\n".join(
+        [
+            '{"event": "run_started", "job": "slow", "timestamp": "2026-01-01T00:00:00Z"}',
+            '{"job": "slow", "run_key": "2026-01-01T00:00:00Z", "attempt": 2, '
+            '"event": "entrypoint_thread_abandoned", "timestamp": "2026-01-01T00:00:03+00:00"}',
+            "not json",
+        ]
+    )
+    assert [
+        Abandon(7, datetime(2026, 1, 1, 0, 0, 3, tzinfo=UTC), "slow", "2026-01-01T00:00:00Z", 2)
+    ] == abandons_in_log(log, 7)
 
 
 def test_a_stalled_forbid_run_overlaps_only_if_it_goes_on_after_waking() -> None:
