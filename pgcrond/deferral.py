@@ -127,10 +127,11 @@ class Deferral:
 
     async def _look(self, deferred: list[_Deferred]) -> None:
         """Read where each tick stands, a chunk per statement, and act on it."""
-        by_guard: dict[Guard, list[_Deferred]] = {}
+        # By identity: a guard need not be hashable (a dataclass is not).
+        by_guard: dict[int, tuple[Guard, list[_Deferred]]] = {}
         for entry in deferred:
-            by_guard.setdefault(entry.guard, []).append(entry)
-        for guard, entries in by_guard.items():
+            by_guard.setdefault(id(entry.guard), (entry.guard, []))[1].append(entry)
+        for guard, entries in by_guard.values():
             for start in range(0, len(entries), CHUNK):
                 if self._firing.stopping.is_set():
                     return
@@ -140,6 +141,14 @@ class Deferral:
                     standings = await guard.standings([entry.identity for entry in chunk])
                 except PgcrondError as exc:
                     log.warning("deferred_look_failed", ticks=len(chunk), error=str(exc))
+                    standings = None
+                except Exception as exc:
+                    # A bug, not an outage: still no tick may be dropped here.
+                    log.exception(
+                        "deferred_look_failed",
+                        ticks=len(chunk),
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
                     standings = None
                 fired = followed = 0
                 for entry in chunk:

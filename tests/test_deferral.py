@@ -8,11 +8,13 @@ daemon's spawn, recorded) and tells its events is checked.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
@@ -20,11 +22,13 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.deferral import Deferral
+from pgcrond.errors import DatabaseUnavailable
 from pgcrond.events import FireEvents
 from pgcrond.fire import Firing
 from pgcrond.guard.lease import LeaseGuard
+from pgcrond.guard.memory import MemoryGuard
 from pgcrond.guard.spread import Spread
-from pgcrond.storage.claims import Acquired
+from pgcrond.storage.claims import Acquired, Standing
 from tests.store_helpers import count_round_trips, open_store
 
 A, B = "host-a:1", "host-b:2"
@@ -153,3 +157,37 @@ async def test_a_deferred_tick_is_left_settled_claimed_when_orphaned_and_followe
     # Said where no fire of its own follows at once, as a lost claim would.
     assert 3 == told.fires
     assert ["done", "failed", "held"] == sorted(told.lost)
+
+
+@dataclass
+class Unanswered(MemoryGuard):
+    """Defers every tick; its look gets no answer (an outage), or breaks (a bug)."""
+
+    error: Exception = field(default_factory=lambda: DatabaseUnavailable("no answer"))
+
+    def defers(self, identity: Identity) -> bool:
+        return True
+
+    async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [DatabaseUnavailable("no answer"), KeyError("a bug")])
+async def test_a_look_that_fails_fires_every_tick_of_it_as_usual(
+    tmp_path: Path, error: Exception
+) -> None:
+    tick = datetime.now(UTC)
+    guard = Unanswered(error=error)
+    spawned = Spawned()
+    deferral = Deferral(Firing(guards=lambda _: guard, replica=B), spawned.fire, spawned.spawn)
+    ticks = [Identity.schedule(f"job-{n}", run_key_for(tick)) for n in range(3)]
+    for identity in ticks:
+        assert deferral.offer(job(tmp_path), tick, identity, None)
+    while len(spawned.fires) < len(ticks):
+        spawned.arrived.clear()
+        await asyncio.wait_for(spawned.arrived.wait(), 5)
+    # Never seen started: claimed inside the misfire window, the hold-back over.
+    assert {i.code: (False, True) for i in ticks} == {
+        code: (started, held_back) for code, (started, held_back, _) in spawned.fires.items()
+    }
+    assert 0 == len(deferral)

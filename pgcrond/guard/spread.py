@@ -7,7 +7,9 @@ has seen recently (rendezvous hashing: every replica that knows the same set
 ranks alike, and a replica that goes away moves only its own share). The
 preferred replica claims at once; the others hold their claim back by
 ``delay`` and send it then, all in one statement, so a tick whose preferred
-replica is dead runs ``delay`` late and not later.
+replica is dead runs ``delay`` late and not later. (The daemon's scheduled
+ticks do not even claim then: :mod:`pgcrond.deferral` first reads where they
+stand, and claims only those with no row or a lapsed one.)
 
 Nothing is sent to learn who lives: the replica registry's touch (the one
 statement a replica sends a minute, at start too) names the live replicas,
