@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
@@ -30,20 +29,12 @@ from pgcrond.guard.memory import MemoryGuard
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.claims import Acquired, Standing
 from tests.store_helpers import count_round_trips, open_store
+from tests.test_corners_fire import job
 
 A, B = "host-a:1", "host-b:2"
 DELAY = timedelta(milliseconds=100)
 LONG = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
 SHORT = LeaseTiming.build(timedelta(seconds=1), timedelta(0))
-
-
-def job(tmp_path: Path) -> JobConfig:
-    path = tmp_path / "jobs.yaml"
-    path.write_text(
-        "database: {url: 'postgresql://unused@127.0.0.1/x'}\n"
-        "jobs:\n  j: {cron: '* * * * *', command: ['true']}\n"
-    )
-    return load_config([path]).jobs["j"]
 
 
 @dataclass
@@ -97,7 +88,7 @@ async def test_a_deferred_tick_is_left_settled_claimed_when_orphaned_and_followe
 ) -> None:
     tick = datetime.now(UTC).replace(microsecond=0)
     done, failed, retry, held, orphan = preferred_to_a(5, tick)
-    the_job = job(tmp_path)
+    the_job = job(tmp_path, "command: ['true']")
     trace = tmp_path / "b.trace"
     async with (
         open_store(pg_dsn, schema, owner=A) as store_a,
@@ -182,7 +173,7 @@ async def test_a_look_that_fails_fires_every_tick_of_it_as_usual(
     deferral = Deferral(Firing(guards=lambda _: guard, replica=B), spawned.fire, spawned.spawn)
     ticks = [Identity.schedule(f"job-{n}", run_key_for(tick)) for n in range(3)]
     for identity in ticks:
-        assert deferral.offer(job(tmp_path), tick, identity, None)
+        assert deferral.offer(job(tmp_path, "command: ['true']"), tick, identity, None)
     while len(spawned.fires) < len(ticks):
         spawned.arrived.clear()
         await asyncio.wait_for(spawned.arrived.wait(), 5)
