@@ -25,6 +25,8 @@ In short:
   joins the first's outcome;
 * a takeover, a retry or a run-once job refused ``paused`` waits for
   :meth:`Firing.resumed` (``pgcrond resume``), then claims again.
+* a started tick's retry refused ``overlap`` (a newer tick of its forbid job
+  runs) is claimed again once that run could be over, never dropped.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ _BACKOFF_MAX = 1.0
 # last heartbeat and clock jitter do not make the check land just before it.
 _FOLLOW_MARGIN = timedelta(milliseconds=100)
 _LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
+# How often a retry that a newer running tick of its forbid job blocks is
+# claimed again (at most; a shorter lease, sooner): the run it waits for ends,
+# or its owner's lease lapses, within a lease.
+_BLOCKED_RETRY_RECHECK = timedelta(seconds=10)
 # Re-checks wake together on a grid of the loop's clock, so that the re-checks
 # of co-firing ticks (whose leases expire a few ms apart) share one claim.
 _RECHECK_GRID_S = 0.25
@@ -333,6 +339,15 @@ class Firing:
                     deadline = None
                     await self._wait_for_resume(bound, answer, resumes)
                     continue
+            if answer.reason == "overlap" and answer.status == "FAIL":
+                # A started tick's retry (or a claim given back), due while a
+                # newer tick of this forbid job runs: it waits for that run to
+                # end, not dropped — no replica would ever claim it again.
+                deadline = None
+                await self._sleep_on_grid(
+                    min(job.timing.lease, _BLOCKED_RETRY_RECHECK).total_seconds()
+                )
+                continue
             if answer.reason in ("overlap", "paused"):
                 self.events.skipped(job, answer.reason)
                 bound.info(

@@ -153,6 +153,22 @@ async def test_an_overlap_refusal_is_a_skip(tmp_path: Path, reason: str) -> None
     assert "skip" == outcome
 
 
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_due_retry_blocked_by_a_newer_running_tick_waits_for_it(tmp_path: Path) -> None:
+    """Forbid: a started tick's retry (FAIL, due) meets a newer tick's run: not dropped.
+
+    Nobody else would ever claim it again (every follower gets the same
+    answer): it is claimed again once the newer run could be over.
+    """
+    tick, identity = now_tick(-0.5)
+    blocked = Refused(identity, "overlap", "FAIL", attempt=1)
+    guard = MemoryGuard(script=deque([blocked]))
+    forbid = job(tmp_path, "command: ['true'], concurrency: forbid")
+    outcome = await firing(guard).fire(forbid, tick, identity, started=True)
+    assert "success" == outcome
+    assert ["claim", "claim", "record:success"] == guard.calls
+
+
 async def test_a_first_claim_after_the_next_tick_is_coalesced_by_the_guard(
     tmp_path: Path,
 ) -> None:
