@@ -49,6 +49,15 @@ def wait_until(
         time.sleep(every)
 
 
+def settled(leases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lease rows if there are some and none is RUNNING, else none (for ``wait_until``).
+
+    A job's effect lands before its outcome: a test that saw the effect waits
+    for the finalize with this before it reads the outcome.
+    """
+    return leases if leases and all(row["status"] != "RUNNING" for row in leases) else []
+
+
 def clear_of_a_minute_edge(margin_s: float = 10.0) -> None:
     """Wait, if need be, into a fresh minute: the default run key of a manual run
     is the UTC minute, so shells that straddle a minute's edge ask for two runs

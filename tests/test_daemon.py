@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from pgcrond.storage.embedded import LocalServer
-from tests.daemon_harness import Cluster, Replica, cluster, wait_until
+from tests.daemon_harness import Cluster, Replica, cluster, settled, wait_until
 from tests.faults.checker import owner_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
@@ -142,7 +142,10 @@ def test_a_killed_winner_s_tick_is_finished_by_a_survivor(
             "a survivor to finish the tick",
         )
         starts = running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY id")
-        leases = running.rows("SELECT * FROM {leases}")
+        # The effect lands before the outcome does: wait for the survivor's finalize.
+        leases = wait_until(
+            lambda: settled(running.rows("SELECT * FROM {leases}")), 10, "the survivor's outcome"
+        )
     takeover = starts[1]
     assert 2 == len(starts)
     assert first["pid"] != takeover["pid"]

@@ -28,7 +28,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from tests.daemon_harness import Cluster, Replica, wait_until
+from tests.daemon_harness import Cluster, Replica, settled, wait_until
 from tests.faults.checker import owner_pid
 from tests.ledger_jobs import LEDGER_DDL
 from tests.replication import ReplicatedPair, replicated_pair
@@ -206,7 +206,8 @@ def test_sync_standby_failover_takes_over_a_winner_killed_with_the_primary(
             "a survivor to take the tick over on the promoted server",
         )
         starts = running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY id")
-        leases = running.leases()
+        # The effect lands before the outcome does: wait for the survivor's finalize.
+        leases = wait_until(lambda: settled(running.leases()), 10, "the survivor's outcome")
     assert 2 == len(starts)
     takeover = starts[1]
     assert first["pid"] != takeover["pid"] == ended[0]["pid"]

@@ -25,7 +25,7 @@ from pgcrond.core.keys import lock_id
 from pgcrond.storage.db import Database
 from pgcrond.storage.pooling import detect_pooling
 from tests import pgbouncer as bouncer
-from tests.daemon_harness import cluster, wait_until
+from tests.daemon_harness import cluster, settled, wait_until
 from tests.test_daemon import LEDGER, attempted_initial, config, first_start, one_shot
 
 pytestmark = pytest.mark.skipif(
@@ -175,7 +175,10 @@ def test_a_killed_lease_winner_is_taken_over(
             "a survivor to finish the tick",
         )
         starts = running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY id")
-        leases = running.rows("SELECT * FROM {leases}")
+        # The effect lands before the outcome does: wait for the survivor's finalize.
+        leases = wait_until(
+            lambda: settled(running.rows("SELECT * FROM {leases}")), 10, "the survivor's outcome"
+        )
     assert 2 == len(starts)
     assert first["pid"] != starts[1]["pid"] == ended[0]["pid"]
     assert first["idempotency_key"] == starts[1]["idempotency_key"]
