@@ -7,11 +7,12 @@ Every job is an in-process async entrypoint that returns at once
 pgcrond: for each (jobs, replicas) a fresh schema on one throwaway
 PostgreSQL, R ``pgcrond run`` replicas, one shared tick, then SIGTERM. Every
 figure comes from the lease table by the database's clock (claimed:
-``acquired_at - tick``, finished: ``finished_at - tick``), the server's
-transaction counter (statements of the tick, after the replicas exited), the
-replicas' rusage (CPU for the tick is read from /proc around it; max RSS at
-exit), a ``/metrics`` scrape of replica 0 half a second into the tick, and
-each replica's own loop-stall probe (``loop_stall_max_s`` of ``daemon_stopped``).
+``acquired_at - tick``, finished: ``finished_at - tick``), the replicas'
+statements of the tick by name (``pg_stat_statements``; the bench reads under
+a role of its own, so its own reads are not counted), the replicas' rusage
+(CPU for the tick is read from /proc around it; max RSS at exit), a
+``/metrics`` scrape of replica 0 half a second into the tick, and each
+replica's own loop-stall probe (``loop_stall_max_s`` of ``daemon_stopped``).
 Duplicates are ``run_started`` lines beyond one per job.
 """
 
@@ -30,6 +31,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
+
 from bench.side_by_side import (
     BIN,
     CLOCK_TICK,
@@ -44,12 +47,12 @@ from bench.side_by_side import (
     spawn,
     sql,
     stop,
-    transactions,
     wait_ready,
     with_db,
     write_docs,
 )
 from pgcrond.daemon.registry import SETTLE_S
+from pgcrond.storage.sql import named_queries
 from pgcrond.testing import LocalServer, throwaway
 
 COLUMNS = (
@@ -60,6 +63,7 @@ COLUMNS = (
     "finished p50 / p99",
     "runs per replica",
     "statements (per 500 jobs per replica)",
+    "claims / finalizes / looks / heartbeats / other",
     "CPU for the tick",
     "RSS at rest / max",
     "/metrics during the tick",
@@ -79,6 +83,43 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# The bench's own reads of the lease table go in as this role: the replicas'
+# statements are those of the server's own user.
+READER = "pgcrond_bench"
+
+
+def count_statements(server: LocalServer) -> None:
+    """Load ``pg_stat_statements`` (a restart) and make the bench's reader role."""
+    sql(server.dsn, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+    server.stop()
+    server.start()
+    sql(server.dsn, f"CREATE ROLE {READER} LOGIN IN ROLE pg_read_all_stats")
+
+
+def as_reader(dsn: str) -> str:
+    return psycopg.conninfo.make_conninfo(dsn, user=READER)
+
+
+def statements(dsn: str) -> dict[str, int]:
+    """The replicas' statements so far in this database, by query name ('other': unnamed).
+
+    ``dsn`` is the reader's: the count's own read is not among them.
+    """
+    firsts = {body.splitlines()[0]: name for name, body in named_queries().items()}
+    rows = sql(
+        dsn,
+        "SELECT s.query, s.calls FROM pg_stat_statements s "
+        "JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles r ON r.oid = s.userid "
+        "WHERE d.datname = current_database() AND r.rolname <> %s",
+        (READER,),
+    )
+    counted: dict[str, int] = {}
+    for query, calls in rows:
+        name = firsts.get(str(query).lstrip().split("\n", 1)[0], "other")
+        counted[name] = counted.get(name, 0) + int(calls)
+    return counted
 
 
 def rss_mib(pid: int) -> float:
@@ -169,6 +210,10 @@ def one(
     write_config(config, jobs, tick % 60, extra, action)
     migrate = [str(BIN / "pgcrond"), "migrate", "-c", str(config)]
     subprocess.run(migrate, env=env, check=True, stdout=subprocess.DEVNULL)
+    sql(dsn, "CREATE EXTENSION pg_stat_statements")
+    sql(dsn, f"GRANT USAGE ON SCHEMA pgcrond TO {READER}")
+    sql(dsn, f"GRANT SELECT ON pgcrond.leases TO {READER}")
+    reader = as_reader(dsn)
     ports = [free_port() for _ in range(replicas)]
     argv = [str(BIN / "pgcrond"), "run", "-c", str(config), "--log-format", "json", "--http"]
     progress(f"scale: {jobs} jobs x {replicas} replicas, tick at second {tick % 60}")
@@ -186,7 +231,7 @@ def one(
             tick += 60 * math.ceil((settled - tick) / 60)
             progress(f"scale: ready after the tick; waiting {tick - time.time():.0f}s")
         time.sleep(max(0.0, tick - 4.0 - time.time()))
-        before = transactions(server)[db]
+        before = statements(reader)
         cpu_before = [cpu_seconds(r.pid) for r in started]
         at_rest = max(rss_mib(r.pid) for r in started)
         scraped: dict[str, float] = {}
@@ -199,7 +244,7 @@ def one(
         done = 0
         while time.time() < deadline:
             done = sql(
-                dsn,
+                reader,
                 "SELECT count(*) FROM pgcrond.leases "
                 "WHERE status <> 'RUNNING' AND code LIKE 'job-%%'",
             )[0][0]
@@ -212,14 +257,14 @@ def one(
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
         scraper.join()
+        after = statements(reader)
         rows = sql(
-            dsn,
+            reader,
             "SELECT owner, status, extract(epoch FROM acquired_at) - %s, "
             "extract(epoch FROM finished_at) - %s FROM pgcrond.leases WHERE code LIKE 'job-%%'",
             (tick, tick),
         )
         stop(started)
-        after = transactions(server)[db]
         success = [r for r in rows if r[1] == "SUCCESS"]
         claimed = [float(r[2]) * 1000 for r in success]
         finished = [float(r[3]) * 1000 for r in success]
@@ -227,8 +272,18 @@ def one(
         for r in success:
             by_owner[str(r[0])] = by_owner.get(str(r[0]), 0) + 1
         starts = sum(run_started(r) for r in started)
-        statements = after - before
-        per_500 = statements / max(1.0, jobs / 500) / replicas
+        made = {name: after[name] - before.get(name, 0) for name in after}
+        count = sum(made.values())
+        chunks = max(1.0, jobs / 500) * replicas
+
+        def per_500(*names: str) -> str:
+            return f"{sum(made.get(name, 0) for name in names) / chunks:.1f}"
+
+        others = sum(
+            calls
+            for name, calls in made.items()
+            if name not in ("claim", "finalize", "standings", "heartbeat")
+        )
         cpu = [b - a for a, b in zip(cpu_before, cpu_after, strict=True)]
         stalls = [stall(r) for r in started]
 
@@ -244,7 +299,13 @@ def one(
             "claimed p50 / p99": pair(claimed),
             "finished p50 / p99": pair(finished),
             "runs per replica": " / ".join(str(n) for n in sorted(by_owner.values(), reverse=True)),
-            "statements (per 500 jobs per replica)": f"{statements:,} ({per_500:.1f})",
+            "statements (per 500 jobs per replica)": f"{count:,} ({count / chunks:.1f})",
+            "claims / finalizes / looks / heartbeats / other": " / ".join(
+                [
+                    *(per_500(name) for name in ("claim", "finalize", "standings", "heartbeat")),
+                    f"{others / chunks:.1f}",
+                ]
+            ),
             "CPU for the tick": " / ".join(f"{c:.1f}" for c in cpu) + " s",
             "RSS at rest / max": f"{at_rest:.0f} / {max(r.max_rss_mib for r in started):.0f} MiB",
             "/metrics during the tick": (
@@ -291,6 +352,7 @@ def main() -> int:
     load = load_note()
     rows = []
     with throwaway() as server:
+        count_statements(server)
         workdir = args.keep or Path(server.data_dir).parent / "bench-scale"
         workdir.mkdir(parents=True, exist_ok=True)
         for jobs in args.jobs:

@@ -4,8 +4,9 @@ A starting replica (or ``pgcrond catch-up``) knows, per lease-guarded job, the
 newest tick that has a row. Every tick after it, up to now and at most
 ``window`` back, had no replica record it. Each becomes one of:
 
-* ``due``: still inside its ``misfire_grace``: fired now like any late fire
-  (it runs if no replica has it);
+* ``due``: still inside its ``misfire_grace`` (counted from its fire time,
+  moved by jitter): fired like any late fire, at that fire time (it runs if no
+  replica has it; not before its fire time);
 * ``run``: run late by the job's ``catch_up`` policy (``latest``: the newest
   one; ``all``: the newest ``max_catch_up``, oldest first), under its own run
   key and idempotency key;
@@ -128,8 +129,10 @@ def plan_job(
         # Ticks between the record's end and the window's start are not recorded.
         first = job.schedule.next_after(last)
         dropped = dropped or (first is not None and first <= start)
-    late = [t for t in ticks if t + job.misfire_grace < now]
-    due = [t for t in ticks if t + job.misfire_grace >= now]
+    # A tick's window runs from its fire time, moved by the job's jitter, as
+    # the scheduler's own fire of it would (and its claim judges it so).
+    late = [t for t in ticks if fire_time(job.code, t, job.jitter) + job.misfire_grace < now]
+    due = [t for t in ticks if fire_time(job.code, t, job.jitter) + job.misfire_grace >= now]
     run: list[datetime] = []
     if not job.suspended and late:
         if job.catch_up == "latest":

@@ -6,6 +6,7 @@ idempotency key stay the tick's. `pgcrond next` shows the shifted instants.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -15,9 +16,20 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from pgcrond.catchup import plan_job
 from pgcrond.cli import main
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import Config
 from pgcrond.core.jitter import fire_time, jitter_shift
-from pgcrond.core.schedule import run_key_for
+from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import run_key_for, tick_of
+from pgcrond.daemon.accounting import Accounting
+from pgcrond.daemon.metrics import Metrics
+from pgcrond.fire import Firing
+from pgcrond.guard.lease import LeaseGuard
+from pgcrond.storage.claims import Acquired
+from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.ticks import database_now
 
 TICK = datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -129,3 +141,63 @@ def test_next_json_gives_the_shifted_instant_next_to_the_tick(
     assert run_key_for(TICK) == tick["utc"]
     assert (TICK + shift).isoformat(timespec="milliseconds").replace("+00:00", "Z") == tick["fires"]
     assert round(shift.total_seconds(), 6) == tick["shift_s"]
+
+
+def jittered_per_second(tmp_path: Path) -> Config:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "database: {url: 'postgresql://unused@127.0.0.1/x'}\n"
+        "jobs:\n"
+        "  j: {cron: '* * * * * *', jitter: 900ms, misfire_grace: 3s, lease: 1s, command: ['true']}\n"
+    )
+    return load_config([path])
+
+
+def test_a_ticks_window_at_start_counts_from_its_jittered_fire_time(tmp_path: Path) -> None:
+    """A tick past its grace counted from the tick, not from its fire time, is still due."""
+    job = jittered_per_second(tmp_path).jobs["j"]
+    last = datetime(2026, 12, 3, 6, 41, 0, tzinfo=UTC)
+    ticks = [last + timedelta(seconds=n) for n in range(1, 30)]
+    # A tick whose shift takes its window past now, though tick + grace is before it.
+    tick = next(t for t in ticks if jitter_shift("j", t, job.jitter) > timedelta(milliseconds=400))
+    now = tick + job.misfire_grace + timedelta(milliseconds=200)
+    planned = {p.tick: p.action for p in plan_job(job, last, now, window=timedelta(hours=1)).ticks}
+    assert "due" == planned[tick]
+
+
+async def test_a_due_tick_found_at_start_fires_at_its_jittered_fire_time(
+    store: LeaseStore, tmp_path: Path
+) -> None:
+    """The start-up scan fires a due tick as the scheduler would: at tick + its shift.
+
+    Fired at the bare tick, its claim (whose fire time it carries) was granted
+    before the jittered instant: fresh-clone CI run 31 saw a jittered job's
+    run claimed 300 ms before its fire time, by a replica that started between.
+    """
+    config = jittered_per_second(tmp_path)
+    job = config.jobs["j"]
+    now = await database_now(store)
+    last = now.replace(microsecond=0) - timedelta(seconds=6)
+    lease = await store.claim(Identity.schedule("j", run_key_for(last)))
+    assert isinstance(lease, Acquired)
+    assert await store.complete(lease)
+    fired: list[tuple[datetime, Identity]] = []
+    tasks: set[asyncio.Task[object]] = set()
+    firing = Firing(guards=lambda _: LeaseGuard(store), replica="start:1")
+    accounting = Accounting(
+        store=store,
+        config=lambda: config,
+        firing=firing,
+        metrics=Metrics(),
+        spawn=lambda coro: tasks.add(asyncio.ensure_future(coro)),
+        fire_now=lambda _, tick, identity, *, superseded_at: fired.append((tick, identity)),
+        replica="start:1",
+    )
+    await accounting.scan()
+    await asyncio.gather(*tasks)
+    assert fired, "no due tick was fired"
+    for at, identity in fired:
+        tick = tick_of(identity.run_key or "")
+        assert tick is not None
+        assert fire_time("j", tick, job.jitter) == at
+    assert any(at != tick_of(identity.run_key or "") for at, identity in fired)

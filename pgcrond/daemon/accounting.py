@@ -32,6 +32,7 @@ import structlog
 
 from pgcrond.catchup import JobPlan, Planned, plan, superseded_at
 from pgcrond.config.models import Config, JobConfig
+from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
@@ -355,7 +356,10 @@ class Accounting(FireEvents):
                     # Several due ticks of a job coalesce like the scheduler's late fires.
                     self.fire_now(
                         job,
-                        item.tick,
+                        # Its jittered fire time, as the scheduler's fire: the
+                        # claim is refused not_due before it, and its window
+                        # counts from it.
+                        fire_time(job.code, item.tick, job.jitter),
                         Identity.schedule(job.code, item.run_key),
                         superseded_at=superseded_at(job, job.schedule.next_after(item.tick)),
                     )

@@ -20,7 +20,12 @@ _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 @cache
-def _named_queries() -> dict[str, str]:
+def named_queries() -> dict[str, str]:
+    """Each named query's template, its leading comment lines included.
+
+    The comments travel with the statement, so a statement seen on the server
+    (``pg_stat_activity``, ``pg_stat_statements``) starts with its own.
+    """
     text = resources.files(__package__).joinpath("queries.sql").read_text("utf-8")
     parts = _NAME_LINE.split(text)
     return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
@@ -91,7 +96,7 @@ class Queries:
     # Composed once per (table, query): statements are on the per-fire path.
     @cache  # noqa: B019 - a handful of long-lived, hashable Queries instances
     def get(self, name: str) -> sql.Composed:
-        return sql.SQL(_named_queries()[name]).format(**self._names())
+        return sql.SQL(named_queries()[name]).format(**self._names())
 
     def migration(self, template: str) -> sql.Composed:
         return sql.SQL(template).format(**self._names())
