@@ -18,7 +18,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.guard.base import ClaimRequest, Held, Refused, Verdict
 from pgcrond.guard.lease import LeaseGuard
-from pgcrond.storage.claims import Acquired, NotAcquired
+from pgcrond.storage.claims import Acquired, NotAcquired, Renewal
 from pgcrond.storage.db import Database
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.leases import LeaseStore
@@ -300,3 +300,39 @@ async def test_a_dead_owners_tick_overlapped_by_a_newer_one_is_closed_skipped(
     )
     # The dead owner, should it come back, is fenced.
     assert not await store.complete(dead)
+
+
+class CountingRenewals(LeaseStore):
+    """The real store, counting the heartbeats that re-check a claim's answer."""
+
+    renewals = 0
+
+    def renew(self, lease: Acquired, *, revive: bool = False) -> asyncio.Future[Renewal | None]:
+        self.renewals += 1
+        return super().renew(lease, revive=revive)
+
+
+async def test_a_slow_answer_whose_bounds_decide_runs_without_a_recheck(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """Live for a long while and inside its window by the safe bounds: no heartbeat first.
+
+    The answer is slow because the server takes half a second over the claim
+    (a trigger on the table sleeps before each insert).
+    """
+    tick, identity = tick_identity("slow-clear", 1)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f'CREATE FUNCTION "{schema}".slow() RETURNS trigger LANGUAGE plpgsql '
+            "AS $$ BEGIN PERFORM pg_sleep(0.5); RETURN NEW; END $$"
+        )
+        conn.execute(
+            f'CREATE TRIGGER slow BEFORE INSERT ON "{schema}".leases '
+            f'FOR EACH ROW EXECUTE FUNCTION "{schema}".slow()'
+        )
+    counting = CountingRenewals(store.db, schema=schema, owner="test:slow")
+    minute = LeaseTiming.build(timedelta(minutes=1), timedelta(0))
+    answer = await LeaseGuard(counting).claim(ClaimRequest(identity, tick, minute, deadline=None))
+    assert isinstance(answer, Held) and 1 == answer.attempt
+    assert 0 == counting.renewals
+    assert "RUNNING" == row(pg_dsn, schema, identity)["status"]

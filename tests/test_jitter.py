@@ -148,7 +148,8 @@ def jittered_per_second(tmp_path: Path) -> Config:
     path.write_text(
         "database: {url: 'postgresql://unused@127.0.0.1/x'}\n"
         "jobs:\n"
-        "  j: {cron: '* * * * * *', jitter: 900ms, misfire_grace: 3s, lease: 1s, command: ['true']}\n"
+        "  j: {cron: '* * * * * *', jitter: 900ms, misfire_grace: 3s, lease: 1s,"
+        " command: ['true']}\n"
     )
     return load_config([path])
 

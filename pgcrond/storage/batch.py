@@ -75,16 +75,22 @@ class TurnBatch(Generic[T]):
         self._waiting = 0
         self._room: list[tuple[int, asyncio.Future[None]]] = []
 
-    async def submit(self, request: Any) -> T:
+    def submit(self, request: Any) -> asyncio.Future[T]:
+        """The future of ``request``'s answer; cancel it to give the request up.
+
+        A future, not a coroutine: awaiting it (or bounding it) costs no task,
+        on the path every claim and finalize of a tick takes.
+        """
         pending: Pending[T] = Pending(request)
         self._add(pending)
         self._waiting += 1
-        try:
-            return await pending.result
-        finally:
-            self._waiting -= 1
-            if self._room:
-                self._make_room()
+        pending.result.add_done_callback(self._answered)
+        return pending.result
+
+    def _answered(self, _: asyncio.Future[T]) -> None:
+        self._waiting -= 1
+        if self._room:
+            self._make_room()
 
     async def room(self, below: int) -> None:
         """Until fewer than ``below`` requests wait for their answer.

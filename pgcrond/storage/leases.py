@@ -9,6 +9,7 @@ All expiry decisions use the database clock, never a worker's.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 import uuid
@@ -97,7 +98,7 @@ class LeaseStore:
             functools.partial(self._heartbeat_batch, revive=True), keys=_lease_id
         )
 
-    async def claim(
+    def claim(
         self,
         identity: Identity,
         timing: LeaseTiming | None = None,
@@ -108,7 +109,7 @@ class LeaseStore:
         late_after: datetime | None = None,
         superseded_at: datetime | None = None,
         suspended: str | None = None,
-    ) -> Acquired | NotAcquired:
+    ) -> asyncio.Future[Acquired | NotAcquired]:
         """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row.
 
         Claims made in the same turn of the event loop (the co-firing jobs of
@@ -136,7 +137,7 @@ class LeaseStore:
             superseded_at,
             suspended,
         )
-        return await self._claims.submit(request)
+        return self._claims.submit(request)
 
     async def claim_room(self, below: int) -> None:
         """Until fewer than ``below`` claims wait for their answer (:meth:`TurnBatch.room`)."""
@@ -221,9 +222,9 @@ class LeaseStore:
         renewal = await self.renew(lease, revive=revive)
         return None if renewal is None else renewal.remaining
 
-    async def renew(self, lease: Acquired, *, revive: bool = False) -> Renewal | None:
+    def renew(self, lease: Acquired, *, revive: bool = False) -> asyncio.Future[Renewal | None]:
         """As :meth:`heartbeat`, with the database's clock at the answer."""
-        return await (self._wake_checks if revive else self._beats).submit(lease)
+        return (self._wake_checks if revive else self._beats).submit(lease)
 
     async def _heartbeat_batch(
         self, leases: list[Acquired], *, revive: bool
@@ -241,13 +242,13 @@ class LeaseStore:
         }
         return lambda lease: renewed.get(lease.id)
 
-    async def complete(self, lease: Acquired, end: AttemptEnd | None = None) -> bool:
+    def complete(self, lease: Acquired, end: AttemptEnd | None = None) -> asyncio.Future[bool]:
         """Record SUCCESS; False when fenced. A SUCCESS row is never claimed again.
 
         ``end`` (here and for :meth:`fail` and :meth:`release`): what the
         attempt left, for its attempt record, closed in the same statement.
         """
-        return await self._finalize(lease, "SUCCESS", None, None, None, end=end)
+        return self._finalize(lease, "SUCCESS", None, None, None, end=end)
 
     async def close_attempt(self, lease: Acquired, status: str, end: AttemptEnd | None) -> None:
         """Tell a finished attempt's record what it left (an sql: job's committed SUCCESS)."""
@@ -265,7 +266,7 @@ class LeaseStore:
         self._unfinalized.discard(lease)
         return await sqljob.commit_with(self.sql_db, self.queries, lease, work)
 
-    async def fail(
+    def fail(
         self,
         lease: Acquired,
         error: str,
@@ -273,13 +274,13 @@ class LeaseStore:
         reason: str = "error",
         retry_after: timedelta | None = timedelta(0),
         end: AttemptEnd | None = None,
-    ) -> bool:
+    ) -> asyncio.Future[bool]:
         """Record FAIL; False when fenced. ``retry_after=None`` makes the failure final."""
-        return await self._finalize(lease, "FAIL", reason, error, retry_after, end=end)
+        return self._finalize(lease, "FAIL", reason, error, retry_after, end=end)
 
-    async def release(self, lease: Acquired, end: AttemptEnd | None = None) -> bool:
+    def release(self, lease: Acquired, end: AttemptEnd | None = None) -> asyncio.Future[bool]:
         """Give a running claim back (e.g. at shutdown) so that a survivor may take it."""
-        return await self._finalize(
+        return self._finalize(
             lease, "FAIL", "released", "released by its owner", timedelta(0), end=end
         )
 
@@ -296,7 +297,7 @@ class LeaseStore:
         )
         return None if row is None else str(row["reason"])
 
-    async def _finalize(
+    def _finalize(
         self,
         lease: Acquired,
         status: str,
@@ -305,10 +306,10 @@ class LeaseStore:
         retry_after: timedelta | None,
         *,
         end: AttemptEnd | None,
-    ) -> bool:
+    ) -> asyncio.Future[bool]:
         """Record an outcome; co-finishing runs share one statement (see FINALIZE_LINGER_S)."""
         self._unfinalized.discard(lease)
-        return await self._finalizes.submit(
+        return self._finalizes.submit(
             _Outcome(
                 lease,
                 status,

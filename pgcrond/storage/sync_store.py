@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -29,13 +29,22 @@ class SyncLeaseStore(BlockingDatabase):
         self.store = LeaseStore(db, **options)
         super().__init__(db)
 
+    def _wait(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` on the portal's loop, awaited there: the store answers some
+        calls with a future, which the portal would hand back unawaited."""
+
+        async def waited() -> T:
+            return await call()
+
+        return self.portal.call(waited)
+
     def migrate(self) -> list[int]:
         return self.portal.call(migrate, self.store)
 
     def claim(
         self, identity: Identity, timing: LeaseTiming | None = None, *, forbid_overlap: bool = False
     ) -> Acquired | NotAcquired:
-        return self.portal.call(
+        return self._wait(
             functools.partial(self.store.claim, identity, timing, forbid_overlap=forbid_overlap)
         )
 
@@ -43,7 +52,7 @@ class SyncLeaseStore(BlockingDatabase):
         return self.portal.call(self.store.heartbeat, lease)
 
     def complete(self, lease: Acquired) -> bool:
-        return self.portal.call(self.store.complete, lease)
+        return self._wait(functools.partial(self.store.complete, lease))
 
     def fail(
         self,
@@ -53,12 +62,12 @@ class SyncLeaseStore(BlockingDatabase):
         reason: str = "error",
         retry_after: timedelta | None = timedelta(0),
     ) -> bool:
-        return self.portal.call(
+        return self._wait(
             functools.partial(self.store.fail, lease, error, reason=reason, retry_after=retry_after)
         )
 
     def release(self, lease: Acquired) -> bool:
-        return self.portal.call(self.store.release, lease)
+        return self._wait(functools.partial(self.store.release, lease))
 
     def run_exclusive(
         self,
