@@ -58,6 +58,14 @@ its SUCCESS, is a defect whatever the faults).
     outcome was lost in flight and the tick ran again under the same
     idempotency key: what the key exists for. Without history these count as
     the defects.
+``duplicate_released`` / ``outcome_released``
+    an effect by an owner still current when it wrote, which its replica then
+    stopped before the job ended and gave back (FAIL/released, after the
+    effect: the replica's shutdown stops what outlives ``shutdown_grace`` and
+    hands it to a survivor, docs/deployment.md): the job's process wrote its
+    effect and was stopped before it exited, which no scheduler can tell from
+    one stopped before its effect. The tick ran again under the same
+    idempotency key. Inherent, reported; needs the history.
 ``fenced_outcome``
     an outcome (SUCCESS/FAIL) recorded for an attempt that was not the
     current one: a newer claim of the tick exists, the history shows a
@@ -125,9 +133,11 @@ KINDS = (
     "duplicate_sql",
     "duplicate_lapsed",
     "duplicate_fenced",
+    "duplicate_released",
     "fenced_outcome",
     "lost_outcome",
     "outcome_lapsed",
+    "outcome_released",
     "stuck_running",
     "once_rerun",
     "forbid_overlap",
@@ -142,12 +152,15 @@ KINDS = (
 # an owner that was fenced before it wrote, or whose lease lapsed at the
 # database before its outcome landed (the tick then runs again, same key).
 # So is an overlap of a forbid job's run whose thread its replica had
-# abandoned after the stop grace (docs/jobs.md: a thread cannot be killed).
+# abandoned after the stop grace (docs/jobs.md: a thread cannot be killed),
+# and an effect whose run its owner stopped and gave back at its shutdown.
 INHERENT = frozenset(
     {
         "duplicate_fenced",
         "duplicate_lapsed",
+        "duplicate_released",
         "outcome_lapsed",
+        "outcome_released",
         "forbid_overlap_fenced",
         "forbid_overlap_abandoned",
     }
@@ -603,6 +616,14 @@ def _duplicates(
                     "at the database before its outcome landed and the tick was claimed again: "
                     f"kept effect attempt {keep.attempt} token {keep.fencing_token}"
                 )
+            elif newer is None and _released(effect, versions):
+                kind = "duplicate_released"
+                detail = (
+                    f"effect at {_iso(effect.at)} by attempt {effect.attempt} token "
+                    f"{effect.fencing_token} (pid {effect.pid}) while current; its replica then "
+                    "stopped the run and gave the tick back (released), and it ran again: "
+                    f"kept effect attempt {keep.attempt} token {keep.fencing_token}"
+                )
             elif newer is None:
                 kind = "duplicate_current"
                 detail = (
@@ -650,10 +671,14 @@ def _outcomes(
             else f"lease {lease.status}/{lease.reason} by attempt {lease.attempt} token "
             f"{lease.fencing_token} ({lease.owner})"
         )
-        lapsed = not job.sql and _lapsed(effect, claims, versions)
+        kind = "lost_outcome"
+        if not job.sql and _lapsed(effect, claims, versions):
+            kind = "outcome_lapsed"
+        elif not job.sql and _released(effect, versions):
+            kind = "outcome_released"
         found.append(
             _violation(
-                "outcome_lapsed" if lapsed else "lost_outcome",
+                kind,
                 job,
                 key,
                 f"attempt {effect.attempt} token {effect.fencing_token} (pid {effect.pid}) "
@@ -1096,6 +1121,22 @@ def _lapsed(
     expiry = max(expiries)
     later = [at for t, at in claims if t > token]
     return effect.at <= expiry and (not later or min(later) >= expiry)
+
+
+def _released(effect: LedgerRow, versions: list[LeaseVersion] | None) -> bool:
+    """Whether ``effect``'s own claim was given back (FAIL/released) after it was written.
+
+    A release after an effect is a run its replica stopped before the job
+    ended (a claim answered too late, or given back, ran nothing).
+    """
+    token = effect.fencing_token
+    return token is not None and any(
+        v.fencing_token == token
+        and v.status == "FAIL"
+        and v.reason == "released"
+        and v.at >= effect.at
+        for v in versions or ()
+    )
 
 
 def _newer_claim(

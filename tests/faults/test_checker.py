@@ -217,6 +217,30 @@ def test_an_effect_whose_lease_lapsed_before_its_outcome_landed_is_the_inherent_
     assert "duplicate_lapsed" not in kinds(report)
 
 
+def test_an_effect_whose_run_its_owner_stopped_and_gave_back_is_the_inherent_limit() -> None:
+    """Token 11 wrote at 1.02; its replica's shutdown stopped it and released the row at 1.3.
+
+    Seed 6 of the long fault run: a command's child wrote its effect 80 ms
+    before the shutdown's stop reached it, and died of that stop.
+    """
+    ledger, leases = clean()
+    ledger += [
+        row(TICK, 1, "start", 4.0, token=21, attempt=2, pid=200),
+        row(TICK, 1, "end", 4.1, token=21, attempt=2, pid=200),
+    ]
+    leases = [x for x in leases if x.run_key != key(1)] + [
+        lease(TICK, 1, "SUCCESS", token=21, attempt=2, pid=200)
+    ]
+    released = LeaseVersion(TICK.code, key(1), "FAIL", 11, "host:100", "released", at(1.3))
+    history = [claim(TICK, 1, 1.0, token=11), released, claim(TICK, 1, 3.9, token=21, pid=200)]
+    report = check([TICK], ledger, leases, [], WINDOW, history)
+    assert sorted(["duplicate_released", "outcome_released"]) == sorted(kinds(report))
+    # Released before its effect: that is no stop after the effect, but the defect.
+    history[1] = LeaseVersion(TICK.code, key(1), "FAIL", 11, "host:100", "released", at(1.015))
+    report = check([TICK], ledger, leases, [], WINDOW, history)
+    assert sorted(["duplicate_current", "lost_outcome"]) == sorted(kinds(report))
+
+
 def test_a_second_effect_by_a_fenced_owner_shows_its_older_token() -> None:
     ledger, leases = clean()
     # Token 11 stalled; token 21 took over at 2.5; token 11 woke and wrote at 3.0.
