@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from multiprocessing.context import ForkServerContext
 from typing import Any
 
+from pgcrond.config.models import Config
+from pgcrond.daemon.accounting import Accounting, FireNow
+from pgcrond.daemon.metrics import Metrics
+from pgcrond.fire import Firing
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate as migrate_store
@@ -57,3 +62,24 @@ def count_round_trips(trace: str) -> int:
         if len(fields) > direction + 2 and fields[direction] == "F":
             count += fields[direction + 2] in ("Sync", "Query")
     return count
+
+
+def accounting(
+    store: LeaseStore,
+    config: Config,
+    firing: Firing,
+    tasks: set[asyncio.Task[object]],
+    *,
+    fire_now: FireNow = lambda *_, **__: None,
+) -> Accounting:
+    """The daemon's accounting over ``store``, its background work kept in ``tasks``."""
+    return Accounting(
+        store=store,
+        config=lambda: config,
+        firing=firing,
+        metrics=Metrics(),
+        spawn=lambda coro: tasks.add(asyncio.ensure_future(coro)),
+        fire_now=fire_now,
+        replica=firing.replica,
+        clock=firing.clock,
+    )

@@ -20,14 +20,13 @@ import pytest
 from pgcrond.config.loader import load_config
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
-from pgcrond.daemon.accounting import Accounting
-from pgcrond.daemon.metrics import Metrics
 from pgcrond.fire import Firing
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.storage import ticks
 from pgcrond.storage.leases import LeaseStore
 from tests.daemon_harness import Replica, cluster, wait_until
 from tests.faults.clockshift import ShimUnavailable, build, shifted
+from tests.store_helpers import accounting
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")
@@ -85,17 +84,7 @@ async def test_a_fire_the_replica_clock_calls_late_is_judged_by_the_database_and
         clock=lambda: datetime.now(UTC) + ahead,
     )
     tasks: set[asyncio.Task[object]] = set()
-    accounting = Accounting(
-        store=store,
-        config=lambda: config,
-        firing=firing,
-        metrics=Metrics(),
-        spawn=lambda coro: tasks.add(asyncio.ensure_future(coro)),
-        fire_now=lambda *_, **__: None,
-        replica="ahead:1",
-        clock=firing.clock,
-    )
-    firing.events = accounting
+    firing.events = accounting(store, config, firing, tasks)
     # A tick one second ahead of the database: ten minutes old by the fire's clock.
     tick = (await ticks.database_now(store)).replace(microsecond=0) + timedelta(seconds=1)
     identity = Identity.schedule("j", run_key_for(tick))

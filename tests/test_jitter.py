@@ -23,13 +23,12 @@ from pgcrond.config.models import Config
 from pgcrond.core.jitter import fire_time, jitter_shift
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for, tick_of
-from pgcrond.daemon.accounting import Accounting
-from pgcrond.daemon.metrics import Metrics
 from pgcrond.fire import Firing
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.storage.claims import Acquired
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.ticks import database_now
+from tests.store_helpers import accounting
 
 TICK = datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -185,16 +184,14 @@ async def test_a_due_tick_found_at_start_fires_at_its_jittered_fire_time(
     fired: list[tuple[datetime, Identity]] = []
     tasks: set[asyncio.Task[object]] = set()
     firing = Firing(guards=lambda _: LeaseGuard(store), replica="start:1")
-    accounting = Accounting(
-        store=store,
-        config=lambda: config,
-        firing=firing,
-        metrics=Metrics(),
-        spawn=lambda coro: tasks.add(asyncio.ensure_future(coro)),
+    scan = accounting(
+        store,
+        config,
+        firing,
+        tasks,
         fire_now=lambda _, tick, identity, *, superseded_at: fired.append((tick, identity)),
-        replica="start:1",
     )
-    await accounting.scan()
+    await scan.scan()
     await asyncio.gather(*tasks)
     assert fired, "no due tick was fired"
     for at, identity in fired:

@@ -177,10 +177,9 @@ def test_a_forbid_job_s_skipped_tick_is_not_lost() -> None:
     assert ["lost_tick"] == kinds(check([allow], ledger, leases, [], window))
 
 
-def test_a_second_effect_by_a_still_current_owner() -> None:
+def ran_again() -> tuple[list[LedgerRow], list[LeaseRow]]:
+    """Tick 1 ran (token 11, its effect at 1.02) and ran again as token 21, recorded SUCCESS."""
     ledger, leases = clean()
-    # Token 11 ended at 1.1 and was current then (token 21 was claimed at 3.9);
-    # its outcome was lost, so the tick ran again.
     ledger += [
         row(TICK, 1, "start", 4.0, token=21, attempt=2, pid=200),
         row(TICK, 1, "end", 4.1, token=21, attempt=2, pid=200),
@@ -188,6 +187,13 @@ def test_a_second_effect_by_a_still_current_owner() -> None:
     leases = [x for x in leases if x.run_key != key(1)] + [
         lease(TICK, 1, "SUCCESS", token=21, attempt=2, pid=200)
     ]
+    return ledger, leases
+
+
+def test_a_second_effect_by_a_still_current_owner() -> None:
+    # Token 11 ended at 1.02 and was current then (token 21 was claimed at 3.9);
+    # its outcome was lost, so the tick ran again.
+    ledger, leases = ran_again()
     history = [claim(TICK, 1, 1.0, token=11), claim(TICK, 1, 3.9, token=21, pid=200)]
     report = check([TICK], ledger, leases, [], WINDOW, history)
     assert sorted(["duplicate_current", "lost_outcome"]) == sorted(kinds(report))
@@ -197,14 +203,7 @@ def test_a_second_effect_by_a_still_current_owner() -> None:
 
 def test_an_effect_whose_lease_lapsed_before_its_outcome_landed_is_the_inherent_limit() -> None:
     """Token 11 wrote at 1.1, its lease lapsed at 2.0 (nothing got through), 21 claimed at 3.9."""
-    ledger, leases = clean()
-    ledger += [
-        row(TICK, 1, "start", 4.0, token=21, attempt=2, pid=200),
-        row(TICK, 1, "end", 4.1, token=21, attempt=2, pid=200),
-    ]
-    leases = [x for x in leases if x.run_key != key(1)] + [
-        lease(TICK, 1, "SUCCESS", token=21, attempt=2, pid=200)
-    ]
+    ledger, leases = ran_again()
     history = [
         claim(TICK, 1, 1.0, token=11, expires=2.0),
         claim(TICK, 1, 3.9, token=21, pid=200, expires=6.0),
@@ -223,14 +222,7 @@ def test_an_effect_whose_run_its_owner_stopped_and_gave_back_is_the_inherent_lim
     Seed 6 of the long fault run: a command's child wrote its effect 80 ms
     before the shutdown's stop reached it, and died of that stop.
     """
-    ledger, leases = clean()
-    ledger += [
-        row(TICK, 1, "start", 4.0, token=21, attempt=2, pid=200),
-        row(TICK, 1, "end", 4.1, token=21, attempt=2, pid=200),
-    ]
-    leases = [x for x in leases if x.run_key != key(1)] + [
-        lease(TICK, 1, "SUCCESS", token=21, attempt=2, pid=200)
-    ]
+    ledger, leases = ran_again()
     released = LeaseVersion(TICK.code, key(1), "FAIL", 11, "host:100", "released", at(1.3))
     history = [claim(TICK, 1, 1.0, token=11), released, claim(TICK, 1, 3.9, token=21, pid=200)]
     report = check([TICK], ledger, leases, [], WINDOW, history)
