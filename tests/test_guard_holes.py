@@ -13,6 +13,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
@@ -312,13 +313,20 @@ class CountingRenewals(LeaseStore):
         return super().renew(lease, revive=revive)
 
 
+@pytest.mark.parametrize(
+    ("lease", "rechecks"),
+    [(timedelta(minutes=1), 0), (timedelta(seconds=2), 1)],
+    ids=["a-minute-lease-runs-at-once", "a-2s-lease-is-rechecked"],
+)
 async def test_a_slow_answer_whose_bounds_decide_runs_without_a_recheck(
-    store: LeaseStore, pg_dsn: str, schema: str
+    store: LeaseStore, pg_dsn: str, schema: str, lease: timedelta, rechecks: int
 ) -> None:
-    """Live for a long while and inside its window by the safe bounds: no heartbeat first.
+    """Live for half its lease and more, inside its window: no heartbeat before the run.
 
     The answer is slow because the server takes half a second over the claim
-    (a trigger on the table sleeps before each insert).
+    (a trigger on the table sleeps before each insert). Half a second of a 2 s
+    lease leaves less than half of it before the stop deadline: that answer
+    is re-checked, which renews the lease before the run starts.
     """
     tick, identity = tick_identity("slow-clear", 1)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -331,8 +339,8 @@ async def test_a_slow_answer_whose_bounds_decide_runs_without_a_recheck(
             f'FOR EACH ROW EXECUTE FUNCTION "{schema}".slow()'
         )
     counting = CountingRenewals(store.db, schema=schema, owner="test:slow")
-    minute = LeaseTiming.build(timedelta(minutes=1), timedelta(0))
-    answer = await LeaseGuard(counting).claim(ClaimRequest(identity, tick, minute, deadline=None))
+    timing = LeaseTiming.build(lease)
+    answer = await LeaseGuard(counting).claim(ClaimRequest(identity, tick, timing, deadline=None))
     assert isinstance(answer, Held) and 1 == answer.attempt
-    assert 0 == counting.renewals
+    assert rechecks == counting.renewals
     assert "RUNNING" == row(pg_dsn, schema, identity)["status"]

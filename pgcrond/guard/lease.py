@@ -148,11 +148,18 @@ class LeaseGuard(Guard):
         only say the same, one round trip later. At 10,000 co-firing jobs most
         answers are slow (the loop is busy): a re-check each cost a heartbeat
         statement per 500 and that round trip before every run.
+
+        "For a while": half the lease or more before the run's stop deadline,
+        so its first heartbeat (at most a third of the lease in) comes well
+        before it. Less (a short lease, an old answer), or no heartbeats to
+        renew it: re-checked, which renews the lease before the run starts.
         """
         inside = request.deadline is None or (
             (lease.db_now_at_latest() or request.deadline) <= request.deadline
         )
-        return inside and self._clock() + SLOW_ANSWER_S < lease.stop_at
+        timing = lease.timing
+        left = lease.stop_at - self._clock()
+        return inside and bool(timing.heartbeat) and left >= timing.lease.total_seconds() / 2
 
     async def _recheck(self, lease: Acquired) -> Acquired | None:
         """A slow answer's age is anywhere in its round trip: ask the database again.
