@@ -12,7 +12,13 @@ newest tick that has a row. Every tick after it, up to now and at most
   key and idempotency key;
 * ``missed``: recorded MISSED, with why.
 
-A job with no row at all has no record to continue: its record starts now.
+A job with no row at all has no record to continue: nothing before its
+record is recorded MISSED or caught up, and a ``cron:`` job's record starts
+with its first scheduled fire. An ``at:`` job's one instant, though, if it
+came since this replica's process started (``started``: while the replica
+was starting, before its scheduler ran) and is still inside its
+``misfire_grace``, is ``due`` like any late fire — it is the job's only tick;
+the claim decides, so an instant another replica ran is not run again.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Literal
 
 from pgcrond.config.models import JobConfig
 from pgcrond.core.jitter import fire_time
-from pgcrond.core.schedule import Schedule, run_key_for
+from pgcrond.core.schedule import AtSchedule, Schedule, run_key_for
 
 # At most this many ticks per job and scan (a per-second job down for a day
 # would otherwise be 86,400 rows); older ones are counted, not recorded.
@@ -115,14 +121,23 @@ def plan_job(
     window: timedelta,
     cap: int = ROW_CAP,
     outage: tuple[datetime, datetime] | None = None,
+    started: datetime | None = None,
 ) -> JobPlan:
     """What becomes of each tick of ``job`` after ``last`` (its newest row) up to ``now``.
 
     ``now`` is the database's clock: a replica's own may run ahead, and
-    would make ticks that are still to come look missed.
+    would make ticks that are still to come look missed. ``started``: when
+    the starting replica's process began, by the same clock (see above).
     """
-    if not covered(job) or last is None:
+    if not covered(job):
         return JobPlan(job.code, last, ())
+    if last is None:
+        if started is None or not isinstance(job.schedule, AtSchedule):
+            return JobPlan(job.code, None, ())
+        at = job.schedule.at
+        fires = fire_time(job.code, at, job.jitter)
+        owed = started <= fires <= now <= fires + job.misfire_grace
+        return JobPlan(job.code, None, (Planned(job.code, at, "due"),) if owed else ())
     start = max(last, now - window)
     ticks, dropped = newest_ticks(job.schedule, start, now, cap)
     if last < start:
@@ -154,10 +169,13 @@ def plan(
     window: timedelta,
     cap: int = ROW_CAP,
     outage: tuple[datetime, datetime] | None = None,
+    started: datetime | None = None,
 ) -> list[JobPlan]:
     """:func:`plan_job` for every covered job, in the order given."""
     return [
-        plan_job(job, last.get(job.code), now, window=window, cap=cap, outage=outage)
+        plan_job(
+            job, last.get(job.code), now, window=window, cap=cap, outage=outage, started=started
+        )
         for job in jobs
         if covered(job)
     ]

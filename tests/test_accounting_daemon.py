@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from pgcrond.core.schedule import run_key_for, tick_of
-from tests.daemon_harness import PGCROND, Cluster, cluster, wait_until
+from tests.daemon_harness import PGCROND, Cluster, Replica, cluster, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -229,3 +229,54 @@ def test_catch_up_dry_run_prints_what_catch_up_then_does(
     # Nothing is left to account for right after (bar the ticks since).
     assert all(p["action"] != "record MISSED" or p["run_key"] > max(k for _, k in planned_missed)
                for p in json.loads(again.stdout)["plan"])  # fmt: skip
+
+
+@pytest.mark.usefixtures("system_processes")
+def test_an_at_job_whose_instant_passed_while_the_replica_started_runs_late(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """The one instant of an ``at:`` job passes while the only replica is starting.
+
+    Fresh-clone CI run 55 lost such a tick: it passed while the replica's
+    interpreter was still importing (no row yet, so nothing to catch up; the
+    scheduler, started after it, had no tick left to fire). Here the start is
+    made slow on purpose: a ``sitecustomize`` holds the interpreter until
+    1.5 s after the instant. Inside its misfire_grace it runs, late.
+    """
+    at = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    slow = tmp_path / "slow-start"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(
+        "import os, time\n"
+        "time.sleep(max(0.0, float(os.environ['SLOW_START_UNTIL']) - time.time()))\n"
+    )
+    text = (
+        "database:\n"
+        "  url: ${PGCROND_DATABASE_URL}\n"
+        f"  schema: {schema}\n"
+        "jobs:\n"
+        f"  once-at: {{at: '{run_key_for(at)}', entrypoint: {LEDGER}}}\n"
+    )
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        env = running.env()
+        env["PYTHONPATH"] = f"{slow}:{env['PYTHONPATH']}"
+        env["SLOW_START_UNTIL"] = str(at.timestamp() + 1.5)
+        config = running.write_config(text)
+        replica = Replica("replica-0", config, tmp_path / "replica-0.log", env).start()
+        running.replicas.append(replica)
+        replica.wait_event("daemon_ready", timeout=30)
+        rows = wait_until(
+            lambda: running.rows(
+                "SELECT run_key, status FROM {leases} "
+                "WHERE code = 'once-at' AND status <> 'RUNNING'"
+            ),
+            30,
+            "the at: job's tick to be decided",
+        )
+        ready = next(e for e in replica.events("daemon_ready"))
+        stop(running)
+        ran = running.rows("SELECT run_key FROM {ledger} WHERE phase = 'end'")
+    # The premise: the replica was not ready until after the instant.
+    assert datetime.fromisoformat(ready["timestamp"]) > at
+    assert [{"run_key": run_key_for(at), "status": "SUCCESS"}] == rows
+    assert [{"run_key": run_key_for(at)}] == ran

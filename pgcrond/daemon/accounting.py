@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -84,13 +86,15 @@ async def find_plan(
     *,
     outage: tuple[datetime, datetime] | None = None,
     before: datetime | None = None,
+    started: datetime | None = None,
 ) -> list[JobPlan]:
     """What becomes of every tick no replica recorded, per job (one query).
 
     Judged by the database's clock, read in the same statement: a replica
     whose own runs ahead would take ticks still to come for missed ones.
     Planned off the loop, a chunk of jobs at a time. ``before``: see
-    :func:`~pgcrond.storage.ticks.last_ticks`.
+    :func:`~pgcrond.storage.ticks.last_ticks`; ``started``: see
+    :func:`~pgcrond.catchup.plan_job`.
     """
     jobs = list(config.jobs.values())
     window = config.catch_up_window
@@ -100,7 +104,7 @@ async def find_plan(
     for start in range(0, len(jobs), PLAN_CHUNK):
         chunk = jobs[start : start + PLAN_CHUNK]
         plans += await asyncio.to_thread(
-            plan, chunk, ends.last, ends.db_now, window=window, outage=outage
+            plan, chunk, ends.last, ends.db_now, window=window, outage=outage, started=started
         )
     return plans
 
@@ -170,6 +174,8 @@ class Accounting(FireEvents):
     _outage_since: datetime | None = None
     # The database's clock when this replica began, before its scheduler started.
     _began: datetime | None = None
+    # When this replica's process began, by the database's clock (see begin()).
+    _started: datetime | None = None
 
     # -- the fire's events (pgcrond/events.py) -----------------------------------------
 
@@ -251,12 +257,16 @@ class Accounting(FireEvents):
         """Before the scheduler starts: note the database's clock (one query).
 
         The scan at start looks only at rows claimed before it, so a tick that
-        this replica or a peer claimed meanwhile cannot hide the gap.
+        this replica or a peer claimed meanwhile cannot hide the gap. The
+        process's own start, on the same clock, bounds what the scan fires of
+        jobs with no row yet: a tick that passed while the replica started.
         """
         try:
             self._began = await database_now(self.store)
         except PgcrondError as exc:
             log.warning("start_time_not_read", error=str(exc))
+            return
+        self._started = self._began - timedelta(seconds=_process_age())
 
     async def start(self) -> None:
         """At start: show the pauses in force (one query), then scan for missed ticks."""
@@ -269,7 +279,7 @@ class Accounting(FireEvents):
         for job in config.jobs.values():
             held = job.suspended or pause_of(pauses, job.code) is not None
             self.metrics.paused.labels(job.code).set(1 if held else 0)
-        await self.scan(before=self._began)
+        await self.scan(before=self._began, started=self._started)
 
     # -- the scan ----------------------------------------------------------------------
 
@@ -278,6 +288,7 @@ class Accounting(FireEvents):
         *,
         outage: tuple[datetime, datetime] | None = None,
         before: datetime | None = None,
+        started: datetime | None = None,
     ) -> None:
         """Record the ticks no replica ran and run the catch-up ones; one replica at a time.
 
@@ -292,7 +303,9 @@ class Accounting(FireEvents):
 
         async def account(_: object) -> list[Miss]:
             log.info("catch_up_scan_started", jobs=len(config.jobs))
-            plans[:] = await find_plan(self.store, config, outage=outage, before=before)
+            plans[:] = await find_plan(
+                self.store, config, outage=outage, before=before, started=started
+            )
             return await record_plan(self.store, config, plans)
 
         waited_for: str | None = None
@@ -366,6 +379,20 @@ class Accounting(FireEvents):
             catch_up = [p for p in job_plan.ticks if p.action == "run"]
             if catch_up:
                 self.spawn(run_catch_up(self.firing, jobs, catch_up))
+
+
+def _process_age() -> float:
+    """Seconds since this process began (Linux's /proc), 0 where that cannot be read.
+
+    Most of a start is spent importing, before any of pgcrond's code runs.
+    """
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        began = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # starttime: ticks since boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(uptime - began, 0.0)
 
 
 async def _paced(items: Iterable[T]) -> AsyncIterator[T]:
