@@ -178,11 +178,18 @@ async def test_the_scan_plans_200_per_minute_jobs_after_a_day_without_holding_th
                 "1, 1, 1500, %s, %s, %s, %s, %s)",
                 (f"seed:{code}", code, run_key_for(last), *(last,) * 5),
             )
+    began = time.monotonic()
     async with LoopLag() as lag:
         plans = await find_plan(store, config)
+    elapsed = time.monotonic() - began
     assert 200 == len(plans)
     assert all(1000 == len(p.ticks) for p in plans)
-    assert lag.worst < STALL_BOUND_S, f"the loop stalled {lag.worst:.3f}s during the plan"
+    # Planned on the loop, its longest stall was the whole plan. Off it, the
+    # loop turns throughout: no stall near the plan's length. A fixed bound
+    # alone failed on a loaded machine (fresh-clone CI run 61: 0.625 s in a
+    # plan that took seconds, the process's collections and the box's load).
+    bound = max(STALL_BOUND_S, elapsed / 4)
+    assert lag.worst < bound, f"the loop stalled {lag.worst:.3f}s of a {elapsed:.3f}s plan"
 
 
 @pytest.mark.parametrize(
