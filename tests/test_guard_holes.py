@@ -103,8 +103,12 @@ async def test_hole_3_a_retried_claim_keeps_the_expiry_of_the_try_that_committed
     assert isinstance(again, Acquired)
     assert again.remaining is not None
     assert again.remaining <= timedelta(seconds=3.05)
-    # Surely valid no later than the first try's expiry, by the local clock.
-    assert again.valid_until <= first.valid_until + 0.05
+    # Surely valid no later than the first try's expiry, by the local clock:
+    # counted from the retry's own send it would be a second later (the sleep).
+    # Each try's figure is short of the expiry by its own round trip's send to
+    # execution, so they differ by that much (59 ms on a loaded machine,
+    # fresh-clone CI run 81): a quarter second tells the two apart.
+    assert again.valid_until <= first.valid_until + 0.25
 
 
 async def test_hole_4_an_error_text_the_database_cannot_store_is_recorded_cleaned(
