@@ -146,8 +146,10 @@ def plan_job(
         dropped = dropped or (first is not None and first <= start)
     # A tick's window runs from its fire time, moved by the job's jitter, as
     # the scheduler's own fire of it would (and its claim judges it so).
-    late = [t for t in ticks if fire_time(job.code, t, job.jitter) + job.misfire_grace < now]
-    due = [t for t in ticks if fire_time(job.code, t, job.jitter) + job.misfire_grace >= now]
+    late: list[datetime] = []
+    due: list[datetime] = []
+    for t in ticks:
+        (late if fire_time(job.code, t, job.jitter) + job.misfire_grace < now else due).append(t)
     run: list[datetime] = []
     if not job.suspended and late:
         if job.catch_up == "latest":
