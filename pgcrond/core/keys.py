@@ -28,6 +28,9 @@ KeyHash = Literal["pgcrond", "nestjs-pg-cron-lock"]
 
 MAX_CODE_LENGTH = 200
 MAX_RUN_KEY_LENGTH = 200
+# The digest's payload encoder, made once: json.dumps with arguments builds one
+# per call, and every fire of a tick computes its key.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
 
@@ -113,15 +116,13 @@ class Identity:
         # Compact JSON with keys in this order is exactly Node's JSON.stringify
         # of {version, type, code, runKey}; ensure_ascii=False keeps non-ASCII
         # as UTF-8 like Node does.
-        payload = json.dumps(
+        payload = _COMPACT.encode(
             {
                 "version": 2,
                 "type": self.type,
                 "code": self.code if self.key_code is None else self.key_code,
                 "runKey": self.run_key,
-            },
-            separators=(",", ":"),
-            ensure_ascii=False,
+            }
         )
         return hashlib.sha256(payload.encode("utf-8")).digest()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -65,6 +66,15 @@ class FireExecutor(BaseExecutor):  # type: ignore[misc]
         # The run itself is tracked by the daemon, not by APScheduler's
         # instance count (which would otherwise refuse the next tick).
         self._run_job_success(job.id, [])
+
+
+@dataclass(frozen=True, slots=True)
+class _Fired:
+    """One tick of a schedule, as each job on it is fired: made once per schedule."""
+
+    tick: datetime  # in UTC
+    run_key: str
+    following: datetime | None  # the schedule's next tick: when this one is superseded
 
 
 def _no_op() -> None:
@@ -155,15 +165,19 @@ class Scheduling:
         if not codes:
             return
         self._wake()
-        # Once per schedule, not per job: when this tick is superseded.
-        following = self._config().jobs[codes[0]].schedule.next_after(tick)
+        # Once per schedule, not per job: the tick in UTC, its run key, and
+        # when it is superseded.
+        tick = tick.astimezone(UTC)
+        fired = _Fired(
+            tick, run_key_for(tick), self._config().jobs[codes[0]].schedule.next_after(tick)
+        )
         if len(codes) <= FAN_OUT_CHUNK:
             for code in codes:
-                self._on_fire(code, tick, following)
+                self._on_fire(code, fired)
             return
-        self._spawn(self._fan_out(list(codes), tick, following))
+        self._spawn(self._fan_out(list(codes), fired))
 
-    async def _fan_out(self, codes: list[str], tick: datetime, following: datetime | None) -> None:
+    async def _fan_out(self, codes: list[str], fired: _Fired) -> None:
         """Hand on a big group's fires a chunk per loop turn, as claims are answered.
 
         10,000 jobs on one schedule handed on in one callback held the loop
@@ -179,32 +193,31 @@ class Scheduling:
                 # the loop's turns (and its collections) long.
                 await self._claim_room(FAN_OUT_WINDOW)
             for code in codes[start : start + FAN_OUT_CHUNK]:
-                self._on_fire(code, tick, following)
+                self._on_fire(code, fired)
 
-    def _on_fire(self, code: str, tick: datetime, following: datetime | None) -> None:
+    def _on_fire(self, code: str, fired: _Fired) -> None:
         job = self._config().jobs.get(code)
         if job is None or self._stopping.is_set():
             return
-        tick = tick.astimezone(UTC)
         # jitter: APScheduler keeps firing at the ticks (one monotonic next
         # fire per job, even when the jitter exceeds the gap between ticks);
         # the fire is handed on at tick + its stable shift, the same instant
         # on every replica. Misfire and lateness count from that instant.
-        at = fire_time(code, tick, job.jitter)
+        at = fire_time(code, fired.tick, job.jitter)
         delay = (at - datetime.now(UTC)).total_seconds()
         if delay <= 0:
-            self._fire_at(code, tick, at, following)
+            self._fire_at(code, fired, at)
         else:
-            asyncio.get_running_loop().call_later(delay, self._fire_at, code, tick, at, following)
+            asyncio.get_running_loop().call_later(delay, self._fire_at, code, fired, at)
 
-    def _fire_at(self, code: str, tick: datetime, at: datetime, following: datetime | None) -> None:
-        """Fire ``tick`` of ``code`` as due at ``at`` (its jittered fire time)."""
+    def _fire_at(self, code: str, fired: _Fired, at: datetime) -> None:
+        """Fire ``fired``'s tick of ``code`` as due at ``at`` (its jittered fire time)."""
         job = self._config().jobs.get(code)
         if job is None or self._stopping.is_set():
             return  # removed by a reload while its shift ran, or stopping
         self._fire(
             job,
             at,
-            Identity.schedule(code, run_key_for(tick)),
-            superseded_at=catchup.superseded_at(job, following),
+            Identity.schedule(code, fired.run_key),
+            superseded_at=catchup.superseded_at(job, fired.following),
         )

@@ -74,6 +74,8 @@ async def execute(
 
 def _secret_values(job_env: Mapping[str, str]) -> list[str]:
     """The job's own ``env:`` values that look secret by name: scrubbed from its output record."""
+    if not job_env:
+        return []
     from pgcrond.run.http_action import is_secret_header  # the one list of secret-looking names
 
     return [v for n, v in job_env.items() if is_secret_header(n) and len(v) >= MIN_FRAGMENT]
