@@ -90,3 +90,35 @@ async def test_the_pool_tries_to_reconnect_every_half_second_not_with_growing_ba
         await server.wait_closed()
     gaps = [later - earlier for earlier, later in itertools.pairwise(attempts[:4])]
     assert max(gaps) < 1.0, gaps
+
+
+async def test_an_sql_jobs_connection_dropped_while_idle_is_replaced_before_a_job_gets_it(
+    pg_dsn: str,
+) -> None:
+    """Fault run seed 8: after one cut of the network, a `sql:` job's attempts each took
+    another dead idle connection from the pool and failed on it, spending its retries."""
+    sql_db = Database.for_sql_jobs(pg_dsn, max_size=2, application_name="pgcrond-sql-check")
+    await sql_db.open()
+    try:
+        async with sql_db.connection() as first, sql_db.connection() as second:
+            pids = {first.info.backend_pid, second.info.backend_pid}
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as admin:
+            # Both back in the pool once their reset ran (the pool's own task).
+            idle: list[tuple[int]] = []
+            while len(idle) < 2:
+                found = await admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)"
+                    " AND state = 'idle' AND query = 'DISCARD ALL'",
+                    (list(pids),),
+                )
+                idle = await found.fetchall()
+            # The server drops them while they sit idle (as a cut would).
+            for pid in pids:
+                await admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+        for _ in range(2):
+            async with sql_db.connection() as conn:
+                cursor = await conn.execute("SELECT pg_backend_pid()")
+                row = await cursor.fetchone()
+                assert row is not None and row["pg_backend_pid"] not in pids
+    finally:
+        await sql_db.close()

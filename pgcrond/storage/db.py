@@ -147,11 +147,14 @@ class Database:
         application_name: str = "pgcrond",
         prepared: bool = False,
         discard_sessions: bool = False,
+        check_out: bool = False,
     ) -> None:
         """``prepared``: let psycopg prepare statements server-side (see CONNECTION_SETTINGS).
 
         ``discard_sessions``: a connection given back is reset (``DISCARD
         ALL``) before anyone gets it again (:meth:`for_sql_jobs`).
+        ``check_out``: a connection is checked (an empty query) as it is
+        handed out, and a dead one replaced (:meth:`for_sql_jobs`).
         """
         self.conninfo = conninfo
         self.timeout = timeout
@@ -170,6 +173,7 @@ class Database:
             open=False,
             name=application_name,
             reset=_discard_session if discard_sessions else None,
+            check=AsyncConnectionPool.check_connection if check_out else None,
         )
 
     @classmethod
@@ -182,6 +186,10 @@ class Database:
         connections that claims, heartbeats and finalizes of other jobs wait
         for. None is kept open while no job runs, and each is reset when the
         job gives it back: a job's session-level leftovers never meet the next.
+        Each is checked as a job takes it: an idle connection the network or
+        the server dropped meanwhile is replaced, not handed to the job (whose
+        attempt would fail on it and spend a retry — one per dead connection,
+        after a cut; the guard's own statements retry an outage for free).
         """
         return cls(
             conninfo,
@@ -189,6 +197,7 @@ class Database:
             max_size=max_size,
             application_name=application_name,
             discard_sessions=True,
+            check_out=True,
         )
 
     async def open(self) -> None:
