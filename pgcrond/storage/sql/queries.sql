@@ -1,5 +1,9 @@
 -- Named queries: a "-- name: NAME" line, then the statement. {table}, {migrations}
 -- and {fencing_seq_name} are filled in with psycopg.sql; values are always bound.
+-- An array is bound in binary (%(name)b): in the text format psycopg quotes and
+-- escapes every element in Python, six times the cost (a claim's 13 arrays were
+-- 36 us a row on the client, 6 us in binary: bench/fire_path.py, docs/performance.md).
+-- A name has one format per statement, comments included (psycopg parses them too).
 
 -- name: forbid_lock
 -- Serialise the claims of concurrency: forbid jobs across replicas: sent in the
@@ -10,7 +14,7 @@
 -- writes nothing), none of them in the shared lock table. Codes in ascending
 -- order, so two batches never wait on each other in a cycle.
 INSERT INTO {forbid_rows} AS f (code)
-SELECT DISTINCT code FROM unnest(%(forbid_codes)s::text[]) AS code ORDER BY code
+SELECT DISTINCT code FROM unnest(%(forbid_codes)b::text[]) AS code ORDER BY code
 ON CONFLICT (code) DO UPDATE SET code = EXCLUDED.code WHERE false
 
 -- name: claim
@@ -37,10 +41,10 @@ ON CONFLICT (code) DO UPDATE SET code = EXCLUDED.code WHERE false
 WITH request AS (
     SELECT *
     FROM unnest(
-        %(lock_keys)s::text[], %(types)s::text[], %(codes)s::text[], %(run_keys)s::text[],
-        %(owner_tokens)s::uuid[], %(lease_ms)s::bigint[], %(forbid_overlap)s::boolean[],
-        %(fire_times)s::timestamptz[], %(late_after)s::timestamptz[],
-        %(superseded_at)s::timestamptz[], %(pausable)s::boolean[], %(suspended)s::text[]
+        %(lock_keys)b::text[], %(types)b::text[], %(codes)b::text[], %(run_keys)b::text[],
+        %(owner_tokens)b::uuid[], %(lease_ms)b::bigint[], %(forbid_overlap)b::boolean[],
+        %(fire_times)b::timestamptz[], %(late_after)b::timestamptz[],
+        %(superseded_at)b::timestamptz[], %(pausable)b::boolean[], %(suspended)b::text[]
     ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap,
             fire_time, late_after, superseded_at, pausable, suspended)
 ), mine AS MATERIALIZED (
@@ -213,7 +217,7 @@ SELECT lock_key, status,
        extract(epoch FROM CASE WHEN status = 'RUNNING' THEN expires_at ELSE retry_at END
                           - clock_timestamp()) AS wait_s
 FROM {table}
-WHERE lock_key = ANY(%(lock_keys)s::text[])
+WHERE lock_key = ANY(%(lock_keys)b::text[])
 
 -- name: heartbeat
 -- Extend held leases by the lease each was granted (co-running leases share the
@@ -227,7 +231,7 @@ WHERE lock_key = ANY(%(lock_keys)s::text[])
 -- and not renewed, with the expiry it has, which holds (no claim takes a
 -- locked row, and the sql: job's statement timeout ends inside its lease).
 WITH beat AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(owner_tokens)s::uuid[]) AS h (id, owner_token)
+    SELECT * FROM unnest(%(ids)b::bigint[], %(owner_tokens)b::uuid[]) AS h (id, owner_token)
 ), mine AS MATERIALIZED (
     SELECT l.id FROM {table} l JOIN beat h ON l.id = h.id AND l.owner_token = h.owner_token
     ORDER BY l.lock_key
@@ -259,11 +263,11 @@ WHERE l.status = 'RUNNING' AND l.expires_at > clock_timestamp()
 WITH outcome AS (
     SELECT *
     FROM unnest(
-        %(ids)s::bigint[], %(owner_tokens)s::uuid[], %(statuses)s::text[],
-        %(reasons)s::text[], %(errors)s::text[], %(retry_ms)s::bigint[],
-        %(fencing_tokens)s::bigint[], %(exit_codes)s::integer[], %(durations_ms)s::float8[],
-        %(stdout_heads)s::bytea[], %(stdout_tails)s::bytea[], %(stdout_dropped)s::bigint[],
-        %(stderr_heads)s::bytea[], %(stderr_tails)s::bytea[], %(stderr_dropped)s::bigint[]
+        %(ids)b::bigint[], %(owner_tokens)b::uuid[], %(statuses)b::text[],
+        %(reasons)b::text[], %(errors)b::text[], %(retry_ms)b::bigint[],
+        %(fencing_tokens)b::bigint[], %(exit_codes)b::integer[], %(durations_ms)b::float8[],
+        %(stdout_heads)b::bytea[], %(stdout_tails)b::bytea[], %(stdout_dropped)b::bigint[],
+        %(stderr_heads)b::bytea[], %(stderr_tails)b::bytea[], %(stderr_dropped)b::bigint[]
     ) AS f (id, owner_token, status, reason, error, retry_ms, fencing_token, exit_code,
             duration_ms, stdout_head, stdout_tail, stdout_dropped, stderr_head, stderr_tail,
             stderr_dropped)
@@ -383,7 +387,7 @@ SELECT to_regclass(%(name)s) IS NOT NULL AS present
 -- stale RUNNING row, and its FAIL rows since the last SUCCESS. Laterals use the
 -- (code, acquired_at) index, so the cost grows with jobs, not with history.
 WITH jobs AS (
-    SELECT code FROM unnest(%(codes)s::text[]) AS code
+    SELECT code FROM unnest(%(codes)b::text[]) AS code
 )
 SELECT jobs.code,
        last.type AS last_type, last.run_key AS last_run_key, last.status AS last_status,
@@ -420,7 +424,7 @@ LEFT JOIN LATERAL (
            WHERE s.code = jobs.code AND s.status = 'SUCCESS'),
           '-infinity')
 ) failures ON true
-ORDER BY array_position(%(codes)s::text[], jobs.code)
+ORDER BY array_position(%(codes)b::text[], jobs.code)
 
 -- name: history
 -- Past runs, newest first; every filter is optional (NULL = any). Without
@@ -472,14 +476,14 @@ SELECT id FROM released
 -- Delete one batch of finished SCHEDULE rows older than the cutoff. SKIP LOCKED:
 -- a row a claim is reclaiming right now is left for the next prune. INITIAL rows
 -- are never pruned: they are what makes a run-once job run once. Only the jobs
--- %(only_codes)s (NULL: all) but %(except_codes)s: jobs with a retention of their own.
+-- %(only_codes)b (NULL: all) but %(except_codes)b: jobs with a retention of their own.
 DELETE FROM {table}
 WHERE id IN (
     SELECT id FROM {table}
     WHERE type = 'SCHEDULE' AND status <> 'RUNNING'
       AND finished_at < clock_timestamp() - %(older_than_ms)s * interval '1 millisecond'
-      AND (%(only_codes)s::text[] IS NULL OR code = ANY(%(only_codes)s::text[]))
-      AND NOT (code = ANY(%(except_codes)s::text[]))
+      AND (%(only_codes)b::text[] IS NULL OR code = ANY(%(only_codes)b::text[]))
+      AND NOT (code = ANY(%(except_codes)b::text[]))
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
 )
@@ -517,7 +521,7 @@ SELECT id FROM abandoned
 -- Uses the partial running index and the (code, acquired_at) index; bounded.
 SELECT code, run_key, status, reason, retry_at, expires_at, key_code
 FROM {table}
-WHERE type = 'SCHEDULE' AND code = ANY(%(codes)s::text[])
+WHERE type = 'SCHEDULE' AND code = ANY(%(codes)b::text[])
   AND (status = 'RUNNING' OR (status = 'FAIL' AND retry_at IS NOT NULL))
   AND acquired_at > clock_timestamp() - %(within_ms)s * interval '1 millisecond'
 ORDER BY acquired_at
@@ -528,7 +532,7 @@ LIMIT %(limit)s
 -- Pausing again keeps the first pause's who and when, and takes the new reason.
 INSERT INTO {job_state} AS s (code, paused_by, paused_at, reason)
 SELECT code, %(by)s, clock_timestamp(), %(reason)s
-FROM unnest(%(codes)s::text[]) AS code
+FROM unnest(%(codes)b::text[]) AS code
 ON CONFLICT (code) DO UPDATE SET reason = coalesce(EXCLUDED.reason, s.reason)
 RETURNING code, paused_by, paused_at, reason
 
@@ -538,7 +542,7 @@ RETURNING code, paused_by, paused_at, reason
 -- run-once job that waits for the resume claims again at once.
 WITH resumed AS (
     DELETE FROM {job_state}
-    WHERE %(all_jobs)s OR code = ANY(%(codes)s::text[])
+    WHERE %(all_jobs)s OR code = ANY(%(codes)b::text[])
     RETURNING code
 ), woken AS (
     SELECT pg_notify(%(channel)s, '') FROM (SELECT 1 FROM resumed LIMIT 1) any_resumed
@@ -560,7 +564,7 @@ SELECT code, paused_by, paused_at, reason FROM {job_state} ORDER BY code
 WITH now AS (
     SELECT clock_timestamp() AS db_now
 ), jobs AS (
-    SELECT code FROM unnest(%(codes)s::text[]) AS code
+    SELECT code FROM unnest(%(codes)b::text[]) AS code
 )
 SELECT now.db_now, jobs.code, newest.run_key AS last_run_key
 FROM now
@@ -582,7 +586,7 @@ LEFT JOIN LATERAL (
 -- Record ticks MISSED, each with its reason and why; a tick that has a row
 -- (it ran, runs, or was recorded already) is left alone, so any replica may
 -- record the same tick and the first record stands. Only a tick whose misfire
--- deadline (tick + %(grace_ms)s) is past by the database's clock: a replica
+-- deadline (tick + %(grace_ms)b) is past by the database's clock: a replica
 -- whose clock runs ahead must not close a tick that every replica may still
 -- claim. In lock-key order, like the claim, so it never deadlocks with one. A
 -- MISSED row was never acquired: acquired_at is its tick, so history sorts it
@@ -595,9 +599,9 @@ SELECT m.lock_key, 'SCHEDULE', m.code, m.run_key, 'MISSED', gen_random_uuid(), %
        nextval({fencing_seq_name}), 1000, clock_timestamp(), m.fire_time, clock_timestamp(),
        clock_timestamp(), clock_timestamp(), m.reason, left(m.error, 4000)
 FROM unnest(
-    %(lock_keys)s::text[], %(codes)s::text[], %(run_keys)s::text[],
-    %(fire_times)s::timestamptz[], %(grace_ms)s::bigint[], %(reasons)s::text[],
-    %(errors)s::text[]
+    %(lock_keys)b::text[], %(codes)b::text[], %(run_keys)b::text[],
+    %(fire_times)b::timestamptz[], %(grace_ms)b::bigint[], %(reasons)b::text[],
+    %(errors)b::text[]
 ) AS m (lock_key, code, run_key, fire_time, grace_ms, reason, error)
 WHERE m.fire_time + m.grace_ms * interval '1 millisecond' < clock_timestamp()
 ORDER BY m.lock_key
@@ -621,7 +625,7 @@ LIMIT 1
 -- MISSED ticks of the last %(misses_within_ms)s. Each lateral walks the
 -- (code, acquired_at) index and stops at its LIMIT, or counts a bounded range.
 WITH jobs AS (
-    SELECT code, ord FROM unnest(%(codes)s::text[]) WITH ORDINALITY AS j (code, ord)
+    SELECT code, ord FROM unnest(%(codes)b::text[]) WITH ORDINALITY AS j (code, ord)
 )
 SELECT jobs.code,
        tick.run_key AS last_tick, tick.status AS last_tick_status,
@@ -667,7 +671,7 @@ SELECT clock_timestamp() AS now
 -- (code, acquired_at) index backwards and stops at its LIMIT, so a request
 -- costs jobs x (strip + scan) rows at most, whatever the length of the history.
 WITH jobs AS (
-    SELECT code, ord FROM unnest(%(codes)s::text[]) WITH ORDINALITY AS j (code, ord)
+    SELECT code, ord FROM unnest(%(codes)b::text[]) WITH ORDINALITY AS j (code, ord)
 )
 SELECT jobs.code,
        strip.statuses, strip.reasons, strip.run_keys, strip.claimed,
@@ -862,7 +866,7 @@ SELECT id FROM done
 -- a FAIL: one probe per job down the (code, acquired_at) index, stopping at the
 -- first finished row, so every page of the jobs view can say what is failing.
 SELECT j.code
-FROM unnest(%(codes)s::text[]) WITH ORDINALITY AS j (code, ord)
+FROM unnest(%(codes)b::text[]) WITH ORDINALITY AS j (code, ord)
 CROSS JOIN LATERAL (
     SELECT t.status
     FROM {table} t
@@ -907,7 +911,7 @@ LEFT JOIN {table} lease
 -- taken and not kept for so long that its taker died: firing it again is
 -- safe, the lease decides; an advisory one that started is not run again),
 -- requested within the window. The same statement keeps this replica's own
--- running requests taken (%(running)s: their taken_at is renewed), so only a
+-- running requests taken (%(running)b: their taken_at is renewed), so only a
 -- dead taker's go stale, and says whether any request of these jobs is still
 -- open (the last row, id NULL): while one is, the replica takes again on a
 -- slow timer. SKIP LOCKED: replicas woken together take disjoint rows.
@@ -915,7 +919,7 @@ LEFT JOIN {table} lease
 WITH kept AS (
     UPDATE {requests}
     SET taken_at = now()
-    WHERE id = ANY(%(running)s::bigint[]) AND taken_by = %(by)s AND done_at IS NULL
+    WHERE id = ANY(%(running)b::bigint[]) AND taken_by = %(by)s AND done_at IS NULL
     RETURNING id
 ), taken AS (
     UPDATE {requests} r
@@ -923,8 +927,8 @@ WITH kept AS (
     FROM (
         SELECT id
         FROM {requests}
-        WHERE done_at IS NULL AND code = ANY(%(codes)s::text[])
-          AND NOT (id = ANY(%(running)s::bigint[]))
+        WHERE done_at IS NULL AND code = ANY(%(codes)b::text[])
+          AND NOT (id = ANY(%(running)b::bigint[]))
           AND requested_at > now() - %(within_ms)s * interval '1 millisecond'
           AND (taken_at IS NULL OR taken_at < now() - %(retake_ms)s * interval '1 millisecond')
         ORDER BY requested_at
@@ -939,7 +943,7 @@ FROM taken
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, EXISTS (
     SELECT 1 FROM {requests} o
-    WHERE o.done_at IS NULL AND o.code = ANY(%(codes)s::text[])
+    WHERE o.done_at IS NULL AND o.code = ANY(%(codes)b::text[])
       AND o.requested_at > now() - %(within_ms)s * interval '1 millisecond'
 )
 
@@ -1050,7 +1054,7 @@ SELECT pg_advisory_xact_lock(%(lock_id)s)
 WITH schedule_rows AS (
     UPDATE {table} t
     SET code = %(code)s, key_code = coalesce(t.key_code, t.code)
-    WHERE t.type = 'SCHEDULE' AND t.code = ANY(%(old)s::text[])
+    WHERE t.type = 'SCHEDULE' AND t.code = ANY(%(old)b::text[])
       AND NOT EXISTS (
           SELECT 1 FROM {table} n
           WHERE n.type = 'SCHEDULE' AND n.code = %(code)s AND n.run_key = t.run_key
@@ -1061,7 +1065,7 @@ WITH schedule_rows AS (
     SET code = %(code)s, lock_key = %(initial_key)s, key_code = NULL
     WHERE t.id = (
         SELECT id FROM {table}
-        WHERE type = 'INITIAL' AND code = ANY(%(old)s::text[])
+        WHERE type = 'INITIAL' AND code = ANY(%(old)b::text[])
         ORDER BY status = 'SUCCESS' DESC, acquired_at DESC
         LIMIT 1
     )
@@ -1070,7 +1074,7 @@ WITH schedule_rows AS (
 ), pause_row AS (
     UPDATE {job_state} s
     SET code = %(code)s
-    WHERE s.code = (SELECT min(code) FROM {job_state} WHERE code = ANY(%(old)s::text[]))
+    WHERE s.code = (SELECT min(code) FROM {job_state} WHERE code = ANY(%(old)b::text[]))
       AND NOT EXISTS (SELECT 1 FROM {job_state} n WHERE n.code = %(code)s)
     RETURNING 1
 )
@@ -1125,5 +1129,5 @@ SELECT a.lease_id, a.fencing_token, a.attempt, a.replica, a.started_at, a.finish
        CASE WHEN %(output)s THEN a.stderr_tail END AS stderr_tail,
        a.stderr_dropped
 FROM {attempts} a
-WHERE a.lease_id = ANY(%(ids)s::bigint[])
+WHERE a.lease_id = ANY(%(ids)b::bigint[])
 ORDER BY a.lease_id, a.fencing_token
