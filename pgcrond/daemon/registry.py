@@ -40,8 +40,8 @@ def entry_of(name: str, instance: uuid.UUID, config: Config) -> registry.Entry:
         instance=instance,
         version=__version__,
         config_hash=config_hash(config, definitions),
-        job_hashes={code: job_hash(one) for code, one in definitions.items()},
-        definitions=definitions,
+        job_hashes=registry.packed({code: job_hash(one) for code, one in definitions.items()}),
+        definitions=registry.packed(definitions),
     )
 
 
