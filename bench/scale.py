@@ -10,7 +10,8 @@ figure comes from the lease table by the database's clock (claimed:
 ``acquired_at - tick``, finished: ``finished_at - tick``), the replicas'
 statements of the tick by name (``pg_stat_statements``; the bench reads under
 a role of its own, so its own reads are not counted), the replicas' rusage
-(CPU for the tick is read from /proc around it; max RSS at exit), a
+(CPU for the tick is read from /proc around it; RSS before the tick and
+a second after its last run was recorded, max RSS at exit), a
 ``/metrics`` scrape of replica 0 half a second into the tick, and each
 replica's own loop-stall probe (``loop_stall_max_s`` of ``daemon_stopped``).
 Duplicates are ``run_started`` lines beyond one per job.
@@ -65,7 +66,7 @@ COLUMNS = (
     "statements (per 500 jobs per replica)",
     "claims / finalizes / looks / heartbeats / other",
     "CPU for the tick",
-    "RSS at rest / max",
+    "RSS at rest / after the tick / max",
     "/metrics during the tick",
     "longest loop stall",
     "start to ready",
@@ -123,7 +124,7 @@ def statements(dsn: str) -> dict[str, int]:
 
 
 def rss_mib(pid: int) -> float:
-    """Resident memory now (``VmRSS``): the replica at rest, before the tick."""
+    """Resident memory now (``VmRSS``): at rest before the tick, and after it."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
@@ -253,6 +254,7 @@ def one(
             time.sleep(0.25)
         time.sleep(1.0)  # room for a late duplicate to show
         cpu_after = [cpu_seconds(r.pid) for r in started]
+        after_tick = max(rss_mib(r.pid) for r in started)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
@@ -307,7 +309,9 @@ def one(
                 ]
             ),
             "CPU for the tick": " / ".join(f"{c:.1f}" for c in cpu) + " s",
-            "RSS at rest / max": f"{at_rest:.0f} / {max(r.max_rss_mib for r in started):.0f} MiB",
+            "RSS at rest / after the tick / max": (
+                f"{at_rest:.0f} / {after_tick:.0f} / {max(r.max_rss_mib for r in started):.0f} MiB"
+            ),
             "/metrics during the tick": (
                 f"{scraped['seconds'] * 1000:,.0f} ms ({scraped['bytes'] / 1024:,.0f} KiB)"
                 if scraped

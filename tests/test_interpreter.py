@@ -45,3 +45,20 @@ def test_settle_collects_the_replaced_configuration_and_freezes_the_new_one() ->
     interpreter.settle()
     assert first() is None
     assert gc.get_freeze_count() > 0
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def test_trim_hands_pages_freed_below_live_objects_back_to_the_system() -> None:
+    # Freed blocks with live ones above them (what a load or a tick leaves):
+    # glibc gives pages back by itself only from the heap's top.
+    blocks = [bytearray(32 * 1024) for _ in range(2000)]  # 64 MiB, each below mmap's threshold
+    pins = [bytearray(600) for _ in range(2000)]  # allocated after them, kept
+    del blocks
+    before = _rss_kib()
+    interpreter.trim()
+    assert before - _rss_kib() > 32 * 1024  # half of what was freed, at least
+    assert len(pins) == 2000

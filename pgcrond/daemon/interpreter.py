@@ -17,8 +17,8 @@ replica; docs/performance.md, "What the interpreter cost"):
   switch interval (5 ms) each time the loop gave it up for a write (each log
   line): the longest loop stall of a tick went from ~0.4 s to ~0.2 s with a
   1 ms interval.
-* what start-up and a reload freed stays the process's unless handed back
-  (``settle``).
+* what start-up, a reload or a big tick freed stays the process's unless
+  handed back (``trim``).
 """
 
 from __future__ import annotations
@@ -47,16 +47,17 @@ def settle() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
-    _trim()
+    trim()
 
 
-def _trim() -> None:
+def trim() -> None:
     """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``).
 
     Loading 10,000 jobs makes and drops many more objects than it keeps (YAML
-    nodes, the registry's definitions); glibc keeps the pages they freed
-    (26 MB at 10,000 jobs: at rest 133 MB without this, 107 MB with it, a few
-    ms of work). Without glibc (musl, macOS) there is nothing to call.
+    nodes, the registry's definitions), and so does a big tick (its fires);
+    glibc keeps the pages they freed (26 MB at 10,000 jobs: at rest 133 MB
+    without this, 107 MB with it, a few ms of work, the GIL released). Without
+    glibc (musl, macOS) there is nothing to call.
     """
     try:
         # The process's own symbols, libc's among them (find_library runs ldconfig).
