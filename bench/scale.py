@@ -30,6 +30,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -52,6 +53,7 @@ from bench.side_by_side import (
     with_db,
     write_docs,
 )
+from pgcrond.core.schedule import run_key_for
 from pgcrond.daemon.registry import SETTLE_S
 from pgcrond.storage.sql import named_queries
 from pgcrond.testing import LocalServer, throwaway
@@ -179,9 +181,11 @@ def stall(replica: Replica) -> float:
     return math.nan
 
 
-def run_started(replica: Replica) -> int:
+def run_started(replica: Replica, run_key: str) -> int:
+    """The replica's runs of the bench's tick (an earlier tick fired before it is not counted)."""
     lines = replica.log.read_text(errors="replace").splitlines()
-    return sum('"run_started"' in line and '"job-' in line for line in lines)
+    key = f'"run_key":"{run_key}"'
+    return sum('"run_started"' in line and '"job-' in line and key in line for line in lines)
 
 
 def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
@@ -242,12 +246,15 @@ def one(
         if profile is not None:
             spy = profiler(started[0].pid, profile / f"scale-{jobs}-{replicas}.txt")
         deadline = tick + 60
+        # A replica ready before the first guess fires that tick too: only this one counts.
+        run_key = run_key_for(datetime.fromtimestamp(tick, UTC))
         done = 0
         while time.time() < deadline:
             done = sql(
                 reader,
                 "SELECT count(*) FROM pgcrond.leases "
-                "WHERE status <> 'RUNNING' AND code LIKE 'job-%%'",
+                "WHERE status <> 'RUNNING' AND code LIKE 'job-%%' AND run_key = %s",
+                (run_key,),
             )[0][0]
             if time.time() > tick and done >= jobs:
                 break
@@ -263,8 +270,9 @@ def one(
         rows = sql(
             reader,
             "SELECT owner, status, extract(epoch FROM acquired_at) - %s, "
-            "extract(epoch FROM finished_at) - %s FROM pgcrond.leases WHERE code LIKE 'job-%%'",
-            (tick, tick),
+            "extract(epoch FROM finished_at) - %s FROM pgcrond.leases "
+            "WHERE code LIKE 'job-%%' AND run_key = %s",
+            (tick, tick, run_key),
         )
         stop(started)
         success = [r for r in rows if r[1] == "SUCCESS"]
@@ -273,7 +281,7 @@ def one(
         by_owner: dict[str, int] = {}
         for r in success:
             by_owner[str(r[0])] = by_owner.get(str(r[0]), 0) + 1
-        starts = sum(run_started(r) for r in started)
+        starts = sum(run_started(r, run_key) for r in started)
         made = {name: after[name] - before.get(name, 0) for name in after}
         count = sum(made.values())
         chunks = max(1.0, jobs / 500) * replicas
