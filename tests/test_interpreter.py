@@ -52,11 +52,13 @@ def _rss_kib() -> int:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 
 
-def test_trim_hands_pages_freed_below_live_objects_back_to_the_system() -> None:
-    # Freed blocks with live ones above them (what a load or a tick leaves):
-    # glibc gives pages back by itself only from the heap's top.
-    blocks = [bytearray(32 * 1024) for _ in range(2000)]  # 64 MiB, each below mmap's threshold
-    pins = [bytearray(600) for _ in range(2000)]  # allocated after them, kept
+def test_trim_hands_pages_freed_between_live_objects_back_to_the_system() -> None:
+    # Freed blocks with live neighbours (what a load or a tick leaves): glibc
+    # gives pages back by itself only from the heap's top, never from between.
+    blocks, pins = [], []
+    for _ in range(2000):
+        blocks.append(bytearray(32 * 1024))  # 64 MiB in all, each below mmap's threshold
+        pins.append(bytearray(600))  # kept: the block's pages lie inside the heap
     del blocks
     before = _rss_kib()
     interpreter.trim()
