@@ -55,8 +55,8 @@ def trim() -> None:
 
     Loading 10,000 jobs makes and drops many more objects than it keeps (YAML
     nodes, the registry's definitions), and so does a big tick (its fires);
-    glibc keeps the pages they freed (26 MB at 10,000 jobs: at rest 133 MB
-    without this, 107 MB with it, a few ms of work, the GIL released). Without
+    glibc keeps the pages they freed (25 MiB at 10,000 jobs: at rest 130 MiB
+    without this, 105 MiB with it, a few ms of work, the GIL released). Without
     glibc (musl, macOS) there is nothing to call.
     """
     try:
