@@ -353,7 +353,11 @@ class Daemon:
 
     def _fire_done(self, task: asyncio.Task[Any]) -> None:
         self.fire_tasks.discard(task)
-        if not self.fire_tasks and self._burst >= TRIM_AFTER_FIRES:
+        if (
+            not self.fire_tasks
+            and self._burst >= TRIM_AFTER_FIRES
+            and not self.stop_requested.is_set()  # the process is about to end anyway
+        ):
             # A big tick is over: what its fires freed goes back to the system
             # (RSS after a 10,000-job tick: see interpreter.trim), off the loop.
             self._burst = 0
