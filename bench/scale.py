@@ -183,9 +183,13 @@ def stall(replica: Replica) -> float:
 
 def run_started(replica: Replica, run_key: str) -> int:
     """The replica's runs of the bench's tick (an earlier tick fired before it is not counted)."""
-    lines = replica.log.read_text(errors="replace").splitlines()
-    key = f'"run_key":"{run_key}"'
-    return sum('"run_started"' in line and '"job-' in line and key in line for line in lines)
+    count = 0
+    for line in replica.log.read_text(errors="replace").splitlines():
+        if '"run_started"' not in line:
+            continue
+        said = json.loads(line)
+        count += said.get("run_key") == run_key and str(said.get("job", "")).startswith("job-")
+    return count
 
 
 def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
