@@ -24,8 +24,10 @@ replica; docs/performance.md, "What the interpreter cost"):
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import sys
+from collections.abc import Callable
 
 YOUNG_THRESHOLD = 50_000
 SWITCH_INTERVAL_S = 0.001
@@ -59,9 +61,17 @@ def trim() -> None:
     without this, 105 MiB with it, a few ms of work, the GIL released). Without
     glibc (musl, macOS) there is nothing to call.
     """
+    malloc_trim = _malloc_trim()
+    if malloc_trim is not None:
+        malloc_trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    # Looked up once: each CDLL made a few reference cycles of its own.
     try:
         # The process's own symbols, libc's among them (find_library runs ldconfig).
-        malloc_trim = ctypes.CDLL(None).malloc_trim
+        function: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
-        return
-    malloc_trim(0)
+        return None
+    return function

@@ -109,7 +109,10 @@ class Capture:
 
     def writer(self, stream: Stream, line: Callable[[Stream, bytes], None]) -> JobWriter:
         """A text stream for an in-process entrypoint: kept here, and each line told to ``line``."""
-        writer = JobWriter(self, stream, line)
+        # The writer feeds this capture's stream under its lock, and holds
+        # neither the capture nor a bound method of it: a capture that holds
+        # its writers, each holding it, was a reference cycle per run.
+        writer = JobWriter(self._streams[stream], self._lock, stream, line)
         self._writers.append(writer)
         return writer
 
@@ -144,9 +147,14 @@ class JobWriter:
     """
 
     def __init__(
-        self, capture: Capture, stream: Stream, line: Callable[[Stream, bytes], None]
+        self,
+        kept: _Kept,
+        kept_lock: threading.Lock,
+        stream: Stream,
+        line: Callable[[Stream, bytes], None],
     ) -> None:
-        self._capture = capture
+        self._kept = kept
+        self._kept_lock = kept_lock
         self._stream: Stream = stream
         self._line = line
         self._pending = b""
@@ -154,7 +162,8 @@ class JobWriter:
 
     def write(self, text: str | bytes) -> int:
         data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
-        self._capture.feed(self._stream, data)
+        with self._kept_lock:
+            self._kept.feed(data)
         with self._lock:
             *lines, self._pending = (self._pending + data).split(b"\n")
             if len(self._pending) > _PENDING_CAP:
