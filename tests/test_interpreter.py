@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import gc
 import sys
@@ -74,3 +75,51 @@ def test_trim_hands_freed_pages_back_to_the_system() -> None:
         assert before - _rss_kib() > 32 * 1024  # half of what was freed, at least
     finally:
         mallopt(_M_TRIM_THRESHOLD, 128 * 1024)  # glibc's default
+
+
+@pytest.fixture
+def collector_on() -> Iterator[None]:
+    gc.enable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.mark.usefixtures("collector_on")
+async def test_a_burst_of_fires_holds_the_collector_off_until_none_is_in_flight() -> None:
+    burst = interpreter.BurstCollector()
+    burst.fires(interpreter.PAUSE_COLLECTOR_AT - 1)
+    assert gc.isenabled()
+    burst.fires(interpreter.PAUSE_COLLECTOR_AT)
+    assert not gc.isenabled()
+    burst.fires(1)
+    assert not gc.isenabled()
+    burst.fires(0)
+    assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_on")
+async def test_a_burst_that_lasts_is_collected_again_after_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(interpreter, "PAUSE_COLLECTOR_S", 0.05)
+    burst = interpreter.BurstCollector()
+    burst.fires(interpreter.PAUSE_COLLECTOR_AT)
+    assert not gc.isenabled()
+    # The loop's timers run in the order they are due: the bound's comes first.
+    await asyncio.sleep(0.1)
+    assert gc.isenabled()
+    # Still in flight: not paused again until the burst has ended.
+    burst.fires(interpreter.PAUSE_COLLECTOR_AT + 1)
+    assert not gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_on")
+async def test_a_collector_disabled_by_someone_else_stays_disabled() -> None:
+    gc.disable()
+    burst = interpreter.BurstCollector()
+    burst.fires(interpreter.PAUSE_COLLECTOR_AT)
+    burst.fires(0)
+    burst.resume()
+    assert not gc.isenabled()

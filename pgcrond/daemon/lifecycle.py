@@ -106,6 +106,7 @@ class Daemon:
         self.fire_tasks: set[asyncio.Task[Any]] = set()
         # The most fires in flight at once since the C heap was last trimmed.
         self._burst = 0
+        self._collector = interpreter.BurstCollector()
         self.stop_requested = asyncio.Event()
         self.stop_now = asyncio.Event()
         self._beat = time.monotonic()
@@ -349,10 +350,12 @@ class Daemon:
         )
         self.fire_tasks.add(task)
         self._burst = max(self._burst, len(self.fire_tasks))
+        self._collector.fires(len(self.fire_tasks))
         task.add_done_callback(self._fire_done)
 
     def _fire_done(self, task: asyncio.Task[Any]) -> None:
         self.fire_tasks.discard(task)
+        self._collector.fires(len(self.fire_tasks))
         if (
             not self.fire_tasks
             and self._burst >= TRIM_AFTER_FIRES
@@ -490,6 +493,7 @@ class Daemon:
         if self._membership is not None:
             await self._membership.leave()
         self._stall.stop()
+        self._collector.resume()
         log.info(
             "daemon_stopped",
             replica=self.replica,
