@@ -73,7 +73,12 @@ def redact_values(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict
     # In place (a key's value replaced, none added): a run says two lines,
     # and a new dict per line was a tenth of a line's cost.
     for key, value in event_dict.items():
-        if type(value) not in _PLAIN:
+        kind = type(value)
+        if kind is str:
+            # Most values: redacted here, not through _redacted's dispatch
+            # (half of this processor's cost at two lines a run).
+            event_dict[key] = redact(value)
+        elif kind not in _PLAIN:
             event_dict[key] = _redacted(value)
     return event_dict
 
