@@ -8,6 +8,7 @@ that one lost heartbeat never lets a live run's lease expire.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -27,7 +28,12 @@ def to_ms(value: timedelta) -> int:
 
 @dataclass(frozen=True)
 class LeaseTiming:
-    """A validated (lease, heartbeat) pair; heartbeat zero means off."""
+    """A validated (lease, heartbeat) pair; heartbeat zero means off.
+
+    One per job, shared by all its runs: what is derived from it is computed
+    once (``cached_property`` keeps it in the instance's dict, past the
+    frozen dataclass's ``__setattr__``), not per run.
+    """
 
     lease: timedelta = DEFAULT_LEASE
     heartbeat: timedelta = timedelta(seconds=60)
@@ -59,7 +65,7 @@ class LeaseTiming:
     def lease_ms(self) -> int:
         return to_ms(self.lease)
 
-    @property
+    @functools.cached_property
     def stop_grace(self) -> timedelta:
         """SIGTERM-to-SIGKILL grace of a run under this lease: 10 s, or lease/4 if shorter.
 
@@ -68,7 +74,7 @@ class LeaseTiming:
         """
         return min(MAX_STOP_GRACE, self.lease / 4)
 
-    @property
+    @functools.cached_property
     def stop_margin(self) -> timedelta:
         """Slack after the stop sequence, before the lease could expire: 1 s, or lease/10.
 
@@ -77,7 +83,7 @@ class LeaseTiming:
         """
         return min(MAX_STOP_MARGIN, self.lease / 10)
 
-    @property
+    @functools.cached_property
     def stop_budget(self) -> timedelta:
         """How long before the lease could expire a run is told to stop."""
         return self.stop_grace + self.stop_margin
