@@ -6,7 +6,8 @@ The in-memory guard (``pgcrond/guard/memory.py``) answers every claim "won"
 and every record "done" at once, so what is measured is pgcrond's own path
 per fire: the fire's decisions, the runner, the attempt's output record and
 the two JSON log lines a run says (written to /dev/null through the daemon's
-own logging set-up), with the daemon's collector settings. ``--fires`` fires
+own logging set-up), with the daemon's collector settings (held off while
+the fires are in flight, as the daemon holds it for a big tick). ``--fires`` fires
 of one tick go at once, as a co-firing tick's do; the figure is the best
 round's process CPU divided by the fires (the least disturbed round on a
 shared machine). Compare two trees side by side in one call, alternating
@@ -54,10 +55,14 @@ async def one_round(jobs: list[JobConfig]) -> float:
     firing = Firing(guards=lambda _: guard, replica="bench:1")
     tick = datetime.now(UTC).replace(microsecond=0)
     identities = [Identity.schedule(job.code, run_key_for(tick)) for job in jobs]
+    # The collector as the daemon holds it while a tick's fires are in flight.
+    collector = interpreter.BurstCollector()
     began = time.process_time()
+    collector.fires(len(jobs))
     outcomes = await asyncio.gather(
         *(firing.fire(job, tick, identity) for job, identity in zip(jobs, identities, strict=True))
     )
+    collector.fires(0)
     spent = time.process_time() - began
     if set(outcomes) != {"success"}:
         raise SystemExit(f"not every fire succeeded: {sorted(set(outcomes))}")

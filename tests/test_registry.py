@@ -7,6 +7,7 @@ join, touch, leave, the name refusal and the renames on the real tables.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -93,6 +94,25 @@ def test_a_changed_schedule_changes_the_job_hash_and_the_config_hash(tmp_path: P
     after = load(tmp_path, "  a: {cron: '*/10 * * * *', command: [/bin/true]}\n", "2.yaml")
     assert job_hash(definition(before.jobs["a"])) != job_hash(definition(after.jobs["a"]))
     assert config_hash(before) != config_hash(after)
+
+
+def test_the_hashes_are_those_every_earlier_version_made(tmp_path: Path) -> None:
+    """Replicas of two versions that run one config show no drift in a rolling upgrade.
+
+    The values were made by the version that encoded the whole document at
+    once (e9ebb77); the hashes are now put together from each job's text.
+    """
+    config = load(
+        tmp_path,
+        "  zeta: {cron: '*/5 * * * *', command: [echo, 'héllo wörld ✓'], env: {TOKEN: s3cret}}\n"
+        "  alpha: {cron: '0 3 * * *', shell: 'date', timeout: 90s}\n"
+        "  Mid-Job: {once: true, entrypoint: 'tests.jobs_fixture:write_context'}\n",
+    )
+    config = dataclasses.replace(config, spread=timedelta(seconds=2))
+    assert "affb5b59420eda3294d73ca102fd7e64" == config_hash(config)
+    assert {"zeta": "c18e71036fb1", "alpha": "0a8fcfbb8eaf", "Mid-Job": "349e57efa05c"} == {
+        code: job_hash(definition(job)) for code, job in config.jobs.items()
+    }
 
 
 @pytest.mark.parametrize(

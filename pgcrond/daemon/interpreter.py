@@ -12,7 +12,9 @@ replica; docs/performance.md, "What the interpreter cost"):
   loaded once (modules, the configuration, the schedules) is now moved out
   of its sight after start-up and after each reload (``gc.freeze``), and the
   young generation is collected every 50,000 new objects: 4.0 s. Cyclic
-  garbage is still collected, at most that many objects late.
+  garbage is still collected, at most that many objects late. A run makes
+  no reference cycle, so while a big tick's fires are in flight the
+  collector is held off altogether (:class:`BurstCollector`).
 * a thread that computes (a ``/metrics`` render) held the GIL for up to the
   switch interval (5 ms) each time the loop gave it up for a write (each log
   line): the longest loop stall of a tick went from ~0.4 s to ~0.2 s with a

@@ -16,7 +16,7 @@ import uuid
 import structlog
 
 from pgcrond import __version__
-from pgcrond.config.definition import config_hash, definition, job_hash
+from pgcrond.config.definition import canonical_texts, config_hash, jobs_text, text_hash
 from pgcrond.config.models import Config
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
@@ -34,14 +34,14 @@ SETTLE_S = 10.0
 
 def entry_of(name: str, instance: uuid.UUID, config: Config) -> registry.Entry:
     """The registry row that says ``name`` runs ``config``."""
-    definitions = {code: definition(job) for code, job in config.jobs.items()}
+    texts = canonical_texts(config)
     return registry.Entry(
         name=name,
         instance=instance,
         version=__version__,
-        config_hash=config_hash(config, definitions),
-        job_hashes=registry.packed({code: job_hash(one) for code, one in definitions.items()}),
-        definitions=registry.packed(definitions),
+        config_hash=config_hash(config, texts),
+        job_hashes=registry.packed({code: text_hash(text) for code, text in texts.items()}),
+        definitions=registry.packed_text(jobs_text(texts)),
     )
 
 
@@ -56,6 +56,9 @@ class Membership:
         self._spread = spread
         # A fresh instance per process: a restarted replica with the same
         # name replaces its predecessor's row, another live one is refused.
+        # On the loop, before ready: made on a thread, the entry's memory
+        # stayed in that thread's malloc arena (6 MiB more at rest at 10,000
+        # jobs, in bench.scale).
         self._entry = entry_of(name, uuid.uuid4(), config)
 
     @property

@@ -33,12 +33,17 @@ _AT = "%Y-%m-%dT%H:%M:%S%z"
 
 def packed(value: Mapping[str, Any]) -> bytes:
     """``value`` as an :class:`Entry` holds it: its JSON text, compressed (fast, not small)."""
-    return zlib.compress(json.dumps(value, separators=(",", ":")).encode("ascii"), 1)
+    return packed_text(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+
+
+def packed_text(text: str) -> bytes:
+    """A JSON text as an :class:`Entry` holds it (made elsewhere already: not encoded again)."""
+    return zlib.compress(text.encode("utf-8"), 1)
 
 
 def _unpacked(value: bytes) -> Jsonb:
     # JSON text already: handed to the driver as it is (str of a str is itself).
-    return Jsonb(zlib.decompress(value).decode("ascii"), dumps=str)
+    return Jsonb(zlib.decompress(value).decode("utf-8"), dumps=str)
 
 
 @dataclass(frozen=True)
