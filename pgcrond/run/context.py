@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
-from typing import Protocol, TypedDict
+from typing import Protocol
 
 import structlog
 from structlog.typing import FilteringBoundLogger
@@ -37,36 +37,6 @@ class Writer(Protocol):
     def write(self, text: str, /) -> int: ...
 
     def flush(self) -> None: ...
-
-
-class RunFields(TypedDict):
-    """What a run is, all a :class:`RunContext` is made of but its live parts."""
-
-    job: str
-    run_key: str
-    fire_time: datetime
-    attempt: int
-    idempotency_key: str
-    idempotency_key_hex: str
-    fencing_token: int | None
-    deadline: datetime | None
-
-
-def run_variables(fields: RunFields) -> dict[str, str]:
-    """The ``PGCRON_*`` variables of a run (what :meth:`RunContext.environ` gives)."""
-    variables = {
-        "PGCRON_IDEMPOTENCY_KEY": fields["idempotency_key"],
-        "PGCRON_IDEMPOTENCY_KEY_HEX": fields["idempotency_key_hex"],
-        "PGCRON_JOB": fields["job"],
-        "PGCRON_RUN_KEY": fields["run_key"],
-        "PGCRON_FIRE_TIME": iso_utc(fields["fire_time"]),
-        "PGCRON_ATTEMPT": str(fields["attempt"]),
-    }
-    if (token := fields["fencing_token"]) is not None:
-        variables["PGCRON_FENCING_TOKEN"] = str(token)
-    if (deadline := fields["deadline"]) is not None:
-        variables["PGCRON_DEADLINE"] = iso_utc(deadline)
-    return variables
 
 
 @dataclass(frozen=True)
@@ -108,18 +78,19 @@ class RunContext:
 
     def environ(self) -> dict[str, str]:
         """The ``PGCRON_*`` variables describing this run."""
-        return run_variables(
-            RunFields(
-                job=self.job,
-                run_key=self.run_key,
-                fire_time=self.fire_time,
-                attempt=self.attempt,
-                idempotency_key=self.idempotency_key,
-                idempotency_key_hex=self.idempotency_key_hex,
-                fencing_token=self.fencing_token,
-                deadline=self.deadline,
-            )
-        )
+        variables = {
+            "PGCRON_IDEMPOTENCY_KEY": self.idempotency_key,
+            "PGCRON_IDEMPOTENCY_KEY_HEX": self.idempotency_key_hex,
+            "PGCRON_JOB": self.job,
+            "PGCRON_RUN_KEY": self.run_key,
+            "PGCRON_FIRE_TIME": iso_utc(self.fire_time),
+            "PGCRON_ATTEMPT": str(self.attempt),
+        }
+        if self.fencing_token is not None:
+            variables["PGCRON_FENCING_TOKEN"] = str(self.fencing_token)
+        if self.deadline is not None:
+            variables["PGCRON_DEADLINE"] = iso_utc(self.deadline)
+        return variables
 
     @classmethod
     def from_environ(
