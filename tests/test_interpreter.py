@@ -112,7 +112,11 @@ async def test_a_burst_that_lasts_is_collected_again_after_the_bound(
     assert gc.isenabled()
     # Still in flight: not paused again until the burst has ended.
     burst.fires(interpreter.PAUSE_COLLECTOR_AT + 1)
+    assert gc.isenabled()
+    burst.fires(0)
+    burst.fires(interpreter.PAUSE_COLLECTOR_AT)
     assert not gc.isenabled()
+    burst.resume()
 
 
 @pytest.mark.usefixtures("collector_on")

@@ -95,24 +95,37 @@ class BurstCollector:
     the collector walked them every 50,000 (a young collection, 60-90 ms of
     the loop at 10,000 co-firing jobs on this machine) and again in its older
     generations (150-350 ms). Held off from the moment ``PAUSE_COLLECTOR_AT``
-    fires are in flight until none is, or ``PAUSE_COLLECTOR_S`` at most: what
-    cyclic garbage the burst makes elsewhere is collected at most that late.
+    fires are in flight until none is, or ``PAUSE_COLLECTOR_S`` at most, and
+    not again until that burst is over (thousands of long runs in flight for
+    hours are collected as usual): what cyclic garbage the burst makes
+    elsewhere is collected at most that late.
     It only lets go of a pause it made (a collector someone else disabled
     stays so).
     """
 
     def __init__(self) -> None:
         self._resume: asyncio.TimerHandle | None = None
+        # The bound ran out during this burst: no second pause until it ends.
+        self._spent = False
 
     def fires(self, in_flight: int) -> None:
         """Told the number of fires in flight each time it changes."""
-        if self._resume is None:
-            if in_flight >= PAUSE_COLLECTOR_AT and gc.isenabled():
-                gc.disable()
-                loop = asyncio.get_running_loop()
-                self._resume = loop.call_later(PAUSE_COLLECTOR_S, self.resume)
-        elif in_flight == 0:
+        if in_flight == 0:
+            self._spent = False
             self.resume()
+        elif (
+            self._resume is None
+            and not self._spent
+            and in_flight >= PAUSE_COLLECTOR_AT
+            and gc.isenabled()
+        ):
+            gc.disable()
+            loop = asyncio.get_running_loop()
+            self._resume = loop.call_later(PAUSE_COLLECTOR_S, self._bound_ran_out)
+
+    def _bound_ran_out(self) -> None:
+        self._spent = True
+        self.resume()
 
     def resume(self) -> None:
         """The collector back on (the burst is over, its bound ran out, or the replica stops)."""
