@@ -56,13 +56,13 @@ async def one_round(jobs: list[JobConfig]) -> float:
     tick = datetime.now(UTC).replace(microsecond=0)
     identities = [Identity.schedule(job.code, run_key_for(tick)) for job in jobs]
     # The collector as the daemon holds it while a tick's fires are in flight.
-    collector = interpreter.BurstCollector()
+    bursts = interpreter.Bursts()
     began = time.process_time()
-    collector.fires(len(jobs))
+    bursts.fires(len(jobs))
     outcomes = await asyncio.gather(
         *(firing.fire(job, tick, identity) for job, identity in zip(jobs, identities, strict=True))
     )
-    collector.fires(0)
+    bursts.fires(0)
     spent = time.process_time() - began
     if set(outcomes) != {"success"}:
         raise SystemExit(f"not every fire succeeded: {sorted(set(outcomes))}")

@@ -88,7 +88,7 @@ def collector_on() -> Iterator[None]:
 
 @pytest.mark.usefixtures("collector_on")
 async def test_a_burst_of_fires_holds_the_collector_off_until_none_is_in_flight() -> None:
-    burst = interpreter.BurstCollector()
+    burst = interpreter.Bursts()
     burst.fires(interpreter.PAUSE_COLLECTOR_AT - 1)
     assert gc.isenabled()
     burst.fires(interpreter.PAUSE_COLLECTOR_AT)
@@ -104,7 +104,7 @@ async def test_a_burst_that_lasts_is_collected_again_after_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(interpreter, "PAUSE_COLLECTOR_S", 0.05)
-    burst = interpreter.BurstCollector()
+    burst = interpreter.Bursts()
     burst.fires(interpreter.PAUSE_COLLECTOR_AT)
     assert not gc.isenabled()
     # The loop's timers run in the order they are due: the bound's comes first.
@@ -122,8 +122,19 @@ async def test_a_burst_that_lasts_is_collected_again_after_the_bound(
 @pytest.mark.usefixtures("collector_on")
 async def test_a_collector_disabled_by_someone_else_stays_disabled() -> None:
     gc.disable()
-    burst = interpreter.BurstCollector()
+    burst = interpreter.Bursts()
     burst.fires(interpreter.PAUSE_COLLECTOR_AT)
     burst.fires(0)
     burst.resume()
     assert not gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_on")
+async def test_only_the_end_of_a_big_burst_asks_for_a_trim() -> None:
+    bursts = interpreter.Bursts()
+    assert not bursts.fires(interpreter.TRIM_AFTER_FIRES)
+    assert not bursts.fires(1)
+    assert bursts.fires(0)
+    # The next burst is judged on its own.
+    assert not bursts.fires(interpreter.TRIM_AFTER_FIRES - 1)
+    assert not bursts.fires(0)

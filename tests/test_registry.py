@@ -15,7 +15,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgcrond.config.definition import config_hash, definition, job_hash
+from pgcrond.config.definition import (
+    Definition,
+    canonical_text,
+    config_hash,
+    definition,
+    text_hash,
+)
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import Config
 from pgcrond.core.keys import Identity
@@ -38,6 +44,10 @@ def load(tmp_path: Path, jobs: str, name: str = "jobs.yaml") -> Config:
     path = tmp_path / name
     path.write_text('database: {url: "postgresql://u@h/db"}\njobs:\n' + jobs)
     return load_config([str(path)])
+
+
+def job_hash(job: Definition) -> str:
+    return text_hash(canonical_text(job))
 
 
 def live(name: str, config_hash: str, at: datetime, **jobs: str) -> LiveReplica:

@@ -46,13 +46,8 @@ def definition(job: JobConfig) -> Definition:
     return found
 
 
-def job_hash(job: Definition) -> str:
-    """A short digest of one canonical definition."""
-    return text_hash(canonical_text(job))
-
-
 def text_hash(text: str) -> str:
-    """A job's hash from its :func:`canonical_text` (the same as :func:`job_hash`)."""
+    """A job's hash, from its definition's :func:`canonical_text`."""
     return _sha256(text)[:JOB_HASH_LENGTH]
 
 

@@ -14,7 +14,7 @@ replica; docs/performance.md, "What the interpreter cost"):
   young generation is collected every 50,000 new objects: 4.0 s. Cyclic
   garbage is still collected, at most that many objects late. A run makes
   no reference cycle, so while a big tick's fires are in flight the
-  collector is held off altogether (:class:`BurstCollector`).
+  collector is held off altogether (:class:`Bursts`).
 * a thread that computes (a ``/metrics`` render) held the GIL for up to the
   switch interval (5 ms) each time the loop gave it up for a write (each log
   line): the longest loop stall of a tick went from ~0.4 s to ~0.2 s with a
@@ -80,40 +80,52 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return function
 
 
-# A burst of this many fires in flight at once holds the collector off.
+# A burst of this many fires in flight at once holds the collector off ...
 PAUSE_COLLECTOR_AT = 500
 # ... for at most this long: a burst of long runs is collected as usual after it.
 PAUSE_COLLECTOR_S = 10.0
+# A burst of this many (a big tick) is followed, once over, by a trim().
+TRIM_AFTER_FIRES = 1000
 
 
-class BurstCollector:
-    """The cyclic collector held off while a big tick's fires are in flight.
+class Bursts:
+    """What the interpreter does about a burst of fires in flight (a big tick).
 
-    A run makes no reference cycle (``tests/test_runner_entrypoints.py``), so
-    what a tick's thousands of fires hold is freed by reference counting as
-    each ends; yet while they are alive their objects count as new ones, and
-    the collector walked them every 50,000 (a young collection, 60-90 ms of
-    the loop at 10,000 co-firing jobs on this machine) and again in its older
-    generations (150-350 ms). Held off from the moment ``PAUSE_COLLECTOR_AT``
-    fires are in flight until none is, or ``PAUSE_COLLECTOR_S`` at most, and
-    not again until that burst is over (thousands of long runs in flight for
-    hours are collected as usual): what cyclic garbage the burst makes
-    elsewhere is collected at most that late.
-    It only lets go of a pause it made (a collector someone else disabled
-    stays so).
+    During it, the cyclic collector is held off. A run makes no reference
+    cycle (``tests/test_runner_entrypoints.py``), so what a tick's thousands
+    of fires hold is freed by reference counting as each ends; yet while they
+    are alive their objects count as new ones, and the collector walked them
+    every 50,000 (a young collection, 60-90 ms of the loop at 10,000
+    co-firing jobs on this machine) and again in its older generations
+    (150-350 ms). Held off from the moment ``PAUSE_COLLECTOR_AT`` fires are
+    in flight until none is, or ``PAUSE_COLLECTOR_S`` at most, and not again
+    until that burst is over (thousands of long runs in flight for hours are
+    collected as usual): what cyclic garbage the burst makes elsewhere is
+    collected at most that late. It only lets go of a pause it made (a
+    collector someone else disabled stays so).
+
+    After it, if it reached ``TRIM_AFTER_FIRES``, what its fires freed is
+    worth handing back (:func:`trim`): :meth:`fires` says when.
     """
 
     def __init__(self) -> None:
         self._resume: asyncio.TimerHandle | None = None
         # The bound ran out during this burst: no second pause until it ends.
         self._spent = False
+        self._most = 0
 
-    def fires(self, in_flight: int) -> None:
-        """Told the number of fires in flight each time it changes."""
+    def fires(self, in_flight: int) -> bool:
+        """Told the number of fires in flight each time it changes.
+
+        True when a burst of ``TRIM_AFTER_FIRES`` or more has just ended.
+        """
+        self._most = max(self._most, in_flight)
         if in_flight == 0:
             self._spent = False
             self.resume()
-        elif (
+            big, self._most = self._most >= TRIM_AFTER_FIRES, 0
+            return big
+        if (
             self._resume is None
             and not self._spent
             and in_flight >= PAUSE_COLLECTOR_AT
@@ -122,6 +134,7 @@ class BurstCollector:
             gc.disable()
             loop = asyncio.get_running_loop()
             self._resume = loop.call_later(PAUSE_COLLECTOR_S, self._bound_ran_out)
+        return False
 
     def _bound_ran_out(self) -> None:
         self._spent = True

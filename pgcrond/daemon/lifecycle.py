@@ -75,9 +75,6 @@ HOOK_DRAIN_S = 3.0
 # How long background tasks get to end once cancelled (psycopg's own cancel
 # request is bounded by 5 s).
 CLOSE_WAIT_S = 6.0
-# A burst of this many fires in flight at once (a big tick) is followed, once
-# they are all over, by handing freed memory back (interpreter.trim).
-TRIM_AFTER_FIRES = 1000
 
 
 class Daemon:
@@ -104,9 +101,7 @@ class Daemon:
         self._watcher = ConfigWatcher(self.paths)
         self.tasks: set[asyncio.Task[Any]] = set()
         self.fire_tasks: set[asyncio.Task[Any]] = set()
-        # The most fires in flight at once since the C heap was last trimmed.
-        self._burst = 0
-        self._collector = interpreter.BurstCollector()
+        self._bursts = interpreter.Bursts()
         self.stop_requested = asyncio.Event()
         self.stop_now = asyncio.Event()
         self._beat = time.monotonic()
@@ -349,21 +344,16 @@ class Daemon:
             )
         )
         self.fire_tasks.add(task)
-        self._burst = max(self._burst, len(self.fire_tasks))
-        self._collector.fires(len(self.fire_tasks))
+        self._bursts.fires(len(self.fire_tasks))
         task.add_done_callback(self._fire_done)
 
     def _fire_done(self, task: asyncio.Task[Any]) -> None:
         self.fire_tasks.discard(task)
-        self._collector.fires(len(self.fire_tasks))
-        if (
-            not self.fire_tasks
-            and self._burst >= TRIM_AFTER_FIRES
-            and not self.stop_requested.is_set()  # the process is about to end anyway
-        ):
-            # A big tick is over: what its fires freed goes back to the system
-            # (RSS after a 10,000-job tick: see interpreter.trim), off the loop.
-            self._burst = 0
+        big_tick_over = self._bursts.fires(len(self.fire_tasks))
+        # Not once the replica is stopping: the process is about to end anyway.
+        if big_tick_over and not self.stop_requested.is_set():
+            # What its fires freed goes back to the system (RSS after a
+            # 10,000-job tick: see interpreter.trim), off the loop.
             self._spawn(asyncio.to_thread(interpreter.trim))
 
     def _follow_started(self, job: JobConfig, tick: datetime, identity: Identity) -> None:
@@ -493,7 +483,7 @@ class Daemon:
         if self._membership is not None:
             await self._membership.leave()
         self._stall.stop()
-        self._collector.resume()
+        self._bursts.resume()
         log.info(
             "daemon_stopped",
             replica=self.replica,
