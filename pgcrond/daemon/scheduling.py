@@ -4,6 +4,10 @@ APScheduler keeps the timers; :class:`ScheduleTrigger` gives it our schedule
 (cron(8) semantics, DST rule) and :class:`FireExecutor` hands each intended
 fire time on, so the tick's run key never comes from the clock at run time.
 A schedule's fire fans out to the jobs on it, each at its jittered fire time.
+APScheduler wakes ``CLAIM_AHEAD`` before each tick: a lease job's claim is
+sent then, so that its round trip is over by the fire time (the lease guard
+holds the run until then, by the database clock); an advisory job's fire
+waits for its fire time.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from apscheduler.executors.base import BaseExecutor
@@ -25,6 +29,7 @@ from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
 from pgcrond.daemon.accounting import FireNow
+from pgcrond.storage.leases import CLAIM_AHEAD
 
 # Fires handed on per loop turn when one schedule holds many jobs: a turn
 # stays a few ms, and a chunk's claims still fill one statement.
@@ -37,8 +42,10 @@ FAN_OUT_WINDOW = 2 * FAN_OUT_CHUNK
 class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
     """An APScheduler trigger over our own schedule (cron(8) semantics, DST rule).
 
-    APScheduler 3's crontab parser reads day-of-week 0 as Monday and ANDs the
-    day fields, so it is never used.
+    Its times are the ticks less ``CLAIM_AHEAD`` (see the module docstring):
+    APScheduler's times never leave this module. APScheduler 3's crontab
+    parser reads day-of-week 0 as Monday and ANDs the day fields, so it is
+    never used.
     """
 
     def __init__(self, schedule: Schedule) -> None:
@@ -47,7 +54,9 @@ class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
     def get_next_fire_time(
         self, previous_fire_time: datetime | None, now: datetime
     ) -> datetime | None:
-        return self.schedule.next_after(previous_fire_time or now)
+        after = now if previous_fire_time is None else previous_fire_time + CLAIM_AHEAD
+        tick = self.schedule.next_after(after)
+        return None if tick is None else tick - CLAIM_AHEAD
 
     def __str__(self) -> str:
         return self.schedule.describe()
@@ -75,6 +84,11 @@ class _Fired:
     tick: datetime  # in UTC
     run_key: str
     following: datetime | None  # the schedule's next tick: when this one is superseded
+
+
+def _tick(fired_at: datetime) -> datetime:
+    """The tick (in UTC) of an APScheduler fire time (see :class:`ScheduleTrigger`)."""
+    return (fired_at + CLAIM_AHEAD).astimezone(UTC)
 
 
 def _no_op() -> None:
@@ -131,7 +145,10 @@ class Scheduling:
         scheduler, groups = self._scheduler, self._groups
         if scheduler is None:
             return []
-        return [(groups.get(entry.id, []), entry.next_run_time) for entry in scheduler.get_jobs()]
+        return [
+            (groups.get(entry.id, []), entry.next_run_time and _tick(entry.next_run_time))
+            for entry in scheduler.get_jobs()
+        ]
 
     def regroup(self, started: Iterable[JobConfig]) -> None:
         """One APScheduler job per distinct schedule, fanning out to its jobs.
@@ -160,14 +177,14 @@ class Scheduling:
             if isinstance(job.schedule, OnceSchedule):
                 self._fire(job, datetime.now(UTC), Identity.initial(job.code), superseded_at=None)
 
-    def _on_fire_group(self, key: str, tick: datetime) -> None:
+    def _on_fire_group(self, key: str, fired_at: datetime) -> None:
         codes = self._groups.get(key, ())
         if not codes:
             return
         self._wake()
         # Once per schedule, not per job: the tick in UTC, its run key, and
         # when it is superseded.
-        tick = tick.astimezone(UTC)
+        tick = _tick(fired_at)
         fired = _Fired(
             tick, run_key_for(tick), self._config().jobs[codes[0]].schedule.next_after(tick)
         )
@@ -204,7 +221,8 @@ class Scheduling:
         # the fire is handed on at tick + its stable shift, the same instant
         # on every replica. Misfire and lateness count from that instant.
         at = fire_time(code, fired.tick, job.jitter)
-        delay = (at - datetime.now(UTC)).total_seconds()
+        ahead = CLAIM_AHEAD if job.guard == "lease" else timedelta(0)
+        delay = (at - ahead - datetime.now(UTC)).total_seconds()
         if delay <= 0:
             self._fire_at(code, fired, at)
         else:

@@ -8,6 +8,9 @@ holds the decisions the Guard contract asks for at the edges of a claim:
   lease began;
 * a claim answered so late that its lease is already going, or that the tick
   is past its misfire window by the database clock, is not run;
+* a tick's claim may be won up to ``CLAIM_AHEAD`` before its fire time (the
+  daemon fires that early, so that the round trip is over by then): the
+  claim returns ``Held`` once the database clock has surely reached it;
 * every statement on the run path has a deadline that holds: an unanswered
   statement is left behind (never awaited), so no driver clean-up can stretch
   it.
@@ -137,7 +140,10 @@ class LeaseGuard(Guard):
                 return Refused(identity, "held", "RUNNING", wait=timedelta(0))
             precise = fresh is not answer
             answer = fresh
-        return await self._on_arrival(request, answer, precise=precise)
+        arrived = await self._on_arrival(request, answer, precise=precise)
+        if isinstance(arrived, Held) and identity.type == "SCHEDULE":
+            await _until_fire_time(request.tick, answer)
+        return arrived
 
     def _clear(self, request: ClaimRequest, lease: Acquired) -> bool:
         """Whether a slow answer's safe bounds decide already: live for a while, inside its window.
@@ -380,6 +386,18 @@ class LeaseGuard(Guard):
     async def forget(self, identity: Identity) -> None:
         self._open.pop(identity, None)
         self._tokens.pop(identity, None)
+
+
+async def _until_fire_time(fire_time: datetime, lease: Acquired) -> None:
+    """Until the database clock has surely reached ``fire_time`` (a claim won ahead of it).
+
+    Counted from the answer's arrival, when the database clock was at least
+    its ``db_now``: the run never starts before its fire time by that clock,
+    whatever this replica's own clock says.
+    """
+    now = lease.db_now_at_least()
+    if now is not None and now < fire_time:
+        await asyncio.sleep((fire_time - now).total_seconds())
 
 
 async def _bounded(call: Awaitable[T], seconds: float, operation: str) -> T:

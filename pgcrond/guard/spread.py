@@ -29,7 +29,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from pgcrond.core.keys import Identity
 
@@ -48,11 +48,13 @@ class Spread:
         *,
         forget_after: timedelta = FORGET_AFTER,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.me = me
         self.delay = delay
         self._forget_after = forget_after.total_seconds()
         self._clock = clock
+        self._wall = wall
         self._seen: dict[str, float] = {}
         # The live replicas the registry last named (a replica gone from it
         # leaves at the next touch).
@@ -106,11 +108,11 @@ class Spread:
     async def hold_back(self, identity: Identity, tick: datetime) -> bool:
         """Return at once if this replica is preferred (True); else False, ``delay`` on.
 
-        The delay counts from the later of the first held-back claim and the
-        answer to the last claim of the tick this replica sent at once: every
-        replica does the same work at a tick, so by then the preferred ones
-        (as loaded as this one) have sent theirs, however long a tick of
-        thousands of jobs takes to hand on. Every claim of the same tick held
+        The delay counts from the latest of the tick, the first held-back
+        claim and the answer to the last claim of the tick this replica sent
+        at once: every replica does the same work at a tick, so by then the
+        preferred ones (as loaded as this one) have sent theirs, however long
+        a tick of thousands of jobs takes to hand on. Every claim of the same tick held
         back meanwhile wakes with the first. A True return obliges the caller
         to say :meth:`answered` once the claim's answer came (or failed).
         """
@@ -130,7 +132,7 @@ class Spread:
         if gate is None:
             loop = asyncio.get_running_loop()
             gate = self._gates[tick] = loop.create_future()
-            loop.call_later(self.delay.total_seconds(), self._delay_over, tick)
+            loop.call_later(self._delay_from(tick), self._delay_over, tick)
         await asyncio.shield(gate)
 
     def answered(self, tick: datetime) -> None:
@@ -142,7 +144,17 @@ class Spread:
         self._own.pop(tick, None)
         if tick in self._due:
             self._due.discard(tick)
-            asyncio.get_running_loop().call_later(self.delay.total_seconds(), self._open, tick)
+            asyncio.get_running_loop().call_later(self._delay_from(tick), self._open, tick)
+
+    def _delay_from(self, tick: datetime) -> float:
+        """Seconds from now to ``delay`` past the later of now and ``tick`` itself.
+
+        Ticks are fired a little ahead of them (claims won ahead are run at
+        the tick): the preferred replica's run starts at the tick, so a
+        hold-back shorter than that would find it not done and look again
+        later, one more read.
+        """
+        return self.delay.total_seconds() + max((tick - self._wall()).total_seconds(), 0.0)
 
     def _delay_over(self, tick: datetime) -> None:
         if self._own.get(tick):

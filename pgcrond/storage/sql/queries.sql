@@ -29,6 +29,13 @@ ON CONFLICT (code) DO UPDATE SET code = EXCLUDED.code WHERE false
 -- comes back as NOT_DUE (expires_at then carries the fire time, so the caller
 -- knows how long to wait); one after its misfire deadline records the tick
 -- MISSED/late when it has no row yet (else touches nothing) and comes back LATE.
+-- A claim may come up to claim_ahead_ms before its fire time (a replica
+-- fires its scheduled ticks that early, so that the round trip is over by the
+-- tick): it is won as at the tick, acquired_at and the attempt's start being
+-- the fire time, and the caller holds the run until then by the database
+-- clock. An early claim that would record SKIPPED (another tick of a forbid
+-- job runs, the job is paused) is answered NOT_DUE instead and writes
+-- nothing: whether the tick overlaps or is paused is judged at the tick.
 -- A first claim answered once the job's next tick has come (superseded_at, sent
 -- for jobs with late_ticks: coalesce) records the tick MISSED/coalesced when it
 -- has no row yet, or is answered with the row another replica wrote: of
@@ -71,11 +78,13 @@ WITH request AS (
           AND o.status = 'RUNNING' AND o.expires_at > clock_timestamp()
           AND o.lock_key <> r.lock_key
     ) AS busy,
-    (r.fire_time IS NULL OR r.fire_time <= clock_timestamp())
+    (r.fire_time IS NULL
+       OR r.fire_time <= clock_timestamp() + %(claim_ahead_ms)s * interval '1 millisecond')
       AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after)
-      AND r.coalesced IS NOT TRUE AS timely,
+      AND r.coalesced IS NOT TRUE AS due_now,
     r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
       AND (clock_timestamp() > r.late_after OR r.coalesced IS TRUE) AS missed,
+    r.fire_time IS NOT NULL AND r.fire_time > clock_timestamp() AS early,
     CASE WHEN r.suspended IS NOT NULL THEN 'suspended'
          WHEN p.code IS NOT NULL THEN 'paused' END AS pause_reason,
     CASE WHEN r.suspended IS NOT NULL THEN r.suspended
@@ -91,6 +100,12 @@ WITH request AS (
         ORDER BY s.code = r.code DESC
         LIMIT 1
     ) p ON true
+), decided AS MATERIALIZED (
+    -- Each clock reading above made once per row: the answer below agrees
+    -- with the claim about whether the tick was early, due or late.
+    SELECT c.*,
+           c.due_now AND NOT (c.early AND (c.busy OR c.pause_reason IS NOT NULL)) AS timely
+    FROM checked c
 ), claim AS (
     INSERT INTO {table} AS l (
         lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
@@ -103,8 +118,9 @@ WITH request AS (
            c.owner_token, %(owner)s, CASE WHEN c.missed THEN 0 ELSE 1 END,
            nextval({fencing_seq_name}), c.lease_ms,
            clock_timestamp(),
-           -- A MISSED row was never acquired: it sorts at its tick.
-           CASE WHEN c.missed THEN c.fire_time ELSE clock_timestamp() END,
+           -- A MISSED row was never acquired: it sorts at its tick. An early
+           -- claim's run starts at its fire time.
+           CASE WHEN c.missed THEN c.fire_time ELSE greatest(clock_timestamp(), c.fire_time) END,
            clock_timestamp(),
            CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp()
                 ELSE clock_timestamp() + c.lease_ms * interval '1 millisecond' END,
@@ -124,7 +140,7 @@ WITH request AS (
                     || ' after the tick, past misfire_grace '
                     || (c.late_after - c.fire_time)
                 WHEN c.pause_reason IS NOT NULL THEN c.pause_detail END
-    FROM checked c
+    FROM decided c
     WHERE ((c.timely AND NOT (c.pause_reason IS NOT NULL AND c.type = 'INITIAL')) OR c.missed)
       AND NOT c.locked
     -- One insertion order on every replica, so two batches never wait on each
@@ -157,12 +173,12 @@ WITH request AS (
            OR (EXCLUDED.status = 'SKIPPED' AND EXCLUDED.reason = 'overlap'
                AND l.status = 'RUNNING'))
     RETURNING l.lock_key, l.id, l.status, l.owner, l.owner_token, l.attempt, l.fencing_token,
-              l.expires_at, l.retry_at, l.reason, l.error
+              l.expires_at, l.retry_at, l.reason, l.error, l.acquired_at
 ), started AS (
     -- Every won claim starts an attempt record (closed by its finalize), in
     -- this round trip: a replica killed mid-attempt leaves one that says so.
     INSERT INTO {attempts} AS a (lease_id, fencing_token, attempt, replica, started_at, status)
-    SELECT c.id, c.fencing_token, c.attempt, c.owner, clock_timestamp(), 'running'
+    SELECT c.id, c.fencing_token, c.attempt, c.owner, c.acquired_at, 'running'
     FROM claim c
     WHERE c.status = 'RUNNING'
 ), superseded AS (
@@ -189,16 +205,16 @@ SELECT false, e.lock_key, e.id, e.status, e.owner, e.owner_token, e.attempt, e.f
        e.expires_at, e.retry_at, e.reason, c.busy, c.pause_reason, c.pause_detail, c.locked,
        clock_timestamp()
 FROM {table} e
-JOIN checked c ON c.lock_key = e.lock_key
+JOIN decided c ON c.lock_key = e.lock_key
 -- A coalesced tick that has a row is answered with it: another replica ran it.
 WHERE (c.timely OR c.coalesced) AND NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = e.lock_key)
 UNION ALL
 SELECT false, c.lock_key, NULL,
-       CASE WHEN c.timely THEN 'PAUSED' WHEN c.fire_time > clock_timestamp() THEN 'NOT_DUE'
+       CASE WHEN c.timely THEN 'PAUSED' WHEN c.early THEN 'NOT_DUE'
             ELSE 'LATE' END,
        NULL, NULL, NULL, NULL, c.fire_time, NULL, NULL, false, c.pause_reason, c.pause_detail,
        false, clock_timestamp()
-FROM checked c
+FROM decided c
 WHERE NOT EXISTS (SELECT 1 FROM claim l WHERE l.lock_key = c.lock_key)
   AND c.coalesced IS NOT TRUE
   AND (NOT c.timely

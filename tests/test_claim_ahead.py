@@ -1,0 +1,200 @@
+"""Claims won ahead of the tick: the round trip is over by the fire time, the run starts at it.
+
+The daemon fires its scheduled lease ticks ``CLAIM_AHEAD`` before them; the
+claim statement wins a tick that early (as at the tick), the lease guard holds
+the run until the database clock has reached the fire time, and an early claim
+that would record SKIPPED (overlap, pause) writes nothing and is made again
+at the tick. Against a real PostgreSQL, by its clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import psycopg
+import pytest
+
+from pgcrond.core.keys import Identity
+from pgcrond.core.schedule import CronSchedule, run_key_for, tick_of
+from pgcrond.core.timing import LeaseTiming
+from pgcrond.daemon.scheduling import ScheduleTrigger
+from pgcrond.guard.base import ClaimRequest, Held
+from pgcrond.guard.lease import LeaseGuard
+from pgcrond.guard.spread import Spread
+from pgcrond.storage.claims import Acquired, NotAcquired
+from pgcrond.storage.db import Database
+from pgcrond.storage.jobstate import pause
+from pgcrond.storage.leases import CLAIM_AHEAD, LeaseStore
+from pgcrond.storage.migrate import migrate
+from tests.daemon_harness import cluster, wait_until
+from tests.test_daemon import LEDGER, config
+
+TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))
+# The store below wins claims this far ahead (the daemon's CLAIM_AHEAD is a
+# tenth of a second: too short to be sure a claim arrives inside it here).
+AHEAD = timedelta(seconds=2)
+# A fire time this far after the database clock: well inside AHEAD.
+EARLY = timedelta(seconds=1)
+
+
+@pytest.fixture
+async def ahead(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
+    """A migrated lease store that wins claims ``AHEAD`` before their fire time."""
+    db = Database(pg_dsn)
+    await db.open()
+    store = LeaseStore(db, schema=schema, owner="test:ahead", claim_ahead=AHEAD)
+    try:
+        await migrate(store)
+        yield store
+    finally:
+        await db.close()
+
+
+def db_now(pg_dsn: str) -> datetime:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        found = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert found is not None
+    now: datetime = found[0]
+    return now
+
+
+def rows(pg_dsn: str, schema: str, code: str) -> list[dict[str, Any]]:
+    with psycopg.connect(pg_dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute(
+            "SELECT l.run_key, l.status, l.reason, l.acquired_at, a.started_at "
+            f'FROM "{schema}".leases l '
+            f'LEFT JOIN "{schema}".leases_attempts a ON a.lease_id = l.id '
+            "WHERE l.code = %s ORDER BY l.run_key",
+            (code,),
+        ).fetchall()
+
+
+def a_tick_ahead(code: str, pg_dsn: str) -> tuple[datetime, Identity]:
+    """A fire time ``EARLY`` after the database's clock now (not a whole second: a jittered one)."""
+    fire_time = db_now(pg_dsn) + EARLY
+    return fire_time, Identity.schedule(code, run_key_for(fire_time))
+
+
+async def test_a_claim_inside_claim_ahead_is_won_as_at_its_fire_time(
+    ahead: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    fire_time, identity = a_tick_ahead("ahead", pg_dsn)
+    lease = await ahead.claim(identity, TWO_S, fire_time=fire_time)
+    assert isinstance(lease, Acquired)
+    assert lease.db_now is not None and lease.db_now < fire_time  # it was early indeed
+    [row] = rows(pg_dsn, schema, "ahead")
+    assert ("RUNNING", fire_time, fire_time) == (
+        row["status"],
+        row["acquired_at"],
+        row["started_at"],
+    )
+
+
+async def test_a_claim_earlier_than_that_is_not_due_and_writes_nothing(
+    ahead: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    fire_time = db_now(pg_dsn) + AHEAD + timedelta(seconds=1)
+    identity = Identity.schedule("too-early", run_key_for(fire_time))
+    early = await ahead.claim(identity, TWO_S, fire_time=fire_time)
+    assert isinstance(early, NotAcquired) and "not_due" == early.reason
+    assert [] == rows(pg_dsn, schema, "too-early")
+
+
+async def test_an_early_claim_that_would_skip_writes_nothing_and_is_judged_at_the_tick(
+    ahead: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """A forbid job's tick claimed while an earlier tick runs: not SKIPPED ahead of its time."""
+    now = db_now(pg_dsn)
+    running = await ahead.claim(
+        Identity.schedule("forbid", run_key_for(now - timedelta(seconds=1))),
+        LeaseTiming.build(timedelta(seconds=30), timedelta(0)),
+        forbid_overlap=True,
+    )
+    assert isinstance(running, Acquired)
+    fire_time, identity = a_tick_ahead("forbid", pg_dsn)
+    early = await ahead.claim(identity, TWO_S, forbid_overlap=True, fire_time=fire_time)
+    assert isinstance(early, NotAcquired) and "not_due" == early.reason
+    assert early.wait is not None and early.wait <= EARLY
+    assert ["RUNNING"] == [row["status"] for row in rows(pg_dsn, schema, "forbid")]
+    # At the tick the earlier run is still going: now the overlap is recorded.
+    await asyncio.sleep((fire_time - db_now(pg_dsn)).total_seconds())
+    late = await ahead.claim(identity, TWO_S, forbid_overlap=True, fire_time=fire_time)
+    assert isinstance(late, NotAcquired) and "overlap" == late.reason
+    skipped = [row for row in rows(pg_dsn, schema, "forbid") if row["status"] == "SKIPPED"]
+    assert [("overlap", identity.run_key)] == [(r["reason"], r["run_key"]) for r in skipped]
+
+
+async def test_an_early_claim_of_a_paused_job_writes_nothing(
+    ahead: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    await pause(ahead, ["paused"], by="test", reason=None)
+    fire_time, identity = a_tick_ahead("paused", pg_dsn)
+    early = await ahead.claim(identity, TWO_S, fire_time=fire_time)
+    assert isinstance(early, NotAcquired) and "not_due" == early.reason
+    assert [] == rows(pg_dsn, schema, "paused")
+
+
+async def test_the_guard_holds_a_claim_won_ahead_until_the_database_reaches_its_fire_time(
+    ahead: LeaseStore, pg_dsn: str
+) -> None:
+    fire_time, identity = a_tick_ahead("held", pg_dsn)
+    guard = LeaseGuard(ahead)
+    answer = await guard.claim(ClaimRequest(identity, fire_time, TWO_S, deadline=None))
+    assert isinstance(answer, Held)
+    assert db_now(pg_dsn) >= fire_time
+
+
+def test_apscheduler_wakes_claim_ahead_before_each_tick() -> None:
+    trigger = ScheduleTrigger(CronSchedule.parse("* * * * *", ZoneInfo("UTC")))
+    now = datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
+    first = trigger.get_next_fire_time(None, now)
+    assert datetime(2026, 1, 1, 0, 1, tzinfo=UTC) - CLAIM_AHEAD == first
+    assert datetime(2026, 1, 1, 0, 2, tzinfo=UTC) - CLAIM_AHEAD == trigger.get_next_fire_time(
+        first, now
+    )
+    # Inside the lead of a tick: that tick, at once (not the one after it).
+    inside = datetime(2026, 1, 1, 0, 1, tzinfo=UTC) - CLAIM_AHEAD / 2
+    assert first == trigger.get_next_fire_time(None, inside)
+
+
+async def test_a_held_back_claim_of_a_tick_not_yet_come_waits_the_delay_from_the_tick() -> None:
+    """Fired ahead, the hold-back still ends ``delay`` after the tick, when the preferred ran."""
+    delay = timedelta(milliseconds=50)
+    spread = Spread("me", delay)
+    spread.members(["me", "peer"])
+    tick = datetime.now(UTC) + timedelta(milliseconds=150)
+    identity = next(
+        Identity.schedule(f"job-{n}", run_key_for(tick))
+        for n in range(100)
+        if spread.defers(Identity.schedule(f"job-{n}", run_key_for(tick)))
+    )
+    await spread.hold_back(identity, tick)
+    assert datetime.now(UTC) >= tick + delay
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
+def test_per_second_runs_start_at_their_tick_never_before_it(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """Two replicas: claims are made ahead of the ticks, and no run starts before its tick."""
+    jobs = f'  ahead: {{cron: "* * * * * *", entrypoint: {LEDGER}}}\n'
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        running.start(running.write_config(config(schema, jobs)), 2)
+
+        def claimed_ahead() -> list[dict[str, Any]] | None:
+            leases = running.rows("SELECT run_key, created_at FROM {leases} WHERE code = 'ahead'")
+            early = [row for row in leases if row["created_at"] < tick_of(row["run_key"])]
+            return leases if len(leases) >= 4 and early else None
+
+        wait_until(claimed_ahead, 30, "a tick claimed ahead of it")
+        starts = running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY run_key")
+    assert starts and len(starts) == len({row["run_key"] for row in starts})
+    for row in starts:
+        tick = tick_of(row["run_key"])
+        assert tick is not None and tick <= row["at"], row
