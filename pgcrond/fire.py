@@ -82,6 +82,8 @@ _BLOCKED_RETRY_RECHECK = timedelta(seconds=10)
 # Re-checks wake together on a grid of the loop's clock, so that the re-checks
 # of co-firing ticks (whose leases expire a few ms apart) share one claim.
 _RECHECK_GRID_S = 0.25
+# A tick not due yet is claimed again at its time, on a finer grid.
+_DUE_GRID_S = 0.01
 # A guard call that raises an error which is not a PgcrondError (a bug, say a
 # batch answering a request given up on) is retried like an outage, since
 # every guard call is safe to repeat (the contract); this many times in a row.
@@ -317,8 +319,12 @@ class Firing:
                     continue
                 return outcome
             if answer.reason == "not_due":
-                # This replica's clock runs ahead of the database's.
-                await self._sleep_on_grid((answer.wait or timedelta()).total_seconds())
+                # This replica's clock runs ahead of the database's, or a
+                # claim made ahead of the tick is to be judged at the tick
+                # (an overlap, a pause): claimed again then, not a grid slot later.
+                await self._sleep_on_grid(
+                    (answer.wait or timedelta()).total_seconds(), grid=_DUE_GRID_S
+                )
                 continue
             if answer.reason in ("late", "coalesced"):
                 if outcome is None:
@@ -593,8 +599,8 @@ class Firing:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _BACKOFF_MAX)
 
-    async def _sleep_on_grid(self, seconds: float) -> None:
-        """Sleep at least ``seconds``, waking with every follower of the same grid slot.
+    async def _sleep_on_grid(self, seconds: float, *, grid: float = _RECHECK_GRID_S) -> None:
+        """Sleep at least ``seconds``, waking with every follower of the same ``grid`` slot.
 
         A sleeping follower (thousands after a big tick, for a lease each) is
         one future on its slot's list, no task of its own: :meth:`stop` rings
@@ -603,7 +609,7 @@ class Firing:
         if self.stopping.is_set():
             return
         loop = asyncio.get_running_loop()
-        slot = math.ceil((loop.time() + seconds) / _RECHECK_GRID_S) * _RECHECK_GRID_S
+        slot = math.ceil((loop.time() + seconds) / grid) * grid
         sleepers = self._slots.get(slot)
         if sleepers is None:
             sleepers = self._slots[slot] = []

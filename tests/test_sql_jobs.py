@@ -507,8 +507,9 @@ def test_under_kills_pauses_and_cuts_every_tick_s_row_exists_exactly_once(
                 running = rows(
                     "SELECT run_key, owner, fencing_token FROM {leases} "
                     "WHERE status = 'RUNNING' AND expires_at > now() "
-                    # Claimed just now: its 0.8s statement is still running.
-                    "AND clock_timestamp() - acquired_at < interval '0.4s' "
+                    # Started just now (acquired_at: when its run may start, a
+                    # claim being won a little ahead): its 0.8s statement runs.
+                    "AND clock_timestamp() - acquired_at BETWEEN interval '0' AND interval '0.4s' "
                     "ORDER BY acquired_at DESC"
                 )
                 for row in running:

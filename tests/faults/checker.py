@@ -102,7 +102,9 @@ its SUCCESS, is a defect whatever the faults).
     makes such a job killable). Reported, not a defect.
 ``started_late`` / ``started_early``
     a tick's first claim later than ``misfire_grace`` after its tick (plus
-    ``start_slack``), or any run earlier than the tick itself. The grace
+    ``start_slack``), or any run earlier than the tick itself (a claim more
+    than ``CLAIM_AHEAD`` before it: claims are won that early, runs held
+    until the tick). The grace
     bounds the first claim (the daemon judges it in the claim, by the database
     clock): retries and takeovers of a started tick follow it to its end, and
     a first attempt may be stopped before its 'start' row lands (a command's
@@ -127,6 +129,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from pgcrond.storage.leases import CLAIM_AHEAD
 
 KINDS = (
     "lost_tick",
@@ -753,15 +757,19 @@ def _timing(
 ) -> list[Violation]:
     found = []
     tick = _parse(key)
-    # Any attempt may start early: every 'start', and an sql: job's claims (it
-    # writes no 'start').
+    # Any attempt may start early: every 'start', and an sql: job's effects
+    # and claims (it writes no 'start'). A claim may be won up to CLAIM_AHEAD
+    # before its tick (its run is held until the tick), never earlier.
     early = [
         (r.at, f"attempt {r.attempt} token {r.fencing_token} (pid {r.pid})", [r])
         for r in rows
-        if r.phase == "start"
+        if r.phase == "start" or (job.sql and r.phase == "end")
     ]
     if job.sql:
-        early += [(at, f"claim of token {token}", []) for token, at in claims]
+        early += [
+            (at + CLAIM_AHEAD, f"claim of token {token} (less CLAIM_AHEAD)", [])
+            for token, at in claims
+        ]
     # misfire_grace bounds a tick's first claim, by the database clock: its
     # retries and takeovers follow the tick to its end, whenever that is, and
     # its first attempt may be stopped before its 'start' lands (a command's

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from pgcrond.storage.leases import CLAIM_AHEAD
 from tests.faults.checker import (
     INHERENT,
     Abandon,
@@ -605,6 +606,19 @@ def test_an_sql_job_s_first_claim_bounds_its_start() -> None:
     # Without history the first attempt's effect dates it.
     late = [*without(ledger, 1), row(SQL, 1, "end", 1 + 9.0, token=11)]
     assert ["started_late"] == kinds(check([SQL], late, leases, [], WINDOW))
+
+
+def test_an_sql_job_s_claim_may_come_claim_ahead_before_its_tick_its_effect_not() -> None:
+    ledger, leases, history = sql_clean()
+    ahead = CLAIM_AHEAD.total_seconds()
+    # Tick 1 claimed CLAIM_AHEAD early (as the daemon does), its effect after the tick.
+    history = [h for h in history if h.run_key != key(1)] + [claim(SQL, 1, 1 - ahead, token=11)]
+    assert [] == kinds(check([SQL], ledger, leases, [], WINDOW, history))
+    # Its effect before the tick: early, whatever the claim.
+    early = [*without(ledger, 1), row(SQL, 1, "end", 1 - ahead / 2, token=11)]
+    report = check([SQL], early, leases, [], WINDOW, history)
+    assert ["started_early"] == kinds(report)
+    assert key(1) == report.violations[0].run_key
 
 
 # -- detached requests ------------------------------------------------------------
