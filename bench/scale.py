@@ -7,7 +7,8 @@ Every job is an in-process async entrypoint that returns at once
 pgcrond: for each (jobs, replicas) a fresh schema on one throwaway
 PostgreSQL, R ``pgcrond run`` replicas, one shared tick, then SIGTERM. Every
 figure comes from the lease table by the database's clock (claimed:
-``acquired_at - tick``, finished: ``finished_at - tick``), the replicas'
+``created_at - tick``: negative for a claim won ahead of the tick, whose run
+is held until the tick; finished: ``finished_at - tick``), the replicas'
 statements of the tick by name (``pg_stat_statements``; the bench reads under
 a role of its own, so its own reads are not counted), the replicas' rusage
 (CPU for the tick is read from /proc around it; RSS before the tick and
@@ -273,7 +274,7 @@ def one(
         after = statements(reader)
         rows = sql(
             reader,
-            "SELECT owner, status, extract(epoch FROM acquired_at) - %s, "
+            "SELECT owner, status, extract(epoch FROM created_at) - %s, "
             "extract(epoch FROM finished_at) - %s FROM pgcrond.leases "
             "WHERE code LIKE 'job-%%' AND run_key = %s",
             (tick, tick, run_key),
