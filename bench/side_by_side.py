@@ -52,7 +52,9 @@ docs/performance.md (machine, versions, date, command, load, table).
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
+import functools
 import json
 import math
 import os
@@ -156,9 +158,22 @@ def stop(replicas: Sequence[Replica], timeout: float = 60) -> None:
 
 
 def base_env(**extra: str) -> dict[str, str]:
+    """A replica's environment: this one without pgcrond's and the benches' own variables."""
+    _bytecode()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PGCROND_", "BENCH_"))}
     env.update(PYTHONPATH=str(ROOT), **extra)
     return env
+
+
+@functools.cache
+def _bytecode() -> None:
+    """pgcrond's modules compiled, once: replicas start as an installed package does.
+
+    pip compiles a package's bytecode when it installs it; a source tree under
+    PYTHONDONTWRITEBYTECODE (this machine's shell sets it) is compiled again at
+    every start, ~0.2 s of a replica's start-up here that no installed replica pays.
+    """
+    compileall.compile_dir(ROOT / "pgcrond", quiet=1)
 
 
 # -- the server ---------------------------------------------------------------
