@@ -112,9 +112,10 @@ class Spread:
         claim and the answer to the last claim of the tick this replica sent
         at once: every replica does the same work at a tick, so by then the
         preferred ones (as loaded as this one) have sent theirs, however long
-        a tick of thousands of jobs takes to hand on. Every claim of the same tick held
-        back meanwhile wakes with the first. A True return obliges the caller
-        to say :meth:`answered` once the claim's answer came (or failed).
+        a tick of thousands of jobs takes to hand on. Every claim of the same
+        tick held back meanwhile wakes with the first. A True return obliges
+        the caller to say :meth:`answered` once the claim's answer came (or
+        failed).
         """
         if not self.defers(identity):
             self._own[tick] = self._own.get(tick, 0) + 1
