@@ -23,13 +23,13 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import CronSchedule, run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.scheduling import ScheduleTrigger
-from pgcrond.guard.base import ClaimRequest, Held
+from pgcrond.guard.base import ClaimRequest, Held, Refused
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.jobstate import pause
-from pgcrond.storage.leases import CLAIM_AHEAD, LeaseStore
+from pgcrond.storage.leases import CLAIM_AHEAD, LeaseStore, claim_ahead_for
 from pgcrond.storage.migrate import migrate
 from tests.daemon_harness import cluster, wait_until
 from tests.test_daemon import LEDGER, config
@@ -37,9 +37,10 @@ from tests.test_daemon import LEDGER, config
 TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))
 # The store below wins claims this far ahead (the daemon's CLAIM_AHEAD is a
 # tenth of a second: too short to be sure a claim arrives inside it here).
-AHEAD = timedelta(seconds=2)
-# A fire time this far after the database clock: well inside AHEAD.
-EARLY = timedelta(seconds=1)
+AHEAD = timedelta(seconds=5)
+# A fire time this far after the database clock: inside AHEAD, and far enough
+# that a claim sent now is early even on a loaded machine.
+EARLY = timedelta(seconds=2)
 
 
 @pytest.fixture
@@ -98,7 +99,7 @@ async def test_a_claim_inside_claim_ahead_is_won_as_at_its_fire_time(
 async def test_a_claim_earlier_than_that_is_not_due_and_writes_nothing(
     ahead: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
-    fire_time = db_now(pg_dsn) + AHEAD + timedelta(seconds=1)
+    fire_time = db_now(pg_dsn) + AHEAD + timedelta(seconds=10)
     identity = Identity.schedule("too-early", run_key_for(fire_time))
     early = await ahead.claim(identity, TWO_S, fire_time=fire_time)
     assert isinstance(early, NotAcquired) and "not_due" == early.reason
@@ -144,9 +145,28 @@ async def test_the_guard_holds_a_claim_won_ahead_until_the_database_reaches_its_
 ) -> None:
     fire_time, identity = a_tick_ahead("held", pg_dsn)
     guard = LeaseGuard(ahead)
-    answer = await guard.claim(ClaimRequest(identity, fire_time, TWO_S, deadline=None))
+    timing = LeaseTiming.build(timedelta(seconds=30), timedelta(0))  # outlives the wait
+    answer = await guard.claim(ClaimRequest(identity, fire_time, timing, deadline=None))
     assert isinstance(answer, Held)
     assert db_now(pg_dsn) >= fire_time
+
+
+async def test_a_lease_that_lapses_while_its_tick_is_awaited_is_given_back_not_run(
+    ahead: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """Judged at the fire time: a lease shorter than the wait is not run on."""
+    fire_time, identity = a_tick_ahead("short", pg_dsn)
+    short = LeaseTiming.build(timedelta(milliseconds=500), timedelta(0))
+    answer = await LeaseGuard(ahead).claim(ClaimRequest(identity, fire_time, short, deadline=None))
+    assert isinstance(answer, Refused) and "retry_pending" == answer.reason
+    [row] = rows(pg_dsn, schema, "short")
+    assert "FAIL" == row["status"]
+
+
+def test_only_a_lease_that_the_wait_would_not_eat_into_is_claimed_ahead() -> None:
+    assert CLAIM_AHEAD == claim_ahead_for(timedelta(minutes=1))
+    assert CLAIM_AHEAD == claim_ahead_for(10 * CLAIM_AHEAD)
+    assert timedelta(0) == claim_ahead_for(10 * CLAIM_AHEAD - timedelta(milliseconds=1))
 
 
 def test_apscheduler_wakes_claim_ahead_before_each_tick() -> None:

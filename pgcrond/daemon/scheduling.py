@@ -6,8 +6,9 @@ fire time on, so the tick's run key never comes from the clock at run time.
 A schedule's fire fans out to the jobs on it, each at its jittered fire time.
 APScheduler wakes ``CLAIM_AHEAD`` before each tick: a lease job's claim is
 sent then, so that its round trip is over by the fire time (the lease guard
-holds the run until then, by the database clock); an advisory job's fire
-waits for its fire time.
+holds the run until then, by the database clock); an advisory job's fire,
+and a lease job's whose lease is too short to be claimed ahead
+(``claim_ahead_for``), wait for the fire time.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
 from pgcrond.daemon.accounting import FireNow
-from pgcrond.storage.leases import CLAIM_AHEAD
+from pgcrond.storage.leases import CLAIM_AHEAD, claim_ahead_for
 
 # Fires handed on per loop turn when one schedule holds many jobs: a turn
 # stays a few ms, and a chunk's claims still fill one statement.
@@ -221,7 +222,7 @@ class Scheduling:
         # the fire is handed on at tick + its stable shift, the same instant
         # on every replica. Misfire and lateness count from that instant.
         at = fire_time(code, fired.tick, job.jitter)
-        ahead = CLAIM_AHEAD if job.guard == "lease" else timedelta(0)
+        ahead = claim_ahead_for(job.timing.lease) if job.guard == "lease" else timedelta(0)
         delay = (at - ahead - datetime.now(UTC)).total_seconds()
         if delay <= 0:
             self._fire_at(code, fired, at)

@@ -10,7 +10,9 @@ holds the decisions the Guard contract asks for at the edges of a claim:
   is past its misfire window by the database clock, is not run;
 * a tick's claim may be won up to ``CLAIM_AHEAD`` before its fire time (the
   daemon fires that early, so that the round trip is over by then): the
-  claim returns ``Held`` once the database clock has surely reached it;
+  claim waits until the database clock has surely reached the fire time, and
+  only then judges the lease as above (one that lapsed meanwhile is given
+  back, never run);
 * every statement on the run path has a deadline that holds: an unanswered
   statement is left behind (never awaited), so no driver clean-up can stretch
   it.
@@ -132,6 +134,9 @@ class LeaseGuard(Guard):
                 answer.detail,
                 answer.cause,
             )
+        if identity.type == "SCHEDULE":
+            # Won ahead of its tick: what follows judges the lease as it is then.
+            await _until_fire_time(request.tick, answer)
         precise = True
         if answer.received_at - answer.sent_at > SLOW_ANSWER_S and not self._clear(request, answer):
             fresh = await self._recheck(answer)
@@ -140,10 +145,7 @@ class LeaseGuard(Guard):
                 return Refused(identity, "held", "RUNNING", wait=timedelta(0))
             precise = fresh is not answer
             answer = fresh
-        arrived = await self._on_arrival(request, answer, precise=precise)
-        if isinstance(arrived, Held) and identity.type == "SCHEDULE":
-            await _until_fire_time(request.tick, answer)
-        return arrived
+        return await self._on_arrival(request, answer, precise=precise)
 
     def _clear(self, request: ClaimRequest, lease: Acquired) -> bool:
         """Whether a slow answer's safe bounds decide already: live for a while, inside its window.

@@ -51,6 +51,16 @@ FINALIZE_LINGER_S = 0.02
 CLAIM_AHEAD = timedelta(milliseconds=100)
 
 
+def claim_ahead_for(lease: timedelta) -> timedelta:
+    """How long before its tick a job with this lease is claimed: CLAIM_AHEAD or nothing.
+
+    A lease that the wait for the tick would eat a tenth of or more (shorter
+    than a second) is claimed at the tick: it would lapse, or nearly, before
+    its run could start.
+    """
+    return CLAIM_AHEAD if lease >= 10 * CLAIM_AHEAD else timedelta(0)
+
+
 def storable(text: str) -> str:
     """``text`` as PostgreSQL can store it: no NUL, no lone surrogate, bounded.
 
