@@ -32,6 +32,7 @@ from pgcrond.storage.jobstate import pause
 from pgcrond.storage.leases import CLAIM_AHEAD, LeaseStore, claim_ahead_for
 from pgcrond.storage.migrate import migrate
 from tests.daemon_harness import cluster, wait_until
+from tests.test_clock_skew import database_now
 from tests.test_daemon import LEDGER, config
 
 TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))
@@ -56,14 +57,6 @@ async def ahead(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
         await db.close()
 
 
-def db_now(pg_dsn: str) -> datetime:
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        found = conn.execute("SELECT clock_timestamp()").fetchone()
-    assert found is not None
-    now: datetime = found[0]
-    return now
-
-
 def rows(pg_dsn: str, schema: str, code: str) -> list[dict[str, Any]]:
     with psycopg.connect(pg_dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
         return conn.execute(
@@ -77,7 +70,7 @@ def rows(pg_dsn: str, schema: str, code: str) -> list[dict[str, Any]]:
 
 def a_tick_ahead(code: str, pg_dsn: str) -> tuple[datetime, Identity]:
     """A fire time ``EARLY`` after the database's clock now (not a whole second: a jittered one)."""
-    fire_time = db_now(pg_dsn) + EARLY
+    fire_time = database_now(pg_dsn) + EARLY
     return fire_time, Identity.schedule(code, run_key_for(fire_time))
 
 
@@ -99,7 +92,7 @@ async def test_a_claim_inside_claim_ahead_is_won_as_at_its_fire_time(
 async def test_a_claim_earlier_than_that_is_not_due_and_writes_nothing(
     ahead: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
-    fire_time = db_now(pg_dsn) + AHEAD + timedelta(seconds=10)
+    fire_time = database_now(pg_dsn) + AHEAD + timedelta(seconds=10)
     identity = Identity.schedule("too-early", run_key_for(fire_time))
     early = await ahead.claim(identity, TWO_S, fire_time=fire_time)
     assert isinstance(early, NotAcquired) and "not_due" == early.reason
@@ -110,7 +103,7 @@ async def test_an_early_claim_that_would_skip_writes_nothing_and_is_judged_at_th
     ahead: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
     """A forbid job's tick claimed while an earlier tick runs: not SKIPPED ahead of its time."""
-    now = db_now(pg_dsn)
+    now = database_now(pg_dsn)
     running = await ahead.claim(
         Identity.schedule("forbid", run_key_for(now - timedelta(seconds=1))),
         LeaseTiming.build(timedelta(seconds=30), timedelta(0)),
@@ -123,7 +116,7 @@ async def test_an_early_claim_that_would_skip_writes_nothing_and_is_judged_at_th
     assert early.wait is not None and early.wait <= EARLY
     assert ["RUNNING"] == [row["status"] for row in rows(pg_dsn, schema, "forbid")]
     # At the tick the earlier run is still going: now the overlap is recorded.
-    await asyncio.sleep((fire_time - db_now(pg_dsn)).total_seconds())
+    await asyncio.sleep((fire_time - database_now(pg_dsn)).total_seconds())
     late = await ahead.claim(identity, TWO_S, forbid_overlap=True, fire_time=fire_time)
     assert isinstance(late, NotAcquired) and "overlap" == late.reason
     skipped = [row for row in rows(pg_dsn, schema, "forbid") if row["status"] == "SKIPPED"]
@@ -148,7 +141,7 @@ async def test_the_guard_holds_a_claim_won_ahead_until_the_database_reaches_its_
     timing = LeaseTiming.build(timedelta(seconds=30), timedelta(0))  # outlives the wait
     answer = await guard.claim(ClaimRequest(identity, fire_time, timing, deadline=None))
     assert isinstance(answer, Held)
-    assert db_now(pg_dsn) >= fire_time
+    assert database_now(pg_dsn) >= fire_time
 
 
 async def test_a_lease_that_lapses_while_its_tick_is_awaited_is_given_back_not_run(
