@@ -13,7 +13,8 @@ statements of the tick by name (``pg_stat_statements``; the bench reads under
 a role of its own, so its own reads are not counted), the replicas' rusage
 (CPU for the tick is read from /proc around it; RSS before the tick and
 a second after its last run was recorded, max RSS at exit), a
-``/metrics`` scrape of replica 0 half a second into the tick, and each
+``/metrics`` scrape of replica 0 as Prometheus makes one (gzip) three seconds
+before the tick and half a second into it, and each
 replica's own loop-stall probe (``loop_stall_max_s`` of ``daemon_stopped``).
 Duplicates are ``run_started`` lines beyond one per job.
 """
@@ -21,6 +22,7 @@ Duplicates are ``run_started`` lines beyond one per job.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import signal
@@ -59,6 +61,12 @@ from pgcrond.daemon.registry import SETTLE_S
 from pgcrond.storage.sql import named_queries
 from pgcrond.testing import LocalServer, throwaway
 
+# What Prometheus 2.x and 3.x send in a scrape's Accept header.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
 COLUMNS = (
     "jobs",
     "replicas",
@@ -70,7 +78,7 @@ COLUMNS = (
     "claims / finalizes / looks / heartbeats / other",
     "CPU for the tick",
     "RSS at rest / after the tick / max",
-    "/metrics during the tick",
+    "/metrics at rest / during the tick",
     "longest loop stall",
     "start to ready",
 )
@@ -158,21 +166,28 @@ def write_config(path: Path, jobs: int, second: int, extra: list[str], action: s
 
 def scrape(port: int, at: float, into: dict[str, float]) -> None:
     """One scrape at ``at`` (a scraper's steady state: there was one before, at ``at - 3``)."""
-    for moment in (at - 3, at):
+    for moment, kind in ((at - 3, "rest"), (at, "tick")):
         time.sleep(max(0.0, moment - time.time()))
-        _scrape_once(port, into)
+        _scrape_once(port, kind, into)
 
 
-def _scrape_once(port: int, into: dict[str, float]) -> None:
+def _scrape_once(port: int, kind: str, into: dict[str, float]) -> None:
+    """A scrape as Prometheus makes it (gzip, OpenMetrics first)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics",
+        headers={"Accept-Encoding": "gzip", "Accept": PROMETHEUS_ACCEPT},
+    )
     started = time.monotonic()
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as answer:
+        with urllib.request.urlopen(request, timeout=60) as answer:
             body = answer.read()
+            zipped = answer.headers.get("Content-Encoding") == "gzip"
     except OSError as exc:
         progress(f"scrape failed: {exc}")
         return
-    into["seconds"] = time.monotonic() - started
-    into["bytes"] = len(body)
+    into[f"{kind}_seconds"] = time.monotonic() - started
+    into["sent"] = len(body)
+    into["bytes"] = len(gzip.decompress(body)) if zipped else len(body)
 
 
 def stall(replica: Replica) -> float:
@@ -325,9 +340,10 @@ def one(
             "RSS at rest / after the tick / max": (
                 f"{at_rest:.0f} / {after_tick:.0f} / {max(r.max_rss_mib for r in started):.0f} MiB"
             ),
-            "/metrics during the tick": (
-                f"{scraped['seconds'] * 1000:,.0f} ms ({scraped['bytes'] / 1024:,.0f} KiB)"
-                if scraped
+            "/metrics at rest / during the tick": (
+                f"{scraped['rest_seconds'] * 1000:,.0f} / {scraped['tick_seconds'] * 1000:,.0f} ms"
+                f" ({scraped['sent'] / 1024:,.0f} KiB gzip of {scraped['bytes'] / 1024:,.0f})"
+                if "rest_seconds" in scraped and "tick_seconds" in scraped
                 else "-"
             ),
             "longest loop stall": f"{max(stalls) * 1000:,.0f} ms",

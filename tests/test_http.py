@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -270,9 +271,12 @@ async def test_per_job_series_exist_at_zero_before_any_event_and_follow_a_reload
     }
 
 
-async def fetch_accepting(port: int, accept: str) -> tuple[int, dict[str, str], bytes]:
+async def fetch_accepting(
+    port: int, accept: str, encoding: str | None = None
+) -> tuple[int, dict[str, str], bytes]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET /metrics HTTP/1.1\r\nHost: t\r\nAccept: {accept}\r\n\r\n".encode())
+    asked = "" if encoding is None else f"Accept-Encoding: {encoding}\r\n"
+    writer.write(f"GET /metrics HTTP/1.1\r\nHost: t\r\nAccept: {accept}\r\n{asked}\r\n".encode())
     await writer.drain()
     response = await reader.read()
     writer.close()
@@ -367,3 +371,70 @@ async def test_a_fast_render_is_always_fresh(monkeypatch: pytest.MonkeyPatch) ->
             _, headers, body = await fetch(server.port, "/metrics")
             shown.append(_renders_shown(body, headers["Content-Type"]))
     assert [1.0, 2.0, 3.0] == shown
+
+
+async def test_while_a_big_tick_is_in_flight_a_scrape_takes_the_last_render_and_starts_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # However fast a render is judged, a busy replica answers with the last one.
+    monkeypatch.setattr(http, "FRESH_RENDER_S", 5.0)
+    metrics = Metrics()
+    counted = _SlowCollector(seconds=0.0)
+    metrics.registry.register(counted)
+    busy = [False]
+    server = HealthServer(
+        "127.0.0.1:0",
+        health=lambda: True,
+        ready=lambda: always(True),
+        registry=metrics.registry,
+        busy=lambda: busy[0],
+    )
+    await server.start()
+    try:
+        shown = []
+        for busy[0] in (False, True, True, False):
+            _, headers, body = await fetch(server.port, "/metrics")
+            shown.append(_renders_shown(body, headers["Content-Type"]))
+    finally:
+        await server.stop()
+    # The two busy scrapes show the first render and start no other.
+    assert [1.0, 1.0, 1.0, 2.0] == shown
+    assert 2 == counted.renders
+
+
+@pytest.mark.parametrize(
+    ("accept_encoding", "gzipped"),
+    [
+        ("gzip", True),  # what Prometheus sends
+        ("br, gzip;q=0.5", True),
+        ("x-gzip", True),
+        ("gzip;q=0", False),
+        ("gzip; q=0.000", False),
+        ("gzip;q=nonsense", False),
+        ("identity", False),
+        ("", False),
+    ],
+)
+def test_gzip_is_served_when_the_scraper_accepts_it(accept_encoding: str, gzipped: bool) -> None:
+    assert gzipped == http.accepts_gzip(accept_encoding)
+
+
+async def test_a_scraper_that_accepts_gzip_gets_the_same_metrics_compressed() -> None:
+    metrics = Metrics()
+    metrics.set_jobs([f"job-{n}" for n in range(200)])
+    metrics.runs.labels("job-7", "fail").inc()
+    async with serving(metrics=metrics) as server:
+        _, plain_headers, plain = await fetch_accepting(server.port, PROMETHEUS_ACCEPT)
+        _, headers, body = await fetch_accepting(server.port, PROMETHEUS_ACCEPT, "gzip")
+    assert "Content-Encoding" not in plain_headers
+    assert ("gzip", "Accept-Encoding") == (headers["Content-Encoding"], headers["Vary"])
+    assert len(body) * 5 < len(plain)
+    kind = headers["Content-Type"]
+    unzipped = families_of(gzip.decompress(body), kind)
+    assert families_of(plain, kind).keys() == unzipped.keys()
+    runs = unzipped["pgcrond_runs"].samples
+    assert [1.0] == [
+        s.value
+        for s in runs
+        if s.name == "pgcrond_runs_total" and s.labels == {"cronjob": "job-7", "outcome": "fail"}
+    ]

@@ -100,6 +100,17 @@ async def test_a_burst_of_fires_holds_the_collector_off_until_none_is_in_flight(
 
 
 @pytest.mark.usefixtures("collector_on")
+async def test_a_burst_is_big_while_as_many_fires_as_hold_the_collector_are_in_flight() -> None:
+    """What /metrics asks (on its own thread) before it renders."""
+    burst = interpreter.Bursts()
+    seen = []
+    for in_flight in (1, interpreter.PAUSE_COLLECTOR_AT, interpreter.PAUSE_COLLECTOR_AT - 1, 0):
+        burst.fires(in_flight)
+        seen.append(burst.big)
+    assert [False, True, False, False] == seen
+
+
+@pytest.mark.usefixtures("collector_on")
 async def test_a_burst_that_lasts_is_collected_again_after_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

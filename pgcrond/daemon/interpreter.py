@@ -113,12 +113,22 @@ class Bursts:
         # The bound ran out during this burst: no second pause until it ends.
         self._spent = False
         self._most = 0
+        self._in_flight = 0
+
+    @property
+    def big(self) -> bool:
+        """Whether a big tick's fires are in flight now (``PAUSE_COLLECTOR_AT`` or more).
+
+        Read from other threads too (the HTTP server's): one int, set by the loop.
+        """
+        return self._in_flight >= PAUSE_COLLECTOR_AT
 
     def fires(self, in_flight: int) -> bool:
         """Told the number of fires in flight each time it changes.
 
         True when a burst of ``TRIM_AFTER_FIRES`` or more has just ended.
         """
+        self._in_flight = in_flight
         self._most = max(self._most, in_flight)
         if in_flight == 0:
             self._spent = False

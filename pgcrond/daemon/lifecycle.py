@@ -574,6 +574,7 @@ class Daemon:
             # Stale jobs are named in /readyz's body; they do not fail readiness.
             ready_detail=self.metrics.alerts.readiness_detail,
             registry=self.metrics.registry,
+            busy=lambda: self._bursts.big,
             # Read-only pages from the current config and the store, once started.
             status_page=StatusPage(
                 config=lambda: self.config,
