@@ -10,10 +10,11 @@ In short:
 
 * claim (one round trip); a loss because the tick is **held** is followed:
   the replica claims again once the holder's claim could have lapsed, and a
-  survivor reclaims the tick of a dead winner (**takeover**) as long as that
-  happens within ``misfire_grace`` of the tick. A tick stays followed by every
-  replica until it is done or its window ends, whatever became of this
-  replica's own attempt (lease lost, fenced, answered too late);
+  survivor reclaims the tick of a dead winner (**takeover**), however long
+  after the tick: ``misfire_grace`` bounds only a tick's first start. A
+  started tick stays followed by every replica until it is done, whatever
+  became of this replica's own attempt (lease lost, fenced, answered too
+  late);
 * the winner keeps the claim alive while the runner runs, then records SUCCESS
   or FAIL as the current holder only; a failure with retries left is claimed
   again (by whichever replica follows it; retries are not misfires);
@@ -291,6 +292,7 @@ class Firing:
                 spreadable=not held_back and outcome is None and deadline is not None,
             )
             resumes = self._resumes
+            claim: Callable[[], Awaitable[Held | Refused | None]]
             claim = functools.partial(guard.claim, request)
             if request.forbid_overlap:
                 # Asked before every try: a run of the job here may be
@@ -298,11 +300,15 @@ class Firing:
                 claim = functools.partial(self._claim_alone, job, bound, deadline, claim)
             answer = await self._with_outage_retry(job, "claim", claim, deadline)
             if answer is None:
-                # Still unreachable at the end of the misfire window. A tick
-                # this replica already ran or lost is not a miss of its own.
-                if outcome is None:
-                    return self._misfire(job, bound, identity, tick, "database_unavailable")
-                return outcome
+                if self.stopping.is_set():
+                    # The replica stops with no answer (none asked for, or the
+                    # database unreachable): the tick is the live replicas' to
+                    # run, or to record missed, not this one's to call missed.
+                    return outcome or "lose"
+                # Still unreachable at the end of the misfire window, which
+                # only a tick's first start has (a tick this replica ran or
+                # follows has none): the first claim never got through.
+                return self._misfire(job, bound, identity, tick, "database_unavailable")
             if isinstance(answer, Held):
                 if answer.identity.type == "INITIAL" or tick_of(answer.identity.run_key or ""):
                     self.events.paused(job, False)  # a tick ran: not paused
@@ -380,7 +386,7 @@ class Firing:
                 deadline = None
             # Without follow (`pgcrond trigger`) only this replica's own retries
             # are followed: a tick it lost is left to the daemons.
-            wait = self._follow(job, bound, answer, deadline)
+            wait = self._follow(job, answer)
             if wait is None or (outcome == "lose" and not follow):
                 return outcome
             await self._sleep_on_grid(wait)
@@ -392,15 +398,18 @@ class Firing:
         bound: structlog.typing.FilteringBoundLogger,
         deadline: datetime | None,
         claim: Callable[[], Awaitable[Held | Refused]],
-    ) -> Held | Refused:
+    ) -> Held | Refused | None:
         """Claim a forbid job's tick once no run of it abandoned here still runs.
 
         Its lease may have lapsed at the database (the thread outlived its stop
         grace), so the claim would be granted: the job would run twice at once.
         Bounded by the tick's window: past it the claim records the miss.
+        None, with no claim made, when the replica stops meanwhile.
         """
         if leftovers.still_running(job.code):
             await self._wait_for_leftovers(job, bound, deadline)
+            if self.stopping.is_set():
+                return None
         return await claim()
 
     async def _wait_for_leftovers(
@@ -419,14 +428,12 @@ class Firing:
                 return
             await asyncio.sleep(LEFTOVER_POLL_S)
 
-    def _follow(
-        self,
-        job: JobConfig,
-        bound: structlog.typing.FilteringBoundLogger,
-        refusal: Refused,
-        deadline: datetime | None,
-    ) -> float | None:
-        """Seconds to wait before claiming again, or None to stop following."""
+    def _follow(self, job: JobConfig, refusal: Refused) -> float | None:
+        """Seconds to wait before claiming again, or None to stop following.
+
+        Only a started tick is followed (held, or a retry pending), and with
+        no misfire bound: its window bounded its first start only.
+        """
         if refusal.reason not in ("held", "retry_pending") or refusal.wait is None:
             return None
         if (
@@ -436,16 +443,6 @@ class Firing:
         ):
             # Out of retries for this start: the next start of a replica tries
             # the run-once job again, not every follower now.
-            return None
-        recheck_at = self.clock() + refusal.wait + _FOLLOW_MARGIN
-        if deadline is not None and recheck_at > deadline:
-            if refusal.reason == "held":
-                bound.debug(
-                    "takeover_out_of_reach",
-                    owner=refusal.owner,
-                    lease_free_at=recheck_at.isoformat(),
-                    misfire_deadline=deadline.isoformat(),
-                )
             return None
         return (refusal.wait + _FOLLOW_MARGIN).total_seconds()
 

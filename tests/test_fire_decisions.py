@@ -1,13 +1,24 @@
 """The fire's decisions over the in-memory guard: no database, every branch.
 
-Runs are real (``/bin/true`` and ``/bin/false``); the guard answers as the
-lease table would, or as a test scripts it.
+Runs are real (``/bin/true`` and ``/bin/false``, or the in-process entrypoints
+of ``tests/jobs_fixture.py``); the guard answers as the lease table would, or
+as a test scripts it, or, for the paths a guard's bug takes, as a small
+subclass here breaks it (a claim, a keep-alive or a record that raises).
+Subscribers of the fire's events (``Events``) see what it told the replica.
+
+``scripts/test`` checks that this file alone covers every line and branch of
+``pgcrond/fire.py`` (``coverage --branch``, 100 %).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import uuid
 from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,10 +28,22 @@ import structlog
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
+from pgcrond.core.outcome import RunResult
 from pgcrond.core.schedule import run_key_for
-from pgcrond.fire import Firing
-from pgcrond.guard.base import Refused
-from pgcrond.guard.memory import MemoryGuard
+from pgcrond.errors import PgcrondError
+from pgcrond.events import FireEvents
+from pgcrond.fire import _FOLLOW_MARGIN, _RECHECK_GRID_S, Firing
+from pgcrond.guard.base import (
+    ClaimRequest,
+    Held,
+    Outcome,
+    Recorded,
+    RefusalReason,
+    Refused,
+    Verdict,
+)
+from pgcrond.guard.memory import MemoryGuard, Row
+from pgcrond.run import leftovers
 from tests import jobs_fixture
 
 
@@ -39,8 +62,152 @@ def now_tick(offset: float = 0.0) -> tuple[datetime, Identity]:
     return tick, Identity.schedule("j", run_key_for(tick))
 
 
-def firing(guard: MemoryGuard) -> Firing:
-    return Firing(guards=lambda _: guard, replica="unit:1")
+def request_identity() -> Identity:
+    """A request's identity: its run key is no tick (``manual:...``), and no other test's."""
+    return Identity.schedule("j", f"manual:{uuid.uuid4().hex}")
+
+
+def firing(guard: MemoryGuard, events: FireEvents | None = None) -> Firing:
+    return Firing(
+        guards=lambda _: guard, replica="unit:1", events=events if events else FireEvents()
+    )
+
+
+async def until(condition: Callable[[], bool], within: float = 5.0) -> None:
+    """Poll ``condition`` on the loop until it holds; fail the test after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"still not so after {within}s")
+        await asyncio.sleep(0.01)
+
+
+def logged(logs: list[structlog.typing.EventDict], event: str) -> list[structlog.typing.EventDict]:
+    return [e for e in logs if e["event"] == event]
+
+
+class Events(FireEvents):
+    """A subscriber that notes what the fire told it; ``on[event]`` is called once, on its first."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, object]] = []
+        self.on: dict[str, Callable[[], None]] = {}
+
+    def of(self, event: str) -> list[object]:
+        return [detail for name, detail in self.seen if name == event]
+
+    def _note(self, event: str, detail: object = None) -> None:
+        self.seen.append((event, detail))
+        action = self.on.pop(event, None)
+        if action is not None:
+            action()
+
+    def claim_lost(self, job: JobConfig, reason: str) -> None:
+        self._note("claim_lost", reason)
+
+    def skipped(self, job: JobConfig, reason: str) -> None:
+        self._note("skipped", reason)
+
+    def paused(self, job: JobConfig, paused: bool) -> None:
+        self._note("paused", paused)
+
+    def missed(
+        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
+    ) -> None:
+        self._note("missed", (cause, recorded))
+
+    def run_started(self, job: JobConfig, lateness_s: float) -> None:
+        self._note("run_started")
+
+    def run_finished(self, job: JobConfig, outcome: str, duration_s: float) -> None:
+        self._note("run_finished", outcome)
+
+    def recorded(self, job: JobConfig, kind: Outcome, final: bool) -> None:
+        self._note("recorded", (kind, final))
+
+    def failed_for_good(self, job: JobConfig, held: Held, result: RunResult) -> None:
+        self._note("failed_for_good", result.outcome)
+
+    def database(self, operation: str, ok: bool) -> None:
+        self._note("database", (operation, ok))
+
+
+# -- guards with a bug or a lapse of their own (one method each) ---------------------------
+
+
+@dataclass
+class ClaimRaises(MemoryGuard):
+    """Every claim raises ``error``."""
+
+    error: Exception = field(
+        default_factory=lambda: RuntimeError("a batch answered a request given up on")
+    )
+
+    async def claim(self, request: ClaimRequest) -> Held | Refused:
+        self.calls.append("claim")
+        raise self.error
+
+
+@dataclass
+class RecordRaises(MemoryGuard):
+    """The first ``failures`` records raise an error that is no outage."""
+
+    failures: int = 3
+
+    async def record(self, held: Held, verdict: Verdict) -> Recorded:
+        if self.failures > 0:
+            self.failures -= 1
+            self.calls.append(f"record:{verdict.outcome}")
+            raise RuntimeError("record bug")
+        return await super().record(held, verdict)
+
+
+@dataclass
+class HoldRaises(MemoryGuard):
+    """The keep-alive cannot start: the run never begins."""
+
+    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
+        raise RuntimeError("keep-alive bug")
+
+
+@dataclass
+class LetGoRaises(MemoryGuard):
+    """The keep-alive raises as it ends, after the run did."""
+
+    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
+        @contextlib.asynccontextmanager
+        async def holding() -> AsyncIterator[Held]:
+            yield held
+            raise RuntimeError("keep-alive bug on the way out")
+
+        return holding()
+
+
+@dataclass
+class CancelsFirstRun(MemoryGuard):
+    """The first run's cancellation is set, with ``reason``, as its keep-alive begins."""
+
+    reason: str = "lease_lost"
+    _done: bool = False
+
+    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
+        if not self._done:
+            self._done = True
+            held.cancellation.cancel(self.reason)
+        return super().hold(held)
+
+
+@dataclass
+class CancelsTheFire(MemoryGuard):
+    """The fire's own task is cancelled (a shutdown) as the run begins: it is
+    delivered at the run's first wait, before the job is under way."""
+
+    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        return super().hold(held)
 
 
 @pytest.mark.usefixtures("subprocesses")
@@ -70,8 +237,6 @@ async def test_a_failure_with_retries_left_is_claimed_again_and_retried(tmp_path
 async def test_a_tick_held_elsewhere_is_taken_over_once_its_lease_lapses(tmp_path: Path) -> None:
     guard = MemoryGuard()
     tick, identity = now_tick()
-    from pgcrond.guard.memory import Row
-
     # A dead winner's row: RUNNING, its lease lapsing 100 ms from now.
     guard.rows[identity] = Row("RUNNING", 1, 99, datetime.now(UTC) + timedelta(milliseconds=100))
     outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
@@ -284,3 +449,524 @@ async def test_a_forbid_claim_waits_while_an_abandoned_run_of_the_job_still_runs
         jobs_fixture.RELEASE[first.run_key or ""].set()
     assert ["claim", "record:timeout", "claim", "record:success"] == guard.calls
     assert 1 == sum(e["event"] == "claim_waits" for e in logs)
+
+
+# -- one identity at a time; a fire cancelled; a replica stopping ---------------------------
+
+
+async def test_a_second_fire_of_one_identity_joins_the_first_and_claims_nothing(
+    tmp_path: Path,
+) -> None:
+    """A request's run key is no tick: its run says nothing about a pause of the job."""
+    guard, events = MemoryGuard(), Events()
+    fire = firing(guard, events)
+    identity = request_identity()
+    key = identity.run_key or ""
+    gated = job(tmp_path, "entrypoint: 'tests.jobs_fixture:ignore_cancel'")
+    tick = datetime.now(UTC)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            first = asyncio.create_task(fire.fire(gated, tick, identity))
+            await until(jobs_fixture.STARTED[key].is_set)
+            assert fire.in_flight(identity)
+            second = asyncio.create_task(fire.fire(gated, tick, identity))
+            await until(lambda: bool(logged(logs, "fire_joined")))
+            jobs_fixture.RELEASE[key].set()
+            outcomes = await asyncio.wait_for(asyncio.gather(first, second), 5)
+    finally:
+        jobs_fixture.RELEASE[key].set()
+    assert ["success", "success"] == list(outcomes)
+    assert not fire.in_flight(identity)
+    assert ["claim", "record:success"] == guard.calls
+    assert 1 == len(events.of("run_started"))
+    assert [] == events.of("paused")
+
+
+async def test_a_fire_cancelled_while_it_runs_ends_its_run_and_every_joiner(
+    tmp_path: Path,
+) -> None:
+    guard, events = MemoryGuard(), Events()
+    fire = firing(guard, events)
+    identity = request_identity()
+    waiting = job(tmp_path, "entrypoint: 'tests.jobs_fixture:wait_then_return_async'")
+    tick = datetime.now(UTC)
+    with structlog.testing.capture_logs() as logs:
+        first = asyncio.create_task(fire.fire(waiting, tick, identity))
+        await until(jobs_fixture.STARTED[identity.run_key or ""].is_set)
+        joiner = asyncio.create_task(fire.fire(waiting, tick, identity))
+        await until(lambda: bool(logged(logs, "fire_joined")))
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(first, 5)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(joiner, 5)
+    assert not fire.in_flight(identity)
+    assert {} == fire.running
+    # Nothing recorded: the row stays RUNNING until its lease lapses, then is taken over.
+    assert ["claim"] == guard.calls
+    assert "RUNNING" == guard.rows[identity].status
+    assert ["fail"] == events.of("run_finished")
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_fire_cancelled_before_its_run_is_under_way_reports_no_run(
+    tmp_path: Path,
+) -> None:
+    guard, events = CancelsTheFire(), Events()
+    fire = firing(guard, events)
+    tick, identity = now_tick()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(fire.fire(job(tmp_path, "command: ['true']"), tick, identity), 5)
+    assert ["claim"] == guard.calls
+    assert {} == fire.running
+    assert not fire.in_flight(identity)
+    # Never started, so never finished either: the running gauge stays even.
+    assert ([], []) == (events.of("run_started"), events.of("run_finished"))
+
+
+async def test_stop_wakes_every_follower_asleep_on_the_grid(tmp_path: Path) -> None:
+    """Three dead winners' leases lapse at one instant: their followers share one
+    wake-up, and stop() rings it, passing over a follower cancelled meanwhile."""
+    loop = asyncio.get_running_loop()
+    epoch = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def clock() -> datetime:  # the loop's: a follower's wait lands on a known grid slot
+        return epoch + timedelta(seconds=loop.time())
+
+    guard, events = MemoryGuard(clock=clock), Events()
+    fire = Firing(guards=lambda _: guard, replica="unit:1", events=events, clock=clock)
+    # 30 s ahead (stop() comes long before), half a slot from either edge of the grid.
+    slot = math.ceil((loop.time() + 30) / _RECHECK_GRID_S) * _RECHECK_GRID_S
+    lapse = slot + _RECHECK_GRID_S / 2 - _FOLLOW_MARGIN.total_seconds()
+    identities = [request_identity() for _ in range(3)]
+    for identity in identities:
+        guard.rows[identity] = Row("RUNNING", 1, 99, epoch + timedelta(seconds=lapse))
+    ok = job(tmp_path, "command: ['true']")
+    followers = [asyncio.create_task(fire.fire(ok, clock(), i)) for i in identities]
+    # Lost, then asleep: nothing between the two lets another task run.
+    await until(lambda: 3 == len(events.of("claim_lost")))
+    assert [3] == [len(sleepers) for sleepers in fire._slots.values()]
+    followers[2].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await followers[2]
+    fire.stop()
+    assert ["lose", "lose"] == await asyncio.wait_for(asyncio.gather(*followers[:2]), 5)
+    assert {} == fire._slots
+    assert ["claim"] * 3 == guard.calls
+
+
+async def test_a_follower_stopped_before_it_goes_to_sleep_claims_no_more(tmp_path: Path) -> None:
+    """stop() came as the claim's loss was told: no sleep until a lease lapses a minute away."""
+    tick, identity = now_tick()
+    held = Refused(identity, "held", "RUNNING", wait=timedelta(minutes=1), attempt=1)
+    guard, events = MemoryGuard(script=deque([held])), Events()
+    fire = firing(guard, events)
+    events.on["claim_lost"] = fire.stop
+    ok = job(tmp_path, "command: ['true']")
+    assert "lose" == await asyncio.wait_for(fire.fire(ok, tick, identity), 5)
+    assert ["claim"] == guard.calls
+    assert {} == fire._slots
+
+
+async def test_a_fire_after_stop_claims_nothing(tmp_path: Path) -> None:
+    guard = MemoryGuard()
+    fire = firing(guard)
+    fire.stop()
+    tick, identity = now_tick()
+    assert "lose" == await fire.fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert [] == guard.calls
+    assert not fire.in_flight(identity)
+
+
+async def test_a_claim_in_an_outage_gives_up_once_the_replica_stops(tmp_path: Path) -> None:
+    """After its own failed run: what it ran is the fire's outcome, not a miss."""
+    tick, identity = now_tick()
+    guard = MemoryGuard(script=deque([None, None, *["unavailable"] * 20]))  # type: ignore[list-item]
+    events = Events()
+    fire = firing(guard, events)
+    failing = job(
+        tmp_path,
+        "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 1, retry_delay: 50ms",
+    )
+    following = asyncio.create_task(fire.fire(failing, tick, identity))
+    await until(lambda: len(guard.calls) >= 3)  # the retry's claim meets the outage
+    fire.stop()
+    assert "fail" == await asyncio.wait_for(following, 5)
+    assert ["claim", "record:fail", "claim"] == guard.calls[:3]
+    assert {"claim"} == set(guard.calls[2:])
+    assert ["fail"] == events.of("run_finished")
+    assert [] == events.of("missed")
+
+
+async def test_a_first_claim_in_an_outage_when_the_replica_stops_is_no_miss(
+    tmp_path: Path,
+) -> None:
+    """The tick's window has not ended: it is the live replicas' to run or to record missed."""
+    tick, identity = now_tick()
+    guard = MemoryGuard(script=deque(["unavailable"] * 20))
+    events = Events()
+    fire = firing(guard, events)
+    with structlog.testing.capture_logs() as logs:
+        following = asyncio.create_task(
+            fire.fire(job(tmp_path, "command: ['true']"), tick, identity)
+        )
+        await until(lambda: len(guard.calls) >= 1)
+        fire.stop()
+        assert "lose" == await asyncio.wait_for(following, 5)
+    assert [] == events.of("missed")
+    assert [] == logged(logs, "tick_missed")
+    assert {"claim"} == set(guard.calls)
+
+
+async def test_a_forbid_claim_waiting_for_an_abandoned_run_claims_nothing_once_stopping(
+    tmp_path: Path,
+) -> None:
+    """No claim at shutdown, and none beside the abandoned run (concurrency: forbid)."""
+    guard = MemoryGuard(stop_grace=timedelta(milliseconds=200))
+    fire = firing(guard)
+    stuck = job(
+        tmp_path,
+        "entrypoint: 'tests.jobs_fixture:ignore_cancel', concurrency: forbid, timeout: 100ms",
+    )
+    abandoned = request_identity()
+    await until(lambda: not leftovers.still_running("j"))  # none of another test's
+    try:
+        with structlog.testing.capture_logs() as logs:
+            assert "timeout" == await fire.fire(stuck, datetime.now(UTC), abandoned)
+            tick, identity = now_tick()
+            waiting = asyncio.create_task(fire.fire(stuck, tick, identity))
+            await until(lambda: bool(logged(logs, "claim_waits")))
+            fire.stop()
+            assert "lose" == await asyncio.wait_for(waiting, 5)
+            assert leftovers.still_running("j")  # it was still running when the fire gave up
+    finally:
+        jobs_fixture.RELEASE[abandoned.run_key or ""].set()
+        await until(lambda: not leftovers.still_running("j"))
+    assert ["claim", "record:timeout"] == guard.calls
+    assert [] == logged(logs, "tick_missed")
+
+
+# -- pauses ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ending", ["resumed", "stopped"])
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_paused_run_once_job_waits_for_a_resume(tmp_path: Path, ending: str) -> None:
+    """Not for a replica's restart: ``pgcrond resume`` (or the replica's stop) ends the wait."""
+    identity = Identity.initial("j")
+    paused = Refused(identity, "paused", detail="paused by ops: migration")
+    guard, events = MemoryGuard(script=deque([paused])), Events()
+    fire = firing(guard, events)
+    ok = job(tmp_path, "command: ['true']")
+    with structlog.testing.capture_logs() as logs:
+        waiting = asyncio.create_task(fire.fire(ok, datetime.now(UTC), identity))
+        await until(lambda: bool(logged(logs, "waiting_for_resume")))
+        assert ["claim"] == guard.calls
+        if ending == "resumed":
+            fire.resumed()
+        else:
+            fire.stop()
+        outcome = await asyncio.wait_for(waiting, 5)
+    if ending == "resumed":
+        assert "success" == outcome
+        assert ["claim", "claim", "record:success"] == guard.calls
+        assert [True, False] == events.of("paused")  # a run-once job ran: not paused
+    else:
+        assert "lose" == outcome
+        assert ["claim"] == guard.calls
+    assert ["paused by ops: migration"] == [e["detail"] for e in logged(logs, "waiting_for_resume")]
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_resume_while_the_paused_answer_was_on_its_way_is_not_waited_for(
+    tmp_path: Path,
+) -> None:
+    """A started tick's retry refused paused: the resume rang before the wait began."""
+    tick, identity = now_tick(-0.5)
+    paused = Refused(identity, "paused", "FAIL", attempt=1, detail="paused by ops")
+    guard, events = MemoryGuard(script=deque([paused])), Events()
+    fire = firing(guard, events)
+    events.on["database"] = fire.resumed  # as the claim's answer arrives
+    ok = job(tmp_path, "command: ['true']")
+    with structlog.testing.capture_logs() as logs:
+        outcome = await asyncio.wait_for(fire.fire(ok, tick, identity, started=True), 5)
+    assert "success" == outcome
+    assert ["claim", "claim", "record:success"] == guard.calls
+    assert [] == logged(logs, "waiting_for_resume")
+
+
+async def test_a_new_tick_of_a_paused_job_is_skipped(tmp_path: Path) -> None:
+    """Recorded SKIPPED by the claim: nothing to wait for."""
+    tick, identity = now_tick()
+    paused = Refused(identity, "paused", "SKIPPED", detail="paused by ops")
+    guard, events = MemoryGuard(script=deque([paused])), Events()
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard, events).fire(
+            job(tmp_path, "command: ['true']"), tick, identity
+        )
+    assert "skip" == outcome
+    assert ["claim"] == guard.calls
+    assert (["paused"], [True]) == (events.of("skipped"), events.of("paused"))
+    assert ["paused by ops"] == [e["detail"] for e in logged(logs, "tick_skipped")]
+
+
+async def test_a_suspended_job_is_skipped_not_waited_for(tmp_path: Path) -> None:
+    """suspended: true in the YAML ends with a reload, not with `pgcrond resume`."""
+    tick, identity = now_tick()
+    guard, events = MemoryGuard(), Events()
+    suspended = job(tmp_path, "command: ['true'], suspended: true")
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard, events).fire(suspended, tick, identity)
+    assert "skip" == outcome
+    assert ["paused"] == events.of("skipped")
+    [skipped] = logged(logs, "tick_skipped")
+    assert skipped["detail"].startswith("suspended: true in ")
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("reason", "status"), [("done", "SUCCESS"), ("failed", "FAIL")])
+async def test_a_finished_tick_is_lost_and_not_followed(
+    tmp_path: Path, reason: RefusalReason, status: str
+) -> None:
+    tick, identity = now_tick()
+    refusal = Refused(identity, reason, status, attempt=1)
+    guard, events = MemoryGuard(script=deque([refusal])), Events()
+    outcome = await firing(guard, events).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "lose" == outcome
+    assert ["claim"] == guard.calls
+    assert [reason] == events.of("claim_lost")
+
+
+@pytest.mark.parametrize("reason", ["late", "coalesced"])
+async def test_a_late_answer_after_this_replica_ran_the_tick_is_no_miss(
+    tmp_path: Path, reason: RefusalReason
+) -> None:
+    """Its retry's claim answered late: the fire comes to what it ran."""
+    tick, identity = now_tick()
+    guard = MemoryGuard(script=deque([None, None, Refused(identity, reason)]))  # type: ignore[list-item]
+    events = Events()
+    failing = job(
+        tmp_path,
+        "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 1, retry_delay: 50ms",
+    )
+    outcome = await firing(guard, events).fire(failing, tick, identity)
+    assert "fail" == outcome
+    assert ["claim", "record:fail", "claim"] == guard.calls
+    assert [] == events.of("missed")
+
+
+async def test_a_run_once_job_out_of_retries_is_left_to_the_next_start(tmp_path: Path) -> None:
+    """Under a guard that remembers, its row keeps a retry time, for the next start of
+    any replica; another replica following it now does not take it."""
+    identity = Identity.initial("j")
+    guard, events = MemoryGuard(), Events()
+    failing = job(
+        tmp_path,
+        "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 0, retry_delay: 30s",
+    )
+    outcome = await firing(guard, events).fire(failing, datetime.now(UTC), identity)
+    assert "fail" == outcome
+    row = guard.rows[identity]
+    assert ("FAIL", 1) == (row.status, row.attempt)
+    assert row.retry_at is not None
+    assert [("fail", False)] == events.of("recorded")
+    assert ["fail"] == events.of("failed_for_good")
+    other = Events()
+    assert "lose" == await firing(guard, other).fire(failing, datetime.now(UTC), identity)
+    assert ["retry_pending"] == other.of("claim_lost")
+    assert ["claim", "record:fail", "claim"] == guard.calls
+
+
+# -- a run's end: lost, given back, crashed, not recorded -------------------------------------
+
+
+async def test_a_run_that_lost_its_lease_records_nothing_and_follows_the_tick(
+    tmp_path: Path,
+) -> None:
+    """Its own row lapses, and the follower takes it over: attempt 2 runs."""
+    tick, identity = now_tick()
+    guard, events = CancelsFirstRun(reason="lease_lost"), Events()
+    ok = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
+    outcome = await asyncio.wait_for(firing(guard, events).fire(ok, tick, identity), 5)
+    assert "fail" == outcome
+    # Nothing recorded for attempt 1; claimed again until its lease lapsed.
+    assert ["record:fail"] == [call for call in guard.calls if call != "claim"]
+    assert "record:fail" == guard.calls[-1]
+    assert ["lease_lost", "fail"] == events.of("run_finished")
+    assert (2, "FAIL") == (guard.rows[identity].attempt, guard.rows[identity].status)
+
+
+async def test_a_run_stopped_by_a_shutdown_is_given_back(tmp_path: Path) -> None:
+    """Recorded released (claimable at once), so that a survivor takes it over."""
+    tick, identity = now_tick()
+    guard, events = CancelsFirstRun(reason="shutdown"), Events()
+    ok = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
+    outcome = await firing(guard, events).fire(ok, tick, identity)
+    assert "cancelled" == outcome
+    assert ["claim", "record:released"] == guard.calls
+    row = guard.rows[identity]
+    assert ("FAIL", "released") == (row.status, row.reason)
+    assert [("released", True)] == events.of("recorded")
+    assert [] == events.of("failed_for_good")
+
+
+async def test_a_keep_alive_that_cannot_start_is_the_runs_failure(tmp_path: Path) -> None:
+    """Recorded as this run's failure, never left RUNNING with nobody running it."""
+    tick, identity = now_tick()
+    guard, events = HoldRaises(), Events()
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard, events).fire(
+            job(tmp_path, "command: ['true']"), tick, identity
+        )
+    assert "fail" == outcome
+    assert ["claim", "record:fail"] == guard.calls
+    assert "RuntimeError: keep-alive bug" == guard.rows[identity].error
+    assert ["RuntimeError: keep-alive bug"] == [e["error"] for e in logged(logs, "run_crashed")]
+    assert ([], ["fail"]) == (events.of("run_started"), events.of("failed_for_good"))
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_keep_alive_failing_after_the_run_keeps_the_runs_own_outcome(
+    tmp_path: Path,
+) -> None:
+    tick, identity = now_tick()
+    guard = LetGoRaises()
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "success" == outcome
+    assert ["claim", "record:success"] == guard.calls
+    assert 1 == len(logged(logs, "run_crashed"))
+
+
+async def test_a_failure_hook_that_raises_does_not_end_the_fire(tmp_path: Path) -> None:
+    tick, identity = now_tick()
+    guard, events = MemoryGuard(), Events()
+
+    def hook_bug() -> None:
+        raise RuntimeError("hook bug")
+
+    events.on["failed_for_good"] = hook_bug
+    failing = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard, events).fire(failing, tick, identity)
+    assert "fail" == outcome
+    assert "FAIL" == guard.rows[identity].status
+    assert ["RuntimeError: hook bug"] == [e["error"] for e in logged(logs, "failure_hook_crashed")]
+
+
+async def test_an_outcome_still_in_an_outage_when_the_fire_is_cancelled_is_said_not_recorded(
+    tmp_path: Path,
+) -> None:
+    tick, identity = now_tick()
+    guard = MemoryGuard(script=deque([None, *["unavailable"] * 50]))  # type: ignore[list-item]
+    failing = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
+    with structlog.testing.capture_logs() as logs:
+        fire = asyncio.create_task(firing(guard).fire(failing, tick, identity))
+        await until(lambda: guard.calls.count("record:fail") >= 2)
+        fire.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(fire, 5)
+    assert "RUNNING" == guard.rows[identity].status
+    [said] = logged(logs, "outcome_not_recorded")
+    assert "fail" == said["outcome"]
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_record_that_keeps_failing_is_followed_like_a_lost_lease(tmp_path: Path) -> None:
+    """Unexpected errors, not an outage: after a few the row is left to lapse, and the
+    replica follows the tick; here it takes its own lapsed row over and records."""
+    tick, identity = now_tick()
+    guard = RecordRaises(failures=3)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await asyncio.wait_for(
+            firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity), 5
+        )
+    assert "success" == outcome
+    assert ["claim", *["record:success"] * 3, "claim", "record:success"] == guard.calls
+    assert (2, "SUCCESS") == (guard.rows[identity].attempt, guard.rows[identity].status)
+    assert 2 == len(logged(logs, "guard_failed"))
+    [said] = logged(logs, "outcome_not_recorded")
+    assert "RuntimeError: record bug" == said["error"]
+
+
+async def test_a_guard_that_keeps_raising_crashes_the_fire(tmp_path: Path) -> None:
+    """An error that is no outage is retried like one, a few times, then the fire ends."""
+    tick, identity = now_tick()
+    guard = ClaimRaises()
+    fire = firing(guard)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await fire.fire(job(tmp_path, "command: ['true']"), tick, identity, started=True)
+    assert "crashed" == outcome
+    assert ["claim"] * 3 == guard.calls
+    assert 2 == len(logged(logs, "guard_failed"))
+    [crashed] = logged(logs, "fire_crashed")
+    assert "RuntimeError: a batch answered a request given up on" == crashed["error"]
+    assert not fire.in_flight(identity)
+
+
+async def test_a_guard_error_that_is_no_outage_is_not_retried(tmp_path: Path) -> None:
+    tick, identity = now_tick()
+    guard = ClaimRaises(error=PgcrondError("the claim statement is wrong"))
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "crashed" == outcome
+    assert ["claim"] == guard.calls
+    assert [] == logged(logs, "guard_failed")
+    assert ["PgcrondError: the claim statement is wrong"] == [
+        e["error"] for e in logged(logs, "fire_crashed")
+    ]
+
+
+# -- the rest of a fire's options ---------------------------------------------------------------
+
+
+async def test_on_start_is_awaited_once_before_the_first_attempt(tmp_path: Path) -> None:
+    """A request's own record that its run started: once, however many attempts follow."""
+    tick, identity = now_tick()
+    guard, events = MemoryGuard(), Events()
+
+    async def on_start() -> None:
+        events.seen.append(("on_start", None))
+
+    failing = job(
+        tmp_path,
+        "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 1, "
+        "retry_delay: 50ms, concurrency: allow",
+    )
+    outcome = await firing(guard, events).fire(failing, tick, identity, on_start=on_start)
+    assert "fail" == outcome
+    started = [name for name, _ in events.seen if name in ("on_start", "run_started")]
+    assert ["on_start", "run_started", "run_started"] == started
+
+
+async def test_a_forbid_claim_waiting_for_an_abandoned_run_gives_up_at_its_window_end(
+    tmp_path: Path,
+) -> None:
+    """Past the misfire window the claim records the miss; a job that allows overlap
+    claims beside the abandoned run at once."""
+    guard = MemoryGuard(stop_grace=timedelta(milliseconds=200))
+    fire = firing(guard)
+    body = "entrypoint: 'tests.jobs_fixture:ignore_cancel', concurrency:"
+    stuck = job(tmp_path, f"{body} forbid, timeout: 100ms")
+    allowing = job(tmp_path, f"{body} allow")
+    abandoned = request_identity()
+    free = request_identity()
+    jobs_fixture.RELEASE[free.run_key or ""].set()  # this run returns at once
+    await until(lambda: not leftovers.still_running("j"))  # none of another test's
+    try:
+        with structlog.testing.capture_logs() as logs:
+            assert "timeout" == await fire.fire(stuck, datetime.now(UTC), abandoned)
+            assert 1 == len(logged(logs, "entrypoint_thread_abandoned"))
+            tick, identity = now_tick(-0.8)  # its window ends 200 ms from now
+            outcome = await asyncio.wait_for(fire.fire(stuck, tick, identity), 5)
+            assert "misfire" == outcome
+            assert ["late"] == [e["cause"] for e in logged(logs, "tick_missed")]
+            assert leftovers.still_running("j")  # the claim did not wait for it to end
+            assert "success" == await fire.fire(allowing, datetime.now(UTC), free)
+    finally:
+        jobs_fixture.RELEASE[abandoned.run_key or ""].set()
+        await until(lambda: not leftovers.still_running("j"))
+    assert 1 == len(logged(logs, "claim_waits"))
+    assert ["claim", "record:timeout", "claim", "claim", "record:success"] == guard.calls
