@@ -6,6 +6,8 @@ import asyncio
 import ctypes
 import gc
 import sys
+import threading
+import warnings
 import weakref
 from collections.abc import Iterator
 
@@ -149,3 +151,28 @@ async def test_only_the_end_of_a_big_burst_asks_for_a_trim() -> None:
     # The next burst is judged on its own.
     assert not bursts.fires(interpreter.TRIM_AFTER_FIRES - 1)
     assert not bursts.fires(0)
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_children_are_waited_for_through_a_pidfd_not_a_thread_each() -> None:
+    """Python 3.11's default starts a waiting thread per child, on the loop."""
+    if sys.version_info >= (3, 12):
+        pytest.skip("Python 3.12 waits through a pidfd by itself")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        before = asyncio.get_child_watcher()
+    try:
+        assert interpreter.watch_children()
+        threads = threading.active_count()
+        children = [
+            await asyncio.create_subprocess_exec("/bin/sh", "-c", "sleep 0.2; exit 3")
+            for _ in range(5)
+        ]
+        during = threading.active_count()
+        codes = await asyncio.wait_for(asyncio.gather(*(c.wait() for c in children)), 10)
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            asyncio.set_child_watcher(before)
+    assert [3] * 5 == codes
+    assert threads == during

@@ -128,6 +128,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, "SIGTERM")
         loop.add_signal_handler(signal.SIGINT, self._on_stop_signal, "SIGINT")
         loop.add_signal_handler(signal.SIGHUP, self._spawn_reload)
+        interpreter.watch_children()
         try:
             # Said once, before any job runs: where no cgroup can be made, limits
             # are rlimits per process.
