@@ -6,7 +6,10 @@ Also the pure retry backoff.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
+import os
 import random
 import sys
 import tracemalloc
@@ -349,6 +352,43 @@ async def test_the_runner_being_cancelled_kills_the_group(tmp_path: Path) -> Non
         await run
     session = int((tmp_path / "session").read_text())
     assert [] == await wait_until_session_gone(session)
+
+
+async def test_a_run_cancelled_while_its_pipes_are_set_up_leaves_no_fd_open(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Cancelled at each step before (and around) its child's start, a run closes
+    every fd it made, and leaves asyncio nothing to complain of: a stop may come
+    at any instant."""
+    request = make_request(CommandAction(("true",)))
+    before = _open_fds()
+    for steps in range(8):
+        run = asyncio.create_task(execute(request, Cancellation()))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+    # A cancelled reader's pipe is closed by its transport a loop turn or two later.
+    for _ in range(200):
+        if not _open_fds() - before:
+            break
+        await asyncio.sleep(0.01)
+    # Only fds opened meanwhile count: others may close as earlier tests' objects go.
+    assert set() == {_fd_target(fd) for fd in _open_fds() - before}
+    gc.collect()  # an unread exception is logged when its future goes
+    assert [] == [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+
+
+def _open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def _fd_target(fd: int) -> str:
+    try:
+        return f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}"
+    except OSError:
+        return f"{fd} (closed meanwhile)"
 
 
 # -- documentation --------------------------------------------------------------------

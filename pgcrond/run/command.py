@@ -57,8 +57,19 @@ async def run_process(argv: list[str], attempt: Attempt, *, hand_over: int | Non
     err_read, err_write = os.pipe()
     to_close = [out_write, err_write] if hand_over is None else [out_write, err_write, hand_over]
     cell = Cell(attempt.request.job, attempt.request.box)
-    stdout, stdout_transport = await _pipe_reader(out_read)
-    stderr, stderr_transport = await _pipe_reader(err_read)
+    # Cancelled while a reader is made (a stop at that instant), the fds it
+    # does not own yet are closed here; asyncio closes the one it was given.
+    try:
+        stdout, stdout_transport = await _pipe_reader(out_read)
+    except BaseException:
+        _close_all([err_read, *to_close])
+        raise
+    try:
+        stderr, stderr_transport = await _pipe_reader(err_read)
+    except BaseException:
+        stdout_transport.close()
+        _close_all(to_close)
+        raise
     budget = _OutputBudget(log, attempt.output)
     pumps = asyncio.gather(_pump(stdout, "stdout", budget), _pump(stderr, "stderr", budget))
     try:
@@ -76,8 +87,7 @@ async def run_process(argv: list[str], attempt: Attempt, *, hand_over: int | Non
         except OSError as exc:
             return Ending("fail", f"cannot start: {describe(exc)}")
         finally:
-            for fd in to_close:
-                os.close(fd)
+            _close_all(to_close)
         # start_new_session makes the child the leader of a new session and group.
         group = process.pid
         attempt.started()
@@ -100,6 +110,8 @@ async def run_process(argv: list[str], attempt: Attempt, *, hand_over: int | Non
         stdout_transport.close()
         stderr_transport.close()
         pumps.cancel()
+        # Its CancelledError is of no interest; unread, asyncio logs it as an error.
+        pumps.add_done_callback(lambda done: done.cancelled() or done.exception())
         await cell.close()
     return cell.judged(_process_ending(stop, returncode))
 
@@ -135,6 +147,11 @@ def _dying_with_daemon(argv: list[str], environ: dict[str, str]) -> list[str]:
     if _SETPRIV is None:
         return argv
     return [_SETPRIV, "--pdeathsig", "KILL", "--", found, *argv[1:]]
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
