@@ -50,7 +50,10 @@ def starts(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-async def until(condition: Callable[[], Any], within: float, what: str) -> Any:
+async def until(
+    condition: Callable[[], Any], within: float = 5.0, what: str = "the condition"
+) -> Any:
+    """Poll ``condition`` on the loop until it is truthy (and return it); fail after ``within``."""
     deadline = asyncio.get_running_loop().time() + within
     while not (value := condition()):
         if asyncio.get_running_loop().time() > deadline:

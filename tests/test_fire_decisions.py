@@ -45,6 +45,7 @@ from pgcrond.guard.base import (
 from pgcrond.guard.memory import MemoryGuard, Row
 from pgcrond.run import leftovers
 from tests import jobs_fixture
+from tests.test_corners_requests import until
 
 
 def job(tmp_path: Path, body: str) -> JobConfig:
@@ -68,19 +69,7 @@ def request_identity() -> Identity:
 
 
 def firing(guard: MemoryGuard, events: FireEvents | None = None) -> Firing:
-    return Firing(
-        guards=lambda _: guard, replica="unit:1", events=events if events else FireEvents()
-    )
-
-
-async def until(condition: Callable[[], bool], within: float = 5.0) -> None:
-    """Poll ``condition`` on the loop until it holds; fail the test after ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"still not so after {within}s")
-        await asyncio.sleep(0.01)
+    return Firing(guards=lambda _: guard, replica="unit:1", events=events or FireEvents())
 
 
 def logged(logs: list[structlog.typing.EventDict], event: str) -> list[structlog.typing.EventDict]:
