@@ -19,6 +19,9 @@ last, so a DSN in a driver's message never reaches the log with its password.
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +32,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Literal, TextIO
 
+import orjson
 import structlog
 from structlog.types import EventDict, Processor, WrappedLogger
 
@@ -105,14 +109,21 @@ class _Stamp:
         return event_dict
 
 
-# One encoder for every line: json.dumps with an argument builds a new one per call.
-# Every value is plain by now (redact_values renders the rest as text).
+# The standard library's encoder, for what orjson refuses (an integer past
+# 64 bits): one instance, since json.dumps with an argument builds one per call.
 _ENCODER = json.JSONEncoder(default=repr)
 
 
 def _json_line(event_dict: EventDict, **_: Any) -> str:
-    """structlog's JSON line, made with the shared encoder (its ``default`` is ours)."""
-    return _ENCODER.encode(event_dict)
+    """The line as compact JSON, non-ASCII as UTF-8; every value is plain by now.
+
+    orjson, a tenth of the standard encoder's time: a line is rendered on
+    the loop, two for every run.
+    """
+    try:
+        return orjson.dumps(event_dict, default=repr).decode()
+    except orjson.JSONEncodeError:
+        return _ENCODER.encode(event_dict)
 
 
 def _exc_info(logger: WrappedLogger, name: str, event_dict: EventDict) -> EventDict:
@@ -133,38 +144,102 @@ def _shared_processors() -> list[Processor]:
     ]
 
 
-class _StreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Our handler on the root logger, recognisable so ``configure`` can replace it.
+# A loop turn's lines leave together; past this many they go at once, so a
+# turn that says a great deal holds no unbounded buffer.
+_TURN_LINES = 1000
 
-    It writes through structlog's writer for the same stream, whose lock
-    pgcrond's own lines take too.
+
+class _Lines:
+    """The stream's one writer: whole lines, under one lock, in the order they were said.
+
+    A line said on a running event loop waits for the end of the loop's turn
+    and leaves with that turn's other lines in one write: a 10,000-job tick
+    says 20,000 lines, and a write and a flush for each was a twelfth of the
+    loop's time. A line said anywhere else (a library's thread, before the
+    loop starts or after it ends) first writes out what waits, then itself;
+    so does the process's exit. A kill -9 can lose the lines of the turn it
+    interrupts, no more.
     """
 
     def __init__(self, stream: TextIO) -> None:
-        super().__init__(stream)
-        self._out = structlog.WriteLogger(stream)
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._waiting: list[str] = []
+        # The loop a flush is queued on, if any: one flush per turn.
+        self._flush_on: asyncio.AbstractEventLoop | None = None
+        atexit.register(self.flush)
+
+    def write(self, line: str) -> None:
+        """Write ``line`` (ending in a newline) now, or at the end of this loop turn."""
+        loop = asyncio.events._get_running_loop()
+        with self._lock:
+            self._waiting.append(line)
+            if loop is not None and len(self._waiting) < _TURN_LINES:
+                if self._flush_on is loop:
+                    return
+                if not loop.is_closed():
+                    loop.call_soon(self.flush)
+                    self._flush_on = loop
+                    return
+            self._write_waiting()
+
+    def flush(self) -> None:
+        """Write out every line that waits."""
+        with self._lock:
+            self._write_waiting()
+
+    def _write_waiting(self) -> None:
+        self._flush_on = None
+        if not self._waiting:
+            return
+        text = "".join(self._waiting)
+        self._waiting.clear()
+        # A closed or broken stderr has nowhere to put the lines: they are
+        # dropped, and whatever logged goes on.
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.write(text)
+            self._stream.flush()
+
+
+class _StreamHandler(logging.Handler):
+    """Our handler on the root logger, recognisable so ``configure`` can replace it.
+
+    It writes through the same :class:`_Lines` as pgcrond's own lines.
+    """
+
+    def __init__(self, lines: _Lines) -> None:
+        super().__init__()
+        self._lines = lines
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._out.msg(self.format(record))
+            self._lines.write(self.format(record) + "\n")
         except Exception:
             self.handleError(record)
 
+    def flush(self) -> None:
+        self._lines.flush()
 
-class _Named(structlog.WriteLogger):
-    """structlog's line writer, named like a stdlib logger (the ``logger`` field)."""
 
-    def __init__(self, name: str, file: TextIO) -> None:
-        super().__init__(file)
+class _Named:
+    """structlog's logger for pgcrond's own lines, named like a stdlib logger (``logger``)."""
+
+    def __init__(self, name: str, lines: _Lines) -> None:
         self.name = name
+        self._write = lines.write
+
+    def msg(self, message: str) -> None:
+        self._write(message + "\n")
+
+    log = debug = info = warn = warning = error = err = critical = exception = fatal = msg
 
 
 class _NamedFactory:
-    def __init__(self, file: TextIO) -> None:
-        self._file = file
+    def __init__(self, lines: _Lines) -> None:
+        self._lines = lines
 
     def __call__(self, *args: Any) -> _Named:
-        return _Named(str(args[0]) if args else "pgcrond", self._file)
+        return _Named(str(args[0]) if args else "pgcrond", self._lines)
 
 
 def use_color(choice: ColorChoice, isatty: bool) -> bool:
@@ -186,7 +261,8 @@ def configure(fmt: LogFormat = "auto", level: str = "info", color: ColorChoice =
         renderer = structlog.dev.ConsoleRenderer(colors=use_color(color, stream.isatty()))
     threshold = logging.getLevelNamesMapping()[level.upper()]
 
-    handler = _StreamHandler(stream)
+    lines = _Lines(stream)
+    handler = _StreamHandler(lines)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=_shared_processors(),
@@ -202,6 +278,7 @@ def configure(fmt: LogFormat = "auto", level: str = "info", color: ColorChoice =
     )
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _StreamHandler)]:
+        old.flush()
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(threshold)
@@ -218,7 +295,7 @@ def configure(fmt: LogFormat = "auto", level: str = "info", color: ColorChoice =
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
-        logger_factory=_NamedFactory(stream),
+        logger_factory=_NamedFactory(lines),
         cache_logger_on_first_use=True,
     )
     sys.excepthook = _log_uncaught

@@ -9,6 +9,7 @@ that left the process group with ``setsid`` is gone with it.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import signal
@@ -356,7 +357,8 @@ def test_env_file_and_file_secrets_reach_the_job_and_no_log_line(
     assert 0 == done.returncode, done.stderr
     # The log as pgcrond writes it (JSON on stderr): the values of secrets are ***,
     # the region is no secret, and env: wins over the file.
-    assert '"line": "*** *** north env"' in done.stderr, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    assert ["*** *** north env"] == [e["line"] for e in lines if e["event"] == "job_output"]
     assert "tok-3f9a1c77e2" not in done.stdout + done.stderr
     assert "key-5d8e0b12" not in done.stdout + done.stderr
 
