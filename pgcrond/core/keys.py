@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import json
 import re
@@ -111,28 +110,50 @@ class Identity:
         """Pause stops ticks and run-once jobs; a manual run key is the operator's own ask."""
         return self.type == "INITIAL" or tick_of(self.run_key or "") is not None
 
-    @functools.cached_property
-    def _digest(self) -> bytes:
-        # Compact JSON with keys in this order is exactly Node's JSON.stringify
-        # of {version, type, code, runKey}; ensure_ascii=False keeps non-ASCII
-        # as UTF-8 like Node does.
-        payload = _COMPACT.encode(
-            {
-                "version": 2,
-                "type": self.type,
-                "code": self.code if self.key_code is None else self.key_code,
-                "runKey": self.run_key,
-            }
-        )
-        return hashlib.sha256(payload.encode("utf-8")).digest()
+    def __hash__(self) -> int:
+        # Kept once made: a fire hashes its identity a dozen times (what is in
+        # flight, owner tokens, open claims, running attempts). A frozen
+        # dataclass rehashes its fields each time.
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = self.__dict__["_hash"] = hash(
+                (self.type, self.code, self.run_key, self.key_code)
+            )
+        return cached
 
-    @functools.cached_property
+    @property
+    def _digest(self) -> bytes:
+        # Kept once made, in the instance's dict (functools.cached_property
+        # takes a lock per first read on Python 3.11). Compact JSON with keys
+        # in this order is exactly Node's JSON.stringify of {version, type,
+        # code, runKey}; ensure_ascii=False keeps non-ASCII as UTF-8 like Node.
+        digest: bytes | None = self.__dict__.get("_digest_bytes")
+        if digest is None:
+            payload = _COMPACT.encode(
+                {
+                    "version": 2,
+                    "type": self.type,
+                    "code": self.code if self.key_code is None else self.key_code,
+                    "runKey": self.run_key,
+                }
+            )
+            digest = self.__dict__["_digest_bytes"] = hashlib.sha256(
+                payload.encode("utf-8")
+            ).digest()
+        return digest
+
+    @property
     def idempotency_key(self) -> str:
         """``v2:<base64url SHA-256, unpadded>``; also the lease table's lock_key.
 
-        Cached: every claim, finalize, log line and metric of a run asks for it.
+        Kept once made: every claim, finalize, log line and metric of a run asks for it.
         """
-        return "v2:" + base64.urlsafe_b64encode(self._digest).rstrip(b"=").decode("ascii")
+        key: str | None = self.__dict__.get("_key")
+        if key is None:
+            key = self.__dict__["_key"] = "v2:" + base64.urlsafe_b64encode(self._digest).rstrip(
+                b"="
+            ).decode("ascii")
+        return key
 
     @property
     def idempotency_key_hex(self) -> str:

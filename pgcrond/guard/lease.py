@@ -38,7 +38,7 @@ from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.attempt_end import AttemptEnd
-from pgcrond.storage.claims import Acquired, NotAcquired, Standing
+from pgcrond.storage.claims import Acquired, NotAcquired, Standing, new_owner_token
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.leases import LeaseStore
 
@@ -94,7 +94,9 @@ class LeaseGuard(Guard):
         at_once = False
         if spread is not None and identity not in self._tokens:
             at_once = await spread.hold_back(identity, request.tick)
-        token = self._tokens.setdefault(identity, uuid.uuid4())
+        token = self._tokens.get(identity)
+        if token is None:
+            token = self._tokens[identity] = new_owner_token()
         timing = request.timing
         bound = CLAIM_TIMEOUT_S
         if request.deadline is not None:

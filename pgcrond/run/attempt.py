@@ -33,7 +33,7 @@ from pgcrond.core.actions import Action, Committed, SqlWork
 from pgcrond.core.box import Box
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.outcome import Outcome
-from pgcrond.run.context import RunContext
+from pgcrond.run.context import RunContext, Writer
 from pgcrond.run.output import Capture
 
 # A failure's text is capped so one huge message cannot flood the record.
@@ -90,18 +90,40 @@ class Attempt:
 
     ``environ`` is the job's environment as a child process gets it (the
     daemon's secrets stripped, the job's ``env``, then ``PGCRON_*``);
-    ``context`` the same run as an entrypoint sees it; ``output`` what the attempt
-    record keeps of what it prints (every executor feeds it).
+    ``deadline`` when its timeout ends; ``output`` what the attempt record
+    keeps of what it prints (every executor feeds it).
     """
 
     request: RunRequest
     watch: Watch
     log: FilteringBoundLogger
     environ: Mapping[str, str]
-    context: RunContext
+    deadline: datetime | None
     started: Callable[[], None]
     # Where the executor puts what the attempt record keeps of its output.
     output: Capture = field(default_factory=Capture)
+
+    def context(self, stdout: Writer, stderr: Writer) -> RunContext:
+        """The run as an entrypoint sees it, writing to ``stdout`` and ``stderr``.
+
+        Made by the executor that calls one, once: no other way of running needs it.
+        """
+        request = self.request
+        return RunContext(
+            job=request.job,
+            run_key=request.run_key,
+            fire_time=request.fire_time,
+            attempt=request.attempt,
+            idempotency_key=request.idempotency_key,
+            idempotency_key_hex=request.idempotency_key_hex,
+            fencing_token=request.fencing_token,
+            deadline=self.deadline,
+            env=self.environ,
+            cwd=request.cwd,
+            cancelled=self.watch.cancellation,
+            stdout=stdout,
+            stderr=stderr,
+        )
 
 
 class Watch:

@@ -39,6 +39,33 @@ class Writer(Protocol):
     def flush(self) -> None: ...
 
 
+def run_variables(
+    *,
+    job: str,
+    run_key: str,
+    fire_time: datetime,
+    attempt: int,
+    idempotency_key: str,
+    idempotency_key_hex: str,
+    fencing_token: int | None,
+    deadline: datetime | None,
+) -> dict[str, str]:
+    """A run's ``PGCRON_*`` variables (:meth:`RunContext.environ`; read by ``from_environ``)."""
+    variables = {
+        "PGCRON_IDEMPOTENCY_KEY": idempotency_key,
+        "PGCRON_IDEMPOTENCY_KEY_HEX": idempotency_key_hex,
+        "PGCRON_JOB": job,
+        "PGCRON_RUN_KEY": run_key,
+        "PGCRON_FIRE_TIME": iso_utc(fire_time),
+        "PGCRON_ATTEMPT": str(attempt),
+    }
+    if fencing_token is not None:
+        variables["PGCRON_FENCING_TOKEN"] = str(fencing_token)
+    if deadline is not None:
+        variables["PGCRON_DEADLINE"] = iso_utc(deadline)
+    return variables
+
+
 @dataclass(frozen=True)
 class RunContext:
     """Passed as the single argument to an entrypoint.
@@ -78,19 +105,16 @@ class RunContext:
 
     def environ(self) -> dict[str, str]:
         """The ``PGCRON_*`` variables describing this run."""
-        variables = {
-            "PGCRON_IDEMPOTENCY_KEY": self.idempotency_key,
-            "PGCRON_IDEMPOTENCY_KEY_HEX": self.idempotency_key_hex,
-            "PGCRON_JOB": self.job,
-            "PGCRON_RUN_KEY": self.run_key,
-            "PGCRON_FIRE_TIME": iso_utc(self.fire_time),
-            "PGCRON_ATTEMPT": str(self.attempt),
-        }
-        if self.fencing_token is not None:
-            variables["PGCRON_FENCING_TOKEN"] = str(self.fencing_token)
-        if self.deadline is not None:
-            variables["PGCRON_DEADLINE"] = iso_utc(self.deadline)
-        return variables
+        return run_variables(
+            job=self.job,
+            run_key=self.run_key,
+            fire_time=self.fire_time,
+            attempt=self.attempt,
+            idempotency_key=self.idempotency_key,
+            idempotency_key_hex=self.idempotency_key_hex,
+            fencing_token=self.fencing_token,
+            deadline=self.deadline,
+        )
 
     @classmethod
     def from_environ(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 import functools
 import inspect
 import threading
@@ -101,10 +100,8 @@ async def _run_entrypoint(target: str, attempt: Attempt) -> Ending:
         return Ending("fail", describe(exc))
     watch = attempt.watch
     lines = output_lines(attempt.log)
-    context = dataclasses.replace(
-        attempt.context,
-        stdout=attempt.output.writer("stdout", lines),
-        stderr=attempt.output.writer("stderr", lines),
+    context = attempt.context(
+        attempt.output.writer("stdout", lines), attempt.output.writer("stderr", lines)
     )
     call = _EntrypointCall(function, context)
     task: asyncio.Future[str | None] = asyncio.ensure_future(call.run())

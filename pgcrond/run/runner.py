@@ -12,12 +12,10 @@ action to its executor: :mod:`~pgcrond.run.command` (``command:``,
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from types import MappingProxyType
 from typing import assert_never
 
 import structlog
@@ -29,12 +27,11 @@ from pgcrond.core.outcome import RunResult
 from pgcrond.core.redaction import MIN_FRAGMENT
 from pgcrond.run import command, inprocess, isolated
 from pgcrond.run.attempt import Attempt, Ending, RunRequest, Watch
-from pgcrond.run.context import RunContext
+from pgcrond.run.context import run_variables
 from pgcrond.run.environment import RunEnviron, job_environ
 from pgcrond.run.output import Capture
 
 _log: FilteringBoundLogger = structlog.get_logger("pgcrond.run.runner")
-_NO_ENV: Mapping[str, str] = MappingProxyType({})
 
 
 def _nothing() -> None:
@@ -92,31 +89,29 @@ async def _execute(
     output: Capture,
 ) -> Ending:
     deadline = None if request.timeout is None else datetime.now(UTC) + request.timeout
-    base = RunContext(
-        job=request.job,
-        run_key=request.run_key,
-        fire_time=request.fire_time,
-        attempt=request.attempt,
-        idempotency_key=request.idempotency_key,
-        idempotency_key_hex=request.idempotency_key_hex,
-        fencing_token=request.fencing_token,
-        deadline=deadline,
-        env=_NO_ENV,
-        cwd=request.cwd,
-        cancelled=cancellation,
-    )
-    # The entrypoint's view of the environment (it shares the daemon's own),
-    # made from the context's own variables when first read. Its maker holds
-    # the context without it: a maker that held the context it is part of
-    # was a reference cycle per run, left to the collector (stalls of 70-350
-    # ms at 10,000 co-firing jobs).
+    # The job's environment, made when first read (an entrypoint that never
+    # reads ctx.env makes none). Its maker holds the request, not a context:
+    # a maker held by the context it builds was a reference cycle per run,
+    # left to the collector (stalls of 70-350 ms at 10,000 co-firing jobs).
     environ = RunEnviron(
-        lambda: job_environ(request.env, base.environ(), request.box.inherited(os.environ))
+        lambda: job_environ(
+            request.env,
+            run_variables(
+                job=request.job,
+                run_key=request.run_key,
+                fire_time=request.fire_time,
+                attempt=request.attempt,
+                idempotency_key=request.idempotency_key,
+                idempotency_key_hex=request.idempotency_key_hex,
+                fencing_token=request.fencing_token,
+                deadline=deadline,
+            ),
+            request.box.inherited(os.environ),
+        )
     )
-    context = dataclasses.replace(base, env=environ)
     log = _log.bind(job=request.job, run_key=request.run_key, attempt=request.attempt)
     watch = Watch(request, cancellation, started)
-    attempt = Attempt(request, watch, log, environ, context, tell, output)
+    attempt = Attempt(request, watch, log, environ, deadline, tell, output)
     action = request.action
     match action:
         case CommandAction() | ShellAction():
