@@ -12,8 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 from pgcrond.errors import Cancelled
+
+
+def abandon(future: asyncio.Future[Any]) -> None:
+    """Cancel ``future`` and never wait for it: whatever it ends with is of no interest.
+
+    Its end is read when it comes, since asyncio logs an exception nobody
+    read ("never retrieved") at ERROR.
+    """
+    future.cancel()
+    future.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 class Cancellation:

@@ -33,6 +33,7 @@ from typing import TypeVar
 import structlog
 
 from pgcrond.core.actions import Committed, SqlWork
+from pgcrond.core.cancel import abandon
 from pgcrond.core.keys import Identity
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
@@ -428,6 +429,5 @@ async def _bounded(call: Awaitable[T], seconds: float, operation: str) -> T:
         task.remove_done_callback(wake)
     if task.done():
         return task.result()
-    task.cancel()
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    abandon(task)
     raise DatabaseUnavailable(f"database unavailable: no answer to the {operation} in {seconds:g}s")

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import CommandAction, ShellAction
+from pgcrond.core.cancel import abandon
 from pgcrond.run.attempt import Attempt, Ending, Watch, describe
 from pgcrond.run.box import Cell
 from pgcrond.run.output import Capture, Stream
@@ -109,9 +110,7 @@ async def run_process(argv: list[str], attempt: Attempt, *, hand_over: int | Non
     finally:
         stdout_transport.close()
         stderr_transport.close()
-        pumps.cancel()
-        # Its CancelledError is of no interest; unread, asyncio logs it as an error.
-        pumps.add_done_callback(lambda done: done.cancelled() or done.exception())
+        abandon(pumps)
         await cell.close()
     return cell.judged(_process_ending(stop, returncode))
 

@@ -14,10 +14,11 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
+from pgcrond.core.cancel import abandon
 from pgcrond.storage.claims import Acquired
 
 log = structlog.get_logger("pgcrond.storage.keepalive")
@@ -123,7 +124,7 @@ async def keep_alive(
             pause = interval
     finally:
         if pending is not None:
-            _abandon(pending)
+            abandon(pending)
 
 
 def _stood_still(interval: float, woke_from: float | None, stop_at: float) -> bool:
@@ -184,9 +185,3 @@ def _on_grid(seconds: float) -> float:
     now = asyncio.get_running_loop().time()
     wake = math.ceil((now + seconds) / _BEAT_GRID_S) * _BEAT_GRID_S
     return max(wake - now, 0.0)
-
-
-def _abandon(task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` without waiting for it; its outcome is of no interest any more."""
-    task.cancel()
-    task.add_done_callback(lambda done: done.cancelled() or done.exception())
