@@ -8,6 +8,7 @@ daemon's spawn, recorded) and tells its events is checked.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -20,7 +21,7 @@ from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.deferral import Deferral
+from pgcrond.deferral import ACT_SLICE, Deferral
 from pgcrond.errors import DatabaseUnavailable
 from pgcrond.events import FireEvents
 from pgcrond.fire import Firing
@@ -188,3 +189,56 @@ async def test_a_look_that_fails_fires_every_tick_of_it_as_usual(
         code: (started, held_back) for code, (started, held_back, _) in spawned.fires.items()
     }
     assert 0 == len(deferral)
+
+
+class Turns:
+    """Counts the loop's turns: a callback that puts itself back each turn."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._handle = asyncio.get_running_loop().call_soon(self._next)
+
+    def _next(self) -> None:
+        self.count += 1
+        self._handle = asyncio.get_running_loop().call_soon(self._next)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+@pytest.mark.parametrize("stop_after_first", [False, True])
+async def test_a_big_look_acts_a_slice_per_loop_turn_and_stops_between_slices(
+    tmp_path: Path, stop_after_first: bool
+) -> None:
+    tick = datetime.now(UTC)
+    guard = Unanswered()
+    firing = Firing(guards=lambda _: guard, replica=B)
+    spawned = Spawned()
+    turns = Turns()
+    fired_in: list[int] = []
+
+    def fire(job: JobConfig, tick: datetime, identity: Identity, **kw: Any) -> None:
+        fired_in.append(turns.count)
+        if stop_after_first:
+            firing.stop()
+        spawned.fire(job, tick, identity, **kw)
+
+    deferral = Deferral(firing, fire, spawned.spawn)
+    count = 2 * ACT_SLICE + 50
+    the_job = job(tmp_path, "command: ['true']")
+    for n in range(count):
+        assert deferral.offer(the_job, tick, Identity.schedule(f"job-{n}", run_key_for(tick)), None)
+    await asyncio.wait_for(spawned.arrived.wait(), 5)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    turns.stop()
+    per_turn = Counter(fired_in)
+    if stop_after_first:
+        # The slice under way ends; no later one starts once the replica stops.
+        assert [ACT_SLICE] == list(per_turn.values())
+    else:
+        while len(spawned.fires) < count:
+            spawned.arrived.clear()
+            await asyncio.wait_for(spawned.arrived.wait(), 5)
+        assert count == len(spawned.fires)
+        assert [ACT_SLICE, ACT_SLICE, 50] == [per_turn[t] for t in sorted(per_turn)]
