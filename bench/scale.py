@@ -17,6 +17,11 @@ a second after its last run was recorded, max RSS at exit), a
 before the tick and half a second into it, and each
 replica's own loop-stall probe (``loop_stall_max_s`` of ``daemon_stopped``).
 Duplicates are ``run_started`` lines beyond one per job.
+
+``--steps`` times every step of the replicas' event loops
+(``bench/loop_steps``) and adds the longest step and the longest loop turn
+seen during the tick: the stall probe's figure is how late a timer ran, which
+in a saturated loop is the backlog of ready steps ahead of it, not one step.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from bench.side_by_side import (
 )
 from pgcrond.core.schedule import run_key_for
 from pgcrond.daemon.registry import SETTLE_S
+from pgcrond.storage.leases import CLAIM_AHEAD
 from pgcrond.storage.sql import named_queries
 from pgcrond.testing import LocalServer, throwaway
 
@@ -82,6 +88,9 @@ COLUMNS = (
     "longest loop stall",
     "start to ready",
 )
+# With --steps.
+STEP_COLUMN = "longest step: CPU (what) / wall; longest turn"
+STEPS = Path(__file__).resolve().parent / "loop_steps"
 
 
 @dataclass
@@ -197,6 +206,26 @@ def stall(replica: Replica) -> float:
     return math.nan
 
 
+def longest_steps(where: Path, pids: list[int], since: float, until: float) -> str:
+    """The replicas' longest loop step (its CPU, its wall time) and turn in a window (--steps)."""
+    cpu: tuple[float, str] = (0.0, "-")
+    wall = turn = 0.0
+    for pid in pids:
+        path = where / f"steps-{pid}.jsonl"
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            said = json.loads(line)
+            if not since <= said["at"] <= until:
+                continue
+            if "step_ms" in said:
+                cpu = max(cpu, (said["cpu_ms"], said["what"]))
+                wall = max(wall, said["step_ms"])
+            else:
+                turn = max(turn, said["turn_ms"])
+    return f"{cpu[0]:,.1f} ({cpu[1]}) / {wall:,.1f} / {turn:,.1f} ms"
+
+
 def run_started(replica: Replica, run_key: str) -> int:
     """The replica's runs of the bench's tick (an earlier tick fired before it is not counted)."""
     count = 0
@@ -222,12 +251,17 @@ def one(
     extra: list[str],
     profile: Path | None = None,
     action: str = ASYNC_NOOP,
+    steps: bool = False,
 ) -> Figures:
     db = f"scale_{jobs}_{replicas}"
     sql(server.dsn, f'DROP DATABASE IF EXISTS "{db}"')
     sql(server.dsn, f'CREATE DATABASE "{db}"')
     dsn = with_db(server.dsn, db)
     env = base_env(PGCROND_DATABASE_URL=dsn)
+    steps_dir = workdir / f"steps-{jobs}-{replicas}"
+    if steps:
+        steps_dir.mkdir(parents=True, exist_ok=True)
+        env.update(PYTHONPATH=f"{env['PYTHONPATH']}:{STEPS}", BENCH_LOOP_STEPS=str(steps_dir))
     # The tick: the first whole minute's second far enough after start-up.
     guess = time.time() + 14 + (1 + jobs / 1500) * max(1.0, replicas / 2) * 1.5
     tick = math.ceil(guess)
@@ -279,6 +313,7 @@ def one(
             if time.time() > tick and done >= jobs:
                 break
             time.sleep(0.25)
+        tick_over = time.time()
         time.sleep(1.0)  # room for a late duplicate to show
         cpu_after = [cpu_seconds(r.pid) for r in started]
         after_tick = max(rss_mib(r.pid) for r in started)
@@ -349,6 +384,11 @@ def one(
             "longest loop stall": f"{max(stalls) * 1000:,.0f} ms",
             "start to ready": f"{ready:.2f} s",
         }
+        if steps:
+            pids = [r.pid for r in started]
+            row[STEP_COLUMN] = longest_steps(
+                steps_dir, pids, tick - CLAIM_AHEAD.total_seconds(), tick_over
+            )
     finally:
         # An error on the way (a missing tool, a timeout) must not leave replicas
         # running to load the machine under the next measurement.
@@ -372,6 +412,11 @@ def main() -> int:
     parser.add_argument(
         "--commands", action="store_true", help="command: ['true'] instead of the async no-op"
     )
+    parser.add_argument(
+        "--steps",
+        action="store_true",
+        help="time every loop step of the replicas (bench/loop_steps)",
+    )
     parser.add_argument("--keep", type=Path, help="write the replicas' logs and configs here")
     parser.add_argument("--write-docs", action="store_true", help="rewrite docs/performance.md")
     parser.add_argument(
@@ -392,13 +437,16 @@ def main() -> int:
             for replicas in args.replicas:
                 action = TRUE if args.commands else ASYNC_NOOP
                 rows.append(
-                    one(server, workdir, jobs, replicas, args.set, args.profile, action).row
+                    one(
+                        server, workdir, jobs, replicas, args.set, args.profile, action, args.steps
+                    ).row
                 )
-        emit(rows, COLUMNS)
+        columns = (*COLUMNS, STEP_COLUMN) if args.steps else COLUMNS
+        emit(rows, columns)
         if args.write_docs:
             command = "bench.scale " + " ".join(sys.argv[1:])
             body = header(server, f".venv/bin/python -m {command}", load)
-            write_docs("scale-tick", body + "\n" + markdown_table(rows, COLUMNS, COLUMNS))
+            write_docs("scale-tick", body + "\n" + markdown_table(rows, columns, columns))
     return 0
 
 
