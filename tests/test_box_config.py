@@ -383,3 +383,32 @@ def test_without_a_freezer_there_is_no_whole_job_kill_and_so_no_cgroup(tmp_path:
         "rlimits",
         "no cgroup to make: no cgroup v2 mount; no writable cgroup v1 freezer hierarchy",
     ) == (found.mode, found.reason)
+
+
+def cgroups_in(root: Path) -> list[str]:
+    """The controllers under ``root`` that hold an attempt's cgroup."""
+    return sorted(path.parent.name for path in root.glob("*/*"))
+
+
+@pytest.mark.parametrize(
+    ("limits", "made"),
+    [
+        (Limits(), ["freezer"]),
+        (Limits(nofile=64), ["freezer"]),
+        (Limits(memory=64 << 20), ["freezer", "memory"]),
+        (Limits(processes=8, cpu=0.5), ["freezer", "pids", "cpu"]),
+    ],
+)
+async def test_a_v1_attempt_gets_a_cgroup_only_where_it_serves_the_job(
+    tmp_path: Path, limits: Limits, made: list[str]
+) -> None:
+    # The freezer's kills the whole job; memory, pids and cpu serve only their limit.
+    parents = {name: tmp_path / name for name in box.V1_CONTROLLERS}
+    cell = box.Cell("report", Box(limits=limits), box.Host("cgroup v1", "test", parents))
+    argv = cell.enter(["true"])
+    assert made == list(cell.dirs)
+    joined = argv[argv.index("pgcrond-join") + 1 : argv.index("--")]
+    assert [str(parents[name] / cell.name / "cgroup.procs") for name in made] == joined
+    assert sorted(made) == cgroups_in(tmp_path)
+    await cell.close()
+    assert [] == cgroups_in(tmp_path)
