@@ -39,7 +39,7 @@ from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.attempt_end import AttemptEnd
-from pgcrond.storage.claims import Acquired, NotAcquired, Standing, new_owner_token
+from pgcrond.storage.claims import Acquired, NotAcquired, Standing
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.leases import LeaseStore
 
@@ -97,7 +97,10 @@ class LeaseGuard(Guard):
             at_once = await spread.hold_back(identity, request.tick)
         token = self._tokens.get(identity)
         if token is None:
-            token = self._tokens[identity] = new_owner_token()
+            # Drawn from the system each time: a count seeded once per process
+            # repeats in a forked or restored copy of it, and a claim answered
+            # with its own token counts as won, so two claimants would both win.
+            token = self._tokens[identity] = uuid.uuid4()
         timing = request.timing
         bound = CLAIM_TIMEOUT_S
         if request.deadline is not None:

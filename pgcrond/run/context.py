@@ -39,28 +39,37 @@ class Writer(Protocol):
     def flush(self) -> None: ...
 
 
-def run_variables(
-    *,
-    job: str,
-    run_key: str,
-    fire_time: datetime,
-    attempt: int,
-    idempotency_key: str,
-    idempotency_key_hex: str,
-    fencing_token: int | None,
-    deadline: datetime | None,
-) -> dict[str, str]:
+class RunFacts(Protocol):
+    """What the ``PGCRON_*`` variables tell of a run: a run request's or a context's fields."""
+
+    @property
+    def job(self) -> str: ...
+    @property
+    def run_key(self) -> str: ...
+    @property
+    def fire_time(self) -> datetime: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def idempotency_key(self) -> str: ...
+    @property
+    def idempotency_key_hex(self) -> str: ...
+    @property
+    def fencing_token(self) -> int | None: ...
+
+
+def run_variables(run: RunFacts, deadline: datetime | None) -> dict[str, str]:
     """A run's ``PGCRON_*`` variables (:meth:`RunContext.environ`; read by ``from_environ``)."""
     variables = {
-        "PGCRON_IDEMPOTENCY_KEY": idempotency_key,
-        "PGCRON_IDEMPOTENCY_KEY_HEX": idempotency_key_hex,
-        "PGCRON_JOB": job,
-        "PGCRON_RUN_KEY": run_key,
-        "PGCRON_FIRE_TIME": iso_utc(fire_time),
-        "PGCRON_ATTEMPT": str(attempt),
+        "PGCRON_IDEMPOTENCY_KEY": run.idempotency_key,
+        "PGCRON_IDEMPOTENCY_KEY_HEX": run.idempotency_key_hex,
+        "PGCRON_JOB": run.job,
+        "PGCRON_RUN_KEY": run.run_key,
+        "PGCRON_FIRE_TIME": iso_utc(run.fire_time),
+        "PGCRON_ATTEMPT": str(run.attempt),
     }
-    if fencing_token is not None:
-        variables["PGCRON_FENCING_TOKEN"] = str(fencing_token)
+    if run.fencing_token is not None:
+        variables["PGCRON_FENCING_TOKEN"] = str(run.fencing_token)
     if deadline is not None:
         variables["PGCRON_DEADLINE"] = iso_utc(deadline)
     return variables
@@ -105,16 +114,7 @@ class RunContext:
 
     def environ(self) -> dict[str, str]:
         """The ``PGCRON_*`` variables describing this run."""
-        return run_variables(
-            job=self.job,
-            run_key=self.run_key,
-            fire_time=self.fire_time,
-            attempt=self.attempt,
-            idempotency_key=self.idempotency_key,
-            idempotency_key_hex=self.idempotency_key_hex,
-            fencing_token=self.fencing_token,
-            deadline=self.deadline,
-        )
+        return run_variables(self, self.deadline)
 
     @classmethod
     def from_environ(

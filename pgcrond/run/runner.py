@@ -96,16 +96,7 @@ async def _execute(
     environ = RunEnviron(
         lambda: job_environ(
             request.env,
-            run_variables(
-                job=request.job,
-                run_key=request.run_key,
-                fire_time=request.fire_time,
-                attempt=request.attempt,
-                idempotency_key=request.idempotency_key,
-                idempotency_key_hex=request.idempotency_key_hex,
-                fencing_token=request.fencing_token,
-                deadline=deadline,
-            ),
+            run_variables(request, deadline),
             request.box.inherited(os.environ),
         )
     )

@@ -7,8 +7,6 @@ store itself import them, and not each other.
 
 from __future__ import annotations
 
-import itertools
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,18 +16,6 @@ from typing import Literal
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
-
-# Owner tokens: a random half drawn once per process, a count the other.
-# Unique across replicas and restarts (two processes draw the same half with
-# odds of 2**-64), at half uuid4's cost and with no system call per claim.
-_TOKEN_BASE = int.from_bytes(os.urandom(8), "big") << 64
-_TOKEN_COUNT = itertools.count(1)
-
-
-def new_owner_token() -> uuid.UUID:
-    """A claim's owner token, never drawn before by any replica."""
-    return uuid.UUID(int=_TOKEN_BASE | next(_TOKEN_COUNT))
-
 
 NotAcquiredReason = Literal[
     "held", "done", "failed", "retry_pending", "overlap", "not_due", "late", "coalesced", "paused"

@@ -30,7 +30,7 @@ from pgcrond.storage import sqljob
 from pgcrond.storage.attempt_end import AttemptEnd, columns, finalize_columns
 from pgcrond.storage.batch import TurnBatch
 from pgcrond.storage.claim_answers import PendingClaim, claim_keys
-from pgcrond.storage.claims import Acquired, NotAcquired, Renewal, Standing, new_owner_token
+from pgcrond.storage.claims import Acquired, NotAcquired, Renewal, Standing
 from pgcrond.storage.db import Database
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.sql import Queries
@@ -151,7 +151,7 @@ class LeaseStore:
         request = PendingClaim(
             identity,
             timing or LeaseTiming.build(),
-            owner_token or new_owner_token(),
+            owner_token or uuid.uuid4(),
             forbid_overlap and identity.type == "SCHEDULE",
             fire_time,
             late_after,
