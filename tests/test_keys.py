@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import pickle
+import subprocess
 import sys
 import unicodedata
 from pathlib import Path
@@ -111,3 +114,29 @@ def test_control_characters_are_exactly_unicode_s_cc_and_cs() -> None:
         != (keys._CONTROL.search(chr(point)) is not None)
     ]
     assert [] == differ
+
+
+UNPICKLE_AND_LOOK_UP = """
+import pickle, sys
+from pgcrond.core.keys import Identity
+carried = pickle.loads(sys.stdin.buffer.read())
+fresh = Identity.schedule("report", "2026-03-29T01:30:00Z")
+print({fresh: "found"}.get(carried, "missing"), carried.idempotency_key == fresh.idempotency_key)
+"""
+
+
+@pytest.mark.usefixtures("subprocesses")
+def test_an_identity_pickled_to_another_process_is_found_there_by_its_equal() -> None:
+    # The hash is kept once made; str hashes are salted per process, so a
+    # pickled copy must not carry this process's.
+    identity = Identity.schedule("report", "2026-03-29T01:30:00Z")
+    assert hash(identity) and identity.idempotency_key
+    done = subprocess.run(
+        [sys.executable, "-c", UNPICKLE_AND_LOOK_UP],
+        input=pickle.dumps(identity),
+        capture_output=True,
+        check=True,
+        timeout=60,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
+    assert b"found True" == done.stdout.strip()

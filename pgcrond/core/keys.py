@@ -121,6 +121,11 @@ class Identity:
             )
         return cached
 
+    def __getstate__(self) -> dict[str, object]:
+        # A copy pickled to another process leaves the cached hash behind: str
+        # hashes are salted per process.
+        return {name: value for name, value in self.__dict__.items() if name != "_hash"}
+
     @property
     def _digest(self) -> bytes:
         # Kept once made, in the instance's dict (functools.cached_property
