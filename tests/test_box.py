@@ -9,6 +9,7 @@ that left the process group with ``setsid`` is gone with it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
@@ -25,6 +26,7 @@ from structlog.testing import capture_logs
 
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
+from pgcrond.core.box import Box
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.outcome import RunResult
 from pgcrond.run import box
@@ -244,12 +246,39 @@ async def test_a_process_limit_refuses_the_fork_past_it(
     assert "fail" == result.outcome
 
 
+def attempt_cgroups(host: box.Host, job: str) -> set[Path]:
+    """The attempt cgroups of ``job`` in this process's directories."""
+    return {p for parent in host.parents.values() for p in parent.glob(f"{job}.*")}
+
+
 async def test_each_attempt_leaves_no_cgroup_behind(tmp_path: Path, by_cgroups: box.Host) -> None:
     job = load_job(tmp_path, 'limits: {memory: 64MiB}\nshell: "sleep 0.1 & true"\n')
+    # Only this attempt's: another test of this worker may have run the same job code.
+    before = attempt_cgroups(by_cgroups, job.code)
     result, _ = await run_job(job)
     assert "success" == result.outcome
-    left = [p for parent in by_cgroups.parents.values() for p in parent.glob("report.*")]
-    assert [] == left
+    assert set() == attempt_cgroups(by_cgroups, job.code) - before
+
+
+async def test_a_cgroup_busy_for_a_moment_is_removed_once_it_is_not(by_cgroups: box.Host) -> None:
+    # The kernel refuses to remove a cgroup while it is busy (EBUSY: here a
+    # child cgroup; after a kill, a process not yet gone): removed once it is
+    # not, within the stop's bound, and nothing said.
+    cell = box.Cell("busy", Box())
+    cell.enter(["true"])
+    made = list(cell.dirs.values())
+    blockers = [directory / "blocker" for directory in made]
+    for blocker in blockers:
+        blocker.mkdir()
+    with capture_logs() as said:
+        closing = asyncio.ensure_future(cell.close())
+        await asyncio.sleep(0.3)
+        assert not closing.done()
+        for blocker in blockers:
+            blocker.rmdir()
+        await asyncio.wait_for(closing, 10)
+    assert [] == [directory for directory in made if directory.exists()]
+    assert [] == [e for e in said if e["event"] == "job_cgroup_left"]
 
 
 def test_a_starting_replica_removes_the_cgroups_a_killed_one_left(by_cgroups: box.Host) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import re
 import secrets
@@ -315,10 +316,14 @@ class Cell:
         await _until(lambda: not any(_pids(d) for d in self.dirs.values()))
         self.oom_kills = sum(_oom_kills(d) for d in self.dirs.values())
         for directory in self.dirs.values():
-            try:
-                directory.rmdir()
-            except OSError as exc:
-                _log.warning("job_cgroup_left", cgroup=str(directory), error=exc.strerror)
+            refused: list[OSError] = []
+            # A killed process still counts in its cgroup until its parent
+            # reaps it, and an orphan's parent is init, in its own time: the
+            # cgroup is busy until then.
+            await _until(functools.partial(_removed, directory, refused))
+            if refused:
+                error = refused[-1].strerror
+                _log.warning("job_cgroup_left", cgroup=str(directory), error=error)
         self.dirs = {}
 
     def judged(self, ending: Ending) -> Ending:
@@ -394,6 +399,20 @@ async def _until(done: Callable[[], bool]) -> None:
         if done():
             return
         await asyncio.sleep(_POLL_S)
+
+
+def _removed(directory: Path, refused: list[OSError]) -> bool:
+    """Remove the cgroup; False while it is busy (``refused`` keeps why), True once
+    removed or refused for good."""
+    try:
+        directory.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        refused[:] = [exc]
+        return exc.errno != errno.EBUSY
+    refused.clear()
+    return True
 
 
 def _frozen(directory: Path, state: str, frozen: str) -> bool:
