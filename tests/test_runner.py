@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import random
+import signal
 import sys
 import tracemalloc
 from collections.abc import Iterable, Mapping
@@ -377,6 +378,31 @@ async def test_a_run_cancelled_while_its_pipes_are_set_up_leaves_no_fd_open(
     # Only fds opened meanwhile count: others may close as earlier tests' objects go.
     assert set() == {_fd_target(fd) for fd in _open_fds() - before}
     gc.collect()  # an unread exception is logged when its future goes
+    assert [] == [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+
+
+async def test_a_start_cancelled_after_the_fork_ends_with_its_child_killed_and_nothing_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """asyncio's own clean-up of a start cancelled after its fork reaps the child
+    beside the child watcher, which then logs at WARNING (seen in CI under load):
+    the start is let finish, its child killed, and only then is it cancelled."""
+    started: asyncio.Future[asyncio.subprocess.Process] = asyncio.Future()
+
+    async def spawn() -> asyncio.subprocess.Process:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import time; time.sleep(60)", start_new_session=True
+        )
+        started.set_result(process)
+        await asyncio.sleep(0.3)  # the start's own wait, which the cancellation lands in
+        return process
+
+    start = asyncio.ensure_future(command._started(spawn))
+    child = await asyncio.wait_for(started, 30)
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    assert -signal.SIGKILL == await asyncio.wait_for(child.wait(), 30)
     assert [] == [r.getMessage() for r in caplog.records if r.name == "asyncio"]
 
 

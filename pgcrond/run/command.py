@@ -17,7 +17,8 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable
+from asyncio.subprocess import Process
+from collections.abc import Awaitable, Callable
 
 from structlog.typing import FilteringBoundLogger
 
@@ -75,15 +76,17 @@ async def run_process(argv: list[str], attempt: Attempt, *, hand_over: int | Non
     pumps = asyncio.gather(_pump(stdout, "stdout", budget), _pump(stderr, "stderr", budget))
     try:
         try:
-            process = await asyncio.create_subprocess_exec(
-                *cell.enter(_dying_with_daemon(argv, environ)),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out_write,
-                stderr=err_write,
-                env=environ,
-                cwd=attempt.request.cwd,
-                start_new_session=True,
-                pass_fds=() if hand_over is None else (hand_over,),
+            process = await _started(
+                lambda: asyncio.create_subprocess_exec(
+                    *cell.enter(_dying_with_daemon(argv, environ)),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out_write,
+                    stderr=err_write,
+                    env=environ,
+                    cwd=attempt.request.cwd,
+                    start_new_session=True,
+                    pass_fds=() if hand_over is None else (hand_over,),
+                )
             )
         except OSError as exc:
             return Ending("fail", f"cannot start: {describe(exc)}")
@@ -113,6 +116,29 @@ async def run_process(argv: list[str], attempt: Attempt, *, hand_over: int | Non
         abandon(pumps)
         await cell.close()
     return cell.judged(_process_ending(stop, returncode))
+
+
+async def _started(spawn: Callable[[], Awaitable[Process]]) -> Process:
+    """The child ``spawn()`` starts; a cancellation meanwhile is raised once it is safe.
+
+    asyncio forks the child in the first step of ``spawn()`` and then waits
+    for it; cancelled in that wait, its clean-up reaps the child beside the
+    child watcher, which then logs "exit status already read" at WARNING. So
+    the start runs as a task of its own (which runs, and forks, before a
+    cancellation of this one is seen) and is let finish, a few ms; then its
+    child's group is killed (the run's clean-up kills what is left of its
+    cgroup) and the cancellation raised.
+    """
+    task = asyncio.ensure_future(spawn())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+        if task.exception() is None:
+            _signal_group(task.result().pid, signal.SIGKILL)
+        raise
 
 
 def _process_ending(stop: Ending | None, returncode: int) -> Ending:
