@@ -220,6 +220,12 @@ class _StreamHandler(logging.Handler):
     def flush(self) -> None:
         self._lines.flush()
 
+    def close(self) -> None:
+        # Replaced by a later configure(): what waits is written now, not at exit.
+        self._lines.flush()
+        atexit.unregister(self._lines.flush)
+        super().close()
+
 
 class _Named:
     """structlog's logger for pgcrond's own lines, named like a stdlib logger (``logger``)."""
@@ -278,8 +284,8 @@ def configure(fmt: LogFormat = "auto", level: str = "info", color: ColorChoice =
     )
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _StreamHandler)]:
-        old.flush()
         root.removeHandler(old)
+        old.close()
     root.addHandler(handler)
     root.setLevel(threshold)
     for name in LIBRARY_LOGGERS:

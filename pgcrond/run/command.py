@@ -136,7 +136,7 @@ async def _started(spawn: Callable[[], Awaitable[Process]]) -> Process:
         while not task.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(task)
-        if task.exception() is None:
+        if not task.cancelled() and task.exception() is None:
             _signal_group(task.result().pid, signal.SIGKILL)
         raise
 
