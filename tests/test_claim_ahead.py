@@ -42,6 +42,8 @@ AHEAD = timedelta(seconds=5)
 # A fire time this far after the database clock: inside AHEAD, and far enough
 # that a claim sent now is early even on a loaded machine.
 EARLY = timedelta(seconds=2)
+# How late an answer comes after its statement read the database's clock.
+LAG = timedelta(seconds=1)
 
 
 @pytest.fixture
@@ -142,6 +144,35 @@ async def test_the_guard_holds_a_claim_won_ahead_until_the_database_reaches_its_
     answer = await guard.claim(ClaimRequest(identity, fire_time, timing, deadline=None))
     assert isinstance(answer, Held)
     assert database_now(pg_dsn) >= fire_time
+
+
+async def test_a_slow_answer_does_not_hold_its_run_past_the_tick_by_its_lag(
+    ahead: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """Held by the tightest answer seen, not by this claim's own, which lagged.
+
+    The claim's statement reads the database clock, then spends ``LAG`` on
+    its attempt record (a trigger sleeps: a slow commit, a busy server): by
+    its own answer alone the run would be held ``LAG`` past its tick.
+    """
+    warm = await ahead.claim(Identity.schedule("warm", run_key_for(database_now(pg_dsn))), TWO_S)
+    assert isinstance(warm, Acquired)  # a quick answer: the floor is tight
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f'CREATE FUNCTION "{schema}".slow() RETURNS trigger LANGUAGE plpgsql AS '
+            f"$$BEGIN PERFORM pg_sleep({LAG.total_seconds()}); RETURN NEW; END$$"
+        )
+        conn.execute(
+            f'CREATE TRIGGER slow BEFORE INSERT ON "{schema}".leases_attempts '
+            f'FOR EACH ROW EXECUTE FUNCTION "{schema}".slow()'
+        )
+    fire_time = database_now(pg_dsn) + 2 * LAG  # after the answer, inside AHEAD
+    identity = Identity.schedule("lagged", run_key_for(fire_time))
+    timing = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
+    answer = await LeaseGuard(ahead).claim(ClaimRequest(identity, fire_time, timing, deadline=None))
+    assert isinstance(answer, Held)
+    started = database_now(pg_dsn)
+    assert fire_time <= started < fire_time + LAG / 2, started - fire_time
 
 
 async def test_a_lease_that_lapses_while_its_tick_is_awaited_is_given_back_not_run(

@@ -40,6 +40,7 @@ from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Ver
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.attempt_end import AttemptEnd
 from pgcrond.storage.claims import Acquired, NotAcquired, Standing
+from pgcrond.storage.dbclock import ClockFloor
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.leases import LeaseStore
 
@@ -142,7 +143,7 @@ class LeaseGuard(Guard):
             )
         if identity.type == "SCHEDULE":
             # Won ahead of its tick: what follows judges the lease as it is then.
-            await _until_fire_time(request.tick, answer)
+            await _until_fire_time(request.tick, self.store.clock_floor)
         precise = True
         if answer.received_at - answer.sent_at > SLOW_ANSWER_S and not self._clear(request, answer):
             fresh = await self._recheck(answer)
@@ -396,14 +397,14 @@ class LeaseGuard(Guard):
         self._tokens.pop(identity, None)
 
 
-async def _until_fire_time(fire_time: datetime, lease: Acquired) -> None:
+async def _until_fire_time(fire_time: datetime, floor: ClockFloor) -> None:
     """Until the database clock has surely reached ``fire_time`` (a claim won ahead of it).
 
-    Counted from the answer's arrival, when the database clock was at least
-    its ``db_now``: the run never starts before its fire time by that clock,
-    whatever this replica's own clock says.
+    By the tightest bound of the database's clock the store's answers gave
+    (the claim's own among them): the run never starts before its fire time
+    by that clock, whatever this replica's own clock says.
     """
-    now = lease.db_now_at_least()
+    now = floor.now_at_least()
     if now is not None and now < fire_time:
         await asyncio.sleep((fire_time - now).total_seconds())
 

@@ -69,12 +69,6 @@ class Acquired:
         """When the run must be told to stop: its whole stop sequence ends before expiry."""
         return self.valid_until - self.timing.stop_budget.total_seconds()
 
-    def db_now_at_least(self) -> datetime | None:
-        """A lower bound of the database clock now (db_now plus all time since the answer)."""
-        if self.db_now is None:
-            return None
-        return self.db_now + timedelta(seconds=time.monotonic() - self.received_at)
-
     def db_now_at_latest(self) -> datetime | None:
         """An upper bound of the database clock now (db_now plus all time since the send)."""
         if self.db_now is None:

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -32,6 +32,7 @@ from pgcrond.storage.batch import TurnBatch
 from pgcrond.storage.claim_answers import PendingClaim, claim_keys
 from pgcrond.storage.claims import Acquired, NotAcquired, Renewal, Standing
 from pgcrond.storage.db import Database
+from pgcrond.storage.dbclock import ClockFloor
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.sql import Queries
 
@@ -100,6 +101,8 @@ class LeaseStore:
         self.queries = Queries(schema, table)
         self.owner = owner or default_owner()
         self._claims: TurnBatch[Acquired | NotAcquired] = TurnBatch(self._claim, keys=claim_keys)
+        # The database's clock from the claims' and heartbeats' answers.
+        self.clock_floor = ClockFloor()
         # Leases won and not yet finalized: a hint only (a fenced lease is never
         # finalized, and leaves when it is dropped), so held weakly.
         self._unfinalized: weakref.WeakSet[Acquired] = weakref.WeakSet()
@@ -205,6 +208,7 @@ class LeaseStore:
                 rows = await self.db.fetchall(self.queries.get("claim"), params, on_send=on_send)
         finally:
             received_at = time.monotonic()
+        self._saw_clock(rows, received_at)
         by_key = {row["lock_key"]: row for row in rows}
 
         def answer(request: PendingClaim) -> Acquired | NotAcquired:
@@ -216,6 +220,11 @@ class LeaseStore:
             return outcome
 
         return answer
+
+    def _saw_clock(self, rows: list[dict[str, Any]], received_at: float) -> None:
+        if rows:
+            # Read row by row as the statement went: the last read is the tightest.
+            self.clock_floor.saw(max(row["db_now"] for row in rows), received_at)
 
     async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
         """Where each tick stands now, in one statement; a tick with no row is left out."""
@@ -259,6 +268,7 @@ class LeaseStore:
                 "revive": revive,
             },
         )
+        self._saw_clock(rows, time.monotonic())
         renewed = {
             row["id"]: Renewal(row["expires_at"] - row["db_now"], row["db_now"]) for row in rows
         }
