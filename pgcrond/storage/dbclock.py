@@ -18,6 +18,11 @@ An older answer bounds the clock less each second by the most the two
 clocks' rates may differ (:data:`RATE_MARGIN`), so a fresher answer wins as
 soon as it is tighter by then. Answers older than :data:`MAX_AGE_S` are not
 used: behind the same address a failover may put a server with another clock.
+A database clock stepped back (not slewed) falls behind its bound by the
+step while answers from before the step are used (at most that long): a run
+may then start up to the step before its tick by the stepped clock, as it
+could, for the claim ahead's tenth of a second, when only the claim's own
+answer counted.
 """
 
 from __future__ import annotations
