@@ -12,6 +12,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from pgcrond.core import keys
@@ -140,3 +141,17 @@ def test_an_identity_pickled_to_another_process_is_found_there_by_its_equal() ->
         env={**os.environ, "PYTHONHASHSEED": "12345"},
     )
     assert b"found True" == done.stdout.strip()
+
+
+def test_the_digest_payload_is_the_standard_compact_json_for_every_allowed_character() -> None:
+    """orjson writes the key's payload: byte for byte what ``json`` (and Node) would write."""
+    compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+    allowed = [
+        chr(point)
+        for point in range(sys.maxunicode + 1)
+        if unicodedata.category(chr(point)) not in ("Cc", "Cs")
+    ]
+    for start in range(0, len(allowed), 1000):
+        text = "".join(allowed[start : start + 1000])
+        fields = {"version": 2, "type": "SCHEDULE", "code": text, "runKey": text}
+        assert compact.encode(fields).encode("utf-8") == orjson.dumps(fields), start

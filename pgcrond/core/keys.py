@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from typing import Literal
+
+import orjson
 
 from pgcrond.core.schedule import tick_of
 from pgcrond.errors import ValidationError
@@ -27,9 +28,6 @@ KeyHash = Literal["pgcrond", "nestjs-pg-cron-lock"]
 
 MAX_CODE_LENGTH = 200
 MAX_RUN_KEY_LENGTH = 200
-# The digest's payload encoder, made once: json.dumps with arguments builds one
-# per call, and every fire of a tick computes its key.
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
 
@@ -130,21 +128,20 @@ class Identity:
     def _digest(self) -> bytes:
         # Kept once made, in the instance's dict (functools.cached_property
         # takes a lock per first read on Python 3.11). Compact JSON with keys
-        # in this order is exactly Node's JSON.stringify of {version, type,
-        # code, runKey}; ensure_ascii=False keeps non-ASCII as UTF-8 like Node.
+        # in this order, non-ASCII as UTF-8, is exactly Node's JSON.stringify
+        # of {version, type, code, runKey}.
         digest: bytes | None = self.__dict__.get("_digest_bytes")
         if digest is None:
-            payload = _COMPACT.encode(
-                {
-                    "version": 2,
-                    "type": self.type,
-                    "code": self.code if self.key_code is None else self.key_code,
-                    "runKey": self.run_key,
-                }
-            )
-            digest = self.__dict__["_digest_bytes"] = hashlib.sha256(
-                payload.encode("utf-8")
-            ).digest()
+            fields = {
+                "version": 2,
+                "type": self.type,
+                "code": self.code if self.key_code is None else self.key_code,
+                "runKey": self.run_key,
+            }
+            # orjson writes the same bytes as the standard encoder does for
+            # every character a key may hold (surrogates and controls are
+            # refused on the way in), in a tenth of its time.
+            digest = self.__dict__["_digest_bytes"] = hashlib.sha256(orjson.dumps(fields)).digest()
         return digest
 
     @property
