@@ -163,6 +163,21 @@ async def wait_for_path(path: Path, within: float = 10.0) -> None:
         raise AssertionError(f"{path} did not appear within {within}s")
 
 
+async def wait_for_line(path: Path, within: float = 10.0) -> str:
+    """The line a child process writes to ``path``, once all of it is there.
+
+    ``echo $$ > file`` creates the file before it writes the line: a reader
+    that only waits for the file may find it empty (CI, under load).
+    """
+
+    def written() -> bool:
+        return path.exists() and path.read_text().endswith("\n")
+
+    if not await asyncio.to_thread(poll, written, within):
+        raise AssertionError(f"no whole line in {path} within {within}s")
+    return await asyncio.to_thread(path.read_text)
+
+
 def _session_members(session: int) -> list[tuple[int, str]]:
     members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):

@@ -34,6 +34,7 @@ from tests.jobs_fixture import (
     docs_example,
     is_alive,
     make_request,
+    wait_for_line,
     wait_for_path,
     wait_until_session_gone,
 )
@@ -347,11 +348,10 @@ async def test_the_runner_being_cancelled_kills_the_group(tmp_path: Path) -> Non
     script = 'echo $$ > "$DIR/session"; sleep 1000'
     request = make_request(ShellAction(script), env={"DIR": str(tmp_path)})
     run = asyncio.create_task(execute(request, Cancellation()))
-    await wait_for_path(tmp_path / "session")
+    session = int(await wait_for_line(tmp_path / "session"))
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
-    session = int((tmp_path / "session").read_text())
     assert [] == await wait_until_session_gone(session)
 
 
