@@ -19,15 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
+from pgcrond.daemon.job_series import gauge_text
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 
 log = structlog.get_logger("pgcrond.daemon.alerts")
@@ -49,8 +48,8 @@ class JobTruth:
     touched: bool = False
 
 
-class JobAlerts(Collector):
-    """The per-job alert gauges, as one collector on the daemon's registry.
+class JobAlerts:
+    """The per-job alert gauges, rendered at scrape time on the daemon's registry.
 
     ``set_jobs`` follows :meth:`pgcrond.daemon.metrics.Metrics.set_jobs`: every
     job of the config has ``pgcrond_job_consecutive_failures`` (0 until known)
@@ -137,45 +136,41 @@ class JobAlerts(Collector):
 
     # -- the collector -----------------------------------------------------------------
 
-    def collect(self) -> Iterator[Metric]:
-        success = GaugeMetricFamily(
-            "pgcrond_job_last_success_timestamp_seconds",
-            "Unix time of the job's last SUCCESS in the cluster, as this replica knows it: "
-            "the lease table at start, then its own finalizes.",
-            labels=["cronjob"],
-        )
-        failure = GaugeMetricFamily(
-            "pgcrond_job_last_failure_timestamp_seconds",
-            "Unix time of the job's last FAIL in the cluster (released runs aside), as this "
-            "replica knows it.",
-            labels=["cronjob"],
-        )
-        failures = GaugeMetricFamily(
-            "pgcrond_job_consecutive_failures",
-            "FAIL runs with no retry left since the job's last SUCCESS, as this replica knows it.",
-            labels=["cronjob"],
-        )
-        stale = GaugeMetricFamily(
-            "pgcrond_job_stale",
-            "1 while the job has not succeeded for longer than its alert_after (jobs with "
-            "one only).",
-            labels=["cronjob"],
-        )
+    def render(self, openmetrics: bool) -> str:
+        """The four gauges, from what is known now (on the scrape's thread)."""
         now = self._clock()
         stale_now = self.stale(now)
-        for code, truth in self._jobs.items():
-            if truth.last_success is not None:
-                success.add_metric([code], truth.last_success)
-            if truth.last_failure is not None:
-                failure.add_metric([code], truth.last_failure)
-            failures.add_metric([code], truth.consecutive_failures)
-            if self._alert_after.get(code) is not None:
-                stale.add_metric([code], 1.0 if code in stale_now else 0.0)
-        yield from (success, failure, failures, stale)
-
-    def describe(self) -> Iterator[Metric]:
-        # Without describe(), registering would call collect() to learn the names.
-        return iter(())
+        jobs = list(self._jobs.items())  # one C call: a snapshot, whatever the loop does
+        return (
+            gauge_text(
+                "pgcrond_job_last_success_timestamp_seconds",
+                "Unix time of the job's last SUCCESS in the cluster, as this replica knows it: "
+                "the lease table at start, then its own finalizes.",
+                [(code, t.last_success) for code, t in jobs if t.last_success is not None],
+            )
+            + gauge_text(
+                "pgcrond_job_last_failure_timestamp_seconds",
+                "Unix time of the job's last FAIL in the cluster (released runs aside), as this "
+                "replica knows it.",
+                [(code, t.last_failure) for code, t in jobs if t.last_failure is not None],
+            )
+            + gauge_text(
+                "pgcrond_job_consecutive_failures",
+                "FAIL runs with no retry left since the job's last SUCCESS, as this replica "
+                "knows it.",
+                [(code, t.consecutive_failures) for code, t in jobs],
+            )
+            + gauge_text(
+                "pgcrond_job_stale",
+                "1 while the job has not succeeded for longer than its alert_after (jobs with "
+                "one only).",
+                [
+                    (code, 1.0 if code in stale_now else 0.0)
+                    for code, _ in jobs
+                    if self._alert_after.get(code) is not None
+                ],
+            )
+        )
 
 
 async def seed(

@@ -18,7 +18,7 @@ the loop writes; a render on a worker thread reads a snapshot of the series
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Literal, Protocol
 
 Kind = Literal["counter", "gauge"]
 
@@ -29,6 +29,27 @@ def _escape_label(value: str) -> str:
 
 def _escape_help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+class Rendered(Protocol):
+    """Metric families that write their own text (appended to prometheus_client's)."""
+
+    def render(self, openmetrics: bool) -> str:
+        """The families in the text format (0.0.4), or in OpenMetrics's."""
+        ...
+
+
+def gauge_text(name: str, documentation: str, samples: Iterable[tuple[str, float]]) -> str:
+    """A gauge family labelled by ``cronjob`` alone, its samples computed at scrape time.
+
+    A gauge reads the same in both text formats. prometheus_client's
+    OpenMetrics writer tests every character of every label value: at 10,000
+    jobs the alert gauges and the next fires, 50,000 samples, were 0.3 s of
+    each scrape that way.
+    """
+    head = f"# HELP {name} {_escape_help(documentation)}\n# TYPE {name} gauge\n"
+    line = f'{name}{{cronjob="%s"}} '
+    return head + "".join([f"{line % _escape_label(code)}{value!r}\n" for code, value in samples])
 
 
 class Series:

@@ -7,7 +7,7 @@ purpose; a *misfire* started later than ``misfire_grace`` after its tick.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import get_args
 
@@ -21,16 +21,14 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
 
 from pgcrond import __version__
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import Outcome
 from pgcrond.daemon.alerts import JobAlerts
-from pgcrond.daemon.job_series import JobFamily, Kind, Series
+from pgcrond.daemon.job_series import JobFamily, Kind, Rendered, Series, gauge_text
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held
 from pgcrond.guard.base import Outcome as Verdict
@@ -60,7 +58,7 @@ class Registry(CollectorRegistry):
 
     def __init__(self) -> None:
         super().__init__()
-        self.job_families: list[JobFamily] = []
+        self.job_families: list[Rendered] = []
 
 
 def exposition(registry: CollectorRegistry, accept: str) -> tuple[Callable[[], bytes], str]:
@@ -198,10 +196,10 @@ class Metrics:
         # They replace the per-replica pgcrond_last_success_timestamp_seconds,
         # which reset with every restart.
         self.alerts = JobAlerts()
-        r.register(self.alerts)
+        r.job_families.append(self.alerts)
 
         self.next_fires = NextFires()
-        r.register(self.next_fires)
+        r.job_families.append(self.next_fires)
 
         self.paused = self._job_family(
             "pgcrond_job_paused",
@@ -353,7 +351,7 @@ class FireMetrics(FireEvents):
 NextTicks = Callable[[], Iterable[tuple[Iterable[str], datetime | None]]]
 
 
-class NextFires(Collector):
+class NextFires:
     """``pgcrond_next_fire_timestamp_seconds``: each job's next tick, read at scrape time.
 
     Asked of the scheduler when scraped, never stored: it is current as jobs
@@ -370,21 +368,15 @@ class NextFires(Collector):
         """Read the next ticks from ``source`` (the running scheduler) from now on."""
         self._source = source
 
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
+    def render(self, openmetrics: bool) -> str:
+        samples: list[tuple[str, float]] = []
+        for codes, tick in self._source():
+            if tick is not None:
+                at = tick.timestamp()
+                samples += [(code, at) for code in codes]
+        return gauge_text(
             "pgcrond_next_fire_timestamp_seconds",
             "Unix time of the job's next tick (its run key; jitter fires it up to jitter "
             "later). Run-once jobs have none.",
-            labels=["cronjob"],
+            samples,
         )
-        for codes, tick in self._source():
-            if tick is None:
-                continue
-            at = tick.timestamp()
-            for code in codes:
-                family.add_metric([code], at)
-        yield family
-
-    def describe(self) -> Iterator[Metric]:
-        # Without describe(), registering would call collect() to learn the names.
-        return iter(())
