@@ -134,7 +134,7 @@ class JobAlerts:
             )
         return lines
 
-    # -- the collector -----------------------------------------------------------------
+    # -- the gauges, at scrape time --------------------------------------------------
 
     def render(self, openmetrics: bool) -> str:
         """The four gauges, from what is known now (on the scrape's thread)."""

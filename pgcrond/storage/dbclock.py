@@ -8,7 +8,7 @@ the clock read at least ``db_now`` then, and has moved on since by as much as
 this replica's monotonic clock has, give or take their rates. How far below
 the truth depends on the answer's *lag*, the time from the read to the
 arrival (the rest of the statement, its commit, the trip back, the loop's
-turn before the answer is read): 1.5-5 ms for the claims of a 50-job tick on
+turn before the answer is read): 1.4-5.5 ms for the claims of a 50-job tick on
 three replicas on this machine, once in a while 50 ms (docs/performance.md).
 Counted from each tick's own claim answer, every run started that answer's
 lag after its tick; :class:`ClockFloor` keeps the tightest bound of the recent
