@@ -13,6 +13,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgcrond.core.keys import Identity
@@ -258,3 +261,34 @@ def test_next_fire_of_10000_jobs_on_a_few_schedules_renders_in_milliseconds() ->
     assert 10_000 == len(family.samples)
     # Typically ~10 ms; the bound leaves room for a loaded 2-core machine.
     assert took < 0.5, f"rendering 10,000 next fires took {took:.3f}s"
+
+
+def test_the_scrape_time_gauges_read_back_in_both_formats_whatever_the_job_code_holds() -> None:
+    """pgcrond writes these gauges itself: a code's quotes and backslashes are escaped."""
+    code = 'we"ird\\code'
+    metrics = Metrics()
+    metrics.set_jobs([code, "plain"], {code: timedelta(hours=1), "plain": None})
+    metrics.alerts.recorded(code, "success", final=True)
+    tick = datetime(2026, 12, 4, tzinfo=UTC)
+    metrics.next_fires.follow(lambda: [([code, "plain"], tick)])
+    expected = {
+        ("pgcrond_job_consecutive_failures", code): 0.0,
+        ("pgcrond_job_consecutive_failures", "plain"): 0.0,
+        ("pgcrond_job_stale", code): 0.0,
+        ("pgcrond_next_fire_timestamp_seconds", code): tick.timestamp(),
+        ("pgcrond_next_fire_timestamp_seconds", "plain"): tick.timestamp(),
+    }
+    names = {name for name, _ in expected} | {"pgcrond_job_last_success_timestamp_seconds"}
+    for accept, parse in [
+        ("text/plain", text_string_to_metric_families),
+        ("application/openmetrics-text;version=1.0.0", openmetrics_families),
+    ]:
+        render, _ = exposition(metrics.registry, accept)
+        found = {
+            (sample.name, sample.labels["cronjob"]): sample.value
+            for family in parse(render().decode())
+            for sample in family.samples
+            if sample.name in names
+        }
+        assert found.pop(("pgcrond_job_last_success_timestamp_seconds", code)) > 0, accept
+        assert expected == found, accept
