@@ -20,12 +20,8 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 
+from bench.scale import PROMETHEUS_ACCEPT
 from pgcrond.daemon.metrics import Metrics, exposition
-
-PROMETHEUS_ACCEPT = (
-    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
-    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-)
 
 
 def main() -> int:
