@@ -23,7 +23,8 @@ from typing import Literal, Protocol
 Kind = Literal["counter", "gauge"]
 
 
-def _escape_label(value: str) -> str:
+def escape_label(value: str) -> str:
+    """A label value as the text formats quote it."""
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
@@ -49,7 +50,7 @@ def gauge_text(name: str, documentation: str, samples: Iterable[tuple[str, float
     """
     head = f"# HELP {name} {_escape_help(documentation)}\n# TYPE {name} gauge\n"
     line = f'{name}{{cronjob="%s"}} '
-    return head + "".join([f"{line % _escape_label(code)}{value!r}\n" for code, value in samples])
+    return head + "".join([f"{line % escape_label(code)}{value!r}\n" for code, value in samples])
 
 
 class Series:
@@ -96,10 +97,26 @@ class JobFamily:
         if series is None:
             if len(key) != len(self.labelnames):
                 raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {key}")
-            escaped = tuple(_escape_label(v) for v in key)
+            escaped = tuple(escape_label(v) for v in key)
             # Nothing escaped (nearly always): the key itself, not a copy of it.
             series = self._series[key] = Series(key if escaped == key else escaped)
         return series
+
+    def ensure(self, codes: Iterable[tuple[str, str]], *rest: str) -> None:
+        """Make the series of each ``(code, escaped code)`` with the labels ``rest`` after it.
+
+        A config's jobs at start and at each reload, a dozen series each: at
+        10,000 jobs one :meth:`labels` call per series was most of
+        ``Metrics.set_jobs`` (0.2 s before ready).
+        """
+        if len(rest) + 1 != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {rest} after")
+        tail = tuple(escape_label(v) for v in rest)
+        series = self._series
+        for code, escaped in codes:
+            key = (code, *rest)
+            if key not in series:
+                series[key] = Series(key if escaped == code and tail == rest else (escaped, *tail))
 
     def remove(self, *values: str) -> None:
         self._series.pop(tuple(values), None)

@@ -28,7 +28,14 @@ from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import Outcome
 from pgcrond.daemon.alerts import JobAlerts
-from pgcrond.daemon.job_series import JobFamily, Kind, Rendered, Series, gauge_text
+from pgcrond.daemon.job_series import (
+    JobFamily,
+    Kind,
+    Rendered,
+    Series,
+    escape_label,
+    gauge_text,
+)
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held
 from pgcrond.guard.base import Outcome as Verdict
@@ -258,15 +265,16 @@ class Metrics:
             for labels in metric.label_sets():
                 if labels[0] not in kept:  # a set: 10,000 jobs' series, each looked up
                     metric.remove(*labels)
-        for code in wanted:
-            for metric in by_job:
-                metric.labels(code)
-            for outcome in RUN_OUTCOMES:
-                self.runs.labels(code, outcome)
-            for cause in MISSED_CAUSES:
-                self.missed.labels(code, cause)
-            for reason in MISSED_REASONS:
-                self.missed_recorded.labels(code, reason)
+        # Each code escaped once for its dozen series.
+        escaped = [(code, escape_label(code)) for code in wanted]
+        for metric in by_job:
+            metric.ensure(escaped)
+        for outcome in RUN_OUTCOMES:
+            self.runs.ensure(escaped, outcome)
+        for cause in MISSED_CAUSES:
+            self.missed.ensure(escaped, cause)
+        for reason in MISSED_REASONS:
+            self.missed_recorded.ensure(escaped, reason)
         self.events.forget(kept)
 
 
