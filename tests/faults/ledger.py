@@ -32,7 +32,7 @@ from typing import Protocol
 import psycopg
 
 from pgcrond.core.cancel import Cancellation
-from pgcrond.run.context import RunContext
+from pgcrond.run.context import RunContext, RunFacts
 
 # Long enough to outlast a server restart; a write that still fails raises.
 WRITE_PATIENCE_S = 30.0
@@ -44,21 +44,9 @@ class Cancelled(Protocol):
     def wait_sync(self, timeout: float | None = None) -> bool: ...
 
 
-class Context(Protocol):
-    """The part of ``pgcrond``'s RunContext this job reads."""
+class Context(RunFacts, Protocol):
+    """The part of ``pgcrond``'s RunContext this job reads: the run's facts, and these."""
 
-    @property
-    def job(self) -> str: ...
-    @property
-    def run_key(self) -> str: ...
-    @property
-    def fire_time(self) -> datetime: ...
-    @property
-    def attempt(self) -> int: ...
-    @property
-    def fencing_token(self) -> int | None: ...
-    @property
-    def idempotency_key(self) -> str: ...
     @property
     def env(self) -> Mapping[str, str]: ...
     @property
