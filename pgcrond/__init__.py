@@ -19,10 +19,10 @@ _EXPORTS: dict[str, str] = {
     "RunContext": "pgcrond.run.context",
     "AdvisoryLease": "pgcrond.storage.advisory",
     "advisory_lock": "pgcrond.storage.advisory",
-    "advisory_lock_sync": "pgcrond.storage.advisory",
+    "advisory_lock_sync": "pgcrond.storage.sync_advisory",
     "advisory_lock_id": "pgcrond.storage.advisory",
     "with_advisory_lock": "pgcrond.storage.advisory",
-    "SyncAdvisoryLock": "pgcrond.storage.advisory",
+    "SyncAdvisoryLock": "pgcrond.storage.sync_advisory",
     "Database": "pgcrond.storage.db",
     "LocalServer": "pgcrond.testing",
     "throwaway": "pgcrond.testing",
@@ -81,13 +81,12 @@ if TYPE_CHECKING:
     from pgcrond.run.context import RunContext
     from pgcrond.storage.advisory import (
         AdvisoryLease,
-        SyncAdvisoryLock,
         advisory_lock,
         advisory_lock_id,
-        advisory_lock_sync,
         with_advisory_lock,
     )
     from pgcrond.storage.db import Database
+    from pgcrond.storage.sync_advisory import SyncAdvisoryLock, advisory_lock_sync
     from pgcrond.testing import LocalServer, throwaway
 
 

@@ -24,15 +24,14 @@ from psycopg_pool import AsyncConnectionPool
 from pgcrond.core.keys import lock_id
 from pgcrond.errors import LeaseLost, ValidationError
 from pgcrond.storage.advisory import (
-    SyncAdvisoryLock,
     advisory_lock,
     advisory_lock_id,
-    advisory_lock_sync,
     with_advisory_lock,
 )
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer
 from pgcrond.storage.sql import Queries
+from pgcrond.storage.sync_advisory import SyncAdvisoryLock, advisory_lock_sync
 from tests.store_helpers import quick_processes
 
 ROOT = Path(__file__).parent.parent

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,18 @@ def test_importing_pgcrond_imports_no_submodule_at_run_time() -> None:
         for node in runtime
     )
     assert modules == ["__future__", "importlib", "typing"]
+
+
+@pytest.mark.usefixtures("subprocesses")
+def test_the_daemon_imports_neither_the_synchronous_facades_nor_dotenv() -> None:
+    """What a replica holds resident: the blocking portal (anyio) is the facades' alone, and
+    python-dotenv is imported by a config that names an env file (bench.import_rss)."""
+    probe = (
+        "import sys, pgcrond.daemon.command; "
+        "print(' '.join(m for m in ('anyio', 'pgcrond.storage.blocking', 'dotenv') "
+        "if m in sys.modules))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert found == []

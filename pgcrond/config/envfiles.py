@@ -21,8 +21,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dotenv.parser import parse_stream
-
 from pgcrond.core.redaction import looks_secret, remember_secrets
 
 # ${file:/run/secrets/token}: the file's text, less one trailing newline.
@@ -48,6 +46,10 @@ def read_env_files(paths: Iterable[Path]) -> Read:
         text = _text(path, read)
         if text is None:
             continue
+        # Imported here: most configs name no env file, and python-dotenv's
+        # package import is a few ms of every start.
+        from dotenv.parser import parse_stream
+
         for binding in parse_stream(io.StringIO(text)):
             line = binding.original.line
             if binding.error:

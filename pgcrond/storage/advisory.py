@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -31,7 +31,6 @@ from psycopg_pool import AsyncConnectionPool
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import KeyHash, lock_id
 from pgcrond.errors import LeaseLost, ValidationError
-from pgcrond.storage.blocking import BlockingDatabase
 from pgcrond.storage.db import Database, connection_settings, translate
 from pgcrond.storage.sql import Queries
 
@@ -312,50 +311,3 @@ async def _release(cursor: psycopg.AsyncClientCursor[DictRow], lease: AdvisoryLe
             await cursor.connection.close()
         return False
     return True
-
-
-class SyncAdvisoryLock(BlockingDatabase):
-    """The advisory guard for synchronous code: a private loop and a small pool.
-
-    The job runs in the caller's thread; probing runs on the private loop, so
-    ``lease.cancellation`` is set while the job is still busy.
-    """
-
-    def __init__(self, conninfo: str, *, max_size: int = 4) -> None:
-        super().__init__(Database(conninfo, min_size=1, max_size=max_size))
-
-    @contextlib.contextmanager
-    def lock(
-        self,
-        key: str | int,
-        *,
-        key_hash: KeyHash = "pgcrond",
-        min_hold: timedelta = timedelta(seconds=5),
-        tick: datetime | None = None,
-        probe_interval: timedelta = timedelta(seconds=1),
-    ) -> Iterator[AdvisoryLease]:
-        """As :func:`advisory_lock`, for a ``with`` block in synchronous code."""
-        # Both halves of the async manager run on the portal's loop: the probe
-        # task it starts lives there.
-        with self.portal.wrap_async_context_manager(
-            advisory_lock(
-                self.db,
-                key,
-                key_hash=key_hash,
-                min_hold=min_hold,
-                tick=tick,
-                probe_interval=probe_interval,
-            ),
-        ) as lease:
-            yield lease
-
-
-@contextlib.contextmanager
-def advisory_lock_sync(conninfo: str, key: str | int, **options: Any) -> Iterator[AdvisoryLease]:
-    """One guarded run from synchronous code, on a pool of one opened for it.
-
-    ``options`` are :meth:`SyncAdvisoryLock.lock`'s. For many runs, keep a
-    :class:`SyncAdvisoryLock` instead.
-    """
-    with SyncAdvisoryLock(conninfo, max_size=1) as guard, guard.lock(key, **options) as lease:
-        yield lease

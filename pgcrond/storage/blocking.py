@@ -1,7 +1,7 @@
 """A :class:`Database` on a blocking portal: what the synchronous facades are built on.
 
 The library is async first; :class:`~pgcrond.storage.sync_store.SyncLeaseStore`
-and :class:`~pgcrond.storage.advisory.SyncAdvisoryLock` run the same async
+and :class:`~pgcrond.storage.sync_advisory.SyncAdvisoryLock` run the same async
 code on anyio's blocking portal (a private loop on a thread of its own)
 instead of a second, drifting implementation. This owns that portal and the
 database on it: opened together, closed together, also as a ``with`` block.
