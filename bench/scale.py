@@ -41,8 +41,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg
-
 from bench.side_by_side import (
     BIN,
     CLOCK_TICK,
@@ -53,6 +51,7 @@ from bench.side_by_side import (
     load_note,
     markdown_table,
     percentile,
+    profiler,
     progress,
     spawn,
     sql,
@@ -61,10 +60,10 @@ from bench.side_by_side import (
     with_db,
     write_docs,
 )
+from bench.statements import READER, as_reader, count_statements, enable, made, split, statements
 from pgcrond.core.schedule import run_key_for
 from pgcrond.daemon.registry import SETTLE_S
 from pgcrond.storage.leases import CLAIM_AHEAD
-from pgcrond.storage.sql import named_queries
 from pgcrond.testing import LocalServer, throwaway
 
 # What Prometheus 2.x and 3.x send in a scrape's Accept header.
@@ -104,43 +103,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-# The bench's own reads of the lease table go in as this role: the replicas'
-# statements are those of the server's own user.
-READER = "pgcrond_bench"
-
-
-def count_statements(server: LocalServer) -> None:
-    """Load ``pg_stat_statements`` (a restart) and make the bench's reader role."""
-    sql(server.dsn, "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
-    server.stop()
-    server.start()
-    sql(server.dsn, f"CREATE ROLE {READER} LOGIN IN ROLE pg_read_all_stats")
-
-
-def as_reader(dsn: str) -> str:
-    return psycopg.conninfo.make_conninfo(dsn, user=READER)
-
-
-def statements(dsn: str) -> dict[str, int]:
-    """The replicas' statements so far in this database, by query name ('other': unnamed).
-
-    ``dsn`` is the reader's: the count's own read is not among them.
-    """
-    firsts = {body.splitlines()[0]: name for name, body in named_queries().items()}
-    rows = sql(
-        dsn,
-        "SELECT s.query, s.calls FROM pg_stat_statements s "
-        "JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles r ON r.oid = s.userid "
-        "WHERE d.datname = current_database() AND r.rolname <> %s",
-        (READER,),
-    )
-    counted: dict[str, int] = {}
-    for query, calls in rows:
-        name = firsts.get(str(query).lstrip().split("\n", 1)[0], "other")
-        counted[name] = counted.get(name, 0) + int(calls)
-    return counted
 
 
 def rss_mib(pid: int) -> float:
@@ -237,12 +199,6 @@ def run_started(replica: Replica, run_key: str) -> int:
     return count
 
 
-def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy on replica 0 (``--profile``), stopped with SIGINT once the tick is done."""
-    argv = [str(BIN / "py-spy"), "record", "--pid", str(pid), "--format", "raw", "-r", "100"]
-    return subprocess.Popen([*argv, "-o", str(out)], stdout=subprocess.DEVNULL)
-
-
 def one(
     server: LocalServer,
     workdir: Path,
@@ -269,7 +225,7 @@ def one(
     write_config(config, jobs, tick % 60, extra, action)
     migrate = [str(BIN / "pgcrond"), "migrate", "-c", str(config)]
     subprocess.run(migrate, env=env, check=True, stdout=subprocess.DEVNULL)
-    sql(dsn, "CREATE EXTENSION pg_stat_statements")
+    enable(dsn)
     sql(dsn, f"GRANT USAGE ON SCHEMA pgcrond TO {READER}")
     sql(dsn, f"GRANT SELECT ON pgcrond.leases TO {READER}")
     reader = as_reader(dsn)
@@ -337,18 +293,10 @@ def one(
         for r in success:
             by_owner[str(r[0])] = by_owner.get(str(r[0]), 0) + 1
         starts = sum(run_started(r, run_key) for r in started)
-        made = {name: after[name] - before.get(name, 0) for name in after}
-        count = sum(made.values())
+        tick_made = made(before, after)
+        count = sum(tick_made.values())
         chunks = max(1.0, jobs / 500) * replicas
 
-        def per_500(*names: str) -> str:
-            return f"{sum(made.get(name, 0) for name in names) / chunks:.1f}"
-
-        others = sum(
-            calls
-            for name, calls in made.items()
-            if name not in ("claim", "finalize", "standings", "heartbeat")
-        )
         cpu = [b - a for a, b in zip(cpu_before, cpu_after, strict=True)]
         stalls = [stall(r) for r in started]
 
@@ -366,10 +314,7 @@ def one(
             "runs per replica": " / ".join(str(n) for n in sorted(by_owner.values(), reverse=True)),
             "statements (per 500 jobs per replica)": f"{count:,} ({count / chunks:.1f})",
             "claims / finalizes / looks / heartbeats / other": " / ".join(
-                [
-                    *(per_500(name) for name in ("claim", "finalize", "standings", "heartbeat")),
-                    f"{others / chunks:.1f}",
-                ]
+                f"{calls / chunks:.1f}" for calls in split(tick_made)
             ),
             "CPU for the tick": " / ".join(f"{c:.1f}" for c in cpu) + " s",
             "RSS at rest / after the tick / max": (

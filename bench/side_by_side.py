@@ -20,6 +20,8 @@ Measured, the same way for both:
   ``--seconds``); runs are given a tail to finish before the replicas stop;
 * lateness p50/p99: ``inserted_at - tick`` of the window's rows (what a job's
   effect sees; it includes the job's own pool);
+* statements per job-tick by name (``pg_stat_statements``, bench/statements.py):
+  pgcrond's claims, finalizes, looks, heartbeats and the rest; all of a peer's;
 * database transactions per job-tick: ``pg_stat_database`` of the scheduler's
   database from before the replicas start to after they exit (so every backend
   has flushed its counters; autovacuum of the scheduler's tables included),
@@ -32,6 +34,10 @@ Measured, the same way for both:
 * runs per replica (how evenly a tick's work is spread);
 * idle: statements the server logs (``log_statement = all``) while the same
   replicas hold jobs that never fire.
+
+``--profile FILE`` records py-spy (``.venv/bin/pip install py-spy``) over
+pgcrond's replica 0 for the window, in py-spy's raw format;
+``python -m bench.profile_shares FILE`` says where its samples went.
 
 ``--fault kill-one`` SIGKILLs, at the middle tick of the window, the replica
 that inserted that tick's first ledger row, the moment it appears (so it dies
@@ -72,7 +78,7 @@ from typing import Any
 
 import psycopg
 
-from bench import ledger_job
+from bench import ledger_job, statements
 from pgcrond.testing import LocalServer, throwaway
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -274,6 +280,7 @@ class Scheduler:
         self.db = f"sched_{self.name}"
         sql(server.dsn, f'CREATE DATABASE "{self.db}"')
         self.dsn = with_db(server.dsn, self.db)
+        statements.enable(self.dsn)
 
     def prepare(self) -> None:
         """Create the scheduler's schema (outside the measured window, for both)."""
@@ -404,6 +411,7 @@ class Result:
     lateness_max_ms: float = 0.0
     job_ticks: int = 0  # distinct (job, tick) over the whole run
     transactions: int = 0  # the scheduler's database, whole run
+    statements: dict[str, int] = field(default_factory=dict)  # by name, whole run
     rows: int = 0  # ledger rows over the whole run: one insert transaction each
     replica_cpu_s: float = 0.0
     server_cpu_s: float = 0.0
@@ -419,6 +427,13 @@ class Result:
     @property
     def per_job_tick(self) -> float:
         return self.transactions / self.job_ticks if self.job_ticks else math.nan
+
+    def statements_per_job_tick(self) -> str:
+        """Claims / finalizes / looks / heartbeats / other (the last: every statement of a peer)."""
+        if not self.job_ticks:
+            return "-"
+        parts = [calls / self.job_ticks for calls in statements.split(self.statements)]
+        return " / ".join(f"{part:.3f}" for part in parts) + f" ({sum(parts):.3f})"
 
     @property
     def with_ledger(self) -> float:
@@ -519,13 +534,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_one(scheduler: Scheduler, server: LocalServer) -> Result:
+def profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy on a replica (``--profile``), stopped with SIGINT when the measure is over."""
+    argv = [str(BIN / "py-spy"), "record", "--pid", str(pid), "--format", "raw", "-r", "100"]
+    return subprocess.Popen([*argv, "-o", str(out)], stdout=subprocess.DEVNULL)
+
+
+def run_one(scheduler: Scheduler, server: LocalServer, profile: Path | None = None) -> Result:
     scenario = scheduler.scenario
     ledger = with_db(server.dsn, "ledger")
     sql(ledger, "TRUNCATE bench_ledger")
     scheduler.prepare()
     result = Result(scheduler.name)
     counts, cpu = transactions(server), server_cpu(server)
+    named = statements.statements(statements.as_reader(scheduler.dsn))
     progress(f"{scheduler.name}: starting {scenario.replicas} replicas x {scenario.jobs} jobs")
     replicas = scheduler.start("busy", idle=False)
     wait_ready(replicas, scheduler.ready_marker)
@@ -538,6 +560,9 @@ def run_one(scheduler: Scheduler, server: LocalServer) -> Result:
         f"{datetime.fromtimestamp(ticks[0], UTC):%H:%M:%S} .. "
         f"{datetime.fromtimestamp(ticks[-1], UTC):%H:%M:%S}"
     )
+    spy = None
+    if profile is not None and isinstance(scheduler, Pgcrond):
+        spy = profiler(replicas[0].pid, profile)
     tail = TAIL_S
     if scenario.fault == "kill-one":
         tick = ticks[len(ticks) // 2]
@@ -554,8 +579,19 @@ def run_one(scheduler: Scheduler, server: LocalServer) -> Result:
         rows = sql(ledger, "SELECT count(*) FROM bench_ledger")[0][0]
         progress(f"{scheduler.name}: {rows} ledger rows, {left:.0f}s to go")
         time.sleep(min(10.0, max(left, 0.0)))
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
     stop(replicas)
     after = transactions(server)
+    result.statements = statements.made(
+        named, statements.statements(statements.as_reader(scheduler.dsn))
+    )
+    others = sorted(
+        ((calls, name) for name, calls in result.statements.items() if name not in statements.TICK),
+        reverse=True,
+    )
+    progress(f"{scheduler.name}: most made of the other statements: {others[:6]}")
     result.server_cpu_s = server_cpu(server) - cpu
     result.transactions = after[scheduler.db] - counts[scheduler.db]
     result.replica_cpu_s = sum(r.cpu_s for r in replicas)
@@ -654,6 +690,11 @@ def table(ours: Result, peer: Result) -> list[dict[str, str]]:
             f"{ours.with_ledger:.2f}",
             f"{peer.with_ledger:.2f}",
             ratio(ours.with_ledger, peer.with_ledger),
+        ),
+        row(
+            "statements per job-tick: claims / finalizes / looks / heartbeats / other (all)",
+            ours.statements_per_job_tick(),
+            peer.statements_per_job_tick(),
         ),
         row(
             "replica CPU, all replicas (user+sys)",
@@ -898,7 +939,10 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="copy the replicas' logs and configs here")
     parser.add_argument("--spread", help="pgcrond's spread (default 25ms; 0 turns it off)")
     parser.add_argument("--write-docs", action="store_true", help="rewrite docs/performance.md")
+    parser.add_argument("--profile", type=Path, help="py-spy pgcrond's replica 0 into this file")
     args = parser.parse_args()
+    if args.profile is not None and not (BIN / "py-spy").exists():
+        parser.error("--profile records with py-spy: .venv/bin/pip install py-spy, then run again")
     lease = args.lease or ("10s" if args.fault else None)
     scenario = Scenario(
         args.replicas,
@@ -912,9 +956,10 @@ def main() -> int:
         args.spread,
     )
     shown = list(sys.argv[1:])
-    if "--keep" in shown:  # where the logs went is no part of the scenario
-        at = shown.index("--keep")
-        del shown[at : at + 2]
+    for where in ("--keep", "--profile"):  # where output went is no part of the scenario
+        if where in shown:
+            at = shown.index(where)
+            del shown[at : at + 2]
     command = " ".join([".venv/bin/python -m bench.side_by_side", *shown])
     load = load_note()
     progress(f"load (1-minute average): {load}")
@@ -937,6 +982,7 @@ def measure(
     command: str,
     load: str,
 ) -> int:
+    statements.count_statements(server)
     sql(server.dsn, "CREATE DATABASE ledger")
     sql(with_db(server.dsn, "ledger"), ledger_job.SCHEMA)
     if args.scale:
@@ -952,7 +998,7 @@ def measure(
     results: dict[str, Result] = {}
     for kind in (Pgcrond, Procrastinate):
         if args.only in (None, kind.name):
-            results[kind.name] = run_one(kind(server, workdir, scenario), server)
+            results[kind.name] = run_one(kind(server, workdir, scenario), server, args.profile)
     empty = Result("-", ready_s=[0.0])
     rows = table(results.get("pgcrond", empty), results.get("procrastinate", empty))
     columns = ["metric", "pgcrond", "procrastinate", "ratio"]
