@@ -8,22 +8,29 @@ that machine load hits both sides alike; then no-op sync and async entrypoints
 in process, and a no-op isolated entrypoint (one Python start per run, so fewer
 runs). The runner's line is with each attempt in a cgroup of its own where this
 machine can make one; the line after it, alternated with it, without
-(``cgroups: never``): the difference is what a job's box costs.
+(``cgroups: never``): the difference is what a job's box costs. Alternated
+with them too, the programs the runner execs before the job, spawned bare
+(no pipes, no attempt): ``setpriv`` setting the death signal, and in a
+cgroup the ``/bin/sh`` that joins it first: what of the runner's cost is
+those execs, and what is the runner's own.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from pgcrond.core.actions import Action, CommandAction, EntrypointAction
+from pgcrond.core.box import Box
 from pgcrond.core.cancel import Cancellation
 from pgcrond.run import box
 from pgcrond.run.attempt import RunRequest
+from pgcrond.run.command import _dying_with_daemon
 from pgcrond.run.context import RunContext
 from pgcrond.run.runner import execute
 
@@ -68,6 +75,15 @@ async def bare_true() -> None:
     assert await process.wait() == 0
 
 
+async def chain_true() -> None:
+    """``/bin/true`` through what the runner execs before it, in the configured box mode."""
+    cell = box.Cell("bench", Box())
+    argv = cell.enter(_dying_with_daemon(["/bin/true"], dict(os.environ)))
+    process = await asyncio.create_subprocess_exec(*argv, start_new_session=True)
+    assert await process.wait() == 0
+    await cell.close()
+
+
 async def timed(call: Callable[[], Awaitable[None]]) -> float:
     started = time.perf_counter()
     await call()
@@ -88,13 +104,17 @@ async def main(runs: int, isolated_runs: int) -> None:
     baseline: list[float] = []
     runner: list[float] = []
     unboxed: list[float] = []
+    chain_boxed: list[float] = []
+    chain: list[float] = []
     boxed_by = box.configure("auto").mode
     for _ in range(runs):
         baseline.append(await timed(bare_true))
         box.configure("auto")
         runner.append(await timed(via_runner))
+        chain_boxed.append(await timed(chain_true))
         box.configure("never")
         unboxed.append(await timed(via_runner))
+        chain.append(await timed(chain_true))
     box.configure("auto")
     sync_noop = runner_call(EntrypointAction(f"{MODULE}:noop"))
     async_noop = runner_call(EntrypointAction(f"{MODULE}:noop_async"))
@@ -111,6 +131,10 @@ async def main(runs: int, isolated_runs: int) -> None:
     print(summary("/bin/true via execute(), no cgroup", unboxed))
     extra = statistics.median(runner) - statistics.median(unboxed)
     print(f"{'':<34} the box costs +{extra:.3f} ms of the median")
+    print(summary(f"its execs alone, {boxed_by}", chain_boxed))
+    print(summary("its execs alone, no cgroup", chain))
+    extra = statistics.median(unboxed) - statistics.median(chain)
+    print(f"{'':<34} the runner's own: +{extra:.3f} ms of the median (no cgroup)")
     print(summary("sync entrypoint no-op (thread)", sync_samples))
     print(summary("async entrypoint no-op (loop)", async_samples))
     print(summary("isolated entrypoint no-op (child)", isolated_samples))
