@@ -43,9 +43,9 @@ from pathlib import Path
 
 from bench.side_by_side import (
     BIN,
-    CLOCK_TICK,
     Replica,
     base_env,
+    cpu_seconds,
     emit,
     header,
     load_note,
@@ -111,11 +111,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return math.nan
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICK
 
 
 ASYNC_NOOP = "entrypoint: 'bench.jobs:async_noop'"

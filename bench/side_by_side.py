@@ -103,6 +103,7 @@ class Replica:
     log: Path
     spawned: float  # wall clock
     ready: float = 0.0  # wall clock, when the ready line was seen
+    ready_cpu_s: float = 0.0  # CPU when the ready line was seen: the start's
     cpu_s: float = 0.0
     max_rss_mib: float = 0.0
     exit_status: int | None = None
@@ -147,11 +148,18 @@ def wait_ready(replicas: Sequence[Replica], marker: str, timeout: float = 120) -
         for replica in list(waiting):
             if marker in replica.log.read_text(errors="replace"):
                 replica.ready = time.time()
+                replica.ready_cpu_s = cpu_seconds(replica.pid)
                 waiting.remove(replica)
             elif replica.process.poll() is not None or time.monotonic() > deadline:
                 tail = replica.log.read_text(errors="replace")[-3000:]
                 raise SystemExit(f"replica {replica.pid} did not get ready:\n{tail}")
         time.sleep(0.02)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a live process so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICK
 
 
 def stop(replicas: Sequence[Replica], timeout: float = 60) -> None:
@@ -414,6 +422,8 @@ class Result:
     statements: dict[str, int] = field(default_factory=dict)  # by name, whole run
     rows: int = 0  # ledger rows over the whole run: one insert transaction each
     replica_cpu_s: float = 0.0
+    cpu_by_replica: list[float] = field(default_factory=list)
+    start_cpu_by_replica: list[float] = field(default_factory=list)
     server_cpu_s: float = 0.0
     max_rss_mib: float = 0.0
     runs_per_replica: list[int] = field(default_factory=list)
@@ -594,7 +604,9 @@ def run_one(scheduler: Scheduler, server: LocalServer, profile: Path | None = No
     progress(f"{scheduler.name}: most made of the other statements: {others[:6]}")
     result.server_cpu_s = server_cpu(server) - cpu
     result.transactions = after[scheduler.db] - counts[scheduler.db]
-    result.replica_cpu_s = sum(r.cpu_s for r in replicas)
+    result.cpu_by_replica = [r.cpu_s for r in replicas]
+    result.start_cpu_by_replica = [r.ready_cpu_s for r in replicas]
+    result.replica_cpu_s = sum(result.cpu_by_replica)
     result.max_rss_mib = max(r.max_rss_mib for r in replicas)
     ledger_figures(ledger, scenario.jobs, ticks, result, {r.pid: n for n, r in enumerate(replicas)})
     if isinstance(scheduler, Pgcrond):
@@ -641,6 +653,13 @@ def ratio(a: float, b: float) -> str:
     if not a or math.isnan(a) or math.isnan(b):
         return "-"
     return f"{b / a:.2f}x"
+
+
+def cpu_split(result: Result) -> str:
+    """Each replica's CPU, and of it the start's (to its ready line)."""
+    each = " / ".join(f"{cpu:.2f}" for cpu in result.cpu_by_replica)
+    starts = " / ".join(f"{cpu:.2f}" for cpu in result.start_cpu_by_replica)
+    return f"each {each}; to ready {starts}"
 
 
 def table(ours: Result, peer: Result) -> list[dict[str, str]]:
@@ -698,8 +717,8 @@ def table(ours: Result, peer: Result) -> list[dict[str, str]]:
         ),
         row(
             "replica CPU, all replicas (user+sys)",
-            f"{ours.replica_cpu_s:.2f} s",
-            f"{peer.replica_cpu_s:.2f} s",
+            f"{ours.replica_cpu_s:.2f} s ({cpu_split(ours)})",
+            f"{peer.replica_cpu_s:.2f} s ({cpu_split(peer)})",
             ratio(ours.replica_cpu_s, peer.replica_cpu_s),
         ),
         row(
