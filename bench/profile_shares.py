@@ -53,7 +53,7 @@ def shares(lines: list[str], top: int) -> list[dict[str, str]]:
         return rows
     rows += [
         {"where": frame, "samples": f"{count:,}", "share": f"{100 * count / loop_busy:.1f} %"}
-        for frame, count in busy.most_common(top + 8)
+        for frame, count in busy.most_common()
         # The frames every busy sample has (the module, main, the loop's run) say nothing.
         if count < loop_busy
     ][:top]
