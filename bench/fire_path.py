@@ -12,6 +12,12 @@ of one tick go at once, as a co-firing tick's do; the figure is the best
 round's process CPU divided by the fires (the least disturbed round on a
 shared machine). Compare two trees side by side in one call, alternating
 (``farm-bench --vs``, with ``PYTHONPATH`` naming the other tree).
+
+``--part run`` measures, for the same jobs, the runner alone
+(``pgcrond.run.runner.execute`` of each attempt, as the fire hands it on,
+without its log lines): what a run costs whatever carries it from claim to
+record, so ``fire − run`` bounds what any reshaping of the fire's own steps
+(one task per chunk of a tick, say) could save per run.
 """
 
 from __future__ import annotations
@@ -29,11 +35,14 @@ from pathlib import Path
 from pgcrond import logs
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
+from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.daemon import interpreter
 from pgcrond.fire import Firing
 from pgcrond.guard.memory import MemoryGuard
+from pgcrond.run.attempt import RunRequest
+from pgcrond.run.runner import execute
 
 
 def co_firing_jobs(workdir: Path, count: int) -> list[JobConfig]:
@@ -69,11 +78,52 @@ async def one_round(jobs: list[JobConfig]) -> float:
     return spent
 
 
+async def runs_alone(jobs: list[JobConfig]) -> float:
+    """Process CPU seconds for the runner alone to run one attempt of each of ``jobs``."""
+    tick = datetime.now(UTC).replace(microsecond=0)
+    run_key = run_key_for(tick)
+    requests = []
+    for job in jobs:
+        identity = Identity.schedule(job.code, run_key)
+        requests.append(
+            RunRequest(
+                job=job.code,
+                action=job.action,
+                run_key=run_key,
+                fire_time=tick,
+                attempt=1,
+                idempotency_key=identity.idempotency_key,
+                idempotency_key_hex=identity.idempotency_key_hex,
+                fencing_token=1,
+                env=job.env,
+                cwd=job.cwd,
+                box=job.box,
+                timeout=job.timeout,
+            )
+        )
+    bursts = interpreter.Bursts()
+    began = time.process_time()
+    bursts.fires(len(jobs))
+    results = await asyncio.gather(*(execute(request, Cancellation()) for request in requests))
+    bursts.fires(0)
+    spent = time.process_time() - began
+    if {result.outcome for result in results} != {"success"}:
+        raise SystemExit("not every run succeeded")
+    return spent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fires", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--part",
+        choices=("fire", "run"),
+        default="fire",
+        help="fire: claim, run and record (default); run: the runner alone",
+    )
     args = parser.parse_args()
+    measure = one_round if args.part == "fire" else runs_alone
     # The daemon's log set-up, writing to /dev/null: each line is made in full.
     stderr = sys.stderr
     with open(os.devnull, "w") as sink:
@@ -86,10 +136,11 @@ def main() -> None:
             jobs = co_firing_jobs(Path(workdir), args.fires)
         interpreter.tune()
         interpreter.settle()
-        best = min(asyncio.run(one_round(jobs)) for _ in range(args.rounds))
+        best = min(asyncio.run(measure(jobs)) for _ in range(args.rounds))
     print(
         json.dumps(
             {
+                "part": args.part,
                 "fires": args.fires,
                 "best_round_cpu_ms": round(best * 1000, 1),
                 "cpu_per_fire_us": round(best / args.fires * 1e6, 1),

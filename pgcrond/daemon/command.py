@@ -41,7 +41,9 @@ def run_command(args: argparse.Namespace) -> int:
             http_listen=args.http,
             replica=args.replica,
         )
-        return asyncio.run(daemon.run())
+        # The daemon's own loop: its stall probe times the loop's turns.
+        with asyncio.Runner(loop_factory=daemon.new_loop) as runner:
+            return runner.run(daemon.run())
     except PgcrondError as exc:
         log.error("daemon_failed", error=str(exc))
         return ExitCode.FAILED

@@ -123,6 +123,10 @@ class Daemon:
 
     # -- life cycle -----------------------------------------------------------
 
+    def new_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop to :meth:`run` on: one whose turns the stall probe times."""
+        return self._stall.new_loop()
+
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, "SIGTERM")
@@ -304,7 +308,6 @@ class Daemon:
             fire=self._spawn_fire,
             spawn=self._spawn,
             claim_room=store.claim_room,
-            wake=self._stall.wake,
             stopping=self.stop_requested,
         )
         scheduling.start()
@@ -483,7 +486,6 @@ class Daemon:
         await self._hooks.drain(HOOK_DRAIN_S)
         if self._membership is not None:
             await self._membership.leave()
-        self._stall.stop()
         self._bursts.resume()
         log.info(
             "daemon_stopped",

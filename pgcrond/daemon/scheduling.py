@@ -106,17 +106,15 @@ class Scheduling:
         fire: FireNow,
         spawn: Callable[[Coroutine[Any, Any, Any]], None],
         claim_room: Callable[[int], Awaitable[None]],
-        wake: Callable[[], None],
         stopping: asyncio.Event,
     ) -> None:
         """``fire``: hands a fire on (the daemon tracks it for the drain); ``spawn``: a
         background task of the daemon's; ``claim_room``: the lease store's
-        (:meth:`~pgcrond.storage.leases.LeaseStore.claim_room`); ``wake``: the stall probe's."""
+        (:meth:`~pgcrond.storage.leases.LeaseStore.claim_room`)."""
         self._config = config
         self._fire = fire
         self._spawn = spawn
         self._claim_room = claim_room
-        self._wake = wake
         self._stopping = stopping
         self._scheduler: AsyncIOScheduler | None = None
         # APScheduler job id (a schedule's repr) -> the codes of the jobs on it.
@@ -182,7 +180,6 @@ class Scheduling:
         codes = self._groups.get(key, ())
         if not codes:
             return
-        self._wake()
         # Once per schedule, not per job: the tick in UTC, its run key, and
         # when it is superseded.
         tick = _tick(fired_at)

@@ -1,61 +1,68 @@
-"""The loop-stall probe: how long the event loop went without running a ready callback.
+"""The loop-stall probe: the longest turn of the event loop while a tick's fires are in flight.
 
 Every claim, heartbeat and run of a replica shares one event loop, so a step
 that holds it (a render, a big batch's bookkeeping) delays all of them. The
-probe wakes every ``PERIOD_S`` while a tick's fires are in flight, and the
-lag of each wake-up past its due time is a stall of at least that length.
-It sleeps while the replica is idle: an idle replica has nothing to stall,
-and wakes no more often than its liveness beat.
+daemon's loop is made with a selector that times its own turns: from one
+``select()`` returning to the next being called the loop runs what is ready
+and looks at nothing new, so no timer, claim answer or signal can be seen
+meanwhile. The longest such turn while fires are in flight is the stall.
 
-A wake-up is one timer callback, no task: at 50 per-second jobs the probe
-runs nearly all the time, a hundred wake-ups a second, and a task's step and
-its sleep's future each time were 7 % of a replica's busy loop.
+It costs two clock reads a turn and no timer of its own. A probe that woke
+every 10 ms to see how late its timer ran cost a replica 13-20 ms of CPU a
+second while fires were in flight (``bench.stall_probe``), most of it the
+wake-ups themselves, and saw a stall only from the next wake-up on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import selectors
+import time
 from collections.abc import Callable
-
-PERIOD_S = 0.01
-# Wake-ups with nothing in flight before the probe sleeps: one idle period
-# after the last fire ended, so that a stall at the very end counts too.
-_IDLE_WAKES = 2
 
 
 class StallProbe:
-    """The longest stall seen since start, measured only while ``busy()`` is true."""
+    """The longest turn seen since start of a loop made by :meth:`new_loop`, while ``busy()``.
+
+    A turn counts when fires were in flight as it began or as it ended, so
+    the turn that hands a tick's fires on and the one that finishes the last
+    of them count too. A loop made elsewhere (a test's) is not timed.
+    """
 
     def __init__(self, busy: Callable[[], bool], on_stall: Callable[[float], None]) -> None:
         self._busy = busy
         self._on_stall = on_stall
-        self._timer: asyncio.TimerHandle | None = None
-        self._due = 0.0
-        self._idle = 0
+        self._began: float | None = None
+        self._began_busy = False
         self.longest_s = 0.0
 
-    def wake(self) -> None:
-        """Start probing (a tick fires); a no-op while the probe already runs."""
-        self._idle = 0
-        if self._timer is None:
-            self._arm(asyncio.get_running_loop())
+    def new_loop(self) -> asyncio.AbstractEventLoop:
+        """An event loop whose turns this probe times (``asyncio.Runner``'s ``loop_factory``)."""
+        return asyncio.SelectorEventLoop(_TimedSelector(self))
 
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _turn_begins(self) -> None:
+        self._began = time.monotonic()
+        self._began_busy = self._busy()
 
-    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._due = loop.time() + PERIOD_S
-        self._timer = loop.call_at(self._due, self._check, loop)
+    def _turn_ends(self) -> None:
+        if self._began is None:
+            return
+        turn = time.monotonic() - self._began
+        if turn > self.longest_s and (self._began_busy or self._busy()):
+            self.longest_s = turn
+            self._on_stall(turn)
 
-    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
-        lag = loop.time() - self._due
-        if lag > self.longest_s:
-            self.longest_s = lag
-            self._on_stall(lag)
-        self._idle = 0 if self._busy() else self._idle + 1
-        if self._idle < _IDLE_WAKES:
-            self._arm(loop)
-        else:
-            self._timer = None
+
+class _TimedSelector(selectors.DefaultSelector):
+    """The platform's selector, telling its probe where each loop turn begins and ends."""
+
+    def __init__(self, probe: StallProbe) -> None:
+        super().__init__()
+        self._probe = probe
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self._probe._turn_ends()
+        try:
+            return super().select(timeout)
+        finally:
+            self._probe._turn_begins()
