@@ -20,8 +20,8 @@ Duplicates are ``run_started`` lines beyond one per job.
 
 ``--steps`` times every step of the replicas' event loops
 (``bench/loop_steps``) and adds the longest step and the longest loop turn
-seen during the tick: the stall probe's figure is how late a timer ran, which
-in a saturated loop is the backlog of ready steps ahead of it, not one step.
+seen during the tick: the stall probe's figure is the longest turn (every
+step the loop ran between two looks for ready work), not one step.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ Steps of 2 ms or more (with the loop thread's CPU time in them) and turns of
 10 ms or more are written, with the wall time they ended, one JSON object
 per line to ``steps-<pid>.jsonl``.
 
-The daemon's own stall probe measures how late a timer runs: while a tick
-saturates the loop that is the whole backlog of ready callbacks ahead of it,
-not any one step. This tells the two apart. It costs two clock reads per
-callback, so it is off unless asked for.
+The daemon's own stall probe measures the longest turn: while a tick
+saturates the loop that is every callback the turn ran, not any one step.
+This tells the two apart. It costs two clock reads per callback, so it is
+off unless asked for.
 """
 
 from __future__ import annotations
