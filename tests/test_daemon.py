@@ -240,8 +240,11 @@ def test_sigterm_lets_the_running_job_finish_and_exits_zero(
         assert 0 == replica.wait_exit(30)
         phases = [row["phase"] for row in running.rows("SELECT * FROM {ledger} ORDER BY id")]
         leases = running.rows("SELECT * FROM {leases}")
+        (stopped,) = replica.events("daemon_stopped")
     assert ["start", "end"] == phases
     assert "SUCCESS" == leases[0]["status"]
+    # The daemon ran on its stall probe's loop: the turns with the run in flight were timed.
+    assert stopped["loop_stall_max_s"] > 0
 
 
 def test_shutdown_past_its_grace_releases_the_tick_to_a_survivor(
