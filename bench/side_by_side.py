@@ -33,7 +33,8 @@ Measured, the same way for both:
   postmaster's reaped children, background workers) before and after;
 * runs per replica (how evenly a tick's work is spread);
 * idle: statements the server logs (``log_statement = all``) while the same
-  replicas hold jobs that never fire.
+  replicas hold jobs that never fire, and the replicas' CPU meanwhile
+  (``/proc/PID/stat``, in 10 ms ticks).
 
 ``--profile FILE`` records py-spy (``.venv/bin/pip install py-spy``) over
 pgcrond's replica 0 for the window, in py-spy's raw format;
@@ -430,6 +431,7 @@ class Result:
     killed: int | None = None
     idle_statements: int | None = None
     idle_seconds: float = 0.0
+    idle_cpu_s: float = 0.0  # all replicas, over idle_seconds
     daemon_lateness_ms: tuple[float, float] | None = None  # pgcrond: tick -> run_started
     skipped: dict[str, int] = field(default_factory=dict)  # pgcrond: tick_skipped by reason
     ready_s: list[float] = field(default_factory=list)
@@ -628,8 +630,10 @@ def run_one(scheduler: Scheduler, server: LocalServer, profile: Path | None = No
             wait_ready(replicas, scheduler.settled_marker)
         time.sleep(1)  # start-up statements are not idle ones
         with statement_log(server) as logged:
+            before = sum(cpu_seconds(replica.pid) for replica in replicas)
             time.sleep(scenario.idle)
             result.idle_statements = len(logged())
+            result.idle_cpu_s = sum(cpu_seconds(replica.pid) for replica in replicas) - before
         result.idle_seconds = scenario.idle
         stop(replicas)
         progress(f"{scheduler.name}: idle {scenario.idle:g}s: {result.idle_statements} statements")
@@ -747,6 +751,13 @@ def table(ours: Result, peer: Result) -> list[dict[str, str]]:
                 "idle: statements per minute (log_statement = all)",
                 f"{60 * ours.idle_statements / ours.idle_seconds:.1f}",
                 f"{60 * peer.idle_statements / peer.idle_seconds:.1f}",
+            )
+        )
+        rows.append(
+            row(
+                "idle: replica CPU per minute, all replicas",
+                f"{60 * ours.idle_cpu_s / ours.idle_seconds * 1000:.0f} ms",
+                f"{60 * peer.idle_cpu_s / peer.idle_seconds * 1000:.0f} ms",
             )
         )
     if ours.daemon_lateness_ms:

@@ -22,6 +22,7 @@ import psycopg
 import pytest
 
 from pgcrond.daemon.requests import POLL_EVERY_S
+from pgcrond.daemon.stall import StallProbe
 from pgcrond.errors import DatabaseUnavailable
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
@@ -136,6 +137,33 @@ async def test_the_listener_wakes_on_the_request_within_a_bound(
         assert time.monotonic() - sent < 1.0
     finally:
         await listener.close()
+
+
+def test_a_listener_with_nothing_to_hear_leaves_the_loop_asleep(pg_dsn: str) -> None:
+    turns = 0
+
+    def counted() -> bool:
+        nonlocal turns
+        turns += 1  # at most twice a loop turn (StallProbe: as it begins and ends)
+        return False
+
+    async def wait_a_second() -> set[str]:
+        listener = RequestListener(pg_dsn, "pgcrond_idle_test", application_name="test-idle")
+        await listener.open()
+        try:
+            before = turns
+            began = time.monotonic()
+            heard = await listener.wait(1.0)
+            assert time.monotonic() - began >= 1.0
+            # Woken by the deadline only: psycopg's own wait for notifications
+            # woke the loop every 100 ms, twenty turns in this second.
+            assert turns - before <= 20, f"{(turns - before) // 2} loop turns while waiting"
+            return heard
+        finally:
+            await listener.close()
+
+    with asyncio.Runner(loop_factory=StallProbe(counted, lambda _: None).new_loop) as runner:
+        assert set() == runner.run(wait_a_second())
 
 
 async def test_a_lost_listener_connection_raises_instead_of_hanging(
