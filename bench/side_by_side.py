@@ -745,19 +745,25 @@ def table(ours: Result, peer: Result) -> list[dict[str, str]]:
             ratio(max(ours.ready_s), max(peer.ready_s)),
         ),
     ]
-    if ours.idle_statements is not None and peer.idle_statements is not None:
+    if ours.idle_statements is not None:
+
+        def per_minute(result: Result, value: float | None, unit: float, fmt: str) -> str:
+            if value is None or not result.idle_seconds:
+                return "-"  # not run (--only)
+            return fmt.format(60 * value / result.idle_seconds * unit)
+
         rows.append(
             row(
                 "idle: statements per minute (log_statement = all)",
-                f"{60 * ours.idle_statements / ours.idle_seconds:.1f}",
-                f"{60 * peer.idle_statements / peer.idle_seconds:.1f}",
+                per_minute(ours, ours.idle_statements, 1, "{:.1f}"),
+                per_minute(peer, peer.idle_statements, 1, "{:.1f}"),
             )
         )
         rows.append(
             row(
                 "idle: replica CPU per minute, all replicas",
-                f"{60 * ours.idle_cpu_s / ours.idle_seconds * 1000:.0f} ms",
-                f"{60 * peer.idle_cpu_s / peer.idle_seconds * 1000:.0f} ms",
+                per_minute(ours, ours.idle_cpu_s, 1000, "{:.0f} ms"),
+                per_minute(peer, peer.idle_cpu_s, 1000, "{:.0f} ms"),
             )
         )
     if ours.daemon_lateness_ms:
