@@ -63,7 +63,7 @@ from bench.side_by_side import (
 from bench.statements import READER, as_reader, count_statements, enable, made, split, statements
 from pgcrond.core.schedule import run_key_for
 from pgcrond.daemon.registry import SETTLE_S
-from pgcrond.storage.leases import CLAIM_AHEAD
+from pgcrond.storage.leases import CLAIM_AHEAD_MAX
 from pgcrond.testing import LocalServer, throwaway
 
 # What Prometheus 2.x and 3.x send in a scrape's Accept header.
@@ -327,7 +327,7 @@ def one(
         if steps:
             pids = [r.pid for r in started]
             row[STEP_COLUMN] = longest_steps(
-                steps_dir, pids, tick - CLAIM_AHEAD.total_seconds(), tick_over
+                steps_dir, pids, tick - CLAIM_AHEAD_MAX.total_seconds(), tick_over
             )
     finally:
         # An error on the way (a missing tool, a timeout) must not leave replicas

@@ -56,3 +56,14 @@ def test_an_old_answer_gives_way_to_a_newer_one_and_none_is_used_past_the_max_ag
         floor.now_at_least(at),
         DB_NOW + timedelta(seconds=MAX_AGE_S / 2 + (1 - RATE_MARGIN) * (at - later)),
     )
+
+
+def test_the_bound_reaches_an_instant_when_the_slowest_database_clock_would() -> None:
+    floor = ClockFloor()
+    assert floor.reaches(DB_NOW, now=100.0) is None
+    floor.saw(DB_NOW, received_at=100.0)
+    at = floor.reaches(DB_NOW + timedelta(seconds=2), now=100.0)
+    # Two seconds of the database's clock at its slowest take longer than 2 s here.
+    assert at is not None and abs(at - (100.0 + 2 / (1 - RATE_MARGIN))) < 1e-6
+    assert close(floor.now_at_least(at), DB_NOW + timedelta(seconds=2))
+    assert floor.reaches(DB_NOW, now=100.0 + MAX_AGE_S + 1) is None

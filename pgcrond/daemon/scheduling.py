@@ -4,11 +4,15 @@ APScheduler keeps the timers; :class:`ScheduleTrigger` gives it our schedule
 (cron(8) semantics, DST rule) and :class:`FireExecutor` hands each intended
 fire time on, so the tick's run key never comes from the clock at run time.
 A schedule's fire fans out to the jobs on it, each at its jittered fire time.
-APScheduler wakes ``CLAIM_AHEAD`` before each tick: a lease job's claim is
-sent then, so that its round trip is over by the fire time (the lease guard
-holds the run until then, by the database clock); an advisory job's fire,
-and a lease job's whose lease is too short to be claimed ahead
-(``claim_ahead_for``), wait for the fire time.
+A tick is handed on ahead of it, by a lead that grows with the jobs on its
+schedule (:func:`lead_for`, from ``CLAIM_AHEAD`` to ``CLAIM_AHEAD_MAX``): a
+lease job's claim is sent then, so that the claims' round trips, and the
+replica's work of handing on and claiming thousands of fires, are over by
+the fire time (the lease guard holds each run until then, by the database
+clock). APScheduler wakes ``CLAIM_AHEAD_MAX`` before every tick, and the
+hand-on waits out the rest of the lead. An advisory job's fire, and a lease
+job's whose lease is too short to be claimed ahead (``claim_ahead_for``),
+wait for the fire time.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
 from pgcrond.daemon.accounting import FireNow
-from pgcrond.storage.leases import CLAIM_AHEAD, claim_ahead_for
+from pgcrond.storage.leases import CLAIM_AHEAD, CLAIM_AHEAD_MAX, claim_ahead_for
 
 # Fires handed on per loop turn when one schedule holds many jobs: a turn
 # stays a few ms, and a chunk's claims still fill one statement.
@@ -38,12 +42,27 @@ FAN_OUT_CHUNK = 500
 # Claims of a big fan-out waiting for their answer before the next chunk is
 # handed on: two statements' worth, so one is answered while the next is out.
 FAN_OUT_WINDOW = 2 * FAN_OUT_CHUNK
+# A tick's lead grows by this per job on its schedule: what handing on a fire
+# and claiming it costs a loaded replica's loop, with room to spare (a
+# 10,000-job tick: 1.6 s; its claims then all land before the tick).
+LEAD_PER_JOB = timedelta(microseconds=150)
+
+
+def lead_for(jobs: int, gap: timedelta | None) -> timedelta:
+    """How long before a tick its ``jobs`` are handed on; ``gap``: to the schedule's next tick.
+
+    Never more than half the gap: a per-second tick claimed before the one
+    before it has run would find that one's forbid runs still going, and be
+    claimed again at its time.
+    """
+    lead = min(CLAIM_AHEAD + jobs * LEAD_PER_JOB, CLAIM_AHEAD_MAX)
+    return lead if gap is None else min(lead, max(gap / 2, CLAIM_AHEAD))
 
 
 class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
     """An APScheduler trigger over our own schedule (cron(8) semantics, DST rule).
 
-    Its times are the ticks less ``CLAIM_AHEAD`` (see the module docstring):
+    Its times are the ticks less ``CLAIM_AHEAD_MAX`` (see the module docstring):
     APScheduler's times never leave this module. APScheduler 3's crontab
     parser reads day-of-week 0 as Monday and ANDs the day fields, so it is
     never used.
@@ -55,9 +74,9 @@ class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
     def get_next_fire_time(
         self, previous_fire_time: datetime | None, now: datetime
     ) -> datetime | None:
-        after = now if previous_fire_time is None else previous_fire_time + CLAIM_AHEAD
+        after = now if previous_fire_time is None else previous_fire_time + CLAIM_AHEAD_MAX
         tick = self.schedule.next_after(after)
-        return None if tick is None else tick - CLAIM_AHEAD
+        return None if tick is None else tick - CLAIM_AHEAD_MAX
 
     def __str__(self) -> str:
         return self.schedule.describe()
@@ -85,11 +104,12 @@ class _Fired:
     tick: datetime  # in UTC
     run_key: str
     following: datetime | None  # the schedule's next tick: when this one is superseded
+    lead: timedelta  # how long before the tick its lease jobs are claimed (at most)
 
 
 def _tick(fired_at: datetime) -> datetime:
     """The tick (in UTC) of an APScheduler fire time (see :class:`ScheduleTrigger`)."""
-    return (fired_at + CLAIM_AHEAD).astimezone(UTC)
+    return (fired_at + CLAIM_AHEAD_MAX).astimezone(UTC)
 
 
 def _no_op() -> None:
@@ -119,6 +139,10 @@ class Scheduling:
         self._scheduler: AsyncIOScheduler | None = None
         # APScheduler job id (a schedule's repr) -> the codes of the jobs on it.
         self._groups: dict[str, list[str]] = {}
+        # Each schedule's last tick handed on: a schedule removed and added
+        # back by reloads within a tick's lead is fired by two APScheduler
+        # entries, and its tick is handed on once.
+        self._handed_on: dict[str, datetime] = {}
 
     def start(self) -> None:
         scheduler = AsyncIOScheduler(
@@ -172,6 +196,7 @@ class Scheduling:
         for key in groups.keys() - self._groups.keys():
             scheduler.add_job(_no_op, trigger=ScheduleTrigger(schedules[key]), id=key, name=key)
         self._groups = groups
+        self._handed_on = {key: tick for key, tick in self._handed_on.items() if key in groups}
         for job in started:
             if isinstance(job.schedule, OnceSchedule):
                 self._fire(job, datetime.now(UTC), Identity.initial(job.code), superseded_at=None)
@@ -180,12 +205,25 @@ class Scheduling:
         codes = self._groups.get(key, ())
         if not codes:
             return
-        # Once per schedule, not per job: the tick in UTC, its run key, and
-        # when it is superseded.
+        # Once per schedule, not per job: the tick in UTC, its run key, when
+        # it is superseded, and its lead.
         tick = _tick(fired_at)
-        fired = _Fired(
-            tick, run_key_for(tick), self._config().jobs[codes[0]].schedule.next_after(tick)
-        )
+        following = self._config().jobs[codes[0]].schedule.next_after(tick)
+        lead = lead_for(len(codes), None if following is None else following - tick)
+        fired = _Fired(tick, run_key_for(tick), following, lead)
+        delay = (tick - lead - datetime.now(UTC)).total_seconds()
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self._hand_on, key, fired)
+        else:
+            self._hand_on(key, fired)
+
+    def _hand_on(self, key: str, fired: _Fired) -> None:
+        """Hand ``fired`` on to the jobs on its schedule as they are now (after any reload)."""
+        codes = self._groups.get(key, ())
+        last = self._handed_on.get(key)
+        if not codes or (last is not None and last >= fired.tick):
+            return
+        self._handed_on[key] = fired.tick
         if len(codes) <= FAN_OUT_CHUNK:
             for code in codes:
                 self._on_fire(code, fired)
@@ -219,7 +257,8 @@ class Scheduling:
         # the fire is handed on at tick + its stable shift, the same instant
         # on every replica. Misfire and lateness count from that instant.
         at = fire_time(code, fired.tick, job.jitter)
-        ahead = claim_ahead_for(job.timing.lease) if job.guard == "lease" else timedelta(0)
+        lease = job.guard == "lease"
+        ahead = claim_ahead_for(job.timing.lease, fired.lead) if lease else timedelta(0)
         delay = (at - ahead - datetime.now(UTC)).total_seconds()
         if delay <= 0:
             self._fire_at(code, fired, at)

@@ -8,11 +8,11 @@ holds the decisions the Guard contract asks for at the edges of a claim:
   lease began;
 * a claim answered so late that its lease is already going, or that the tick
   is past its misfire window by the database clock, is not run;
-* a tick's claim may be won up to ``CLAIM_AHEAD`` before its fire time (the
-  daemon fires that early, so that the round trip is over by then): the
-  claim waits until the database clock has surely reached the fire time, and
-  only then judges the lease as above (one that lapsed meanwhile is given
-  back, never run);
+* a tick's claim may be won up to ``CLAIM_AHEAD_MAX`` before its fire time
+  (the daemon fires that early, so that the round trip is over by then): the
+  claim waits until the database clock has surely reached the fire time
+  (:mod:`pgcrond.guard.fire_times`), and only then judges the lease as above
+  (one that lapsed meanwhile is given back, never run);
 * every statement on the run path has a deadline that holds: an unanswered
   statement is left behind (never awaited), so no driver clean-up can stretch
   it.
@@ -37,10 +37,10 @@ from pgcrond.core.cancel import abandon
 from pgcrond.core.keys import Identity
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
+from pgcrond.guard.fire_times import FireTimes
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.attempt_end import AttemptEnd
 from pgcrond.storage.claims import Acquired, NotAcquired, Standing
-from pgcrond.storage.dbclock import ClockFloor
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.leases import LeaseStore
 
@@ -89,6 +89,7 @@ class LeaseGuard(Guard):
         # an outage: a try that committed but lost its answer still counts as won.
         self._tokens: dict[Identity, uuid.UUID] = {}
         self._open: dict[Identity, _Open] = {}
+        self._fire_times = FireTimes(store.clock_floor)
 
     async def claim(self, request: ClaimRequest) -> Held | Refused:
         identity = request.identity
@@ -143,7 +144,7 @@ class LeaseGuard(Guard):
             )
         if identity.type == "SCHEDULE":
             # Won ahead of its tick: what follows judges the lease as it is then.
-            await _until_fire_time(request.tick, self.store.clock_floor)
+            await self._fire_times.reached(request.tick)
         precise = True
         if answer.received_at - answer.sent_at > SLOW_ANSWER_S and not self._clear(request, answer):
             fresh = await self._recheck(answer)
@@ -395,18 +396,6 @@ class LeaseGuard(Guard):
     async def forget(self, identity: Identity) -> None:
         self._open.pop(identity, None)
         self._tokens.pop(identity, None)
-
-
-async def _until_fire_time(fire_time: datetime, floor: ClockFloor) -> None:
-    """Until the database clock has surely reached ``fire_time`` (a claim won ahead of it).
-
-    By the tightest bound of the database's clock the store's answers gave
-    (the claim's own among them): the run never starts before its fire time
-    by that clock, whatever this replica's own clock says.
-    """
-    now = floor.now_at_least()
-    if now is not None and now < fire_time:
-        await asyncio.sleep((fire_time - now).total_seconds())
 
 
 async def _bounded(call: Awaitable[T], seconds: float, operation: str) -> T:

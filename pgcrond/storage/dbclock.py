@@ -64,3 +64,16 @@ class ClockFloor:
         if now - self._at > MAX_AGE_S:
             return None
         return datetime.fromtimestamp(self._base + (1 - RATE_MARGIN) * now, UTC)
+
+    def reaches(self, instant: datetime, now: float | None = None) -> float | None:
+        """The monotonic time from which the bound is at ``instant`` or past it.
+
+        What a run held for its fire time waits for: by then the database's
+        clock has surely reached it, however much slower than this replica's
+        it may run. None: no recent answer at monotonic ``now``.
+        """
+        if now is None:
+            now = time.monotonic()
+        if now - self._at > MAX_AGE_S:
+            return None
+        return (instant.timestamp() - self._base) / (1 - RATE_MARGIN)

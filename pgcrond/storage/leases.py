@@ -49,17 +49,26 @@ FINALIZE_LINGER_S = 0.02
 # won: the daemon fires its scheduled lease ticks that early, so that the
 # claim's round trip, not the job, absorbs the wait (the guard holds the run
 # until the fire time). A claim's round trip is 5-30 ms on a loaded replica.
+# The least lead; a big tick is led by more (pgcrond.daemon.scheduling).
 CLAIM_AHEAD = timedelta(milliseconds=100)
+# The most: how far ahead of its fire time the claim statement wins a tick.
+# A 10,000-job tick's fires are handed on and claimed in about a second and a
+# half of a loaded replica's loop: led by that much, they are all won before
+# the tick, and the tick itself is left with the runs.
+CLAIM_AHEAD_MAX = timedelta(seconds=2)
 
 
-def claim_ahead_for(lease: timedelta) -> timedelta:
-    """How long before its tick a job with this lease is claimed: CLAIM_AHEAD or nothing.
+def claim_ahead_for(lease: timedelta, lead: timedelta = CLAIM_AHEAD) -> timedelta:
+    """How long before its tick a job with this lease is claimed, when its tick is led by ``lead``.
 
-    A lease that the wait for the tick would eat a tenth of or more (shorter
-    than a second) is claimed at the tick: it would lapse, or nearly, before
-    its run could start.
+    The lease is counted from the claim, so the wait for the tick eats into
+    it: a job is claimed at most a tenth of its lease ahead, and one whose
+    lease is under a second at its tick (it would lapse, or nearly, before its
+    run could start).
     """
-    return CLAIM_AHEAD if lease >= 10 * CLAIM_AHEAD else timedelta(0)
+    if lease < 10 * CLAIM_AHEAD:
+        return timedelta(0)
+    return min(lead, lease / 10)
 
 
 def storable(text: str) -> str:
@@ -90,11 +99,11 @@ class LeaseStore:
         table: str = "leases",
         owner: str | None = None,
         sql_db: Database | None = None,
-        claim_ahead: timedelta = CLAIM_AHEAD,
+        claim_ahead: timedelta = CLAIM_AHEAD_MAX,
     ) -> None:
         """``sql_db``: where sql: jobs' transactions run (``Database.for_sql_jobs``); ``db``
         when not given, for tools that run one job on one connection. ``claim_ahead``:
-        how long before its fire time a claim is won (:data:`CLAIM_AHEAD`)."""
+        how long before its fire time a claim may be won (:data:`CLAIM_AHEAD_MAX`)."""
         self.db = db
         self._claim_ahead_ms = claim_ahead // timedelta(milliseconds=1)
         self.sql_db = db if sql_db is None else sql_db

@@ -103,7 +103,7 @@ its SUCCESS, is a defect whatever the faults).
 ``started_late`` / ``started_early``
     a tick's first claim later than ``misfire_grace`` after its tick (plus
     ``start_slack``), or any run earlier than the tick itself (a claim more
-    than ``CLAIM_AHEAD`` before it: claims are won that early, runs held
+    than ``CLAIM_AHEAD_MAX`` before it: claims are won that early, runs held
     until the tick). The grace
     bounds the first claim (the daemon judges it in the claim, by the database
     clock): retries and takeovers of a started tick follow it to its end, and
@@ -130,7 +130,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pgcrond.storage.leases import CLAIM_AHEAD
+from pgcrond.storage.leases import CLAIM_AHEAD_MAX
 
 KINDS = (
     "lost_tick",
@@ -758,7 +758,7 @@ def _timing(
     found = []
     tick = _parse(key)
     # Any attempt may start early: every 'start', and an sql: job's effects
-    # and claims (it writes no 'start'). A claim may be won up to CLAIM_AHEAD
+    # and claims (it writes no 'start'). A claim may be won up to CLAIM_AHEAD_MAX
     # before its tick (its run is held until the tick), never earlier.
     early = [
         (r.at, f"attempt {r.attempt} token {r.fencing_token} (pid {r.pid})", [r])
@@ -767,7 +767,7 @@ def _timing(
     ]
     if job.sql:
         early += [
-            (at + CLAIM_AHEAD, f"claim of token {token} (less CLAIM_AHEAD)", [])
+            (at + CLAIM_AHEAD_MAX, f"claim of token {token} (less CLAIM_AHEAD_MAX)", [])
             for token, at in claims
         ]
     # misfire_grace bounds a tick's first claim, by the database clock: its

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pgcrond.storage.leases import CLAIM_AHEAD
+from pgcrond.storage.leases import CLAIM_AHEAD_MAX
 from tests.faults.checker import (
     INHERENT,
     Abandon,
@@ -596,10 +596,11 @@ def test_a_tick_s_start_is_its_first_claim_not_its_first_start_row() -> None:
 def test_an_sql_job_s_first_claim_bounds_its_start() -> None:
     ledger, leases, history = sql_clean()
     # Tick 1's first claim came 9 s late (attempt 1 failed then; attempt 2's
-    # effect came later still): late. Tick 2 claimed before its tick: early.
+    # effect came later still): late. Tick 2 claimed more than CLAIM_AHEAD_MAX
+    # before its tick: early.
     history = [h for h in history if h.run_key not in (key(1), key(2))] + [
         claim(SQL, 1, 1 + 9.0, token=11),
-        claim(SQL, 2, 1.5, token=12),
+        claim(SQL, 2, 2 - CLAIM_AHEAD_MAX.total_seconds() - 0.5, token=12),
     ]
     report = check([SQL], ledger, leases, [], WINDOW, history)
     assert sorted(["started_early", "started_late"]) == sorted(kinds(report))
@@ -608,10 +609,10 @@ def test_an_sql_job_s_first_claim_bounds_its_start() -> None:
     assert ["started_late"] == kinds(check([SQL], late, leases, [], WINDOW))
 
 
-def test_an_sql_job_s_claim_may_come_claim_ahead_before_its_tick_its_effect_not() -> None:
+def test_an_sql_job_s_claim_may_come_claim_ahead_max_before_its_tick_its_effect_not() -> None:
     ledger, leases, history = sql_clean()
-    ahead = CLAIM_AHEAD.total_seconds()
-    # Tick 1 claimed CLAIM_AHEAD early (as the daemon does), its effect after the tick.
+    ahead = CLAIM_AHEAD_MAX.total_seconds()
+    # Tick 1 claimed CLAIM_AHEAD_MAX early (as the daemon may), its effect after the tick.
     history = [h for h in history if h.run_key != key(1)] + [claim(SQL, 1, 1 - ahead, token=11)]
     assert [] == kinds(check([SQL], ledger, leases, [], WINDOW, history))
     # Its effect before the tick: early, whatever the claim.
