@@ -3,8 +3,8 @@
 A big tick is claimed well before it (``CLAIM_AHEAD_MAX``): thousands of won
 claims then wait for one fire time. They wait on one timer per fire time,
 not one each, and are let go a chunk per loop turn: let go at once, their
-runs would all start in one turn of the loop (half a second at 10,000 jobs
-on three replicas), with no answer, heartbeat or stop seen meanwhile.
+runs would all start in one turn of the loop (0.4-0.5 s at 10,000 jobs on
+three replicas), with no answer, heartbeat or stop seen meanwhile.
 
 When a fire time is reached is known only from below, through the
 :class:`~pgcrond.storage.dbclock.ClockFloor` the store's answers feed; each
@@ -21,9 +21,11 @@ from datetime import datetime
 
 from pgcrond.storage.dbclock import ClockFloor
 
-# Waiters let go per loop turn: each starts its run in that turn (~0.1-0.2 ms
-# of the loop a run), so a turn stays a few ms.
-RELEASE_CHUNK = 100
+# Waiters let go per loop turn: each starts its run in that turn (0.1-0.4 ms
+# of a loaded loop a run). At 10,000 x 3 on two cores (docs/performance.md)
+# 100 a turn kept the longest turn at 64-85 ms and the tick's p99 at 1.2-1.3
+# s; 500, 194-224 ms and 1.05-1.15 s; all at once, half a second.
+RELEASE_CHUNK = 250
 
 
 @dataclass
