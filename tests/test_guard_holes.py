@@ -22,7 +22,7 @@ from pgcrond.guard.lease import LeaseGuard
 from pgcrond.storage.claims import Acquired, NotAcquired, Renewal
 from pgcrond.storage.db import Database
 from pgcrond.storage.keepalive import holding
-from pgcrond.storage.leases import LeaseStore
+from pgcrond.storage.leases import CLAIM_AHEAD_MAX, LeaseStore
 from pgcrond.storage.migrate import migrate
 from pgcrond.storage.sync_store import SyncLeaseStore
 from tests.faults.proxy import proxied
@@ -263,12 +263,13 @@ async def test_hole_11_a_hung_heartbeat_does_not_hold_the_run_past_its_stop_dead
 async def test_hole_13_a_tick_is_not_due_before_its_time_by_the_database_clock(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
-    """A replica whose clock runs 2 s fast is told how long to wait, and nothing is written."""
-    fire_time = datetime.now(UTC) + timedelta(seconds=2)
+    """A replica whose clock runs fast past any lead is told how long to wait; nothing written."""
+    fast = CLAIM_AHEAD_MAX + timedelta(seconds=2)
+    fire_time = datetime.now(UTC) + fast
     identity = Identity.schedule("early", fire_time.strftime("%Y-%m-%dT%H:%M:%SZ"))
     early = await store.claim(identity, TWO_S, fire_time=fire_time)
     assert isinstance(early, NotAcquired) and "not_due" == early.reason
-    assert early.wait is not None and timedelta(seconds=1.5) < early.wait <= timedelta(seconds=2)
+    assert early.wait is not None and fast - timedelta(seconds=0.5) < early.wait <= fast
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         count = conn.execute(f'SELECT count(*) FROM "{schema}".leases').fetchone()
     assert (0,) == count
