@@ -266,8 +266,13 @@ async def test_a_big_tick_is_handed_on_its_lead_before_it_and_only_once(tmp_path
         # added it back within the lead) fire the tick twice.
         scheduling._on_fire_group(key, tick - CLAIM_AHEAD_MAX)
         scheduling._on_fire_group(key, tick - CLAIM_AHEAD_MAX)
+        # The schedule's next tick is the one waiting out its lead, not APScheduler's next.
+        [(codes, upcoming)] = scheduling.next_ticks()
+        assert (jobs, tick) == (len(codes), upcoming)
         await asyncio.wait_for(all_fired.wait(), 10)
         await asyncio.sleep(0.1)  # room for a second hand-on to show
+        [(_, following)] = scheduling.next_ticks()
+        assert following is not None and following > tick + timedelta(days=1)
     finally:
         scheduling.shutdown()
     assert jobs == len(fired) and [run_key_for(tick)] == list({run_key for run_key, _ in fired})

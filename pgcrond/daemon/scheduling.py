@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -143,6 +144,9 @@ class Scheduling:
         # back by reloads within a tick's lead is fired by two APScheduler
         # entries, and its tick is handed on once.
         self._handed_on: dict[str, datetime] = {}
+        # Each schedule's ticks that APScheduler fired and that wait out their
+        # lead, oldest first: APScheduler's own next time is already past them.
+        self._leading: dict[str, deque[datetime]] = {}
 
     def start(self) -> None:
         scheduler = AsyncIOScheduler(
@@ -169,9 +173,16 @@ class Scheduling:
         if scheduler is None:
             return []
         return [
-            (groups.get(entry.id, []), entry.next_run_time and _tick(entry.next_run_time))
+            (groups.get(entry.id, []), self._next_tick(entry.id, entry.next_run_time))
             for entry in scheduler.get_jobs()
         ]
+
+    def _next_tick(self, key: str, fired_at: datetime | None) -> datetime | None:
+        leading = self._leading.get(key)
+        if leading:
+            with contextlib.suppress(IndexError):  # handed on meanwhile, by the loop
+                return leading[0]
+        return fired_at and _tick(fired_at)
 
     def regroup(self, started: Iterable[JobConfig]) -> None:
         """One APScheduler job per distinct schedule, fanning out to its jobs.
@@ -197,6 +208,7 @@ class Scheduling:
             scheduler.add_job(_no_op, trigger=ScheduleTrigger(schedules[key]), id=key, name=key)
         self._groups = groups
         self._handed_on = {key: tick for key, tick in self._handed_on.items() if key in groups}
+        self._leading = {key: ticks for key, ticks in self._leading.items() if key in groups}
         for job in started:
             if isinstance(job.schedule, OnceSchedule):
                 self._fire(job, datetime.now(UTC), Identity.initial(job.code), superseded_at=None)
@@ -213,12 +225,16 @@ class Scheduling:
         fired = _Fired(tick, run_key_for(tick), following, lead)
         delay = (tick - lead - datetime.now(UTC)).total_seconds()
         if delay > 0:
+            self._leading.setdefault(key, deque()).append(tick)
             asyncio.get_running_loop().call_later(delay, self._hand_on, key, fired)
         else:
             self._hand_on(key, fired)
 
     def _hand_on(self, key: str, fired: _Fired) -> None:
         """Hand ``fired`` on to the jobs on its schedule as they are now (after any reload)."""
+        leading = self._leading.get(key)
+        if leading and leading[0] == fired.tick:
+            leading.popleft()
         codes = self._groups.get(key, ())
         last = self._handed_on.get(key)
         if not codes or (last is not None and last >= fired.tick):
