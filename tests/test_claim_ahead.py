@@ -316,3 +316,35 @@ def test_per_second_runs_start_at_their_tick_never_before_it(
     for row in starts:
         tick = tick_of(row["run_key"])
         assert tick is not None and tick <= row["at"], row
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
+def test_a_schedule_with_many_jobs_is_claimed_further_ahead_and_never_run_early(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """401 per-second jobs on one schedule: led by 160 ms, not 100 ms; no run before its tick."""
+    many = 400
+    assert lead_for(many + 1, timedelta(seconds=1)) > CLAIM_AHEAD + timedelta(milliseconds=50)
+    jobs = f'  ahead: {{cron: "* * * * * *", entrypoint: {LEDGER}}}\n' + "".join(
+        f'  many-{n}: {{cron: "* * * * * *", entrypoint: "bench.jobs:async_noop"}}\n'
+        for n in range(many)
+    )
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        running.start(running.write_config(config(schema, jobs)), 1)
+
+        def led_further() -> list[dict[str, Any]] | None:
+            leases = running.rows("SELECT run_key, created_at FROM {leases} WHERE code = 'ahead'")
+            further = [
+                row
+                for row in leases
+                if row["created_at"] < (tick_of(row["run_key"]) or row["created_at"]) - CLAIM_AHEAD
+            ]
+            return leases if len(leases) >= 3 and further else None
+
+        wait_until(led_further, 30, "a tick claimed more than CLAIM_AHEAD before it")
+        starts = running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY run_key")
+    assert starts and len(starts) == len({row["run_key"] for row in starts})
+    for row in starts:
+        tick = tick_of(row["run_key"])
+        assert tick is not None and tick <= row["at"], row
