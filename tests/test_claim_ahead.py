@@ -295,6 +295,33 @@ async def test_a_held_back_claim_of_a_tick_not_yet_come_waits_the_delay_from_the
     assert datetime.now(UTC) >= tick + delay
 
 
+def runs_claimed_ahead(
+    pg_dsn: str, schema: str, tmp_path: Path, jobs: str, replicas: int, by: timedelta
+) -> None:
+    """Job ``ahead`` (in ``jobs``) has a tick claimed more than ``by`` before it; no run is early.
+
+    Run: by the database clock, its ledger's 'start' rows, each after its tick.
+    """
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        running.start(running.write_config(config(schema, jobs)), replicas)
+
+        def claimed_ahead() -> list[dict[str, Any]] | None:
+            leases = running.rows("SELECT run_key, created_at FROM {leases} WHERE code = 'ahead'")
+            early = [
+                row
+                for row in leases
+                if row["created_at"] < (tick_of(row["run_key"]) or row["created_at"]) - by
+            ]
+            return leases if len(leases) >= 3 and early else None
+
+        wait_until(claimed_ahead, 30, f"a tick claimed more than {by} ahead of it")
+        starts = running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY run_key")
+    assert starts and len(starts) == len({row["run_key"] for row in starts})
+    for row in starts:
+        tick = tick_of(row["run_key"])
+        assert tick is not None and tick <= row["at"], row
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("system_processes")
 def test_per_second_runs_start_at_their_tick_never_before_it(
@@ -302,20 +329,7 @@ def test_per_second_runs_start_at_their_tick_never_before_it(
 ) -> None:
     """Two replicas: claims are made ahead of the ticks, and no run starts before its tick."""
     jobs = f'  ahead: {{cron: "* * * * * *", entrypoint: {LEDGER}}}\n'
-    with cluster(pg_dsn, schema, tmp_path) as running:
-        running.start(running.write_config(config(schema, jobs)), 2)
-
-        def claimed_ahead() -> list[dict[str, Any]] | None:
-            leases = running.rows("SELECT run_key, created_at FROM {leases} WHERE code = 'ahead'")
-            early = [row for row in leases if row["created_at"] < tick_of(row["run_key"])]
-            return leases if len(leases) >= 4 and early else None
-
-        wait_until(claimed_ahead, 30, "a tick claimed ahead of it")
-        starts = running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY run_key")
-    assert starts and len(starts) == len({row["run_key"] for row in starts})
-    for row in starts:
-        tick = tick_of(row["run_key"])
-        assert tick is not None and tick <= row["at"], row
+    runs_claimed_ahead(pg_dsn, schema, tmp_path, jobs, 2, timedelta(0))
 
 
 @pytest.mark.slow
@@ -330,21 +344,4 @@ def test_a_schedule_with_many_jobs_is_claimed_further_ahead_and_never_run_early(
         f'  many-{n}: {{cron: "* * * * * *", entrypoint: "bench.jobs:async_noop"}}\n'
         for n in range(many)
     )
-    with cluster(pg_dsn, schema, tmp_path) as running:
-        running.start(running.write_config(config(schema, jobs)), 1)
-
-        def led_further() -> list[dict[str, Any]] | None:
-            leases = running.rows("SELECT run_key, created_at FROM {leases} WHERE code = 'ahead'")
-            further = [
-                row
-                for row in leases
-                if row["created_at"] < (tick_of(row["run_key"]) or row["created_at"]) - CLAIM_AHEAD
-            ]
-            return leases if len(leases) >= 3 and further else None
-
-        wait_until(led_further, 30, "a tick claimed more than CLAIM_AHEAD before it")
-        starts = running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY run_key")
-    assert starts and len(starts) == len({row["run_key"] for row in starts})
-    for row in starts:
-        tick = tick_of(row["run_key"])
-        assert tick is not None and tick <= row["at"], row
+    runs_claimed_ahead(pg_dsn, schema, tmp_path, jobs, 1, CLAIM_AHEAD)
