@@ -74,6 +74,7 @@ class ClockFloor:
         """
         if now is None:
             now = time.monotonic()
-        if now - self._at > MAX_AGE_S:
+        floor = self.now_at_least(now)
+        if floor is None:
             return None
-        return (instant.timestamp() - self._base) / (1 - RATE_MARGIN)
+        return now + (instant - floor).total_seconds() / (1 - RATE_MARGIN)
