@@ -315,17 +315,11 @@ def _scale_check(
 
 
 def _ready(tables: dict[str, Figures]) -> tuple[str, bool] | None:
-    rows = {
-        jobs: [r for r in tables["scale-tick"].rows if r["jobs"] == jobs]
-        for jobs in ("1,000", "10,000")
-        if "scale-tick" in tables
-    }
-    if not rows.get("1,000") or not rows.get("10,000"):
+    small, big = _scale(tables, "1,000", "3"), _scale(tables, "10,000", "3")
+    if small is None or big is None:
         return None
-    slowest = {jobs: max(number(r["start to ready"]) for r in of) for jobs, of in rows.items()}
-    return f"{slowest['1,000']:g} s and {slowest['10,000']:g} s (slowest row)", (
-        slowest["1,000"] <= 1 and slowest["10,000"] <= 3
-    )
+    one, ten = number(small["start to ready"]), number(big["start to ready"])
+    return f"{one:g} s and {ten:g} s", one <= 1 and ten <= 3
 
 
 def _commands(tables: dict[str, Figures]) -> tuple[str, bool] | None:
@@ -447,7 +441,7 @@ GOALS = (
         "[a big tick](#what-bounds-the-goals-not-met)",
     ),
     Goal(
-        "start to ready ≤ 1 s at 1,000 jobs, ≤ 3 s at 10,000",
+        "3 replicas starting at once: ready ≤ 1 s at 1,000 jobs, ≤ 3 s at 10,000",
         "scale-tick",
         _ready,
         "[start-up](#what-bounds-the-goals-not-met)",
