@@ -306,15 +306,16 @@ def _next_in(values: Sequence[int], at_least: int) -> int | None:
     return values[index] if index < len(values) else None
 
 
-def _nearest_weekday(day: int, first_weekday: int, length: int) -> int | None:
-    """The weekday nearest ``day`` in its month (``first_weekday``: Monday 0), or None.
+def _nearest_weekday(day: int, first_weekday: int, length: int) -> int:
+    """The weekday nearest ``day`` in its month (``first_weekday``: Monday 0).
 
     Quartz's rule: a Saturday moves to the Friday before and a Sunday to the
     Monday after, never across the month's edge (the 1st on a Saturday moves
-    to Monday the 3rd, the 31st on a Sunday to Friday the 29th).
+    to Monday the 3rd, the 31st on a Sunday to Friday the 29th). A day past
+    the month's end is read as its last day, as croniter reads it ('31W' in
+    April is the weekday nearest the 30th).
     """
-    if day > length:
-        return None
+    day = min(day, length)
     weekday = (first_weekday + day - 1) % 7
     if weekday == 5:
         return day - 1 if day > 1 else day + 2
@@ -625,11 +626,8 @@ class CronSchedule:
         if special.last:
             dom.add(length)
         if special.last_weekday:
-            dom.add(_nearest_weekday(length, first_weekday, length) or length)
-        for wanted in special.nearest:
-            near = _nearest_weekday(wanted, first_weekday, length)
-            if near is not None:
-                dom.add(near)
+            dom.add(_nearest_weekday(length, first_weekday, length))
+        dom.update(_nearest_weekday(wanted, first_weekday, length) for wanted in special.nearest)
         dow = set(self.days_of_week)
         either = self.dom_restricted and self.dow_restricted
         days = []
