@@ -8,9 +8,15 @@ recovery is told once, and a ping follows healthchecks.io's convention.
 
 from __future__ import annotations
 
+import html
 import itertools
+import json
 import signal
+import subprocess
+import time
+import urllib.request
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +25,7 @@ import pytest
 from pgcrond.config.loader import load_config
 from pgcrond.core.hooks import Ping
 from pgcrond.errors import ConfigError
-from tests.daemon_harness import cluster, wait_until
+from tests.daemon_harness import PGCROND, Cluster, cluster, wait_until
 from tests.hook_receiver import Receiver, receiving
 from tests.test_daemon import at, config
 
@@ -169,3 +175,109 @@ def test_the_configuration_docs_example_of_hooks_loads(tmp_path: Path) -> None:
     assert "https://alerts.internal/pgcrond" == getattr(backup.on_failure, "webhook", None)
     assert Ping("https://hc-ping.com/0e1c2d3f-1111-2222-3333-444455556666") == backup.ping
     assert (3, 60.0) == (backup.pause_after_failures, backup.start_deadline.total_seconds())  # type: ignore[union-attr]
+
+
+def get(address: str, path: str) -> str:
+    with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as response:
+        text: str = response.read().decode()
+        return text
+
+
+def pgcrond(running: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(PGCROND), *args],
+        env=running.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
+def test_pause_after_failures_pauses_at_the_third_in_a_row_and_a_success_resets_it(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """F F S F F F: paused after the sixth tick, not the fifth; resumed, S F: not paused."""
+    count = tmp_path / "count"
+    script = (
+        f"n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}; "
+        'set -- F F S F F F S F S S S S; shift $n; [ "$1" = S ]'
+    )
+    with receiving() as receiver:
+        jobs = (
+            "  flaky:\n"
+            '    cron: "*/2 * * * * *"\n'
+            f"    shell: '{script}'\n"
+            "    pause_after_failures: 3\n" + hooks(receiver, "on_failure")
+        )
+        with cluster(pg_dsn, schema, tmp_path) as running:
+            path = running.write_config(config(schema, jobs))
+            (replica,) = running.start(path, 1)
+            paused = replica.wait_event("job_paused", timeout=40)
+            assert "6" == count.read_text().strip(), "paused after the sixth tick, not before"
+            assert ("pgcrond", "failed 3 times in a row", 3) == (
+                paused["by"], paused["reason"], paused["failures"]
+            )  # fmt: skip
+            wait_until(
+                lambda: running.rows("SELECT 1 FROM {leases} WHERE status = 'SKIPPED'"),
+                10,
+                "a tick skipped as paused",
+            )
+            status = pgcrond(running, "status", "-c", str(path), "--json")
+            page = get(replica.http_address(), "/status")
+            metrics = get(replica.http_address(), "/metrics")
+            resumed = pgcrond(running, "resume", "flaky", "-c", str(path))
+            assert 0 == resumed.returncode, resumed.stderr
+            # The ninth tick runs: the eighth (a failure after a success) paused nothing.
+            wait_until(lambda: count.read_text().strip() == "9", 20, "the ninth tick")
+            running.stop_all()
+    [entry] = json.loads(status.stdout)
+    assert ("pgcrond", "failed 3 times in a row") == (
+        entry["paused"]["by"], entry["paused"]["reason"]
+    )  # fmt: skip
+    assert "paused — by pgcrond: failed 3 times in a row" in html.unescape(page)
+    assert 'pgcrond_paused_after_failures_total{cronjob="flaky"} 1.0' in metrics
+    assert 1 == len(replica.events("job_paused"))
+    told = [(e["event"], e.get("failures")) for e in receiver.events()]
+    assert ("job_paused", 3) in told and 1 == told.count(("job_paused", 3))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
+def test_max_duration_and_start_deadline_are_reported_and_the_run_goes_on(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """A replica stalled over the tick starts the run late; it runs past max_duration; both
+    are told, and the run still ends SUCCESS after its whole 2 s."""
+    with receiving() as receiver:
+        instant = at(3)
+        jobs = (
+            "  slow:\n"
+            f'    at: "{instant}"\n'
+            "    shell: 'sleep 2; echo ok'\n"
+            "    max_duration: 500ms\n"
+            "    start_deadline: 500ms\n" + hooks(receiver, "on_failure")
+        )
+        with cluster(pg_dsn, schema, tmp_path) as running:
+            (replica,) = running.start(running.write_config(config(schema, jobs)), 1)
+            tick = datetime.strptime(instant, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+            time.sleep(max(0.0, (tick - datetime.now(UTC)).total_seconds() - 0.3))
+            replica.signal(signal.SIGSTOP)
+            time.sleep(1.5)
+            replica.signal(signal.SIGCONT)
+            finished = replica.wait_event("run_finished", timeout=20)
+            wait_until(lambda: len(receiver.events()) >= 2, 10, "both reports")
+            metrics = get(replica.http_address(), "/metrics")
+            rows = running.rows("SELECT status FROM {leases} WHERE code = 'slow'")
+            running.stop_all()
+    assert ("success", [{"status": "SUCCESS"}]) == (finished["outcome"], rows)
+    assert finished["duration_ms"] >= 2000
+    by_kind = {e["event"]: e for e in receiver.events()}
+    assert {"start_overdue", "run_overdue"} == set(by_kind)
+    assert by_kind["start_overdue"]["lateness_s"] > 0.5
+    assert by_kind["run_overdue"]["running_s"] >= 0.5
+    assert by_kind["run_overdue"]["attempt"] == 1
+    assert 'pgcrond_runs_overdue_total{cronjob="slow"} 1.0' in metrics
+    assert 'pgcrond_starts_overdue_total{cronjob="slow"} 1.0' in metrics
