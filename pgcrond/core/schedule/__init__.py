@@ -23,14 +23,20 @@ from pgcrond.core.schedule.forms import (
     OnceSchedule,
     Skipping,
     calendars_of,
+    day_end,
     from_definition,
     window_of,
+    written,
 )
 from pgcrond.core.schedule.zones import local_to_instant
+
+# Every class a job's schedule is made of (isinstance checks over the Protocol).
+SCHEDULE_FORMS = (CronSchedule, AnyOf, EverySchedule, AtSchedule, OnceSchedule, Between, Skipping)
 
 __all__ = [
     "DEFAULT_DST",
     "MACROS",
+    "SCHEDULE_FORMS",
     "AnyOf",
     "AtSchedule",
     "Between",
@@ -43,10 +49,12 @@ __all__ = [
     "Schedule",
     "Skipping",
     "calendars_of",
+    "day_end",
     "from_definition",
     "local_to_instant",
     "manual_run_key",
     "run_key_for",
     "tick_of",
     "window_of",
+    "written",
 ]

@@ -10,7 +10,7 @@ through the daemon's timers unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -195,8 +195,7 @@ class Skipping:
         while tick is not None and self.calendar_of(tick) is not None:
             # Jump to the end of the skipped day: a per-second job on a
             # holiday is one step, not 86,400.
-            day = tick.astimezone(self.zone).date()
-            tick = self.inner.next_after(max(tick, _day_end(day, self.zone)))
+            tick = self.inner.next_after(max(tick, day_end(tick, self.zone)))
         return tick
 
     def occasion_after(self, t: datetime) -> Occasion | None:
@@ -215,9 +214,10 @@ class Skipping:
         return {**self.inner.definition(), "skip_on": found}
 
 
-def _day_end(day: date, zone: ZoneInfo) -> datetime:
-    """Just before the local midnight that ends ``day``."""
-    return local_to_instant(datetime.combine(day + timedelta(days=1), time()), zone) - _JUST_BEFORE
+def day_end(tick: datetime, zone: ZoneInfo) -> datetime:
+    """Just before the local midnight that ends the local day of ``tick``."""
+    following = tick.astimezone(zone).date() + timedelta(days=1)
+    return local_to_instant(datetime.combine(following, time()), zone) - _JUST_BEFORE
 
 
 def window_of(schedule: Schedule) -> tuple[datetime | None, datetime | None]:
@@ -257,3 +257,26 @@ def from_definition(found: dict[str, Any], zone: ZoneInfo) -> Schedule:
         calendars = tuple(Calendar.from_definition(n, d) for n, d in found["skip_on"].items())
         schedule = Skipping(schedule, calendars, zone)
     return schedule
+
+
+def written(schedule: Schedule) -> str:
+    """The schedule as written, for narrow tables: ``0 3 * * *``, with its zone if not UTC."""
+    if isinstance(schedule, Skipping):
+        return f"{written(schedule.inner)} except {','.join(c.name for c in schedule.calendars)}"
+    if isinstance(schedule, Between):
+        start, end = schedule.start, schedule.end
+        bounds = (f" from {run_key_for(start)}" if start else "") + (
+            f" until {run_key_for(end)}" if end else ""
+        )
+        return written(schedule.inner) + bounds
+    crons = schedule.members if isinstance(schedule, AnyOf) else None
+    if isinstance(schedule, CronSchedule):
+        crons = (schedule,)
+    if crons:
+        zone = crons[0].zone.key
+        return " | ".join(c.expression for c in crons) + ("" if zone == "UTC" else f" ({zone})")
+    if isinstance(schedule, EverySchedule):
+        return schedule._form()
+    if isinstance(schedule, AtSchedule):
+        return f"at {run_key_for(schedule.at)}"
+    return "once"
