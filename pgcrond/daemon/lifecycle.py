@@ -203,6 +203,8 @@ class Daemon:
                 on_heartbeat_failure=self._count_heartbeat_failure,
             ).for_job,
             replica=self.replica,
+            # Late-bound: a reload replaces self.config.
+            jobs=lambda code: self.config.jobs.get(code),  # noqa: PLW0108
         )
         self._deferral = Deferral(self._firing, self._spawn_fire, self._spawn)
         accounting = self._accounting = Accounting(
@@ -480,6 +482,9 @@ class Daemon:
         if self._firing is not None:
             self._firing.stop()
         await self._drain(self.config.shutdown_grace.total_seconds())
+        if self._firing is not None:
+            # Grace over, or forced: a claim won ahead and not started is released.
+            self._firing.halt()
         pending = {task for task in self.fire_tasks if not task.done()}
         if pending:
             log.warning("stopping_runs", runs=self._running())

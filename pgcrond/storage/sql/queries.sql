@@ -31,9 +31,9 @@ ON CONFLICT (code) DO UPDATE SET code = EXCLUDED.code WHERE false
 -- MISSED/late when it has no row yet (else touches nothing) and comes back LATE.
 -- A claim may come up to claim_ahead_ms before its fire time (a replica
 -- fires its scheduled ticks that early, so that the round trip is over by the
--- tick): it is won as at the tick, acquired_at and the attempt's start being
--- the fire time, and the caller holds the run until then by the database
--- clock. An early claim that would record SKIPPED (another tick of a forbid
+-- tick): it is won as at the tick, acquired_at, the attempt's start and the
+-- lease's count being the fire time, and the caller holds the run until then
+-- by the database clock. An early claim that would record SKIPPED (another tick of a forbid
 -- job runs, the job is paused) is answered NOT_DUE instead and writes
 -- nothing: whether the tick overlaps or is paused is judged at the tick.
 -- A first claim answered once the job's next tick has come (superseded_at, sent
@@ -122,8 +122,11 @@ WITH request AS (
            -- claim's run starts at its fire time.
            CASE WHEN c.missed THEN c.fire_time ELSE greatest(clock_timestamp(), c.fire_time) END,
            clock_timestamp(),
+           -- A lease counts from the later of the claim and the fire time: a
+           -- claim won ahead never shortens its run's lease.
            CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp()
-                ELSE clock_timestamp() + c.lease_ms * interval '1 millisecond' END,
+                ELSE greatest(clock_timestamp(), c.fire_time)
+                     + c.lease_ms * interval '1 millisecond' END,
            CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp() END,
            CASE WHEN c.coalesced THEN 'coalesced' WHEN c.missed THEN 'late'
                 WHEN c.pause_reason IS NOT NULL THEN c.pause_reason
