@@ -10,7 +10,7 @@ run-once jobs that wait for it claim again at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.requests import channel
@@ -29,7 +29,9 @@ class Pause:
 
     def describe(self) -> str:
         why = f": {self.reason}" if self.reason else ""
-        return f"paused by {self.paused_by} at {self.paused_at.isoformat()}{why}"
+        # ISO-8601 UTC to the second, as the SKIPPED row's detail spells it.
+        at = self.paused_at.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        return f"paused by {self.paused_by} at {at}{why}"
 
 
 async def pause(store: LeaseStore, codes: list[str], *, by: str, reason: str | None) -> list[Pause]:
