@@ -417,6 +417,9 @@ class Daemon:
         self._spawn(notify.reloading_while(self._reload()))
 
     async def _reload(self) -> None:
+        if self._http is not None:
+            # A renewed certificate is taken up whether or not the config changed.
+            self._http.reload_tls()
         try:
             new = await asyncio.to_thread(load_config, self.paths, database_url=self.database_url)
         except ConfigError as exc:
@@ -581,6 +584,17 @@ class Daemon:
     async def _start_http(self) -> None:
         if not self.http_listen:
             return
+        listen = parse_listen(self.http_listen)
+        host = None if listen is None else listen.host
+        access = self.config.page_access
+        if access.enabled and not access.served_on(host):
+            # `run --http` may open a listener the config's check never saw.
+            log.info(
+                "status_page_withheld",
+                listen=self.http_listen,
+                detail="not loopback and no http.users, http.trusted_proxies or "
+                "status_page: public; serving /healthz, /readyz and /metrics only",
+            )
         self._http = HealthServer(
             self.http_listen,
             health=self.healthy,
@@ -589,12 +603,15 @@ class Daemon:
             ready_detail=self.metrics.alerts.readiness_detail,
             registry=self.metrics.registry,
             busy=lambda: self._bursts.big,
-            # Read-only pages from the current config and the store, once started.
+            # Pages from the current config and the store, once started.
             status_page=StatusPage(
                 config=lambda: self.config,
                 store=lambda: self._store if self._started else None,
                 replica=self.replica,
+                host=host,
             ),
+            limits=self.config.http_limits,
+            tls=self.config.http_tls,
         )
         await self._http.start()
 

@@ -89,7 +89,8 @@ WITH request AS (
          WHEN p.code IS NOT NULL THEN 'paused' END AS pause_reason,
     CASE WHEN r.suspended IS NOT NULL THEN r.suspended
          WHEN p.code IS NOT NULL THEN
-             'paused by ' || p.paused_by || ' at ' || p.paused_at
+             'paused by ' || p.paused_by || ' at '
+             || to_char(p.paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
              || coalesce(': ' || p.reason, '') END AS pause_detail
     FROM due r
     -- The primary key holds at most two rows here: the job's and '*'.
@@ -753,13 +754,16 @@ ORDER BY acquired_at
 LIMIT %(limit)s
 
 -- name: status_page_ticks
--- One job's newest rows for its status page, newest first, through the
--- (code, acquired_at) index; the idempotency key is the row's lock_key.
+-- One job's newest rows for its status page, newest first, claimed within
+-- [since, until) (null: unbounded), through the (code, acquired_at) index; the
+-- idempotency key is the row's lock_key.
 SELECT id, type, code, run_key, lock_key, status, reason, attempt, owner, fencing_token,
        acquired_at, heartbeat_at, finished_at, expires_at, retry_at, error,
        status = 'RUNNING' AND expires_at <= clock_timestamp() AS stale
 FROM {table}
 WHERE code = %(code)s
+  AND acquired_at >= COALESCE(%(since)s::timestamptz, '-infinity')
+  AND acquired_at < COALESCE(%(until)s::timestamptz, 'infinity')
 ORDER BY acquired_at DESC
 LIMIT %(limit)s
 
