@@ -1,4 +1,4 @@
-"""Issue 20 item 9: no request and no start-up step holds the event loop for long.
+"""No request and no start-up step holds the event loop for long.
 
 A scrape of ``/metrics`` renders every series (megabytes at thousands of
 jobs) and the start-up scan plans every job's missed ticks: both used to run
