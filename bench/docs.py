@@ -271,7 +271,7 @@ def _side(metric: str, index: int, limit: float, unit: str) -> Check:
         if row is None:
             return None
         value = number(row["pgcrond"], index)
-        return f"{value:g} {unit}".strip(), value <= limit
+        return f"{value:,g} {unit}".strip(), value <= limit
 
     return check
 
@@ -282,7 +282,7 @@ def _cpu(tables: dict[str, Figures]) -> tuple[str, bool] | None:
         return None
     ratio = number(row[RATIO])
     ours, theirs = number(row["pgcrond"]), number(row["procrastinate"])
-    return f"1 / {ratio:.2f} ({ours:g} s vs {theirs:g} s)", ratio >= 5
+    return f"1 / {ratio:.2f} ({ours:,g} s vs {theirs:,g} s)", ratio >= 5
 
 
 def _rss(tables: dict[str, Figures]) -> tuple[str, bool] | None:
@@ -290,7 +290,7 @@ def _rss(tables: dict[str, Figures]) -> tuple[str, bool] | None:
     if row is None:
         return None
     ours, theirs = number(row["pgcrond"]), number(row["procrastinate"])
-    return f"{ours:g} MiB vs {theirs:g} MiB", ours <= min(theirs, 40 * 10**6 / 2**20)
+    return f"{ours:,g} MiB vs {theirs:,g} MiB", ours <= min(theirs, 40 * 10**6 / 2**20)
 
 
 def _fair(tables: dict[str, Figures]) -> tuple[str, bool] | None:
@@ -298,7 +298,7 @@ def _fair(tables: dict[str, Figures]) -> tuple[str, bool] | None:
     if row is None:
         return None
     share = number(row["pgcrond"].split("max", 1)[1])
-    return f"{share:g}× the fair share", share <= 1.5
+    return f"{share:,g}× the fair share", share <= 1.5
 
 
 def _scale_check(
@@ -319,7 +319,7 @@ def _ready(tables: dict[str, Figures]) -> tuple[str, bool] | None:
     if small is None or big is None:
         return None
     one, ten = number(small["start to ready"]), number(big["start to ready"])
-    return f"{one:g} s and {ten:g} s", one <= 1 and ten <= 3
+    return f"{one:,g} s and {ten:,g} s", one <= 1 and ten <= 3
 
 
 def _commands(tables: dict[str, Figures]) -> tuple[str, bool] | None:
@@ -485,15 +485,15 @@ def readme_paragraph(tables: dict[str, Figures]) -> str:
     return (
         f"Three replicas running 50 per-second jobs beside procrastinate on the same "
         f"PostgreSQL (a shared 2-core machine, run {side.run} UTC at `{side.commit}`): "
-        f"{lost['pgcrond']} duplicates / misses, a run starts "
-        f"{number(lateness['pgcrond'], 1):g} ms p99 after its tick "
-        f"({number(ledger['pgcrond']):g} ms until the job's own insert "
-        f"lands, against procrastinate's {number(ledger['procrastinate']):g} ms), "
-        f"{number(own['pgcrond']):g} of pgcrond's own database transactions per job-tick "
-        f"(procrastinate {number(own['procrastinate']):g}) and {number(cpu[RATIO]):g}× less "
+        f"duplicates / misses {lost['pgcrond']} (procrastinate {lost['procrastinate']}); "
+        f"a run starts {number(lateness['pgcrond'], 1):,g} ms p99 after its tick and the "
+        f"job's own insert lands {number(ledger['pgcrond']):,g} ms p99 after it "
+        f"(procrastinate {number(ledger['procrastinate']):,g} ms); "
+        f"{number(own['pgcrond']):,g} own database transactions per job-tick "
+        f"(procrastinate {number(own['procrastinate']):,g}); {number(cpu[RATIO]):,g}× less "
         f"replica CPU. One tick of 10,000 per-minute jobs on 3 replicas (run {scale.run} UTC "
         f"at `{scale.commit}`) is finished {number(big['finished p50 / p99'], 1):,g} ms p99 "
-        f"after it, with {big['misses / duplicates']} misses / duplicates."
+        f"after it, with misses / duplicates {big['misses / duplicates']}."
     )
 
 

@@ -74,6 +74,16 @@ def test_the_figures_are_read_back_from_a_table_as_written() -> None:
     assert 2012.0 == docs.number("1,156 / 2,012 ms", 1)
 
 
+def test_a_table_is_written_only_between_its_markers_and_never_appended() -> None:
+    text = "before\n<!-- figures:begin storage -->\nold\n<!-- figures:end storage -->\nafter\n"
+    written = docs.replace_section(text, "storage", "new", docs.PERFORMANCE)
+    assert "before\n<!-- figures:begin storage -->\nnew\n<!-- figures:end storage -->\nafter\n" == (
+        written
+    )
+    with pytest.raises(SystemExit, match="no '<!-- figures:begin reload -->'"):
+        docs.replace_section(text, "reload", "new", docs.PERFORMANCE)
+
+
 def test_a_goal_whose_row_is_not_in_the_tables_reads_not_measured() -> None:
     assert all("not measured" in line for line in docs.goals_table({}).splitlines()[2:]), (
         "a goal was judged from a table that does not exist"

@@ -26,7 +26,7 @@ from pgcrond.config.yamlnodes import construct, kind
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.box import Limits
 from pgcrond.core.durations import parse_duration
-from pgcrond.core.hooks import FailureHook
+from pgcrond.core.hooks import Hook, Ping
 from pgcrond.core.keys import BIGINT_MAX, BIGINT_MIN
 from pgcrond.core.passwords import USER_NAME, parse_hash
 from pgcrond.core.schedule.cron import Dst, Repeated, Skipped
@@ -453,8 +453,8 @@ http = Converter(
 )
 
 
-def _on_failure(node: yaml.Node) -> FailureHook:
-    """``on_failure: {webhook, command, timeout, retries}``; each problem at its node."""
+def _hook(node: yaml.Node) -> Hook:
+    """``on_failure: {webhook, command, timeout, retries}`` (any hook); each problem at its node."""
     readers: dict[str, Callable[[yaml.Node], Any]] = {
         "webhook": _http_url,
         "command": lambda n: tuple(_argv(n)),
@@ -466,11 +466,11 @@ def _on_failure(node: yaml.Node) -> FailureHook:
         problems.append((node, "set webhook:, command:, or both"))
     if problems:
         raise Problems(problems)
-    return FailureHook(**options)
+    return Hook(**options)
 
 
-on_failure = Converter(
-    _on_failure,
+hook = Converter(
+    _hook,
     {
         "type": "object",
         "additionalProperties": False,
@@ -481,6 +481,44 @@ on_failure = Converter(
             "timeout": {"$ref": "#/$defs/duration", "default": "10s"},
             "retries": {"type": "integer", "minimum": 0, "default": 2},
         },
+    },
+)
+
+
+def _ping(node: yaml.Node) -> Ping:
+    """``ping: URL`` or ``ping: {url, cronitor, timeout, retries}``; each problem at its node."""
+    if isinstance(node, yaml.ScalarNode):
+        return Ping(_http_url(node))
+    readers: dict[str, Callable[[yaml.Node], Any]] = {
+        "url": _http_url,
+        "cronitor": _bool,
+        "timeout": _positive_duration,
+        "retries": _count,
+    }
+    options, problems = _options(node, "{url: https://hc-ping.com/…}", readers, ("url",))
+    if problems:
+        raise Problems(problems)
+    return Ping(**options)
+
+
+_PING_URL = {"type": "string", "pattern": "^https?://"}
+ping = Converter(
+    _ping,
+    {
+        "anyOf": [
+            _PING_URL,
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["url"],
+                "properties": {
+                    "url": _PING_URL,
+                    "cronitor": {"type": "boolean", "default": False},
+                    "timeout": {"$ref": "#/$defs/duration", "default": "10s"},
+                    "retries": {"type": "integer", "minimum": 0, "default": 2},
+                },
+            },
+        ]
     },
 )
 

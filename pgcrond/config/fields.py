@@ -250,10 +250,70 @@ JOB = _table(
     Field("timeout", c.timeout, None, "stop a run after this long; null = none", True),
     Field("retries", c.count, 0, "extra attempts after a failure", True),
     Field(
-        "on_failure",
-        c.on_failure,
+        "on_start",
+        c.hook,
         None,
-        "when a run fails for good: {webhook: URL, command: [argv], timeout, retries}",
+        "when a run starts (each attempt): {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_success",
+        c.hook,
+        None,
+        "when a run succeeds: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_failure",
+        c.hook,
+        None,
+        "when a run fails for good, runs past max_duration, starts past start_deadline, or "
+        "the job is paused after failures: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_recovery",
+        c.hook,
+        None,
+        "the first success after failures: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_missed",
+        c.hook,
+        None,
+        "when a tick is recorded MISSED: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "ping",
+        c.ping,
+        None,
+        "a dead-man's switch: URL/start, URL on success, URL/fail with the output tail "
+        "(healthchecks.io); {url, cronitor: true}: ?state=run|complete|fail",
+    ),
+    Field(
+        "max_duration",
+        c.timeout,
+        None,
+        "report a run still running after this long (run_overdue: log, metric, on_failure); "
+        "it is not stopped (timeout: stops)",
+        True,
+    ),
+    Field(
+        "start_deadline",
+        c.timeout,
+        None,
+        "report a run that starts later than this after its tick (start_overdue: log, "
+        "metric, on_failure); it still runs inside misfire_grace",
+        True,
+    ),
+    Field(
+        "pause_after_failures",
+        c.positive_count,
+        None,
+        "after this many failed ticks in a row, pause the job cluster-wide (who: pgcrond); "
+        "any success resets the count; lease guard only",
         True,
     ),
     Field(

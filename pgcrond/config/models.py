@@ -32,7 +32,7 @@ from pgcrond.config.fields import (
 )
 from pgcrond.core.actions import Action
 from pgcrond.core.box import Box, Cgroups
-from pgcrond.core.hooks import FailureHook
+from pgcrond.core.hooks import Hook, Ping
 from pgcrond.core.keys import KeyHash
 from pgcrond.core.redaction import redact, remember
 from pgcrond.core.schedule import Calendar, OnceSchedule, Schedule
@@ -98,7 +98,16 @@ class JobConfig:
     timing: LeaseTiming = field(default_factory=lambda: LeaseTiming.build(DEFAULT_JOB_LEASE))
     timeout: timedelta | None = default(JOB, "timeout")
     retries: int = default(JOB, "retries")
-    on_failure: FailureHook | None = default(JOB, "on_failure")
+    on_start: Hook | None = default(JOB, "on_start")
+    on_success: Hook | None = default(JOB, "on_success")
+    on_failure: Hook | None = default(JOB, "on_failure")
+    on_recovery: Hook | None = default(JOB, "on_recovery")
+    on_missed: Hook | None = default(JOB, "on_missed")
+    ping: Ping | None = default(JOB, "ping")
+    # Reported, not enforced: a run past it, a start later than it after the tick.
+    max_duration: timedelta | None = default(JOB, "max_duration")
+    start_deadline: timedelta | None = default(JOB, "start_deadline")
+    pause_after_failures: int | None = default(JOB, "pause_after_failures")
     retry_delay: timedelta = DEFAULT_RETRY_DELAY
     min_hold: timedelta = DEFAULT_MIN_HOLD
     misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE
