@@ -230,8 +230,8 @@ JOB = _table(
         "skip_on",
         c.names,
         (),
-        "calendars (top-level calendars:) on whose days (in the job's zone) no tick runs; "
-        "each such tick is recorded SKIPPED/calendar:<name>",
+        "calendars (top-level calendars:) on whose days (in the job's zone) no tick runs "
+        "(`pgcrond next` marks such a tick SKIPPED calendar:<name>)",
         True,
     ),
     Field(
