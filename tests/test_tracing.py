@@ -106,7 +106,7 @@ def test_a_daemon_without_the_otel_variables_imports_no_opentelemetry() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
     )
     observed, imported = done.stdout.splitlines()
-    assert "['FailurePause', 'HookEvents', 'Observing', 'Overdue']" == observed
+    assert "['Watched']" == observed
     assert "[]" == imported
 
 
