@@ -52,6 +52,7 @@ class Receiver:
         return [r.json() for r in list(self.received) if r.path == path]
 
     def pings(self, prefix: str = "/ping/") -> list[Received]:
+        """The requests to paths under ``prefix``, in arrival order."""
         return [r for r in list(self.received) if r.path.startswith(prefix)]
 
 

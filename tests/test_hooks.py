@@ -281,3 +281,53 @@ def test_max_duration_and_start_deadline_are_reported_and_the_run_goes_on(
     assert by_kind["run_overdue"]["attempt"] == 1
     assert 'pgcrond_runs_overdue_total{cronjob="slow"} 1.0' in metrics
     assert 'pgcrond_starts_overdue_total{cronjob="slow"} 1.0' in metrics
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
+def test_a_tick_missed_by_three_stalled_replicas_is_told_once(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """All three stalled over the tick and past misfire_grace: one claim records it MISSED
+    and only that replica tells on_missed."""
+    with receiving() as receiver:
+        instant = at(3)
+        jobs = (
+            "  missable:\n"
+            f'    at: "{instant}"\n'
+            "    command: ['true']\n"
+            "    lease: 1s\n"
+            "    misfire_grace: 2s\n" + hooks(receiver, "on_missed", "on_start")
+        )
+        with cluster(pg_dsn, schema, tmp_path) as running:
+            replicas = running.start(running.write_config(config(schema, jobs)), 3)
+            tick = datetime.strptime(instant, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+            time.sleep(max(0.0, (tick - datetime.now(UTC)).total_seconds() - 1.5))
+            for replica in replicas:
+                replica.signal(signal.SIGSTOP)
+            time.sleep(4.0)
+            for replica in replicas:
+                replica.signal(signal.SIGCONT)
+
+            def decided(replica: Any) -> bool:
+                # Its own claim's answer, or (a replica that left the tick to
+                # the one preferred for it) the look that found it settled.
+                return any(
+                    e.get("run_key") == instant
+                    for e in replica.events("tick_missed") + replica.events("claim_lost")
+                ) or any(e["settled"] for e in replica.events("deferred_looked"))
+
+            wait_until(lambda: all(decided(r) for r in replicas), 20, "each replica's claim")
+            wait_until(receiver.events, 10, "the on_missed hook")
+            sent = [
+                e
+                for r in replicas
+                for e in r.events("hook_sent")
+                if e.get("hook_event") == "tick_missed"
+            ]
+            rows = running.rows("SELECT status, reason FROM {leases} WHERE code = 'missable'")
+            running.stop_all()
+    (missed,) = receiver.events()
+    assert ("tick_missed", instant, "late") == (missed["event"], missed["run_key"], missed["error"])
+    assert 1 == len(sent)
+    assert [{"status": "MISSED", "reason": "late"}] == rows

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -27,6 +28,9 @@ from pgcrond.daemon.tracing import Tracing
 from pgcrond.events import FanOut
 from pgcrond.fire import Firing
 from pgcrond.guard.memory import MemoryGuard
+from tests.daemon_harness import cluster, wait_until
+from tests.hook_receiver import receiving
+from tests.test_daemon import at, config
 
 
 @pytest.mark.usefixtures("subprocesses")
@@ -102,5 +106,32 @@ def test_a_daemon_without_the_otel_variables_imports_no_opentelemetry() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
     )
     observed, imported = done.stdout.splitlines()
-    assert "['FailurePause', 'HookEvents', 'Observing', 'Overdue']" == observed
+    assert "['Watched']" == observed
     assert "[]" == imported
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
+def test_a_daemon_asked_for_traces_exports_the_attempt_over_otlp(
+    pg_dsn: str, schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OTEL_EXPORTER_OTLP_ENDPOINT names a local receiver: the run's spans reach it, and the
+    job's TRACEPARENT names their trace."""
+    out = tmp_path / "traceparent"
+    with receiving() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.base)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        jobs = f'  traced:\n    at: "{at(2)}"\n    shell: \'printf %s "$TRACEPARENT" > {out}\'\n'
+        with cluster(pg_dsn, schema, tmp_path) as running:
+            (replica,) = running.start(running.write_config(config(schema, jobs)), 1)
+            replica.wait_event("tracing_on")
+            wait_until(lambda: receiver.pings("/v1/traces"), 30, "spans over OTLP")
+            running.stop_all()
+    spans = []
+    for posted in receiver.pings("/v1/traces"):
+        request = ExportTraceServiceRequest.FromString(posted.body)
+        spans += [s for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
+    assert {"pgcrond.attempt", "claim", "run", "record"} == {s.name for s in spans}
+    _, trace_id, parent_id, _ = out.read_text().split("-")
+    assert {trace_id} == {s.trace_id.hex() for s in spans}
+    assert [parent_id] == [s.span_id.hex() for s in spans if s.name == "run"]

@@ -10,6 +10,7 @@ drives the loader and the JSON Schema.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
@@ -148,6 +149,28 @@ class JobConfig:
 
     # What its guard kind can do, said once for code that has the config and
     # not the guard (a guard says ``remembers`` itself: guard/base.py).
+    @functools.cached_property
+    def observed(self) -> bool:
+        """Something besides the metrics watches its runs: a hook, a ping, a report, a pause rule.
+
+        Asked on every event of every fire (daemon/observers.py), so worked
+        out once per job: most jobs have none of them.
+        """
+        return any(
+            value is not None
+            for value in (
+                self.on_start,
+                self.on_success,
+                self.on_failure,
+                self.on_recovery,
+                self.on_missed,
+                self.ping,
+                self.max_duration,
+                self.start_deadline,
+                self.pause_after_failures,
+            )
+        )
+
     @property
     def guard_remembers(self) -> bool:
         """Its guard keeps every tick's outcome in the lease table (history, retries, catch-up)."""

@@ -147,7 +147,7 @@ class Hooks:
         content: bytes | None = None,
     ) -> None:
         bound = log.bind(
-            job=event["job"], run_key=event["run_key"], hook=kind, event=event["event"]
+            job=event["job"], run_key=event["run_key"], hook=kind, hook_event=event["event"]
         )
         headers = {"User-Agent": f"pgcrond/{__version__}"}
         status: int | None = None
@@ -175,7 +175,9 @@ class Hooks:
     async def _command(
         self, hook: Hook, argv: tuple[str, ...], event: dict[str, Any], inherits: Box
     ) -> None:
-        bound = log.bind(job=event["job"], run_key=event["run_key"], hook="command")
+        bound = log.bind(
+            job=event["job"], run_key=event["run_key"], hook="command", hook_event=event["event"]
+        )
         run_env = {
             "PGCRON_EVENT": event["event"],
             "PGCRON_JOB": event["job"],
