@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo
 
 from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.redaction import redact
-from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule, Schedule
+from pgcrond.core.schedule import SCHEDULE_FORMS
 
 # Of a sha256 hex digest: enough to tell definitions apart in a registry row
 # of 10,000 jobs, short enough to keep that row small.
@@ -132,8 +132,9 @@ def _plain(name: str, value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, Path):
         return str(value)
-    if isinstance(value, CronSchedule | AtSchedule | OnceSchedule):
-        return _schedule(value)
+    if isinstance(value, SCHEDULE_FORMS):
+        # The zone is the job's own field; a schedule is its form and bounds.
+        return value.definition()
     if isinstance(value, Mapping):
         if name in _SECRET_MAPPINGS:
             return {str(k): _secret_digest(v) for k, v in value.items()}
@@ -150,12 +151,3 @@ def _plain(name: str, value: Any) -> Any:
         }
         return {"kind": type(value).__name__, **plain}
     return redact(str(value))
-
-
-def _schedule(schedule: Schedule) -> Any:
-    # The zone is the job's own field; a schedule is its expression or instant.
-    if isinstance(schedule, CronSchedule):
-        return {"cron": schedule.expression}
-    if isinstance(schedule, AtSchedule):
-        return {"at": schedule.at.isoformat()}
-    return {"once": True}

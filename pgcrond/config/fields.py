@@ -89,7 +89,9 @@ TOP = _table(
     ),
 )
 # Sections of the top level; their fields are in the tables below.
-TOP_SECTIONS = ("database", "defaults", "jobs", "http")
+TOP_SECTIONS = ("database", "defaults", "jobs", "http", "calendars")
+# A calendar of ``calendars:`` (pgcrond/config/calendars.py reads it).
+CALENDAR_KEYS = ("days", "yearly", "include")
 
 DATABASE = _table(
     Field(
@@ -158,11 +160,48 @@ HTTP = _table(
     ),
 )
 
-SCHEDULE_KEYS = ("cron", "once", "at")
+SCHEDULE_KEYS = ("cron", "every", "once", "at")
 ACTION_KEYS = ("command", "shell", "entrypoint", "sql", "http")
 
 JOB = _table(
-    Field("cron", c.string, REQUIRED, "cron(8) expression, 5 fields or 6 with seconds first"),
+    Field(
+        "cron",
+        c.expressions,
+        REQUIRED,
+        "cron(8) expression, 5 fields or 6 with seconds first (L, LW, 15W, 5L, fri#2, ? "
+        "in the day fields), or a list of them: a tick of any runs, once",
+    ),
+    Field(
+        "every",
+        c.every,
+        REQUIRED,
+        "a tick every this long (whole seconds, 1s or more), at 1970-01-01T00:00:00Z + "
+        "k x every + phase in UTC instants, the same on every replica",
+    ),
+    Field("phase", c.phase, timedelta(0), "every: shifts its ticks by this much; below every"),
+    Field(
+        "between",
+        c.between,
+        None,
+        "{start, end}: no tick before start or from end on; a date is a local day of the "
+        "job's zone (start: from its midnight, end: through its end)",
+    ),
+    Field(
+        "skip_on",
+        c.names,
+        (),
+        "calendars (top-level calendars:) on whose days (in the job's zone) no tick runs; "
+        "each such tick is recorded SKIPPED/calendar:<name>",
+        True,
+    ),
+    Field(
+        "dst",
+        c.dst,
+        None,
+        "cron at a clock change: {skipped: shift|skip, repeated: first|last|both}; "
+        "default shift and first; both runs a repeated time twice, under two run keys",
+        True,
+    ),
     Field("once", c.once, REQUIRED, "run once per cluster, at the first start"),
     Field(
         "at", c.iso_datetime, REQUIRED, "one tick at this instant (the job's zone without offset)"

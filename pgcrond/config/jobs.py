@@ -56,7 +56,7 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
         timing = read_timing(reading, own, default_values, section, defaults)
     else:
         timing = reading.default_timing  # its problems were reported once, at the defaults
-    schedule, zone = read_schedule(reading, section, zone, "timezone" in own)
+    schedule, zone = read_schedule(reading, section, zone, "timezone" in own, merged)
     guard = cast(Guard, merged.get("guard", JOB["guard"].default))
     action = read_action(reading, section, merged, timing, guard)
     key_hash = reading.read(section, "key_hash", JOB["key_hash"].convert)

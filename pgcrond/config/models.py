@@ -36,7 +36,7 @@ from pgcrond.core.box import Box, Cgroups
 from pgcrond.core.hooks import Hook, Ping
 from pgcrond.core.keys import KeyHash
 from pgcrond.core.redaction import redact, remember
-from pgcrond.core.schedule import OnceSchedule, Schedule
+from pgcrond.core.schedule import Calendar, OnceSchedule, Schedule
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import ConfigIssue
 
@@ -221,6 +221,8 @@ class Config:
     catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
     spread: timedelta = DEFAULT_SPREAD
     cgroups: Cgroups = default(TOP, "cgroups")
+    # The calendars: section by name (the jobs' schedules hold the ones they skip on).
+    calendars: Mapping[str, Calendar] = field(default_factory=lambda: MappingProxyType({}))
     # What `check` shows but does not refuse: ${VAR}s left unset when linting.
     warnings: tuple[ConfigIssue, ...] = ()
 

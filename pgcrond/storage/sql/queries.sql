@@ -2,7 +2,7 @@
 -- and {fencing_seq_name} are filled in with psycopg.sql; values are always bound.
 -- An array is bound in binary (%(name)b): in the text format psycopg quotes and
 -- escapes every element in Python, six times the cost (a claim's 13 arrays were
--- 36 us a row on the client, 6 us in binary: docs/performance.md, seventh round).
+-- 36 us a row on the client, 6 us in binary).
 -- A name has one format per statement, comments included (psycopg parses them too).
 
 -- name: forbid_lock
