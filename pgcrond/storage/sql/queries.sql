@@ -806,28 +806,54 @@ GROUP BY owner
 ORDER BY max(at) DESC, owner
 
 -- name: sql_job_bounds
--- The first statement of an sql: job's transaction, and again before its
--- SUCCESS finalize: the statement timeout (the job's, then the finalize's),
--- and server-side bounds for a client that vanishes mid-transaction (killed,
--- paused, partitioned), whose row lock must not outlive it for long. All for
--- the transaction only (nothing session-scoped, so PgBouncer in transaction
--- pooling works).
-SELECT set_config('statement_timeout', %(statement_timeout_ms)s::text, true) AS statement_timeout,
-       set_config('idle_in_transaction_session_timeout', %(idle_timeout_ms)s::text, true)
-         AS idle_timeout,
+-- Server-side bounds that end an sql: job's transaction by its lease's expiry
+-- (expires_at, as sql_job_lock read it: a heartbeat skips a locked row, so it
+-- stands still while the job runs): the next statement's timeout (the job's
+-- own, or less) and the wait for the client after it. So a client that stops
+-- mid-transaction (killed, paused, partitioned) never holds the lease row's
+-- lock past its lease, and a takeover claim finds the row free once it
+-- lapsed. Set again after each statement and before the SUCCESS finalize,
+-- never in pipeline mode: the Flush that ends a pipeline reaches the server
+-- after its Sync, and a message read while idle disarms the idle timer until
+-- the next Sync. left_ms: what the lease had left here (0 or less: lapsed; the
+-- bounds are then 1 ms, since 0 would lift them). All for the transaction only
+-- (nothing session-scoped, so PgBouncer in transaction pooling works). The
+-- columns are named as sql_job_state reads them.
+SELECT set_config('statement_timeout', least(%(statement_timeout_ms)s, b.bound_ms)::text, true)
+         AS statement_timeout,
+       set_config('idle_in_transaction_session_timeout', b.bound_ms::text, true)
+         AS idle_in_transaction_session_timeout,
        CASE WHEN current_setting('server_version_num')::int >= 140000
             THEN set_config('client_connection_check_interval', %(check_interval_ms)s::text, true)
-       END AS check_interval
+       END AS client_connection_check_interval,
+       b.left_ms
+FROM (
+    SELECT l.left_ms, greatest(l.left_ms, 1) AS bound_ms
+    FROM (
+        SELECT floor(extract(epoch FROM %(expires_at)s::timestamptz - clock_timestamp()) * 1000)
+                 ::bigint AS left_ms
+    ) l
+) b
 
 -- name: sql_job_lock
--- An sql: job's fencing check: the lease row, still ours by owner token and
--- live, locked FOR UPDATE until the transaction ends, so nobody can take the
--- tick over while the job's own statements run and the SUCCESS recorded after
--- them cannot be fenced. No row: fenced (or lapsed), and nothing runs.
-SELECT id FROM {table}
-WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
-  AND expires_at > clock_timestamp()
-FOR UPDATE
+-- The first statement of an sql: job's transaction, its fencing check: the
+-- lease row, still ours by owner token and live, locked FOR UPDATE until the
+-- transaction ends, so nobody can take the tick over while the job's own
+-- statements run and the SUCCESS recorded after them cannot be fenced. No
+-- row: fenced (or lapsed), and nothing runs. Its expiry is returned for
+-- sql_job_bounds; the wait for the client until those are set ends with the
+-- lease already (the statement that takes the lock arms that bound).
+SELECT set_config('idle_in_transaction_session_timeout',
+                  greatest(floor(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000), 1)
+                    ::bigint::text,
+                  true) AS idle_in_transaction_session_timeout,
+       l.expires_at
+FROM (
+    SELECT expires_at FROM {table}
+    WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
+      AND expires_at > clock_timestamp()
+    FOR UPDATE
+) l
 
 -- name: sql_job_role
 -- The job's role (SET LOCAL ROLE) for its own statements only.
@@ -868,13 +894,16 @@ SELECT set_config('jit', 'off', true) AS jit
 -- name: sql_job_success
 -- The SUCCESS finalize of an sql: job, in its own transaction after its
 -- statements: by the current owner only (the row is locked by sql_job_lock
--- since the start of the transaction, so it is still ours). Its attempt record
--- is closed as a success with it; the output follows (attempt_close).
+-- since the start of the transaction, so it is still ours), while its lease
+-- holds (past it, a takeover may be due: the transaction is rolled back).
+-- Its attempt record is closed as a success with it; the output follows
+-- (attempt_close).
 WITH done AS (
     UPDATE {table}
     SET status = 'SUCCESS', finished_at = clock_timestamp(), reason = NULL, error = NULL,
         retry_at = NULL
     WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
+      AND expires_at > clock_timestamp()
     RETURNING id, fencing_token
 ), closed AS (
     UPDATE {attempts} AS a
