@@ -37,6 +37,8 @@ exit codes:
   (trigger, catch-up), 130 run stopped by a second SIGINT, 141 stdout closed
 
 environment:
+  PGCROND_CONFIG         the config when no -c is given (PATH[:PATH...]); without
+                         either, ./pgcrond.yaml when it exists
   PGCROND_DATABASE_URL   database URL; overrides database.url in the config
   PGCROND_REPLICA        run: this replica's name, like --replica
   NO_COLOR               set (not empty): no colour in log lines unless --color always
@@ -67,15 +69,20 @@ HANDLERS: dict[str, str] = {
 }
 
 
-def _add_config(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+# Commands that cannot work without the jobs; the others fall back to a
+# database URL when no config is named.
+NEEDS_CONFIG = frozenset({"check", "next", "run", "status", "plan", "trigger", "catch-up"})
+
+
+def _add_config(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-c",
         "--config",
         dest="config",
         action="append",
-        required=required,
         metavar="PATH",
-        help="a YAML file or a directory of *.yaml files (repeatable)",
+        help="a YAML file or a directory of *.yaml files (repeatable; default: "
+        "PGCROND_CONFIG, else ./pgcrond.yaml when it exists)",
     )
 
 
@@ -169,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         "${VAR} is a warning, so a config can be linted without its secrets; --strict makes it "
         "an error. Exit 0: valid; 2: not.",
     )
-    _add_config(check, required=False)
+    _add_config(check)
     _add_paths(check)
     _add_output(check)
     check.add_argument(
@@ -190,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     nxt = sub.add_parser("next", help="print the next fire times of each job")
-    _add_config(nxt, required=False)
+    _add_config(nxt)
     _add_paths(nxt)
     nxt.add_argument("--job", metavar="CODE", help="only this job")
     nxt.add_argument("-n", type=int, default=5, metavar="N", help="how many (default: 5)")
@@ -224,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging(run)
 
     migrate = sub.add_parser("migrate", help="create or upgrade the lease table")
-    _add_config(migrate, required=False)
+    _add_config(migrate)
     _add_database(migrate)
     _add_output(migrate)
 
@@ -232,12 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         help="one row per job: next fire, last run, running now",
         description="One row per job, 7 columns that fit 100 characters: JOB, SCHEDULE, GUARD, "
-        "NEXT FIRE, LAST RUN, RUNNING, FAILS. -o wide adds where and how long, the last tick, "
-        "success and failure, misses in 24 h and the pause; -o json has all of it.",
+        "NEXT FIRE, LAST RUN, RUNNING, FAILS, then the live replicas and their drift. -o wide "
+        "adds where and how long, the last tick, success and failure, misses in 24 h and the "
+        "pause; -o json has all of it, with the pauses and the problems --check judges.",
     )
     _add_config(status)
     _add_database(status)
     _add_output(status, wide="times, owners, last tick, success, failure, misses, pause")
+    status.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when something needs a look, like `systemctl is-active`: no live "
+        "replica, drift for over 15 minutes, a job whose last run failed, a stale job "
+        "(alert_after); 0 when healthy, 2 when it could not tell (no database)",
+    )
 
     plan = sub.add_parser(
         "plan",
@@ -249,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(plan)
 
     history = sub.add_parser("history", help="past runs, newest first")
-    _add_config(history, required=False)
+    _add_config(history)
     _add_database(history)
     history.add_argument("--job", metavar="CODE", help="only this job")
     history.add_argument("--since", metavar="ISO|DURATION", help="e.g. 2026-11-30T00:00Z or 24h")
@@ -274,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         "said), redacted, with control characters and invalid UTF-8 escaped. A failed "
         "attempt shows stderr first. Default: the job's newest attempt.",
     )
-    _add_config(logs, required=False)
+    _add_config(logs)
     _add_database(logs)
     logs.add_argument("job", metavar="CODE", help="the job")
     logs.add_argument(
@@ -318,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging(trigger)
 
     unlock = sub.add_parser("unlock", help="release a stuck run, or allow a run-once job again")
-    _add_config(unlock, required=False)
+    _add_config(unlock)
     _add_database(unlock)
     unlock.add_argument("code", metavar="CODE")
     which = unlock.add_mutually_exclusive_group(required=True)
@@ -330,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(unlock)
 
     prune = sub.add_parser("prune", help="delete finished runs older than history_retention")
-    _add_config(prune, required=False)
+    _add_config(prune)
     _add_database(prune)
     prune.add_argument("--older-than", metavar="DURATION", help="default: history_retention")
     _add_output(prune)
@@ -345,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
             if name == "pause"
             else "Resume paused jobs: the next tick of each runs again.",
         )
-        _add_config(state, required=False)
+        _add_config(state)
         _add_database(state)
         state.add_argument("codes", nargs="*", metavar="CODE")
         state.add_argument("--all", action="store_true", help=f"{verb} every job")
@@ -418,11 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if hasattr(args, "paths"):
+    if hasattr(args, "config"):
+        from pgcrond.config.sources import CONFIG_ENV, CONFIG_HERE, config_paths
+
         # `pgcrond check FILE` reads as naturally as `pgcrond check -c FILE`.
-        args.config = [*(args.config or []), *args.paths]
-        if not args.config:
-            parser.error(f"{args.command}: give the config: -c PATH (or just PATH)")
+        args.config = config_paths([*(args.config or []), *getattr(args, "paths", [])])
+        if not args.config and args.command in NEEDS_CONFIG:
+            parser.error(
+                f"{args.command}: give the config: -c PATH, {CONFIG_ENV}=PATH, or a ./{CONFIG_HERE}"
+            )
     module_name, function_name = HANDLERS[args.command].split(":")
     handler = getattr(importlib.import_module(module_name), function_name)
     try:

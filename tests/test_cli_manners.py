@@ -267,9 +267,9 @@ def test_every_printing_command_prints_one_json_document_with_o_json(
     assert ["hello"] == [pause["job"] for pause in paused["paused"]]
     assert paused["paused"][0]["by"].startswith("ops (")
     status = one_document(cli(env, "status", "-c", config, "-o", "json"))
-    assert {"hello", "broken"} == {entry["job"] for entry in status}
+    assert {"hello", "broken"} == {entry["job"] for entry in status["jobs"]}
     alias = one_document(cli(env, "status", "-c", config, "--json"))
-    assert [sorted(entry) for entry in status] == [sorted(entry) for entry in alias]
+    assert [sorted(entry) for entry in status["jobs"]] == [sorted(e) for e in alias["jobs"]]
     resumed = one_document(cli(env, "resume", "-c", config, "hello", "-o", "json"))
     assert (["hello"], None) == (resumed["resumed"], resumed["still_paused_all"])
     assert resumed["by"].startswith("ops (")
@@ -460,7 +460,7 @@ def test_pause_records_by_and_otherwise_the_operator_beside_the_process(
     resumed = cli(env, "resume", "-c", config, "hello")
 
     assert 0 == by_sudo.returncode
-    paused = {entry["job"]: entry["paused"]["by"] for entry in status}
+    paused = {entry["job"]: entry["paused"]["by"] for entry in status["jobs"]}
     assert re.fullmatch(r"alice \(\S+:\d+\S*\)", paused["hello"]), paused
     assert re.fullmatch(r"carol \(\S+:\d+\S*\)", paused["broken"]), paused
     assert f"by {paused['broken']}: db" in wide

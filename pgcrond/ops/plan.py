@@ -51,7 +51,7 @@ def plan_command(args: argparse.Namespace) -> int:
 
 async def _plan(target: Target, store: LeaseStore) -> Plan:
     config = target.config
-    assert config is not None  # argparse makes -c required for plan
+    assert config is not None  # the CLI refuses plan without a config (cli.NEEDS_CONFIG)
     live = await registry.live(store, definitions=True)
     running: dict[str, list[Definition]] = {}
     for replica in live:
