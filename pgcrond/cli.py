@@ -26,6 +26,7 @@ examples:
   pgcrond status -c config/                     what runs, what ran, what failed
   pgcrond history --job nightly --status FAIL   past failures of one job
   pgcrond logs nightly                          what its newest attempt printed
+  pgcrond trigger nightly                       run it now on the cluster, wait for it
   pgcrond init && pgcrond check pgcrond.yaml    start a config from a commented template
 
 output:
@@ -310,10 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     trigger = sub.add_parser(
         "trigger",
-        help="run a job now, once across the cluster",
-        description="Run a job now, here, through its guard. Exit 0: ran and succeeded; "
-        "1: ran and failed; 3: not run here (the run key runs or ran elsewhere). "
-        "With --detach: ask the running daemons to run it, and exit 0 at once.",
+        help="run a job now, once across the cluster, and wait for its outcome",
+        description="Run a job now on the cluster: record a request that one daemon replica "
+        "takes and runs through the job's guard (where the jobs run, as the schedule would), "
+        "follow it (taken, run_started, outcome; the kept output tail when it fails) and exit "
+        "with its result. Exit 0: it ran and succeeded; 1: it ran and failed; 3: it did not "
+        "run (the run key runs or ran elsewhere, or no live replica runs the job). "
+        "--no-wait: exit 0 once requested. --here: run it in this process instead.",
     )
     _add_config(trigger)
     _add_database(trigger)
@@ -323,11 +327,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="default: manual:<current UTC minute>, so shells triggering at once run it once",
     )
-    trigger.add_argument(
+    where = trigger.add_mutually_exclusive_group()
+    where.add_argument(
+        "--no-wait",
         "--detach",
+        dest="no_wait",
         action="store_true",
-        help="do not run it here: record a request that one daemon replica runs, print the "
-        "run key and exit 0 (see the outcome with `pgcrond history --job CODE`)",
+        help="record the request, print the run key and exit 0 at once (see the outcome "
+        "with `pgcrond history --job CODE`)",
+    )
+    where.add_argument(
+        "--here",
+        action="store_true",
+        help="run it in THIS process, on this machine, as this user, through the guard, "
+        "its output and log lines in this terminal (not on a replica)",
     )
     _add_output(trigger)
     _add_logging(trigger)

@@ -922,6 +922,18 @@ LEFT JOIN {requests} earlier ON earlier.code = %(code)s AND earlier.run_key = %(
 LEFT JOIN {table} lease
        ON lease.code = %(code)s AND lease.type = 'SCHEDULE' AND lease.run_key = %(run_key)s
 
+-- name: request_progress
+-- `pgcrond trigger` following its request: the request row (who took it, when
+-- its run started and ended, with what) and the run key's lease row (running
+-- where, which attempt). Two primary-key/unique-index reads.
+SELECT r.taken_by, r.taken_at, r.done_at, r.outcome,
+       lease.id AS lease_id, lease.status AS lease_status, lease.owner AS lease_owner,
+       lease.attempt AS lease_attempt, lease.error AS lease_error
+FROM (SELECT 1) one
+LEFT JOIN {requests} r ON r.code = %(code)s AND r.run_key = %(run_key)s
+LEFT JOIN {table} lease
+       ON lease.code = %(code)s AND lease.type = 'SCHEDULE' AND lease.run_key = %(run_key)s
+
 -- name: take_requests
 -- A replica takes the pending requests of its jobs: not done, not taken (or
 -- taken and not kept for so long that its taker died: firing it again is
