@@ -197,7 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
         "generated from the field table the loader itself reads.",
     )
 
-    nxt = sub.add_parser("next", help="print the next fire times of each job")
+    nxt = sub.add_parser(
+        "next",
+        help="print the next fire times of each job",
+        description="Print the next N ticks of each job, as the daemon computes them: the run "
+        "key, the local time in the job's zone (daylight-saving shifts included) and, with "
+        "jitter, where the daemon fires it. Reads the config only: no database.",
+    )
     _add_config(nxt)
     _add_paths(nxt)
     nxt.add_argument("--job", metavar="CODE", help="only this job")
@@ -231,7 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_logging(run)
 
-    migrate = sub.add_parser("migrate", help="create or upgrade the lease table")
+    migrate = sub.add_parser(
+        "migrate",
+        help="create or upgrade the lease table",
+        description="Create the lease table and its companions (schema, requests, job "
+        "state, registry, attempts) or apply the migrations it lacks; safe while replicas "
+        "run, and what every replica does at start. Exit 0: up to date.",
+    )
     _add_config(migrate)
     _add_database(migrate)
     _add_output(migrate)
@@ -259,12 +271,25 @@ def build_parser() -> argparse.ArgumentParser:
         "plan",
         help="what applying a config changes against what the live replicas run "
         "(exit 0: nothing, 2: changes, 1: error)",
+        description="Compare a config with what the cluster runs: the live replicas' "
+        "configs from the registry, else (every replica stopped) the config the replica seen "
+        "last ran, else the job codes with history. Each job added, removed, renamed or "
+        "changed, with what follows from it (next fires before and after a schedule "
+        "change, open ticks under a guard change). Exit 0: nothing to do; 2: changes; "
+        "1: error.",
     )
     _add_config(plan)
     _add_database(plan)
     _add_output(plan)
 
-    history = sub.add_parser("history", help="past runs, newest first")
+    history = sub.add_parser(
+        "history",
+        help="past runs, newest first",
+        description="Past runs from the lease table, newest first: one row per tick (or "
+        "manual run) with its status, attempt, owner, start and duration, and under a tick "
+        "that needed more than one attempt or did not succeed a row per attempt with the "
+        "last line it printed (`pgcrond logs` has all it kept).",
+    )
     _add_config(history)
     _add_database(history)
     history.add_argument("--job", metavar="CODE", help="only this job")
@@ -345,7 +370,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(trigger)
     _add_logging(trigger)
 
-    unlock = sub.add_parser("unlock", help="release a stuck run, or allow a run-once job again")
+    unlock = sub.add_parser(
+        "unlock",
+        help="release a stuck run, or allow a run-once job again",
+        description="Release one lease row by hand: a RUNNING tick whose replica is gone "
+        "(so that a replica may claim it again), or a run-once job's INITIAL row (so that "
+        "it runs once more at the next start). Shows the row and asks first; a finished "
+        "tick is history and is not released (run the job again with `pgcrond trigger`).",
+    )
     _add_config(unlock)
     _add_database(unlock)
     unlock.add_argument("code", metavar="CODE")
@@ -357,7 +389,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_output(unlock)
 
-    prune = sub.add_parser("prune", help="delete finished runs older than history_retention")
+    prune = sub.add_parser(
+        "prune",
+        help="delete finished runs older than history_retention",
+        description="Delete finished ticks and done requests older than history_retention "
+        "(or a job's own), in small batches; running ticks and run-once (INITIAL) rows are "
+        "kept. Replicas prune on their own as well.",
+    )
     _add_config(prune)
     _add_database(prune)
     prune.add_argument("--older-than", metavar="DURATION", help="default: history_retention")
@@ -383,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--by",
             metavar="NAME",
             help=f"who {verb}s, recorded beside this host:pid (default: the operator, "
-            "from SUDO_USER, USER or LOGNAME)",
+            "from SUDO_USER, USER or LOGNAME, else this process's user, as `id -un`)",
         )
         _add_output(state)
 
@@ -420,14 +458,23 @@ def build_parser() -> argparse.ArgumentParser:
         "parser. Install: see docs/operations.md (e.g. `pgcrond completion bash > "
         "~/.local/share/bash-completion/completions/pgcrond`).",
     )
-    completion.add_argument("shell", choices=["bash", "zsh", "fish"])
+    completion.add_argument("shell", nargs="?", choices=["bash", "zsh", "fish"])
+    # What the scripts call to complete job codes: the command line, after --.
+    completion.add_argument("--job-codes", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
-    sub.add_parser(
+    manpage = sub.add_parser(
         "manpage",
-        help="print the manual page (roff)",
-        description="Print pgcrond(1), the manual page shipped in the package. Read it with "
-        "`pgcrond manpage | man -l -`, install it with "
-        "`pgcrond manpage > ~/.local/share/man/man1/pgcrond.1`.",
+        help="print or install the manual page (roff)",
+        description="Print pgcrond(1), the manual page shipped in the package (read it with "
+        "`pgcrond manpage | man -l -`), or install it where `man pgcrond` finds it.",
+    )
+    manpage.add_argument(
+        "--install",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="write DIR/man1/pgcrond.1 (default DIR: ~/.local/share/man, as root "
+        "/usr/local/share/man)",
     )
 
     hash_password = sub.add_parser(
