@@ -103,6 +103,10 @@ async def follow(
             break
         await asyncio.sleep(FOLLOW_POLL_S)
     outcome = now.outcome or "unknown"
+    ran = outcome == "success" or outcome in _RAN_AND_FAILED
+    if ran and now.lease_attempt is not None and ("attempt", now.lease_attempt) not in seen:
+        # A run shorter than a poll started and ended between two looks: it still started.
+        say(f"run_started on {now.lease_owner}, attempt {now.lease_attempt}")
     if outcome == "success":
         return _ended(
             job, run_key, now, outcome=outcome, detail="success", code=ExitCode.OK, as_json=as_json
