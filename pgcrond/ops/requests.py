@@ -31,7 +31,7 @@ FOLLOW_POLL_S = 0.25
 _RAN_AND_FAILED = frozenset({"fail", "timeout", "cancelled", "lease_lost", "crashed"})
 
 
-async def detach(
+async def on_the_cluster(
     job: JobConfig, run_key: str, store: LeaseStore, *, as_json: bool, wait: bool
 ) -> int:
     """Record the request and, with ``wait``, follow it to its end (:func:`follow`); else

@@ -31,6 +31,8 @@ def trigger_command(args: argparse.Namespace) -> int:
     try:
         return run_command(args, _trigger, needs_table=False)
     except KeyboardInterrupt:
+        if args.here:
+            raise
         # Only the waiting stopped: the request stays, and a replica runs it.
         print(
             f"pgcrond trigger: stopped waiting; the request stays (see `pgcrond history "
@@ -51,9 +53,9 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
     now = datetime.now(UTC)
     if not args.here:
         # Recorded for the daemons (pgcrond.ops.requests); nothing runs here.
-        from pgcrond.ops.requests import detach
+        from pgcrond.ops.requests import on_the_cluster
 
-        return await detach(
+        return await on_the_cluster(
             job,
             args.run_key or manual_run_key(now),
             store,
