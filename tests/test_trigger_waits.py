@@ -102,9 +102,11 @@ def test_trigger_no_wait_returns_at_once_and_here_runs_in_this_process(
         )
 
         # No replica runs: waiting would never end, so the command says so and exits 3.
-        nobody = trigger(running, path, "fine", "--run-key", "manual:nobody")
+        # (Another job than the one asked for below: both requests run at the replica's
+        # start, and two runs of one job at once are one too many under concurrency: forbid.)
+        nobody = trigger(running, path, "broken", "--run-key", "manual:nobody")
         assert 3 == nobody.returncode, nobody.stdout + nobody.stderr
-        assert "no live replica runs fine" in nobody.stdout
+        assert "no live replica runs broken" in nobody.stdout
         assert "--here" in nobody.stdout
 
         here = trigger(running, path, "fine", "--here", "--run-key", "manual:here")
