@@ -151,16 +151,28 @@ def test_the_readme_first_command_runs_the_ten_second_job_from_a_private_clone_a
         home, blocked = state_home(clone / ".pgcrond")
         assert (str(home), ".pgcrond") == (moved["moved_to"], moved["state_dir"])
         assert str(blocked) in moved["why"]
-        # The README's next commands, from the same clone, find the same server.
-        status = subprocess.run(
-            ["scripts/pgcrond", "status", "-c", "config/example.yaml", "-o", "json"],
-            cwd=clone,
-            env=environ,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        # The README's second terminal, from the same clone: the same server, found by
+        # the config that PGCROND_CONFIG names.
+        second = {**environ, "PGCROND_CONFIG": "config/example.yaml"}
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["scripts/pgcrond", *args],
+                cwd=clone,
+                env=second,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+
+        triggered = cli("trigger", "hello")
+        assert 0 == triggered.returncode, triggered.stdout + triggered.stderr
+        assert triggered.stdout.splitlines()[-1].endswith(": success")
+        history = cli("history", "--limit", "3")
+        assert 0 == history.returncode, history.stderr
+        assert "manual:" in history.stdout.splitlines()[1]
+        status = cli("status", "-o", "json")
         assert 0 == status.returncode, status.stderr
         jobs = {job["job"]: job for job in json.loads(status.stdout)["jobs"]}
         assert "SUCCESS" == jobs["hello"]["last_run"]["status"]
