@@ -51,6 +51,7 @@ HANDLERS: dict[str, str] = {
     "check": "pgcrond.ops.inspect:check_command",
     "schema": "pgcrond.ops.inspect:schema_command",
     "next": "pgcrond.ops.inspect:next_command",
+    "calendars": "pgcrond.ops.inspect:calendars_command",
     "run": "pgcrond.daemon.command:run_command",
     "migrate": "pgcrond.ops.commands:migrate_command",
     "status": "pgcrond.ops.commands:status_command",
@@ -72,7 +73,9 @@ HANDLERS: dict[str, str] = {
 
 # Commands that cannot work without the jobs; the others fall back to a
 # database URL when no config is named.
-NEEDS_CONFIG = frozenset({"check", "next", "run", "status", "plan", "trigger", "catch-up"})
+NEEDS_CONFIG = frozenset(
+    {"check", "next", "calendars", "run", "status", "plan", "trigger", "catch-up"}
+)
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
@@ -210,6 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("-n", type=int, default=5, metavar="N", help="how many (default: 5)")
     nxt.add_argument("--from", dest="start", metavar="ISO", help="start after this instant")
     _add_output(nxt)
+
+    days_off = sub.add_parser(
+        "calendars",
+        help="print the days to come of each calendar",
+        description="Print the days to come of each calendar of the config (the days its "
+        "jobs' ticks are skipped on, recorded SKIPPED/calendar:<name>). Reads the config "
+        "only: no database.",
+    )
+    _add_config(days_off)
+    _add_paths(days_off)
+    days_off.add_argument("--from", dest="start", metavar="DATE", help="from this day (today)")
+    days_off.add_argument("--days", type=int, default=90, metavar="N", help="how many (90)")
+    _add_output(days_off)
 
     run = sub.add_parser(
         "run",

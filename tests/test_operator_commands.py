@@ -26,6 +26,7 @@ from tests.daemon_harness import PGCROND
 CONFIG_COMMANDS = {
     "check": [],
     "next": [],
+    "calendars": [],
     "run": [],
     "migrate": [],
     "status": [],

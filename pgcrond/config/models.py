@@ -32,10 +32,10 @@ from pgcrond.config.fields import (
 )
 from pgcrond.core.actions import Action
 from pgcrond.core.box import Box, Cgroups
-from pgcrond.core.hooks import FailureHook
+from pgcrond.core.hooks import Hook, Ping
 from pgcrond.core.keys import KeyHash
 from pgcrond.core.redaction import redact, remember
-from pgcrond.core.schedule import OnceSchedule, Schedule
+from pgcrond.core.schedule import Calendar, OnceSchedule, Schedule
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import ConfigIssue
 
@@ -98,7 +98,16 @@ class JobConfig:
     timing: LeaseTiming = field(default_factory=lambda: LeaseTiming.build(DEFAULT_JOB_LEASE))
     timeout: timedelta | None = default(JOB, "timeout")
     retries: int = default(JOB, "retries")
-    on_failure: FailureHook | None = default(JOB, "on_failure")
+    on_start: Hook | None = default(JOB, "on_start")
+    on_success: Hook | None = default(JOB, "on_success")
+    on_failure: Hook | None = default(JOB, "on_failure")
+    on_recovery: Hook | None = default(JOB, "on_recovery")
+    on_missed: Hook | None = default(JOB, "on_missed")
+    ping: Ping | None = default(JOB, "ping")
+    # Reported, not enforced: a run past it, a start later than it after the tick.
+    max_duration: timedelta | None = default(JOB, "max_duration")
+    start_deadline: timedelta | None = default(JOB, "start_deadline")
+    pause_after_failures: int | None = default(JOB, "pause_after_failures")
     retry_delay: timedelta = DEFAULT_RETRY_DELAY
     min_hold: timedelta = DEFAULT_MIN_HOLD
     misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE
@@ -189,6 +198,8 @@ class Config:
     catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
     spread: timedelta = DEFAULT_SPREAD
     cgroups: Cgroups = default(TOP, "cgroups")
+    # The calendars: section by name (the jobs' schedules hold the ones they skip on).
+    calendars: Mapping[str, Calendar] = field(default_factory=lambda: MappingProxyType({}))
     # What `check` shows but does not refuse: ${VAR}s left unset when linting.
     warnings: tuple[ConfigIssue, ...] = ()
 

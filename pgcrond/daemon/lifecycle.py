@@ -31,10 +31,10 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
 from pgcrond.core.replica import this_process
 from pgcrond.core.timing import MAX_STOP_GRACE
-from pgcrond.daemon import interpreter, notify
+from pgcrond.daemon import interpreter, notify, observers
 from pgcrond.daemon.accounting import Accounting
 from pgcrond.daemon.alerts import seed as seed_alerts
-from pgcrond.daemon.hooks import FailureHooks
+from pgcrond.daemon.hooks import Hooks
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.pruning import Pruning
@@ -114,7 +114,7 @@ class Daemon:
         self._sql_db: Database | None = None
         self._firing: Firing | None = None
         self._deferral: Deferral | None = None
-        self._hooks = FailureHooks(self.replica)
+        self._hooks = Hooks(self.replica)
         self._store: LeaseStore | None = None
         self._accounting: Accounting | None = None
         self._membership: Membership | None = None
@@ -214,7 +214,13 @@ class Daemon:
             fire_now=self._spawn_fire,
             replica=self.replica,
         )
-        self._firing.events = FanOut([self.metrics.events, accounting, self._hooks])
+        self._firing.events = FanOut(
+            [
+                self.metrics.events,
+                accounting,
+                *observers.subscribers(store, self._hooks, self.metrics, self.replica),
+            ]
+        )
         self._pruning = Pruning(store, lambda: self.config, self._spawn)
         self._start_beat()
         await self._start_http()

@@ -2,7 +2,7 @@
 -- and {fencing_seq_name} are filled in with psycopg.sql; values are always bound.
 -- An array is bound in binary (%(name)b): in the text format psycopg quotes and
 -- escapes every element in Python, six times the cost (a claim's 13 arrays were
--- 36 us a row on the client, 6 us in binary: docs/performance.md, seventh round).
+-- 36 us a row on the client, 6 us in binary).
 -- A name has one format per statement, comments included (psycopg parses them too).
 
 -- name: forbid_lock
@@ -1188,3 +1188,18 @@ SELECT a.lease_id, a.fencing_token, a.attempt, a.replica, a.started_at, a.finish
 FROM {attempts} a
 WHERE a.lease_id = ANY(%(ids)b::bigint[])
 ORDER BY a.lease_id, a.fencing_token
+
+-- name: failure_streak
+-- A job's failed ticks in a row (FAIL with no retry time, as job_ticks counts
+-- them) since its newest SUCCESS other than this identity's own: after a
+-- success, whether it is a recovery; after a final failure, whether the job
+-- is to be paused (pause_after_failures). Both walk the (code, acquired_at) index.
+SELECT count(*) AS failures
+FROM {table} f
+WHERE f.code = %(code)s AND f.status = 'FAIL' AND f.retry_at IS NULL
+  AND f.acquired_at > coalesce((
+      SELECT s.acquired_at FROM {table} s
+      WHERE s.code = %(code)s AND s.status = 'SUCCESS'
+        AND NOT (s.type = %(type)s AND s.run_key IS NOT DISTINCT FROM %(run_key)s::text)
+      ORDER BY s.acquired_at DESC, s.id DESC LIMIT 1
+  ), '-infinity')
