@@ -958,6 +958,18 @@ LEFT JOIN {requests} earlier ON earlier.code = %(code)s AND earlier.run_key = %(
 LEFT JOIN {table} lease
        ON lease.code = %(code)s AND lease.type = 'SCHEDULE' AND lease.run_key = %(run_key)s
 
+-- name: request_progress
+-- `pgcrond trigger` following its request: the request row (who took it, when
+-- its run started and ended, with what) and the run key's lease row (running
+-- where, which attempt). Two primary-key/unique-index reads.
+SELECT r.taken_by, r.taken_at, r.done_at, r.outcome,
+       lease.id AS lease_id, lease.status AS lease_status, lease.owner AS lease_owner,
+       lease.attempt AS lease_attempt, lease.error AS lease_error
+FROM (SELECT 1) one
+LEFT JOIN {requests} r ON r.code = %(code)s AND r.run_key = %(run_key)s
+LEFT JOIN {table} lease
+       ON lease.code = %(code)s AND lease.type = 'SCHEDULE' AND lease.run_key = %(run_key)s
+
 -- name: take_requests
 -- A replica takes the pending requests of its jobs: not done, not taken (or
 -- taken and not kept for so long that its taker died: firing it again is
@@ -1037,7 +1049,14 @@ SELECT pg_notify(%(channel)s, code) AS sent FROM released
 -- Enter (or re-enter) the registry: a replica's start, a reload, or a touch
 -- that found its row gone. Takes the name only if no other live instance holds
 -- it (the same instance re-joining keeps its started_at, and its config_at
--- while the config hash is unchanged). No row back: the name is taken.
+-- while the config hash is unchanged); a stopped holder's row is taken over.
+-- No row back: the name is taken. Rows of replicas not seen for
+-- %(keep_stopped_ms)s are deleted by the same statement.
+WITH pruned AS (
+    DELETE FROM {replicas}
+    WHERE last_seen < clock_timestamp() - %(keep_stopped_ms)s * interval '1 millisecond'
+      AND name <> %(name)s
+)
 INSERT INTO {replicas} AS r
     (name, instance, version, config_hash, config_at, job_hashes, definitions, started_at,
      last_seen)
@@ -1053,8 +1072,10 @@ ON CONFLICT (name) DO UPDATE SET
     definitions = EXCLUDED.definitions,
     started_at = CASE WHEN r.instance = EXCLUDED.instance
                       THEN r.started_at ELSE EXCLUDED.started_at END,
-    last_seen = EXCLUDED.last_seen
+    last_seen = EXCLUDED.last_seen,
+    stopped_at = NULL
 WHERE r.instance = EXCLUDED.instance
+   OR r.stopped_at IS NOT NULL
    OR r.last_seen < clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
 RETURNING name
 
@@ -1070,17 +1091,21 @@ SELECT name, version, started_at, last_seen FROM {replicas} WHERE name = %(name)
 -- or taken over after a long outage): the replica joins again.
 WITH touched AS (
     UPDATE {replicas} SET last_seen = clock_timestamp()
-    WHERE name = %(name)s AND instance = %(instance)s
+    WHERE name = %(name)s AND instance = %(instance)s AND stopped_at IS NULL
     RETURNING name
 )
 SELECT (SELECT count(*) FROM touched) AS touched, count(DISTINCT config_hash) AS hashes,
        coalesce(array_agg(name ORDER BY name), '{{}}') AS names
 FROM {replicas}
 WHERE last_seen > clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
+  AND stopped_at IS NULL
 
 -- name: registry_leave
--- A clean stop: this instance's row goes (a newer holder of the name keeps its own).
-DELETE FROM {replicas} WHERE name = %(name)s AND instance = %(instance)s
+-- A clean stop: this instance's row stays, marked stopped, with the config it
+-- ran (`pgcrond plan` against the last config while none runs); a newer
+-- holder of the name keeps its own row.
+UPDATE {replicas} SET stopped_at = clock_timestamp(), last_seen = clock_timestamp()
+WHERE name = %(name)s AND instance = %(instance)s
 
 -- name: registry_live
 -- The live replicas, by name; definitions only when asked (`pgcrond plan`).
@@ -1088,7 +1113,23 @@ SELECT name, version, config_hash, config_at, job_hashes, started_at, last_seen,
        CASE WHEN %(definitions)s THEN definitions END AS definitions
 FROM {replicas}
 WHERE last_seen > clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
+  AND stopped_at IS NULL
 ORDER BY name
+
+-- name: registry_last_seen
+-- `pgcrond plan` while no replica is live: the row seen last, stopped or gone,
+-- with the config it ran.
+SELECT name, version, config_hash, config_at, job_hashes, started_at, last_seen, stopped_at,
+       definitions
+FROM {replicas}
+ORDER BY last_seen DESC, name
+LIMIT 1
+
+-- name: codes_with_history
+-- Which of these job codes have any row (`pgcrond plan` with no config ever
+-- recorded: such a job is known to the cluster, not new). One index probe each.
+SELECT c.code FROM unnest(%(codes)b::text[]) AS c(code)
+WHERE EXISTS (SELECT 1 FROM {table} t WHERE t.code = c.code)
 
 -- name: rename_lock
 -- Serialise renames of one table across replicas starting at once: the second
