@@ -324,9 +324,13 @@ class Container:
         return found
 
     def wait_event(self, name: str, timeout: float = 60) -> dict[str, Any]:
-        found: list[dict[str, Any]] = wait_until(
-            lambda: self.events(name), timeout, f"{self.name}: {name}", every=PODMAN_POLL_S
-        )
+        try:
+            found: list[dict[str, Any]] = wait_until(
+                lambda: self.events(name), timeout, f"{self.name}: {name}", every=PODMAN_POLL_S
+            )
+        except AssertionError as missed:
+            # The container's own last words say why, where a timeout cannot.
+            raise AssertionError("\n".join([str(missed), *self.logs()[-20:]])) from None
         return found[0]
 
     def state(self) -> dict[str, Any]:
