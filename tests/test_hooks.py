@@ -262,7 +262,7 @@ def test_max_duration_and_start_deadline_are_reported_and_the_run_goes_on(
     """A replica stalled over the tick starts the run late; it runs past max_duration; both
     are told, and the run still ends SUCCESS after its whole 2 s."""
     with receiving() as receiver:
-        instant = at(3)
+        instant = at(5)
         jobs = (
             "  slow:\n"
             f'    at: "{instant}"\n'
@@ -273,9 +273,11 @@ def test_max_duration_and_start_deadline_are_reported_and_the_run_goes_on(
         with cluster(pg_dsn, schema, tmp_path) as running:
             (replica,) = running.start(running.write_config(config(schema, jobs)), 1)
             tick = datetime.strptime(instant, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-            time.sleep(max(0.0, (tick - datetime.now(UTC)).total_seconds() - 0.3))
+            # Stopped from 1 s before the tick to 1.5 s after it: a margin for
+            # this test's own sleep to wake late on a loaded machine.
+            time.sleep(max(0.0, (tick - datetime.now(UTC)).total_seconds() - 1.0))
             replica.signal(signal.SIGSTOP)
-            time.sleep(1.5)
+            time.sleep(2.5)
             replica.signal(signal.SIGCONT)
             finished = replica.wait_event("run_finished", timeout=20)
             wait_until(lambda: len(receiver.events()) >= 2, 10, "both reports")
@@ -301,7 +303,7 @@ def test_a_tick_missed_by_three_stalled_replicas_is_told_once(
     """All three stalled over the tick and past misfire_grace: one claim records it MISSED
     and only that replica tells on_missed."""
     with receiving() as receiver:
-        instant = at(3)
+        instant = at(5)
         jobs = (
             "  missable:\n"
             f'    at: "{instant}"\n'
@@ -312,10 +314,11 @@ def test_a_tick_missed_by_three_stalled_replicas_is_told_once(
         with cluster(pg_dsn, schema, tmp_path) as running:
             replicas = running.start(running.write_config(config(schema, jobs)), 3)
             tick = datetime.strptime(instant, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-            time.sleep(max(0.0, (tick - datetime.now(UTC)).total_seconds() - 1.5))
+            # Stopped from 2.5 s before the tick to 3 s past it, past misfire_grace.
+            time.sleep(max(0.0, (tick - datetime.now(UTC)).total_seconds() - 2.5))
             for replica in replicas:
                 replica.signal(signal.SIGSTOP)
-            time.sleep(4.0)
+            time.sleep(5.5)
             for replica in replicas:
                 replica.signal(signal.SIGCONT)
 
