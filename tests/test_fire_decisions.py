@@ -959,3 +959,53 @@ async def test_a_forbid_claim_waiting_for_an_abandoned_run_gives_up_at_its_windo
         await until(lambda: not leftovers.still_running("j"))
     assert 1 == len(logged(logs, "claim_waits"))
     assert ["claim", "record:timeout", "claim", "claim", "record:success"] == guard.calls
+
+
+@dataclass
+class StopsWhileWon(MemoryGuard):
+    """The replica is halted while a won claim waits for its tick (a claim won ahead)."""
+
+    firing: Firing | None = None
+
+    async def claim(self, request: ClaimRequest) -> Held | Refused:
+        answer = await super().claim(request)
+        assert self.firing is not None
+        self.firing.halt()
+        return answer
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_claim_won_as_the_replica_is_halted_is_released_never_run(tmp_path: Path) -> None:
+    guard = StopsWhileWon()
+    fire = guard.firing = firing(guard)
+    tick, identity = now_tick()
+    with structlog.testing.capture_logs() as logs:
+        outcome = await fire.fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "lose" == outcome
+    assert ["claim", "record:released"] == guard.calls
+    assert [("stopping", 1)] == [
+        (e["reason"], e["attempt"]) for e in logged(logs, "claim_released")
+    ]
+    assert [] == logged(logs, "run_started")
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_won_tick_of_a_job_a_reload_removed_is_released_never_run(tmp_path: Path) -> None:
+    guard = MemoryGuard()
+    fire = Firing(guards=lambda _: guard, replica="unit:1", jobs=lambda _: None)
+    tick, identity = now_tick()
+    outcome = await fire.fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "skip" == outcome
+    assert ["claim", "record:released"] == guard.calls
+    assert ("FAIL", "released") == (guard.rows[identity].status, guard.rows[identity].reason)
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_won_tick_runs_the_job_as_the_config_in_force_defines_it(tmp_path: Path) -> None:
+    guard = MemoryGuard()
+    now = job(tmp_path, "command: ['true']")
+    fire = Firing(guards=lambda _: guard, replica="unit:1", jobs=lambda _: now)
+    tick, identity = now_tick()
+    outcome = await fire.fire(job(tmp_path, "command: ['false']"), tick, identity)
+    assert "success" == outcome
+    assert ["claim", "record:success"] == guard.calls

@@ -255,6 +255,13 @@ def test_every_form_survives_the_registrys_round_trip(tmp_path: Path) -> None:
         assert repr(rebuilt) == repr(job.schedule)
 
 
+def test_a_plain_crons_definition_is_as_before_the_new_forms(tmp_path: Path) -> None:
+    """A replica that registered a plain cron, and one that runs this code, agree on it:
+    `plan` and the drift check see no change where the config has none."""
+    config = load(tmp_path, "jobs:\n  j:\n    cron: '0 9 * * *'\n    command: ['true']\n")
+    assert {"cron": "0 9 * * *"} == definition(config.jobs["j"])["schedule"]
+
+
 def test_distinct_schedules_have_distinct_reprs() -> None:
     """The daemon keeps one timer per repr: two schedules that differ may not share one."""
     cron = CronSchedule.parse("0 2 * * *", BERLIN)

@@ -38,8 +38,8 @@ def read_calendars(reading: Reading, located: Located | None) -> dict[str, Calen
                 key.line,
                 None,
                 f"calendars.{name}",
-                "a calendar's name is 1-63 letters, digits, '_' or '-' (it is a SKIPPED "
-                "reason: calendar:<name>)",
+                "a calendar's name is 1-63 letters, digits, '_' or '-' (a skipped tick "
+                "is marked calendar:<name>)",
             )
             continue
         prefix = f"calendars.{name}."

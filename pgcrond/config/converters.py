@@ -23,6 +23,7 @@ import yaml
 
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.yamlnodes import construct, kind
+from pgcrond.core.access import ROLES, PageUser, Role, TlsFiles
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.box import Limits
 from pgcrond.core.durations import parse_duration
@@ -526,11 +527,14 @@ ping = Converter(
 # -- the status page's access --------------------------------------------------------------
 
 
-def _users(node: yaml.Node) -> MappingProxyType[str, str]:
-    """``name: scrypt$…`` pairs; each problem at its node, a hash never echoed."""
+def _users(node: yaml.Node) -> MappingProxyType[str, PageUser]:
+    """``name: scrypt$…`` (an operator) or ``name: {password, role, jobs}`` entries.
+
+    Each problem at its node; a hash is never echoed.
+    """
     if not isinstance(node, yaml.MappingNode):
-        raise ValueError(f"must be a mapping of name: hash, got {kind(node)}")
-    users: dict[str, str] = {}
+        raise ValueError(f"must be a mapping of name: hash or name: {{role, …}}, got {kind(node)}")
+    users: dict[str, PageUser] = {}
     problems: list[tuple[yaml.Node, str]] = []
     for key_node, value_node in node.value:
         name = str(key_node.value)
@@ -540,15 +544,64 @@ def _users(node: yaml.Node) -> MappingProxyType[str, str]:
             )
             continue
         try:
-            text = _string(value_node)
-            parse_hash(text)
+            users[name] = _user(value_node)
         except ValueError as exc:
             problems.append((value_node, f"{name}: {exc}"))
-            continue
-        users[name] = text
     if problems:
         raise Problems(problems)
     return MappingProxyType(users)
+
+
+def _user(node: yaml.Node) -> PageUser:
+    if not isinstance(node, yaml.MappingNode):
+        text = _string(node)
+        parse_hash(text)
+        return PageUser(password=text, role="operator")
+    entry = {str(key.value): value for key, value in node.value}
+    unknown = sorted(set(entry) - {"password", "role", "jobs"})
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r}; a user has password, role and jobs")
+    password = None
+    if "password" in entry:
+        password = _string(entry["password"])
+        parse_hash(password)
+    role = _role(entry["role"]) if "role" in entry else "viewer"
+    jobs = _job_globs(entry["jobs"]) if "jobs" in entry else ()
+    if jobs and role != "operator":
+        raise ValueError("jobs: limits what an operator may act on; a viewer acts on none")
+    return PageUser(password=password, role=role, jobs=jobs)
+
+
+def _role(node: yaml.Node) -> Role:
+    value = scalar(node)
+    for role in ROLES:
+        if value == role:
+            return role
+    raise ValueError(f"role {value!r} is not one of: {', '.join(ROLES)}")
+
+
+def _job_globs(node: yaml.Node) -> tuple[str, ...]:
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    globs = tuple(_nonempty_string(item) for item in items)
+    if not globs:
+        raise ValueError("jobs: name at least one job code or glob (leave it out for every job)")
+    return globs
+
+
+def _page_switch(node: yaml.Node) -> bool | str:
+    value = scalar(node)
+    if isinstance(value, bool) or value == "public":
+        return value
+    raise ValueError(f"must be true, false or public, got {kind(node)}")
+
+
+def _tls(node: yaml.Node) -> TlsFiles:
+    if not isinstance(node, yaml.MappingNode):
+        raise ValueError(f"must be a mapping {{cert: FILE, key: FILE}}, got {kind(node)}")
+    entry = {str(key.value): value for key, value in node.value}
+    if set(entry) != {"cert", "key"}:
+        raise ValueError("must have exactly cert and key (PEM files)")
+    return TlsFiles(cert=_path(entry["cert"]), key=_path(entry["key"]))
 
 
 def _networks(node: yaml.Node) -> tuple[IPv4Network | IPv6Network, ...]:
@@ -565,12 +618,45 @@ def _networks(node: yaml.Node) -> tuple[IPv4Network | IPv6Network, ...]:
     return tuple(networks)
 
 
+_HASH_SCHEMA: Schema = {"type": "string", "pattern": r"^scrypt\$"}
 users = Converter(
     _users,
     {
         "type": "object",
         "propertyNames": {"pattern": USER_NAME.pattern},
-        "additionalProperties": {"type": "string", "pattern": r"^scrypt\$"},
+        "additionalProperties": {
+            "anyOf": [
+                _HASH_SCHEMA,
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "password": _HASH_SCHEMA,
+                        "role": {"enum": list(ROLES), "default": "viewer"},
+                        "jobs": {
+                            "anyOf": [
+                                {"type": "string", "minLength": 1},
+                                {"type": "array", "items": {"type": "string", "minLength": 1}},
+                            ]
+                        },
+                    },
+                },
+            ]
+        },
+    },
+)
+role = Converter(_role, {"enum": list(ROLES)})
+page_switch = Converter(_page_switch, {"enum": [True, False, "public"]})
+tls = Converter(
+    _tls,
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["cert", "key"],
+        "properties": {
+            "cert": {"type": "string", "minLength": 1},
+            "key": {"type": "string", "minLength": 1},
+        },
     },
 )
 header_name = Converter(_header_name, {"type": "string", "pattern": _HEADER_NAME.pattern})

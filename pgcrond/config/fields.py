@@ -133,17 +133,19 @@ HTTP = _table(
     ),
     Field(
         "status_page",
-        c.boolean,
+        c.page_switch,
         True,
-        "serve the status page at /status; false: /status answers 404, /metrics and health stay",
+        "serve the status page at /status: true serves it on a loopback listener, or with "
+        "users or trusted_proxies; public also serves it open on any listener (every job's "
+        "recent output included); false: /status answers 404. /metrics and health always stay",
     ),
     Field(
         "users",
         c.users,
         MappingProxyType({}),
-        "status page HTTP Basic users: name -> hash from `pgcrond hash-password`; "
-        "with users or trusted_proxies the page asks who you are and can pause, resume "
-        "and run jobs",
+        "status page users: name -> hash from `pgcrond hash-password` (an operator), or "
+        "name -> {password: HASH, role: viewer|operator, jobs: [GLOB, ...]}; with users or "
+        "trusted_proxies the page asks who you are",
     ),
     Field(
         "trusted_proxies",
@@ -157,6 +159,44 @@ HTTP = _table(
         c.header_name,
         "X-Forwarded-User",
         "the header a trusted proxy names its signed-in user in",
+    ),
+    Field(
+        "proxy_role",
+        c.role,
+        "viewer",
+        "the role of a user a trusted proxy names who is not listed in users",
+    ),
+    Field(
+        "csrf_secret",
+        c.nonempty_string,
+        None,
+        "the key the page's form tokens are signed with; give every replica behind one "
+        "load balancer the same (e.g. ${PGCROND_CSRF_SECRET}); unset: a random key per replica",
+    ),
+    Field(
+        "tls",
+        c.tls,
+        None,
+        "{cert: FILE, key: FILE}: serve HTTPS with this PEM chain and key, read again on SIGHUP",
+    ),
+    Field(
+        "allow_plaintext_passwords",
+        c.boolean,
+        False,
+        "let users sign in with passwords over plain HTTP on a listener other than loopback "
+        "(anyone on the path reads them); without it, check refuses that config",
+    ),
+    Field(
+        "max_connections",
+        c.positive_count,
+        256,
+        "open HTTP connections at most; when full, the oldest idle one is closed for a new one",
+    ),
+    Field(
+        "idle_timeout",
+        c.positive_duration,
+        timedelta(seconds=5),
+        "a connection that sends no whole request (or body) within this long is closed",
     ),
 )
 
@@ -190,8 +230,8 @@ JOB = _table(
         "skip_on",
         c.names,
         (),
-        "calendars (top-level calendars:) on whose days (in the job's zone) no tick runs; "
-        "each such tick is recorded SKIPPED/calendar:<name>",
+        "calendars (top-level calendars:) on whose days (in the job's zone) no tick runs "
+        "(`pgcrond next` marks such a tick SKIPPED calendar:<name>)",
         True,
     ),
     Field(

@@ -31,6 +31,8 @@ from pgcrond.config.fields import (
     LateTicks,
     default,
 )
+from pgcrond.config.listen import is_loopback
+from pgcrond.core.access import PageUser, Role, TlsFiles
 from pgcrond.core.actions import Action
 from pgcrond.core.box import Box, Cgroups
 from pgcrond.core.hooks import Hook, Ping
@@ -193,20 +195,42 @@ def changed_fields(old: JobConfig, new: JobConfig) -> list[str]:
 class PageAccess:
     """Who may see the status page and act on it (the ``http:`` section's access fields).
 
-    No users and no trusted proxies: the page is open and read-only. Either one:
-    every page asks who you are, and a signed-in operator may pause, resume and
-    run jobs.
+    No users and no trusted proxies: the page is read-only, served on a
+    loopback listener (or anywhere with ``status_page: public``). Either one:
+    every page asks who you are; an operator may pause, resume and run jobs.
     """
 
-    enabled: bool = default(HTTP, "status_page")
-    # Hashes are no passwords, but no repr of a config (a log, a traceback) shows them.
-    users: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    enabled: bool = True
+    # status_page: public: served open on a listener that is not loopback too.
+    public: bool = False
+    users: Mapping[str, PageUser] = field(default_factory=lambda: MappingProxyType({}))
     trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
     proxy_header: str = default(HTTP, "proxy_header")
+    proxy_role: Role = default(HTTP, "proxy_role")
+    # The form tokens' key; None: a random one per replica. Never in a repr.
+    csrf_secret: str | None = field(default=None, repr=False)
 
     @property
     def authenticated(self) -> bool:
         return bool(self.users or self.trusted_proxies)
+
+    def served_on(self, host: str | None) -> bool:
+        """Whether a listener on ``host`` (None: every interface) serves the page.
+
+        Off a loopback address the page (every job's recent output) needs a
+        sign-in or ``status_page: public``; the probes and /metrics are always served.
+        """
+        if not self.enabled:
+            return False
+        return self.authenticated or self.public or is_loopback(host)
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """The HTTP server's connection limits (``http.max_connections``, ``http.idle_timeout``)."""
+
+    max_connections: int = default(HTTP, "max_connections")
+    idle_timeout: timedelta = default(HTTP, "idle_timeout")
 
 
 @dataclass(frozen=True)
@@ -216,6 +240,8 @@ class Config:
     jobs: Mapping[str, JobConfig]
     http_listen: str = DEFAULT_HTTP_LISTEN
     page_access: PageAccess = field(default_factory=PageAccess)
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
+    http_tls: TlsFiles | None = None
     shutdown_grace: timedelta = DEFAULT_SHUTDOWN_GRACE
     history_retention: timedelta = DEFAULT_HISTORY_RETENTION
     catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW

@@ -57,7 +57,9 @@ def read_schedule(
     dst = merged.get("dst")
     base: Schedule | None
     if form == "cron":
-        base, zone = _cron(reading, section, zone, zone_is_own, cast(Dst | None, dst))
+        # A wrong dst: (reported already) leaves the expressions still worth checking.
+        policy = DEFAULT_DST if dst is None or dst is INVALID else cast(Dst, dst)
+        base, zone = _cron(reading, section, zone, zone_is_own, policy)
         base = None if dst is INVALID else base
     elif form == "every":
         base = _every(reading, section)
@@ -109,7 +111,7 @@ def _cron(
     section: Section,
     zone: ZoneInfo | None,
     zone_is_own: bool,
-    dst: Dst | None,
+    dst: Dst,
 ) -> tuple[Schedule | None, ZoneInfo | None]:
     # With a bad time zone (reported already) the expression is still worth checking.
     expressions = reading.read(section, "cron", JOB["cron"].convert)
@@ -140,9 +142,7 @@ def _cron(
     members = []
     for expression, line, entry in texts:
         try:
-            members.append(
-                CronSchedule.parse(expression, zone or DEFAULT_TIMEZONE, dst or DEFAULT_DST)
-            )
+            members.append(CronSchedule.parse(expression, zone or DEFAULT_TIMEZONE, dst))
         except ValueError as exc:
             reading.issue(located.file, line, section.job, "cron", f"{entry}{exc}")
     if len(members) != len(texts):

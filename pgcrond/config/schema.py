@@ -117,8 +117,7 @@ def config_schema() -> dict[str, Any]:
             },
             "calendars": {
                 "type": "object",
-                "description": "calendar name -> days on which the jobs that skip_on it "
-                "do not run (recorded SKIPPED/calendar:<name>)",
+                "description": "calendar name -> days on which the jobs that skip_on it do not run",
                 "propertyNames": {"pattern": "^[A-Za-z0-9_-]{1,63}$"},
                 "additionalProperties": {"$ref": "#/$defs/calendar"},
             },

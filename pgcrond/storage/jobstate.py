@@ -12,7 +12,7 @@ with ``pause_after_failures`` (paused by ``pgcrond``, saying why).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from pgcrond.core.keys import Identity
 from pgcrond.storage.leases import LeaseStore
@@ -32,7 +32,9 @@ class Pause:
 
     def describe(self) -> str:
         why = f": {self.reason}" if self.reason else ""
-        return f"paused by {self.paused_by} at {self.paused_at.isoformat()}{why}"
+        # ISO-8601 UTC to the second, as the SKIPPED row's detail spells it.
+        at = self.paused_at.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        return f"paused by {self.paused_by} at {at}{why}"
 
 
 async def pause(store: LeaseStore, codes: list[str], *, by: str, reason: str | None) -> list[Pause]:

@@ -16,7 +16,7 @@ class Occasion:
     form: str  # the form that produced it: "cron '0 8 * * 1-5'", "every 1m30s", …
     # How a clock change made it, or None: "02:30 skipped by the clock change, shifted".
     dst: str | None = None
-    # The calendar whose day it falls on: the tick is recorded SKIPPED/calendar:<name>.
+    # The calendar whose day it falls on: the tick does not run (calendar:<name>).
     skipped_by: str | None = None
 
 

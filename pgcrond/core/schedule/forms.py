@@ -177,8 +177,9 @@ class Between:
 class Skipping:
     """No tick on a calendar's day (the day in ``zone``): ``skip_on: [holidays]``.
 
-    :meth:`next_after` answers the ticks that run; :meth:`occasion_after` also
-    the ones on a calendar's day, marked, which are recorded SKIPPED.
+    :meth:`next_after` answers the ticks that run, so the daemon never fires
+    one on a calendar's day; :meth:`occasion_after` also answers those, marked
+    with the calendar (what `pgcrond next` shows).
     """
 
     inner: Schedule
