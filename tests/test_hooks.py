@@ -243,7 +243,7 @@ def test_pause_after_failures_pauses_at_the_third_in_a_row_and_a_success_resets_
             # The ninth tick runs: the eighth (a failure after a success) paused nothing.
             wait_until(lambda: count.read_text().strip() == "9", 20, "the ninth tick")
             running.stop_all()
-    [entry] = json.loads(status.stdout)
+    [entry] = json.loads(status.stdout)["jobs"]
     assert ("pgcrond", "failed 3 times in a row") == (
         entry["paused"]["by"], entry["paused"]["reason"]
     )  # fmt: skip
