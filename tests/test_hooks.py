@@ -358,3 +358,19 @@ def test_a_ping_url_is_shown_as_a_digest_in_the_jobs_definition(tmp_path: Path) 
     assert "u-secret-1" not in json.dumps(shown)
     assert str(shown["ping"]["url"]).startswith("sha256:")
     assert (False, 2) == (shown["ping"]["cronitor"], shown["ping"]["retries"])
+
+
+def test_only_a_job_with_a_hook_ping_report_or_pause_rule_is_observed(tmp_path: Path) -> None:
+    """The observers are told of these jobs' fires only (daemon/observers.py's Watched)."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "database: {url: 'postgresql://x@127.0.0.1/x'}\n"
+        "jobs:\n"
+        "  plain: {cron: '* * * * *', command: ['true']}\n"
+        "  pinged: {cron: '* * * * *', command: ['true'], ping: 'https://hc-ping.com/u'}\n"
+        "  timed: {cron: '* * * * *', command: ['true'], max_duration: 1h}\n"
+        "  paused: {cron: '* * * * *', command: ['true'], pause_after_failures: 2}\n"
+        "  told: {cron: '* * * * *', command: ['true'], on_missed: {command: ['true']}}\n"
+    )
+    jobs = load_config([path]).jobs
+    assert {"pinged", "timed", "paused", "told"} == {c for c, j in jobs.items() if j.observed}
