@@ -1,4 +1,4 @@
-"""Issue 20, item 15 (a): any byte sequence under ``/status`` answers 4xx (or the page).
+"""Any byte sequence under ``/status`` answers 4xx (or the page).
 
 ``GET /status/page/²`` used to raise out of the handler (``'²'.isdigit()`` is
 true, ``int('²')`` is not): no response at all, and an unhandled-exception log

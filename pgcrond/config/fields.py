@@ -89,7 +89,9 @@ TOP = _table(
     ),
 )
 # Sections of the top level; their fields are in the tables below.
-TOP_SECTIONS = ("database", "defaults", "jobs", "http")
+TOP_SECTIONS = ("database", "defaults", "jobs", "http", "calendars")
+# A calendar of ``calendars:`` (pgcrond/config/calendars.py reads it).
+CALENDAR_KEYS = ("days", "yearly", "include")
 
 DATABASE = _table(
     Field(
@@ -198,11 +200,48 @@ HTTP = _table(
     ),
 )
 
-SCHEDULE_KEYS = ("cron", "once", "at")
+SCHEDULE_KEYS = ("cron", "every", "once", "at")
 ACTION_KEYS = ("command", "shell", "entrypoint", "sql", "http")
 
 JOB = _table(
-    Field("cron", c.string, REQUIRED, "cron(8) expression, 5 fields or 6 with seconds first"),
+    Field(
+        "cron",
+        c.expressions,
+        REQUIRED,
+        "cron(8) expression, 5 fields or 6 with seconds first (L, LW, 15W, 5L, fri#2, ? "
+        "in the day fields), or a list of them: a tick of any runs, once",
+    ),
+    Field(
+        "every",
+        c.every,
+        REQUIRED,
+        "a tick every this long (whole seconds, 1s or more), at 1970-01-01T00:00:00Z + "
+        "k x every + phase in UTC instants, the same on every replica",
+    ),
+    Field("phase", c.phase, timedelta(0), "every: shifts its ticks by this much; below every"),
+    Field(
+        "between",
+        c.between,
+        None,
+        "{start, end}: no tick before start or from end on; a date is a local day of the "
+        "job's zone (start: from its midnight, end: through its end)",
+    ),
+    Field(
+        "skip_on",
+        c.names,
+        (),
+        "calendars (top-level calendars:) on whose days (in the job's zone) no tick runs "
+        "(`pgcrond next` marks such a tick SKIPPED calendar:<name>)",
+        True,
+    ),
+    Field(
+        "dst",
+        c.dst,
+        None,
+        "cron at a clock change: {skipped: shift|skip, repeated: first|last|both}; "
+        "default shift and first; both runs a repeated time twice, under two run keys",
+        True,
+    ),
     Field("once", c.once, REQUIRED, "run once per cluster, at the first start"),
     Field(
         "at", c.iso_datetime, REQUIRED, "one tick at this instant (the job's zone without offset)"
@@ -251,10 +290,70 @@ JOB = _table(
     Field("timeout", c.timeout, None, "stop a run after this long; null = none", True),
     Field("retries", c.count, 0, "extra attempts after a failure", True),
     Field(
-        "on_failure",
-        c.on_failure,
+        "on_start",
+        c.hook,
         None,
-        "when a run fails for good: {webhook: URL, command: [argv], timeout, retries}",
+        "when a run starts (each attempt): {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_success",
+        c.hook,
+        None,
+        "when a run succeeds: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_failure",
+        c.hook,
+        None,
+        "when a run fails for good, runs past max_duration, starts past start_deadline, or "
+        "the job is paused after failures: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_recovery",
+        c.hook,
+        None,
+        "the first success after failures: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_missed",
+        c.hook,
+        None,
+        "when a tick is recorded MISSED: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "ping",
+        c.ping,
+        None,
+        "a dead-man's switch: URL/start, URL on success, URL/fail with the output tail "
+        "(healthchecks.io); {url, cronitor: true}: ?state=run|complete|fail",
+    ),
+    Field(
+        "max_duration",
+        c.timeout,
+        None,
+        "report a run still running after this long (run_overdue: log, metric, on_failure); "
+        "it is not stopped (timeout: stops)",
+        True,
+    ),
+    Field(
+        "start_deadline",
+        c.timeout,
+        None,
+        "report a run that starts later than this after its tick (start_overdue: log, "
+        "metric, on_failure); it still runs inside misfire_grace",
+        True,
+    ),
+    Field(
+        "pause_after_failures",
+        c.positive_count,
+        None,
+        "after this many failed ticks in a row, pause the job cluster-wide (who: pgcrond); "
+        "any success resets the count; lease guard only",
         True,
     ),
     Field(

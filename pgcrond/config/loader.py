@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import cast
 
+from pgcrond.config.calendars import read_calendars
 from pgcrond.config.database import read_database
 from pgcrond.config.fields import DATABASE, DEFAULTABLE, HTTP, TOP
 from pgcrond.config.jobs import read_job, read_timing
@@ -121,6 +122,8 @@ def _build(
     spread = reading.read(top, "spread", TOP["spread"].convert)
     cgroups = reading.read(top, "cgroups", TOP["cgroups"].convert)
 
+    calendars = read_calendars(reading, sources.top.get("calendars"))
+    reading.calendars = calendars
     reading.defaults = defaults
     if defaults is not None:
         reading.default_values = reading.read_all(defaults)
@@ -157,6 +160,7 @@ def _build(
         catch_up_window=catch_up_window or DEFAULT_CATCH_UP_WINDOW,
         spread=DEFAULT_SPREAD if spread is None else spread,
         cgroups=cast(Cgroups, cgroups or TOP["cgroups"].default),
+        calendars=MappingProxyType(calendars),
         warnings=tuple(_sorted(reading.issues.warnings, names)),
     )
 

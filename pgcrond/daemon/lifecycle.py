@@ -31,10 +31,10 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
 from pgcrond.core.replica import this_process
 from pgcrond.core.timing import MAX_STOP_GRACE
-from pgcrond.daemon import interpreter, notify
+from pgcrond.daemon import interpreter, notify, observers
 from pgcrond.daemon.accounting import Accounting
 from pgcrond.daemon.alerts import seed as seed_alerts
-from pgcrond.daemon.hooks import FailureHooks
+from pgcrond.daemon.hooks import Hooks
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.pruning import Pruning
@@ -53,7 +53,7 @@ from pgcrond.guard import Guards
 from pgcrond.guard.spread import Spread
 from pgcrond.run import box
 from pgcrond.storage.db import Database
-from pgcrond.storage.embedded import LocalServer, attach
+from pgcrond.storage.embedded import LocalServer, attach, state_home
 from pgcrond.storage.history import ping
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
@@ -114,7 +114,7 @@ class Daemon:
         self._sql_db: Database | None = None
         self._firing: Firing | None = None
         self._deferral: Deferral | None = None
-        self._hooks = FailureHooks(self.replica)
+        self._hooks = Hooks(self.replica)
         self._store: LeaseStore | None = None
         self._accounting: Accounting | None = None
         self._membership: Membership | None = None
@@ -203,6 +203,8 @@ class Daemon:
                 on_heartbeat_failure=self._count_heartbeat_failure,
             ).for_job,
             replica=self.replica,
+            # Late-bound: a reload replaces self.config.
+            jobs=lambda code: self.config.jobs.get(code),  # noqa: PLW0108
         )
         self._deferral = Deferral(self._firing, self._spawn_fire, self._spawn)
         accounting = self._accounting = Accounting(
@@ -214,7 +216,13 @@ class Daemon:
             fire_now=self._spawn_fire,
             replica=self.replica,
         )
-        self._firing.events = FanOut([self.metrics.events, accounting, self._hooks])
+        self._firing.events = FanOut(
+            [
+                self.metrics.events,
+                accounting,
+                *observers.subscribers(store, self._hooks, self.metrics, self.replica),
+            ]
+        )
         self._pruning = Pruning(store, lambda: self.config, self._spawn)
         self._start_beat()
         await self._start_http()
@@ -262,10 +270,18 @@ class Daemon:
             # "" is libpq's own defaults: PGHOST, PGSERVICE, ... from the environment.
             log.info("database", url=redact(database.url) or "(libpq environment)")
             return database.url
-        dsn, self._server = attach(database.state_dir)
+        home, blocked = state_home(database.state_dir)
+        if blocked is not None:
+            log.info(
+                "embedded_state_moved",
+                state_dir=str(database.state_dir),
+                moved_to=str(home),
+                why=f"PostgreSQL runs as 'nobody' under root, which cannot enter {blocked}",
+            )
+        dsn, self._server = attach(home)
         log.warning(
             "embedded_database",
-            state_dir=str(database.state_dir),
+            state_dir=str(home),
             detail="single-node: this PostgreSQL lives on this machine only; replicas "
             "elsewhere cannot share it. Set database.url for a real cluster.",
         )
@@ -477,6 +493,9 @@ class Daemon:
         if self._firing is not None:
             self._firing.stop()
         await self._drain(self.config.shutdown_grace.total_seconds())
+        if self._firing is not None:
+            # Grace over, or forced: a claim won ahead and not started is released.
+            self._firing.halt()
         pending = {task for task in self.fire_tasks if not task.done()}
         if pending:
             log.warning("stopping_runs", runs=self._running())

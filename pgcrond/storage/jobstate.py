@@ -1,10 +1,12 @@
-"""Cluster-wide job state: pause and resume, stored in the job-state table.
+"""Cluster-wide job state: pause and resume (the job-state table), and failures in a row.
 
 A row is a paused job (code ``'*'``: every job). Nothing polls it: the claim
 statement reads it in its own round trip (``claim`` in ``sql/queries.sql``),
 so every replica honours a pause at the job's next tick, with no reload. A
 resume NOTIFYs the resumed channel, so that the takeovers, retries and
-run-once jobs that wait for it claim again at once.
+run-once jobs that wait for it claim again at once. A job's failures in a row
+(:func:`failure_streak`) tell a success that it is a recovery, and pause a job
+with ``pause_after_failures`` (paused by ``pgcrond``, saying why).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from pgcrond.core.keys import Identity
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.requests import channel
 
@@ -55,6 +58,15 @@ async def paused(store: LeaseStore) -> dict[str, Pause]:
     """Every pause in force, by code (``*`` when every job is paused)."""
     rows = await store.db.fetchall(store.queries.get("paused_jobs"))
     return {row["code"]: _pause(row) for row in rows}
+
+
+async def failure_streak(store: LeaseStore, identity: Identity) -> int:
+    """The job's failed ticks in a row since its newest SUCCESS other than ``identity``'s."""
+    row = await store.db.fetchone(
+        store.queries.get("failure_streak"),
+        {"code": identity.code, "type": identity.type, "run_key": identity.run_key},
+    )
+    return 0 if row is None else int(row["failures"])
 
 
 def pause_of(pauses: dict[str, Pause], code: str) -> Pause | None:
