@@ -3,9 +3,10 @@
 Every replica fires every tick, and spread names one live replica as each
 tick's preferred one. Where this replica is not it (``Guard.defers``), a fire
 costs it one entry in a list. Once the tick's hold-back is over
-(``Guard.held_back``: the time the preferred replicas have to claim), one
-read per ``CHUNK`` of those entries (``Guard.standings``) says where each
-tick stands:
+(``Guard.held_back``: the time the preferred replicas have to claim), the
+entries go on the replica's wheel (:mod:`pgcrond.core.wheel`), and those it
+wakes in one loop turn are looked at in one read (``Guard.standings``),
+which says where each tick stands:
 
 * **settled** (SUCCESS, MISSED, SKIPPED, FAIL for good): nothing more to do
   here;
@@ -17,8 +18,8 @@ tick stands:
   row due for its retry): fired as a started tick, with no misfire bound (a
   started tick is followed to its end): a takeover, or the retry;
 * **a row a claim could take later** (a live lease, a retry not yet due):
-  looked at again then, with every other tick due for a look in the same
-  slot of a shared grid, in one read.
+  put back on the wheel for then, and looked at again with every other tick
+  it wakes in the same turn, in one read.
 
 So a co-firing tick costs a replica per-job work (a task, a claim, a run, a
 record) only for the ticks it runs or must take over; the rest is one entry,
@@ -32,7 +33,7 @@ claimed or looked at again, so none is lost while this replica lives.
 from __future__ import annotations
 
 import asyncio
-import math
+import functools
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -42,6 +43,7 @@ import structlog
 
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
+from pgcrond.core.wheel import wheel
 from pgcrond.errors import PgcrondError
 from pgcrond.fire import Firing
 from pgcrond.guard.base import Guard
@@ -49,13 +51,8 @@ from pgcrond.storage.claims import Standing
 
 log = structlog.get_logger("pgcrond.deferral")
 
-# Ticks per read: a statement of a few ms, answered in a few loop turns.
-CHUNK = 1000
-# Ticks of a read acted on per loop turn: a turn stays a few ms.
-ACT_SLICE = 100
-# Looks wake together on a grid of the loop's clock (as followers in
-# pgcrond.fire do), a little after the lease or retry time they wait for.
-GRID_S = 0.25
+# A look comes this long after the lease or retry time it waits for, so that
+# the holder's last heartbeat and clock jitter do not make it land just before.
 MARGIN = timedelta(milliseconds=100)
 
 
@@ -99,12 +96,13 @@ class Deferral:
         self._spawn = spawn
         # Fires of a tick waiting for its hold-back, by tick.
         self._ticks: dict[datetime, list[_Deferred]] = {}
-        # Ticks running elsewhere, by the grid slot of their next look.
-        self._slots: dict[float, list[_Deferred]] = {}
+        # Ticks on the wheel until their next look, and those it woke this turn.
+        self._waiting = 0
+        self._woken: list[_Deferred] = []
 
     def __len__(self) -> int:
         """Ticks deferred or followed here now."""
-        return sum(map(len, self._ticks.values())) + sum(map(len, self._slots.values()))
+        return sum(map(len, self._ticks.values())) + self._waiting + len(self._woken)
 
     def offer(
         self, job: JobConfig, tick: datetime, identity: Identity, superseded_at: datetime | None
@@ -122,55 +120,67 @@ class Deferral:
 
     async def _after_hold_back(self, guard: Guard, tick: datetime) -> None:
         await guard.held_back(tick)
-        await self._look(self._ticks.pop(tick, []))
+        # One instant for all: the tick's entries share a slot of the wheel.
+        now = asyncio.get_running_loop().time()
+        for entry in self._ticks.pop(tick, []):
+            self._look_at(entry, now)
 
-    def _ring(self, slot: float) -> None:
-        self._spawn(self._look(self._slots.pop(slot, [])))
+    def _follow(self, entry: _Deferred, wait: timedelta) -> None:
+        """Look at a tick running elsewhere again once a claim could take it."""
+        self._look_at(entry, asyncio.get_running_loop().time() + (wait + MARGIN).total_seconds())
+
+    def _look_at(self, entry: _Deferred, when: float) -> None:
+        self._waiting += 1
+        wheel().call_at(when, functools.partial(self._due, entry))
+
+    def _due(self, entry: _Deferred) -> None:
+        """The wheel woke ``entry``: looked at with every other it wakes this turn."""
+        self._waiting -= 1
+        if not self._woken:
+            asyncio.get_running_loop().call_soon(self._look_woken)
+        self._woken.append(entry)
+
+    def _look_woken(self) -> None:
+        woken, self._woken = self._woken, []
+        self._spawn(self._look(woken))
 
     async def _look(self, deferred: list[_Deferred]) -> None:
-        """Read where each tick stands, a chunk per statement, and act on it."""
+        """Read where each tick stands, a statement per guard, and act on it."""
         # By identity: a guard need not be hashable (a dataclass is not).
         by_guard: dict[int, tuple[Guard, list[_Deferred]]] = {}
         for entry in deferred:
             by_guard.setdefault(id(entry.guard), (entry.guard, []))[1].append(entry)
         for guard, entries in by_guard.values():
-            for start in range(0, len(entries), CHUNK):
-                if self._firing.stopping.is_set():
-                    return
-                chunk = entries[start : start + CHUNK]
-                standings: dict[Identity, Standing] | None
-                try:
-                    standings = await guard.standings([entry.identity for entry in chunk])
-                except PgcrondError as exc:
-                    log.warning("deferred_look_failed", ticks=len(chunk), error=str(exc))
-                    standings = None
-                except Exception as exc:
-                    # A bug, not an outage: still no tick may be dropped here.
-                    log.exception(
-                        "deferred_look_failed",
-                        ticks=len(chunk),
-                        error=f"{type(exc).__name__}: {exc}",
-                    )
-                    standings = None
-                fired = followed = 0
-                for n, entry in enumerate(chunk):
-                    if n and n % ACT_SLICE == 0:
-                        # A thousand ticks acted on in one step held the loop 25-30 ms.
-                        await asyncio.sleep(0)
-                        if self._firing.stopping.is_set():
-                            return
-                    acted = self._act(
-                        entry, None if standings is None else standings.get(entry.identity)
-                    )
-                    fired += acted == "fired"
-                    followed += acted == "followed"
-                log.debug(
-                    "deferred_looked",
-                    ticks=len(chunk),
-                    fired=fired,
-                    followed=followed,
-                    settled=len(chunk) - fired - followed,
+            if self._firing.stopping.is_set():
+                return
+            standings: dict[Identity, Standing] | None
+            try:
+                standings = await guard.standings([entry.identity for entry in entries])
+            except PgcrondError as exc:
+                log.warning("deferred_look_failed", ticks=len(entries), error=str(exc))
+                standings = None
+            except Exception as exc:
+                # A bug, not an outage: still no tick may be dropped here.
+                log.exception(
+                    "deferred_look_failed",
+                    ticks=len(entries),
+                    error=f"{type(exc).__name__}: {exc}",
                 )
+                standings = None
+            if self._firing.stopping.is_set():
+                return
+            acted = [
+                self._act(entry, None if standings is None else standings.get(entry.identity))
+                for entry in entries
+            ]
+            fired, followed = acted.count("fired"), acted.count("followed")
+            log.debug(
+                "deferred_looked",
+                ticks=len(entries),
+                fired=fired,
+                followed=followed,
+                settled=len(entries) - fired - followed,
+            )
 
     def _act(self, entry: _Deferred, standing: Standing | None) -> str:
         """Fire, follow or leave one tick; says which."""
@@ -197,16 +207,6 @@ class Deferral:
             return "left"
         self._follow(replace(entry, started=True), standing.wait or timedelta(0))
         return "followed"
-
-    def _follow(self, entry: _Deferred, wait: timedelta) -> None:
-        loop = asyncio.get_running_loop()
-        due = loop.time() + (wait + MARGIN).total_seconds()
-        slot = math.ceil(due / GRID_S) * GRID_S
-        waiting = self._slots.get(slot)
-        if waiting is None:
-            waiting = self._slots[slot] = []
-            loop.call_at(slot, self._ring, slot)
-        waiting.append(entry)
 
 
 def _due(standing: Standing) -> bool:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -48,6 +47,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
+from pgcrond.core.wheel import wake, wheel
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
@@ -80,11 +80,6 @@ _LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
 # claimed again (at most; a shorter lease, sooner): the run it waits for ends,
 # or its owner's lease lapses, within a lease.
 _BLOCKED_RETRY_RECHECK = timedelta(seconds=10)
-# Re-checks wake together on a grid of the loop's clock, so that the re-checks
-# of co-firing ticks (whose leases expire a few ms apart) share one claim.
-_RECHECK_GRID_S = 0.25
-# A tick not due yet is claimed again at its time, on a finer grid.
-_DUE_GRID_S = 0.01
 # A guard call that raises an error which is not a PgcrondError (a bug, say a
 # batch answering a request given up on) is retried like an outage, since
 # every guard call is safe to repeat (the contract); this many times in a row.
@@ -108,8 +103,8 @@ class Firing:
     # The config in force: a job by its code, None once a reload removed it.
     # A won claim runs the job as defined when its tick comes (None here: as fired).
     jobs: Callable[[str], JobConfig | None] | None = None
-    # Followers asleep until a grid slot: each a future of its own (no task).
-    _slots: dict[float, list[asyncio.Future[None]]] = field(default_factory=dict, repr=False)
+    # Fires asleep on the wheel until they claim again: stop() wakes them.
+    _asleep: set[asyncio.Future[None]] = field(default_factory=set, repr=False)
     # The one place that knows which identities this replica fires now: a
     # second fire of one (a request, catch-up, a resumed open tick) joins the
     # first's outcome instead of claiming with the same owner token.
@@ -123,10 +118,10 @@ class Firing:
     _halted: bool = False
 
     def stop(self) -> None:
-        """Shutdown: no new claims, and every follower asleep on the grid wakes and gives up."""
+        """Shutdown: no new claims, and every fire asleep until a claim wakes and gives up."""
         self.stopping.set()
-        for slot in list(self._slots):
-            self._ring(slot)
+        for woken in self._asleep:
+            wake(woken)
 
     def halt(self) -> None:
         """The shutdown's grace is over (or forced): no run starts any more.
@@ -347,9 +342,7 @@ class Firing:
                 # This replica's clock runs ahead of the database's, or a
                 # claim made ahead of the tick is to be judged at the tick
                 # (an overlap, a pause): claimed again then, not a grid slot later.
-                await self._sleep_on_grid(
-                    (answer.wait or timedelta()).total_seconds(), grid=_DUE_GRID_S
-                )
+                await self._sleep((answer.wait or timedelta()).total_seconds())
                 continue
             if answer.reason in ("late", "coalesced"):
                 if outcome is None:
@@ -375,9 +368,7 @@ class Firing:
                 # newer tick of this forbid job runs: it waits for that run to
                 # end, not dropped — no replica would ever claim it again.
                 deadline = None
-                await self._sleep_on_grid(
-                    min(job.timing.lease, _BLOCKED_RETRY_RECHECK).total_seconds()
-                )
+                await self._sleep(min(job.timing.lease, _BLOCKED_RETRY_RECHECK).total_seconds())
                 continue
             if answer.reason in ("overlap", "paused"):
                 self.events.skipped(job, answer.reason)
@@ -408,7 +399,7 @@ class Firing:
             wait = self._follow(job, answer)
             if wait is None or (outcome == "lose" and not follow):
                 return outcome
-            await self._sleep_on_grid(wait)
+            await self._sleep(wait)
         return outcome or "lose"
 
     def _in_force(self, job: JobConfig) -> JobConfig | None:
@@ -640,24 +631,22 @@ class Firing:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _BACKOFF_MAX)
 
-    async def _sleep_on_grid(self, seconds: float, *, grid: float = _RECHECK_GRID_S) -> None:
-        """Sleep at least ``seconds``, waking with every follower of the same ``grid`` slot.
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep at least ``seconds`` on the replica's wheel, or until :meth:`stop`.
 
-        A sleeping follower (thousands after a big tick, for a lease each) is
-        one future on its slot's list, no task of its own: :meth:`stop` rings
-        every slot.
+        A sleeping fire (thousands after a big tick, for a lease each) is one
+        wake-up on the wheel, no timer of its own: those due together wake in
+        one loop turn, and their claims share a statement.
         """
         if self.stopping.is_set():
             return
-        loop = asyncio.get_running_loop()
-        slot = math.ceil((loop.time() + seconds) / grid) * grid
-        sleepers = self._slots.get(slot)
-        if sleepers is None:
-            sleepers = self._slots[slot] = []
-            loop.call_at(slot, self._ring, slot)
-        wake: asyncio.Future[None] = loop.create_future()
-        sleepers.append(wake)
-        await wake
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._asleep.add(woken)
+        wheel().call_later(seconds, functools.partial(wake, woken))
+        try:
+            await woken
+        finally:
+            self._asleep.discard(woken)
 
     async def _wait_for_resume(
         self, bound: structlog.typing.FilteringBoundLogger, refusal: Refused, resumes: int
@@ -678,11 +667,6 @@ class Firing:
         finally:
             resume.cancel()
             stop.cancel()
-
-    def _ring(self, slot: float) -> None:
-        for wake in self._slots.pop(slot, ()):
-            if not wake.done():  # a sleeper cancelled meanwhile
-                wake.set_result(None)
 
     async def _execute(self, job: JobConfig, tick: datetime, held: Held, guard: Guard) -> RunResult:
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation

@@ -347,15 +347,9 @@ async def test_a_big_tick_is_handed_on_its_lead_before_it_and_only_once(tmp_path
         if len(fired) == jobs:
             all_fired.set()
 
-    async def room(_: int) -> None:
-        return None
-
-    tasks: set[asyncio.Task[None]] = set()
     scheduling = Scheduling(
         config=lambda: loaded,
         fire=fire,
-        spawn=lambda coroutine: tasks.add(asyncio.ensure_future(coroutine)),
-        claim_room=room,
         stopping=asyncio.Event(),
     )
     scheduling.start()

@@ -21,7 +21,8 @@ from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.deferral import ACT_SLICE, Deferral
+from pgcrond.core.wheel import PER_TURN
+from pgcrond.deferral import Deferral
 from pgcrond.errors import DatabaseUnavailable
 from pgcrond.events import FireEvents
 from pgcrond.fire import Firing
@@ -207,7 +208,7 @@ class Turns:
 
 
 @pytest.mark.parametrize("stop_after_first", [False, True])
-async def test_a_big_look_acts_a_slice_per_loop_turn_and_stops_between_slices(
+async def test_a_big_tick_is_looked_at_a_wheel_s_share_a_turn_and_stops_between_them(
     tmp_path: Path, stop_after_first: bool
 ) -> None:
     tick = datetime.now(UTC)
@@ -224,7 +225,7 @@ async def test_a_big_look_acts_a_slice_per_loop_turn_and_stops_between_slices(
         spawned.fire(job, tick, identity, **kw)
 
     deferral = Deferral(firing, fire, spawned.spawn)
-    count = 2 * ACT_SLICE + 50
+    count = 2 * PER_TURN + 50
     the_job = job(tmp_path, "command: ['true']")
     for n in range(count):
         assert deferral.offer(the_job, tick, Identity.schedule(f"job-{n}", run_key_for(tick)), None)
@@ -234,11 +235,11 @@ async def test_a_big_look_acts_a_slice_per_loop_turn_and_stops_between_slices(
     turns.stop()
     per_turn = Counter(fired_in)
     if stop_after_first:
-        # The slice under way ends; no later one starts once the replica stops.
-        assert [ACT_SLICE] == list(per_turn.values())
+        # The share under way ends; no later one starts once the replica stops.
+        assert [PER_TURN] == list(per_turn.values())
     else:
         while len(spawned.fires) < count:
             spawned.arrived.clear()
             await asyncio.wait_for(spawned.arrived.wait(), 5)
         assert count == len(spawned.fires)
-        assert [ACT_SLICE, ACT_SLICE, 50] == [per_turn[t] for t in sorted(per_turn)]
+        assert [PER_TURN, PER_TURN, 50] == [per_turn[t] for t in sorted(per_turn)]

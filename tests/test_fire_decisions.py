@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -32,7 +31,7 @@ from pgcrond.core.outcome import RunResult
 from pgcrond.core.schedule import run_key_for
 from pgcrond.errors import PgcrondError
 from pgcrond.events import FireEvents
-from pgcrond.fire import _FOLLOW_MARGIN, _RECHECK_GRID_S, Firing
+from pgcrond.fire import Firing
 from pgcrond.guard.base import (
     ClaimRequest,
     Held,
@@ -513,34 +512,26 @@ async def test_a_fire_cancelled_before_its_run_is_under_way_reports_no_run(
     assert ([], []) == (events.of("run_started"), events.of("run_finished"))
 
 
-async def test_stop_wakes_every_follower_asleep_on_the_grid(tmp_path: Path) -> None:
-    """Three dead winners' leases lapse at one instant: their followers share one
-    wake-up, and stop() rings it, passing over a follower cancelled meanwhile."""
-    loop = asyncio.get_running_loop()
-    epoch = datetime(2030, 1, 1, tzinfo=UTC)
-
-    def clock() -> datetime:  # the loop's: a follower's wait lands on a known grid slot
-        return epoch + timedelta(seconds=loop.time())
-
-    guard, events = MemoryGuard(clock=clock), Events()
-    fire = Firing(guards=lambda _: guard, replica="unit:1", events=events, clock=clock)
-    # 30 s ahead (stop() comes long before), half a slot from either edge of the grid.
-    slot = math.ceil((loop.time() + 30) / _RECHECK_GRID_S) * _RECHECK_GRID_S
-    lapse = slot + _RECHECK_GRID_S / 2 - _FOLLOW_MARGIN.total_seconds()
+async def test_stop_wakes_every_follower_asleep_on_the_wheel(tmp_path: Path) -> None:
+    """Three dead winners' leases lapse at one instant: their followers sleep on the
+    wheel until then, and stop() wakes them, passing over a follower cancelled meanwhile."""
+    guard, events = MemoryGuard(), Events()
+    fire = Firing(guards=lambda _: guard, replica="unit:1", events=events)
+    lapse = datetime.now(UTC) + timedelta(seconds=30)  # stop() comes long before
     identities = [request_identity() for _ in range(3)]
     for identity in identities:
-        guard.rows[identity] = Row("RUNNING", 1, 99, epoch + timedelta(seconds=lapse))
+        guard.rows[identity] = Row("RUNNING", 1, 99, lapse)
     ok = job(tmp_path, "command: ['true']")
-    followers = [asyncio.create_task(fire.fire(ok, clock(), i)) for i in identities]
+    followers = [asyncio.create_task(fire.fire(ok, datetime.now(UTC), i)) for i in identities]
     # Lost, then asleep: nothing between the two lets another task run.
     await until(lambda: 3 == len(events.of("claim_lost")))
-    assert [3] == [len(sleepers) for sleepers in fire._slots.values()]
+    assert 3 == len(fire._asleep)
     followers[2].cancel()
     with pytest.raises(asyncio.CancelledError):
         await followers[2]
     fire.stop()
     assert ["lose", "lose"] == await asyncio.wait_for(asyncio.gather(*followers[:2]), 5)
-    assert {} == fire._slots
+    assert set() == fire._asleep
     assert ["claim"] * 3 == guard.calls
 
 
@@ -554,7 +545,7 @@ async def test_a_follower_stopped_before_it_goes_to_sleep_claims_no_more(tmp_pat
     ok = job(tmp_path, "command: ['true']")
     assert "lose" == await asyncio.wait_for(fire.fire(ok, tick, identity), 5)
     assert ["claim"] == guard.calls
-    assert {} == fire._slots
+    assert set() == fire._asleep
 
 
 async def test_a_fire_after_stop_claims_nothing(tmp_path: Path) -> None:

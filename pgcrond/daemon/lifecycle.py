@@ -308,8 +308,6 @@ class Daemon:
         scheduling = self._scheduling = Scheduling(
             config=lambda: self.config,
             fire=self._spawn_fire,
-            spawn=self._spawn,
-            claim_room=store.claim_room,
             stopping=self.stop_requested,
         )
         scheduling.start()
