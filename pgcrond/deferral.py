@@ -37,15 +37,14 @@ import functools
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.wheel import wheel
 from pgcrond.errors import PgcrondError
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.base import Guard
 from pgcrond.storage.claims import Standing
 
@@ -56,30 +55,10 @@ log = structlog.get_logger("pgcrond.deferral")
 MARGIN = timedelta(milliseconds=100)
 
 
-class SpawnFire(Protocol):
-    """How a deferred tick that needs a claim is fired (the daemon's ``_spawn_fire``)."""
-
-    def __call__(
-        self,
-        job: JobConfig,
-        tick: datetime,
-        identity: Identity,
-        *,
-        started: bool = False,
-        superseded_at: datetime | None = None,
-        held_back: bool = False,
-    ) -> None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class _Deferred:
-    job: JobConfig
+    fire: Fire
     guard: Guard
-    tick: datetime
-    identity: Identity
-    superseded_at: datetime | None
-    # A look found a row: the tick started, and is followed without a misfire bound.
-    started: bool = False
 
 
 class Deferral:
@@ -88,7 +67,7 @@ class Deferral:
     def __init__(
         self,
         firing: Firing,
-        spawn_fire: SpawnFire,
+        spawn_fire: Callable[[Fire], None],
         spawn: Callable[[Coroutine[Any, Any, None]], object],
     ) -> None:
         self._firing = firing
@@ -104,18 +83,16 @@ class Deferral:
         """Ticks deferred or followed here now."""
         return sum(map(len, self._ticks.values())) + self._waiting + len(self._woken)
 
-    def offer(
-        self, job: JobConfig, tick: datetime, identity: Identity, superseded_at: datetime | None
-    ) -> bool:
+    def offer(self, fire: Fire) -> bool:
         """Take a scheduled tick's fire if its guard defers it here; False: fire it as usual."""
-        guard = self._firing.guards(job)
-        if not guard.defers(identity):
+        guard = self._firing.guards(fire.job)
+        if not guard.defers(fire.identity):
             return False
-        waiting = self._ticks.get(tick)
+        waiting = self._ticks.get(fire.tick)
         if waiting is None:
-            waiting = self._ticks[tick] = []
-            self._spawn(self._after_hold_back(guard, tick))
-        waiting.append(_Deferred(job, guard, tick, identity, superseded_at))
+            waiting = self._ticks[fire.tick] = []
+            self._spawn(self._after_hold_back(guard, fire.tick))
+        waiting.append(_Deferred(fire, guard))
         return True
 
     async def _after_hold_back(self, guard: Guard, tick: datetime) -> None:
@@ -155,7 +132,7 @@ class Deferral:
                 return
             standings: dict[Identity, Standing] | None
             try:
-                standings = await guard.standings([entry.identity for entry in entries])
+                standings = await guard.standings([entry.fire.identity for entry in entries])
             except PgcrondError as exc:
                 log.warning("deferred_look_failed", ticks=len(entries), error=str(exc))
                 standings = None
@@ -170,7 +147,7 @@ class Deferral:
             if self._firing.stopping.is_set():
                 return
             acted = [
-                self._act(entry, None if standings is None else standings.get(entry.identity))
+                self._act(entry, None if standings is None else standings.get(entry.fire.identity))
                 for entry in entries
             ]
             fired, followed = acted.count("fired"), acted.count("followed")
@@ -184,28 +161,24 @@ class Deferral:
 
     def _act(self, entry: _Deferred, standing: Standing | None) -> str:
         """Fire, follow or leave one tick; says which."""
-        firing = self._firing
-        if firing.in_flight(entry.identity):
+        firing, fire = self._firing, entry.fire
+        if firing.in_flight(fire.identity):
             return "left"  # fired here already (a request, catch-up): that fire follows it
         if standing is None or (not standing.settled and _due(standing)):
-            self._spawn_fire(
-                entry.job,
-                entry.tick,
-                entry.identity,
-                # A tick seen started is followed to its end; one never seen
-                # is claimed inside its misfire window.
-                started=entry.started or standing is not None,
-                superseded_at=entry.superseded_at,
-                held_back=True,
-            )
+            # A tick seen started is followed to its end; one never seen is
+            # claimed inside its misfire window.
+            started = fire.started or standing is not None
+            self._spawn_fire(replace(fire, started=started, claim_at_once=True))
             return "fired"
-        if not entry.started:
+        if not fire.started:
             # What the fire would have said had it claimed and lost.
-            firing.events.fired(entry.job)
-            firing.events.claim_lost(entry.job, _reason(standing))
+            firing.events.fired(fire.job)
+            firing.events.claim_lost(fire.job, _reason(standing))
         if standing.settled:
             return "left"
-        self._follow(replace(entry, started=True), standing.wait or timedelta(0))
+        self._follow(
+            replace(entry, fire=replace(fire, started=True)), standing.wait or timedelta(0)
+        )
         return "followed"
 
 

@@ -65,6 +65,32 @@ FireOutcome = Literal[
     "success", "fail", "timeout", "cancelled", "lease_lost", "lose", "skip", "misfire", "crashed"
 ]
 
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """One fire of one identity, carried whole from whoever fires it to its record."""
+
+    job: JobConfig
+    # When it fires: the tick, moved by the job's jitter (misfire counts from it).
+    tick: datetime
+    identity: Identity
+    # The tick already ran (a retry or takeover pending, seen at start or by a
+    # look): followed with no misfire bound, which bounds a tick's first start only.
+    started: bool = False
+    # The hold-back for another preferred replica is over already (a deferred
+    # fire, pgcrond.deferral): its claim goes out at once.
+    claim_at_once: bool = False
+    # When the job's next tick fires (late_ticks: coalesce): a first claim
+    # answered after it gives the tick up as coalesced.
+    superseded_at: datetime | None = None
+    # False: return at the first lost claim instead of following the tick
+    # (`pgcrond trigger` reports and exits).
+    follow: bool = True
+    # Awaited once this replica won the claim, before the first attempt runs
+    # (a request's own record that its run started).
+    on_start: Callable[[], Awaitable[None]] | None = None
+
+
 # How often a forbid job's claim looks again whether an abandoned run of it
 # ended (a thread gives no signal when it ends).
 LEFTOVER_POLL_S = 0.05
@@ -142,51 +168,21 @@ class Firing:
         self._resume.set()
         self._resume = asyncio.Event()
 
-    async def fire(
-        self,
-        job: JobConfig,
-        tick: datetime,
-        identity: Identity,
-        *,
-        follow: bool = True,
-        started: bool = False,
-        on_start: Callable[[], Awaitable[None]] | None = None,
-        superseded_at: datetime | None = None,
-        held_back: bool = False,
-    ) -> FireOutcome:
-        """Handle one fire of ``job`` for ``tick``; returns what this replica did.
+    async def fire(self, fire: Fire) -> FireOutcome:
+        """Handle ``fire``; returns what this replica did.
 
-        ``follow=False`` returns at the first lost claim instead of waiting to
-        take over or retry (``pgcrond trigger`` reports and exits).
-        ``started=True``: the tick already ran and a retry is pending (a
-        replica resuming open ticks at start), so no misfire bound applies.
-        ``on_start`` is awaited once this replica won the claim, before the
-        first attempt runs (a request's own record that its run started).
-        ``superseded_at``: when the job's next tick fires (a scheduled tick of
-        a job with late_ticks: coalesce); a first claim answered after it
-        gives the tick up as coalesced, so only the newest late tick runs.
-        ``held_back``: the tick's hold-back for another preferred replica is
-        over already (a deferred fire, :mod:`pgcrond.deferral`): claim at once.
         An identity this replica fires already is not fired twice: the call
         returns what that fire comes to.
         """
+        identity = fire.identity
         current = self._in_flight.get(identity)
         if current is not None:
-            log.info("fire_joined", job=job.code, run_key=identity.run_key)
+            log.info("fire_joined", job=fire.job.code, run_key=identity.run_key)
             return await asyncio.shield(current)
         done: asyncio.Future[FireOutcome] = asyncio.get_running_loop().create_future()
         self._in_flight[identity] = done
         try:
-            outcome = await self._fire_once(
-                job,
-                tick,
-                identity,
-                follow=follow,
-                started=started,
-                on_start=on_start,
-                superseded_at=superseded_at,
-                held_back=held_back,
-            )
+            outcome = await self._fire_once(fire)
         except BaseException:
             done.cancel()
             raise
@@ -195,38 +191,17 @@ class Firing:
         done.set_result(outcome)
         return outcome
 
-    async def _fire_once(
-        self,
-        job: JobConfig,
-        tick: datetime,
-        identity: Identity,
-        *,
-        follow: bool,
-        started: bool,
-        on_start: Callable[[], Awaitable[None]] | None,
-        superseded_at: datetime | None,
-        held_back: bool,
-    ) -> FireOutcome:
+    async def _fire_once(self, fire: Fire) -> FireOutcome:
+        job, identity = fire.job, fire.identity
         self.events.fired(job)
         bound = log.bind(job=job.code, run_key=identity.run_key)
-        if identity.type == "SCHEDULE" and not started:
-            cause = self._given_up_here(job, tick, superseded_at)
+        if identity.type == "SCHEDULE" and not fire.started:
+            cause = self._given_up_here(fire)
             if cause is not None:
-                return self._misfire(job, bound, identity, tick, cause)
+                return self._misfire(job, bound, identity, fire.tick, cause)
         guard = self.guards(job)
         try:
-            return await self._fire(
-                job,
-                guard,
-                tick,
-                identity,
-                bound,
-                follow=follow,
-                started=started,
-                on_start=on_start,
-                superseded_at=superseded_at,
-                held_back=held_back,
-            )
+            return await self._fire(fire, guard, bound)
         except Exception as exc:
             # Past every retry: said once, with the error, and the fire ends.
             bound.exception("fire_crashed", error=_describe(exc))
@@ -234,10 +209,9 @@ class Firing:
         finally:
             await guard.forget(identity)
 
-    def _given_up_here(
-        self, job: JobConfig, tick: datetime, superseded_at: datetime | None
-    ) -> str | None:
+    def _given_up_here(self, fire: Fire) -> str | None:
         """Why a guard without history gives a tick up before claiming it: late, coalesced."""
+        job, tick, superseded_at = fire.job, fire.tick, fire.superseded_at
         # A guard that remembers judges both in its claim, by the database's
         # clock, and records the miss itself: this replica's clock (stepped
         # forward, or running ahead) must not decide for the cluster.
@@ -269,22 +243,12 @@ class Firing:
         return "misfire"
 
     async def _fire(
-        self,
-        job: JobConfig,
-        guard: Guard,
-        tick: datetime,
-        identity: Identity,
-        bound: structlog.typing.FilteringBoundLogger,
-        *,
-        follow: bool,
-        started: bool,
-        on_start: Callable[[], Awaitable[None]] | None,
-        superseded_at: datetime | None,
-        held_back: bool,
+        self, fire: Fire, guard: Guard, bound: structlog.typing.FilteringBoundLogger
     ) -> FireOutcome:
+        job, tick, identity = fire.job, fire.tick, fire.identity
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
-        unbounded = identity.type == "INITIAL" or started
+        unbounded = identity.type == "INITIAL" or fire.started
         deadline = None if unbounded else tick + job.misfire_grace
         outcome: FireOutcome | None = None  # set once this replica ran or lost the tick
         while not self.stopping.is_set():
@@ -295,9 +259,9 @@ class Firing:
                 forbid_overlap=job.concurrency == "forbid",
                 deadline=deadline,
                 # Like the misfire bound, coalescing bounds a tick's first start only.
-                superseded_at=superseded_at if deadline is not None else None,
+                superseded_at=fire.superseded_at if deadline is not None else None,
                 suspended=f"suspended: true in {job.source}" if job.suspended else None,
-                spreadable=not held_back and outcome is None and deadline is not None,
+                spreadable=not fire.claim_at_once and outcome is None and deadline is not None,
             )
             resumes = self._resumes
             claim: Callable[[], Awaitable[Held | Refused | None]]
@@ -326,8 +290,8 @@ class Firing:
                 job = in_force
                 if answer.identity.type == "INITIAL" or tick_of(answer.identity.run_key or ""):
                     self.events.paused(job, False)  # a tick ran: not paused
-                if on_start is not None and outcome is None:
-                    await on_start()
+                if fire.on_start is not None and outcome is None:
+                    await fire.on_start()
                 outcome, retry = await self._run(job, guard, tick, answer)
                 # The tick started: from now on it is followed until it is
                 # done (retries, takeovers, a give-back); misfire_grace bounds
@@ -355,7 +319,7 @@ class Firing:
                 return outcome
             if answer.reason == "paused":
                 self.events.paused(job, True)
-                if follow and answer.status != "SKIPPED" and not job.suspended:
+                if fire.follow and answer.status != "SKIPPED" and not job.suspended:
                     # A started tick (a takeover or retry due) or a run-once job:
                     # it waits for `pgcrond resume`, not for a replica's restart.
                     # (A new tick was recorded SKIPPED; a YAML suspension ends
@@ -397,7 +361,7 @@ class Firing:
             # Without follow (`pgcrond trigger`) only this replica's own retries
             # are followed: a tick it lost is left to the daemons.
             wait = self._follow(job, answer)
-            if wait is None or (outcome == "lose" and not follow):
+            if wait is None or (outcome == "lose" and not fire.follow):
                 return outcome
             await self._sleep(wait)
         return outcome or "lose"

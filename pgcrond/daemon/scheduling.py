@@ -36,6 +36,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
 from pgcrond.core.wheel import wheel
 from pgcrond.daemon.accounting import FireNow
+from pgcrond.fire import Fire
 from pgcrond.storage.leases import CLAIM_AHEAD_MAX
 
 # The least lead of a tick: a claim's round trip on a loaded replica is
@@ -203,7 +204,7 @@ class Scheduling:
         self._leading = {key: ticks for key, ticks in self._leading.items() if key in groups}
         for job in started:
             if isinstance(job.schedule, OnceSchedule):
-                self._fire(job, datetime.now(UTC), Identity.initial(job.code), superseded_at=None)
+                self._fire(Fire(job, datetime.now(UTC), Identity.initial(job.code)))
 
     def _on_fire_group(self, key: str, fired_at: datetime) -> None:
         codes = self._groups.get(key, ())
@@ -258,8 +259,10 @@ class Scheduling:
         if job is None or self._stopping.is_set():
             return  # removed by a reload while its shift ran, or stopping
         self._fire(
-            job,
-            at,
-            Identity.schedule(code, fired.run_key),
-            superseded_at=catchup.superseded_at(job, fired.following),
+            Fire(
+                job,
+                at,
+                Identity.schedule(code, fired.run_key),
+                superseded_at=catchup.superseded_at(job, fired.following),
+            )
         )
