@@ -44,15 +44,11 @@ import structlog
 from pgcrond.core.keys import Identity
 from pgcrond.core.wheel import wheel
 from pgcrond.errors import PgcrondError
-from pgcrond.fire import Fire, Firing
+from pgcrond.fire import FOLLOW_MARGIN, Fire, Firing
 from pgcrond.guard.base import Guard
 from pgcrond.storage.claims import Standing
 
 log = structlog.get_logger("pgcrond.deferral")
-
-# A look comes this long after the lease or retry time it waits for, so that
-# the holder's last heartbeat and clock jitter do not make it land just before.
-MARGIN = timedelta(milliseconds=100)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +100,9 @@ class Deferral:
 
     def _follow(self, entry: _Deferred, wait: timedelta) -> None:
         """Look at a tick running elsewhere again once a claim could take it."""
-        self._look_at(entry, asyncio.get_running_loop().time() + (wait + MARGIN).total_seconds())
+        self._look_at(
+            entry, asyncio.get_running_loop().time() + (wait + FOLLOW_MARGIN).total_seconds()
+        )
 
     def _look_at(self, entry: _Deferred, when: float) -> None:
         self._waiting += 1

@@ -98,9 +98,10 @@ LEFTOVER_POLL_S = 0.05
 # answering again, slow enough not to hammer a struggling server.
 _BACKOFF_FIRST = 0.2
 _BACKOFF_MAX = 1.0
-# Re-check a held lease a little after it could have expired, so the holder's
-# last heartbeat and clock jitter do not make the check land just before it.
-_FOLLOW_MARGIN = timedelta(milliseconds=100)
+# Re-check a held lease (claim, or look at, it again) a little after it could
+# have expired, so the holder's last heartbeat and clock jitter do not make
+# the check land just before it.
+FOLLOW_MARGIN = timedelta(milliseconds=100)
 _LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
 # How often a retry that a newer running tick of its forbid job blocks is
 # claimed again (at most; a shorter lease, sooner): the run it waits for ends,
@@ -443,7 +444,7 @@ class Firing:
             # Out of retries for this start: the next start of a replica tries
             # the run-once job again, not every follower now.
             return None
-        return (refusal.wait + _FOLLOW_MARGIN).total_seconds()
+        return (refusal.wait + FOLLOW_MARGIN).total_seconds()
 
     async def _run(
         self, job: JobConfig, guard: Guard, tick: datetime, held: Held
