@@ -48,6 +48,7 @@ HANDLERS: dict[str, str] = {
     "check": "pgcrond.ops.inspect:check_command",
     "schema": "pgcrond.ops.inspect:schema_command",
     "next": "pgcrond.ops.inspect:next_command",
+    "calendars": "pgcrond.ops.inspect:calendars_command",
     "run": "pgcrond.daemon.command:run_command",
     "migrate": "pgcrond.ops.commands:migrate_command",
     "status": "pgcrond.ops.commands:status_command",
@@ -196,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("-n", type=int, default=5, metavar="N", help="how many (default: 5)")
     nxt.add_argument("--from", dest="start", metavar="ISO", help="start after this instant")
     _add_output(nxt)
+
+    days_off = sub.add_parser("calendars", help="print the days to come of each calendar")
+    _add_config(days_off, required=False)
+    _add_paths(days_off)
+    days_off.add_argument("--from", dest="start", metavar="DATE", help="from this day (today)")
+    days_off.add_argument("--days", type=int, default=90, metavar="N", help="how many (90)")
+    _add_output(days_off)
 
     run = sub.add_parser(
         "run",

@@ -1,4 +1,4 @@
-"""Issue 23 item 4: each job in its own box, with real processes (as root on this machine).
+"""Each job in its own box, with real processes (as root on this machine).
 
 A job's ``user:`` is the user its processes run as; ``limits:`` are enforced by
 a cgroup per attempt where one can be made (here: the v1 hierarchies) and by

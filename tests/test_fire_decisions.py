@@ -236,7 +236,7 @@ async def test_a_tick_held_elsewhere_is_taken_over_once_its_lease_lapses(tmp_pat
 async def test_a_fenced_outcome_is_not_recorded_and_the_tick_is_still_followed(
     tmp_path: Path,
 ) -> None:
-    """Hole 12: losing its own attempt does not make a replica stop following the tick."""
+    """Losing its own attempt does not make a replica stop following the tick."""
     guard = MemoryGuard(script=deque([None, "fence"]))  # type: ignore[list-item]
     tick, identity = now_tick()
     with structlog.testing.capture_logs() as logs:
@@ -280,7 +280,7 @@ async def test_a_fire_later_than_the_misfire_grace_never_claims(tmp_path: Path) 
 async def test_a_late_fire_under_a_guard_with_history_is_judged_by_its_claim(
     tmp_path: Path,
 ) -> None:
-    """Issue 20 item 5: the guard's clock (the database's) decides, not the replica's."""
+    """The guard's clock (the database's) decides, not the replica's."""
     guard = MemoryGuard()
     tick, identity = now_tick(-2)
     outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
@@ -290,7 +290,7 @@ async def test_a_late_fire_under_a_guard_with_history_is_judged_by_its_claim(
 
 @pytest.mark.usefixtures("subprocesses")
 async def test_a_tick_not_due_by_the_guards_clock_waits_and_then_runs(tmp_path: Path) -> None:
-    """Hole 13: a replica whose clock runs ahead waits for the database's."""
+    """A replica whose clock runs ahead waits for the database's."""
     guard = MemoryGuard()
     tick, identity = now_tick(0.3)
     outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
@@ -372,7 +372,7 @@ async def test_a_late_answer_is_a_miss_not_a_run(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("subprocesses")
 async def test_a_pending_retry_is_followed_past_the_misfire_window(tmp_path: Path) -> None:
-    """Hole 7: a retry scheduled by another replica is taken by whoever follows the tick."""
+    """A retry scheduled by another replica is taken by whoever follows the tick."""
     tick, identity = now_tick(-0.5)
     pending = Refused(
         identity, "retry_pending", "FAIL", wait=timedelta(seconds=0.7), attempt=1, cause="error"

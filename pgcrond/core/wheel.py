@@ -40,7 +40,7 @@ GRID_S = 0.01
 # Waiters woken a loop turn: each starts a run or sends a claim (0.1-0.4 ms
 # of a loaded loop). At 10,000 x 3 on two cores 100 a turn kept the longest
 # turn at 64-85 ms and the tick's p99 at 1.2-1.3 s; 500, 194-224 ms and
-# 1.05-1.15 s; all at once, half a second (docs/performance.md).
+# 1.05-1.15 s; all at once, half a second (bench.scale).
 PER_TURN = 250
 
 

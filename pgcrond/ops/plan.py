@@ -106,6 +106,14 @@ def _job_lines(job: JobChange) -> list[str]:
         lines.append(f"    next fires before: {', '.join(job.fires_before) or 'none'}")
     if job.fires_after is not None:
         lines.append(f"    next fires after:  {', '.join(job.fires_after) or 'none'}")
+        lines += [
+            f"      {fire}  {form}"
+            for fire, form in zip(job.fires_after, job.fire_forms or [], strict=False)
+        ]
+    if job.fires_appearing:
+        lines.append(f"    fires appearing:    {', '.join(job.fires_appearing)}")
+    if job.fires_disappearing:
+        lines.append(f"    fires disappearing: {', '.join(job.fires_disappearing)}")
     return lines
 
 

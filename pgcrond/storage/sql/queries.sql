@@ -2,7 +2,7 @@
 -- and {fencing_seq_name} are filled in with psycopg.sql; values are always bound.
 -- An array is bound in binary (%(name)b): in the text format psycopg quotes and
 -- escapes every element in Python, six times the cost (a claim's 13 arrays were
--- 36 us a row on the client, 6 us in binary: docs/performance.md, seventh round).
+-- 36 us a row on the client, 6 us in binary).
 -- A name has one format per statement, comments included (psycopg parses them too).
 
 -- name: forbid_lock
@@ -89,7 +89,8 @@ WITH request AS (
          WHEN p.code IS NOT NULL THEN 'paused' END AS pause_reason,
     CASE WHEN r.suspended IS NOT NULL THEN r.suspended
          WHEN p.code IS NOT NULL THEN
-             'paused by ' || p.paused_by || ' at ' || p.paused_at
+             'paused by ' || p.paused_by || ' at '
+             || to_char(p.paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
              || coalesce(': ' || p.reason, '') END AS pause_detail
     FROM due r
     -- The primary key holds at most two rows here: the job's and '*'.
@@ -753,13 +754,16 @@ ORDER BY acquired_at
 LIMIT %(limit)s
 
 -- name: status_page_ticks
--- One job's newest rows for its status page, newest first, through the
--- (code, acquired_at) index; the idempotency key is the row's lock_key.
+-- One job's newest rows for its status page, newest first, claimed within
+-- [since, until) (null: unbounded), through the (code, acquired_at) index; the
+-- idempotency key is the row's lock_key.
 SELECT id, type, code, run_key, lock_key, status, reason, attempt, owner, fencing_token,
        acquired_at, heartbeat_at, finished_at, expires_at, retry_at, error,
        status = 'RUNNING' AND expires_at <= clock_timestamp() AS stale
 FROM {table}
 WHERE code = %(code)s
+  AND acquired_at >= COALESCE(%(since)s::timestamptz, '-infinity')
+  AND acquired_at < COALESCE(%(until)s::timestamptz, 'infinity')
 ORDER BY acquired_at DESC
 LIMIT %(limit)s
 
@@ -1150,3 +1154,18 @@ SELECT a.lease_id, a.fencing_token, a.attempt, a.replica, a.started_at, a.finish
 FROM {attempts} a
 WHERE a.lease_id = ANY(%(ids)b::bigint[])
 ORDER BY a.lease_id, a.fencing_token
+
+-- name: failure_streak
+-- A job's failed ticks in a row (FAIL with no retry time, as job_ticks counts
+-- them) since its newest SUCCESS other than this identity's own: after a
+-- success, whether it is a recovery; after a final failure, whether the job
+-- is to be paused (pause_after_failures). Both walk the (code, acquired_at) index.
+SELECT count(*) AS failures
+FROM {table} f
+WHERE f.code = %(code)s AND f.status = 'FAIL' AND f.retry_at IS NULL
+  AND f.acquired_at > coalesce((
+      SELECT s.acquired_at FROM {table} s
+      WHERE s.code = %(code)s AND s.status = 'SUCCESS'
+        AND NOT (s.type = %(type)s AND s.run_key IS NOT DISTINCT FROM %(run_key)s::text)
+      ORDER BY s.acquired_at DESC, s.id DESC LIMIT 1
+  ), '-infinity')
