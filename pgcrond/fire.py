@@ -306,7 +306,7 @@ class Firing:
             if answer.reason == "not_due":
                 # This replica's clock runs ahead of the database's, or a
                 # claim made ahead of the tick is to be judged at the tick
-                # (an overlap, a pause): claimed again then, not a grid slot later.
+                # (an overlap, a pause): claimed again then, on the wheel.
                 await self._sleep((answer.wait or timedelta()).total_seconds())
                 continue
             if answer.reason in ("late", "coalesced"):
