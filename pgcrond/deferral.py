@@ -3,10 +3,10 @@
 Every replica fires every tick, and spread names one live replica as each
 tick's preferred one. Where this replica is not it (``Guard.defers``), a fire
 costs it one entry in a list. Once the tick's hold-back is over
-(``Guard.held_back``: the time the preferred replicas have to claim), the
-entries go on the replica's wheel (:mod:`pgcrond.core.wheel`), and those it
-wakes in one loop turn are looked at in one read (``Guard.standings``),
-which says where each tick stands:
+(``Guard.held_back``: the time the preferred replicas have to claim), one
+read of the tick's entries (``Guard.standings``) says where each stands, and
+each is acted on a share a loop turn on the replica's wheel
+(:mod:`pgcrond.core.wheel`):
 
 * **settled** (SUCCESS, MISSED, SKIPPED, FAIL for good): nothing more to do
   here;
@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -93,10 +94,7 @@ class Deferral:
 
     async def _after_hold_back(self, guard: Guard, tick: datetime) -> None:
         await guard.held_back(tick)
-        # One instant for all: the tick's entries share a slot of the wheel.
-        now = asyncio.get_running_loop().time()
-        for entry in self._ticks.pop(tick, []):
-            self._look_at(entry, now)
+        await self._look(self._ticks.pop(tick, []))
 
     def _follow(self, entry: _Deferred, wait: timedelta) -> None:
         """Look at a tick running elsewhere again once a claim could take it."""
@@ -120,7 +118,7 @@ class Deferral:
         self._spawn(self._look(woken))
 
     async def _look(self, deferred: list[_Deferred]) -> None:
-        """Read where each tick stands, a statement per guard, and act on it."""
+        """Read where each tick stands, a statement per guard, then act on each."""
         # By identity: a guard need not be hashable (a dataclass is not).
         by_guard: dict[int, tuple[Guard, list[_Deferred]]] = {}
         for entry in deferred:
@@ -142,19 +140,25 @@ class Deferral:
                     error=f"{type(exc).__name__}: {exc}",
                 )
                 standings = None
-            if self._firing.stopping.is_set():
-                return
-            acted = [
-                self._act(entry, None if standings is None else standings.get(entry.fire.identity))
-                for entry in entries
-            ]
-            fired, followed = acted.count("fired"), acted.count("followed")
+            # Acted on a share a loop turn, on the wheel: each fired tick is a
+            # task and a claim, and a tick's thousands at once would hold the loop.
+            tally = _Tally(len(entries))
+            for entry in entries:
+                standing = None if standings is None else standings.get(entry.fire.identity)
+                wheel().call_soon(functools.partial(self._act_counted, tally, entry, standing))
+
+    def _act_counted(self, tally: _Tally, entry: _Deferred, standing: Standing | None) -> None:
+        if self._firing.stopping.is_set():
+            return  # the replica stops: no fire starts from a look any more
+        tally.acted[self._act(entry, standing)] += 1
+        if sum(tally.acted.values()) == tally.ticks:
+            fired, followed = tally.acted["fired"], tally.acted["followed"]
             log.debug(
                 "deferred_looked",
-                ticks=len(entries),
+                ticks=tally.ticks,
                 fired=fired,
                 followed=followed,
-                settled=len(entries) - fired - followed,
+                settled=tally.ticks - fired - followed,
             )
 
     def _act(self, entry: _Deferred, standing: Standing | None) -> str:
@@ -178,6 +182,14 @@ class Deferral:
             replace(entry, fire=replace(fire, started=True)), standing.wait or timedelta(0)
         )
         return "followed"
+
+
+@dataclass
+class _Tally:
+    """What one look's ticks came to, said once the last of them was acted on."""
+
+    ticks: int
+    acted: Counter[str] = field(default_factory=Counter)
 
 
 def _due(standing: Standing) -> bool:
