@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -76,3 +77,23 @@ async def test_a_run_won_ahead_waits_until_the_floor_reaches_its_fire_time() -> 
     at = floor.reaches(fire_time)
     assert at is not None
     assert at <= await until(at)
+
+
+async def test_a_wake_up_runs_in_no_context_of_whoever_asked_for_it() -> None:
+    """A run's log context or trace span never reaches the fires its wake-ups start."""
+    run_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("run_key", default=None)
+    seen: list[str | None] = []
+    done = asyncio.Event()
+
+    async def a_run() -> None:
+        run_key.set("request:10")
+        wheel().call_soon(lambda: seen.append(run_key.get()))
+        wheel().call_later(0.02, woken)
+
+    def woken() -> None:
+        seen.append(run_key.get())
+        done.set()
+
+    await asyncio.create_task(a_run())
+    await asyncio.wait_for(done.wait(), 5)
+    assert [None, None] == seen

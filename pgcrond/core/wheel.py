@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import heapq
 import math
@@ -57,6 +58,10 @@ class Wheel:
         # What is due, called PER_TURN a loop turn; and whether a turn is asked for.
         self._ready: deque[Callable[[], object]] = deque()
         self._draining = False
+        # Wake-ups run in a context of their own, empty: one asked for inside
+        # a run (its log context, its trace span) must not hand that run's
+        # context to the fires, tasks and log lines of other jobs it wakes.
+        self._context = contextvars.Context()
 
     def __len__(self) -> int:
         """Wake-ups waiting now."""
@@ -96,7 +101,7 @@ class Wheel:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_slot = slot
-        self._timer = self._loop.call_at(slot * GRID_S, self._due)
+        self._timer = self._loop.call_at(slot * GRID_S, self._due, context=self._context)
 
     def _due(self) -> None:
         """Make every slot that has come ready; arm the timer for the next one."""
@@ -113,7 +118,7 @@ class Wheel:
     def _drain_soon(self) -> None:
         if not self._draining and self._ready:
             self._draining = True
-            self._loop.call_soon(self._drain)
+            self._loop.call_soon(self._drain, context=self._context)
 
     def _drain(self) -> None:
         """Call :data:`PER_TURN` of what is ready; the rest in the turns after."""
