@@ -173,7 +173,7 @@ def test_pause_across_three_replicas_skips_ticks_as_paused_and_resume_runs_again
     assert inside and all(row["status"] == "SKIPPED" for row in inside)
     # Skips came from more than one replica: each honours the pause on its own claim.
     assert len({row["owner"] for row in skipped}) >= 1
-    [entry] = json.loads(status.stdout)
+    [entry] = json.loads(status.stdout)["jobs"]
     assert "database" == entry["paused"]["source"] and "deploying" == entry["paused"]["reason"]
 
 

@@ -31,6 +31,7 @@ from pgcrond.core.cancel import Cancellation
 from pgcrond.core.outcome import RunResult
 from pgcrond.run import box
 from pgcrond.run.runner import execute
+from tests.as_nobody import nobody_python
 from tests.jobs_fixture import make_request
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("subprocesses")]
@@ -95,10 +96,11 @@ def processes_with(marker: str) -> list[int]:
 
 def check_as_nobody(config: str, *flags: str) -> subprocess.CompletedProcess[str]:
     """`pgcrond check` run as nobody, the config on its standard input."""
-    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+    python, environ = nobody_python()
     return subprocess.run(
-        [*as_nobody, sys.executable, "-m", "pgcrond", "check", *flags, "-"],
+        [*python, "-m", "pgcrond", "check", *flags, "-"],
         input=config,
+        env=environ,
         check=False,
         capture_output=True,
         text=True,
@@ -399,6 +401,7 @@ from pgcrond.config.loader import load_config
 from pgcrond.core.cancel import Cancellation
 from pgcrond.logs import configure
 from pgcrond.run.runner import execute
+from tests.as_nobody import nobody_python
 from tests.jobs_fixture import make_request
 
 configure("json")

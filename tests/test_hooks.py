@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from pgcrond.config.definition import definition
 from pgcrond.config.loader import load_config
 from pgcrond.core.hooks import Ping
 from pgcrond.errors import ConfigError
@@ -34,6 +35,13 @@ def hooks(receiver: Receiver, *names: str) -> str:
     return "".join(
         f"    {name}: {{webhook: {receiver.base}/hook, timeout: 5s}}\n" for name in names
     )
+
+
+def stop_gracefully(running: Cluster) -> None:
+    for replica in running.replicas:
+        replica.signal(signal.SIGTERM)
+    for replica in running.replicas:
+        assert 0 == replica.wait_exit(30)
 
 
 def of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -70,7 +78,9 @@ def test_each_hook_and_ping_is_told_once_per_event_across_three_replicas(
                 40,
                 "two successes after two failures",
             )
-            running.stop_all()
+            # A clean stop: each replica sends what it still has to (the hooks'
+            # drain), so every start told has its ping, every end its own.
+            stop_gracefully(running)
     events = receiver.events()
     started, failed = of(events, "run_started"), of(events, "run_failed")
     succeeded, recovered = of(events, "run_succeeded"), of(events, "run_recovered")
@@ -331,3 +341,17 @@ def test_a_tick_missed_by_three_stalled_replicas_is_told_once(
     assert ("tick_missed", instant, "late") == (missed["event"], missed["run_key"], missed["error"])
     assert 1 == len(sent)
     assert [{"status": "MISSED", "reason": "late"}] == rows
+
+
+def test_a_ping_url_is_shown_as_a_digest_in_the_jobs_definition(tmp_path: Path) -> None:
+    """The registry and `plan` show a changed ping, never the URL that reports the check."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "database: {url: 'postgresql://x@127.0.0.1/x'}\n"
+        "jobs:\n"
+        "  j: {cron: '* * * * *', command: ['true'], ping: 'https://hc-ping.com/u-secret-1'}\n"
+    )
+    shown = definition(load_config([path]).jobs["j"])
+    assert "u-secret-1" not in json.dumps(shown)
+    assert str(shown["ping"]["url"]).startswith("sha256:")
+    assert (False, 2) == (shown["ping"]["cronitor"], shown["ping"]["retries"])

@@ -42,7 +42,7 @@ def _no_database_url(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_check_passes_on_the_example_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "-c", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("config OK: 9 jobs")
+    assert out.startswith("config OK: 10 jobs")
     assert "nightly-berlin" in out and "at 02:30 every day (Europe/Berlin)" in out
 
 

@@ -401,7 +401,7 @@ def cli_status(served: Served, pg_dsn: str) -> dict[str, dict[str, Any]]:
         check=False,
     )
     assert 0 == done.returncode, done.stderr
-    return {entry["job"]: entry for entry in json.loads(done.stdout)}
+    return {entry["job"]: entry for entry in json.loads(done.stdout)["jobs"]}
 
 
 def test_a_signed_in_operator_pauses_resumes_and_runs_a_job_in_chromium(

@@ -460,7 +460,7 @@ async def test_the_jobs_json_has_the_field_names_and_values_of_pgcrond_status_js
     # The CLI runs its own event loop: in a thread, next to the page's server.
     argv = ["status", "-c", str(served.config_path), "--json", "--database-url", served.dsn]
     assert 0 == await asyncio.to_thread(main, argv)
-    cli = json.loads(capsys.readouterr().out)
+    cli = json.loads(capsys.readouterr().out)["jobs"]
     assert [e["job"] for e in cli] == [e["job"] for e in data["jobs"]]
     for from_cli, from_page in zip(cli, data["jobs"], strict=True):
         # `status --json` may carry pause, misses and staleness fields the page's

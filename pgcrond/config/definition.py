@@ -23,6 +23,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from pgcrond.config.models import Config, JobConfig
+from pgcrond.core.hooks import Ping
 from pgcrond.core.redaction import redact
 from pgcrond.core.schedule import SCHEDULE_FORMS
 
@@ -143,11 +144,20 @@ def _plain(name: str, value: Any) -> Any:
         return [_plain(name, item) for item in value]
     if isinstance(value, frozenset | set):
         return sorted(_plain(name, item) for item in value)
+    if isinstance(value, Ping):
+        # A ping URL is its check's credential (anyone holding it can report
+        # the job healthy): shown as a digest, as env values are.
+        return {**_plain_fields(value), "url": _secret_digest(value.url)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        plain = {
-            f.name: _plain(f.name, getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if f.compare
-        }
-        return {"kind": type(value).__name__, **plain}
+        return _plain_fields(value)
     return redact(str(value))
+
+
+def _plain_fields(value: Any) -> dict[str, Any]:
+    """A dataclass's compared fields as JSON data, with its kind."""
+    plain = {
+        f.name: _plain(f.name, getattr(value, f.name))
+        for f in dataclasses.fields(value)
+        if f.compare
+    }
+    return {"kind": type(value).__name__, **plain}

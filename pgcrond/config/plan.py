@@ -8,7 +8,7 @@ those and prints the result.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -73,10 +73,12 @@ def make_plan(
     *,
     replicas: Sequence[str] = (),
     config_hashes: Sequence[str] = (),
+    known: Collection[str] = (),
 ) -> Plan:
     """``running``: code -> the distinct definitions live replicas run (several during drift).
 
-    ``open_ticks``: code -> ticks RUNNING or with a retry pending.
+    ``open_ticks``: code -> ticks RUNNING or with a retry pending. ``known``: codes
+    the cluster has history of though no definition of them was recorded: not new.
     """
     wanted = {code: definition(job) for code, job in new.jobs.items()}
     moved = {old: code for code, job in new.jobs.items() for old in job.renamed_from}
@@ -93,7 +95,7 @@ def make_plan(
         if not befores and olds:
             befores = list(running[olds[0]])
         if not befores:
-            if not olds:
+            if not olds and code not in known:
                 jobs.append(_added(code, after, now))
             continue
         changes = _changes(befores, after)
@@ -114,6 +116,11 @@ def make_plan(
         if code in wanted or code in moved:
             continue
         jobs.append(_removed(code, open_ticks.get(code, 0)))
+    if unseen := sorted(set(known) & set(wanted) - set(running)):
+        warnings.append(
+            f"{len(unseen)} job(s) have history but no recorded definition, so what changes "
+            f"in them cannot be shown: {', '.join(unseen)}"
+        )
     warnings += _lookalikes(wanted, new, running)
     return Plan(jobs, warnings, list(replicas), list(config_hashes))
 

@@ -83,9 +83,6 @@ class SqlWork:
     params: Mapping[str, Any]
     statement_timeout: timedelta
     role: str | None = None
-    # Server-side bounds for a client that vanishes mid-transaction (killed,
-    # paused, partitioned): its row lock must not outlive the lease for long.
-    idle_timeout: timedelta = timedelta(seconds=5)
     # Told what the attempt record keeps, (stream, bytes): each statement's
     # command tag on "stdout", the server's notices on "stderr".
     output: Callable[[OutputStream, bytes], None] | None = field(

@@ -53,7 +53,7 @@ from pgcrond.guard import Guards
 from pgcrond.guard.spread import Spread
 from pgcrond.run import box
 from pgcrond.storage.db import Database
-from pgcrond.storage.embedded import LocalServer, attach
+from pgcrond.storage.embedded import LocalServer, attach, state_home
 from pgcrond.storage.history import ping
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
@@ -270,10 +270,18 @@ class Daemon:
             # "" is libpq's own defaults: PGHOST, PGSERVICE, ... from the environment.
             log.info("database", url=redact(database.url) or "(libpq environment)")
             return database.url
-        dsn, self._server = attach(database.state_dir)
+        home, blocked = state_home(database.state_dir)
+        if blocked is not None:
+            log.info(
+                "embedded_state_moved",
+                state_dir=str(database.state_dir),
+                moved_to=str(home),
+                why=f"PostgreSQL runs as 'nobody' under root, which cannot enter {blocked}",
+            )
+        dsn, self._server = attach(home)
         log.warning(
             "embedded_database",
-            state_dir=str(database.state_dir),
+            state_dir=str(home),
             detail="single-node: this PostgreSQL lives on this machine only; replicas "
             "elsewhere cannot share it. Set database.url for a real cluster.",
         )

@@ -38,6 +38,13 @@ from pgcrond.run.output import Capture
 
 # A failure's text is capped so one huge message cannot flood the record.
 ERROR_CAP = 2000
+# A timeout's timer that fires this much late found a loop that stood still (a
+# SIGSTOP, a stall of the host): the work may have ended meanwhile, unseen (an
+# sql: job's transaction committed or was ended by the server), so it is given
+# STALL_LOOK to be seen before the timeout is called. A busy loop is late by
+# milliseconds.
+STALLED_S = 0.5
+STALL_LOOK_S = 0.5
 
 
 def describe(exc: BaseException) -> str:
@@ -161,6 +168,10 @@ class Watch:
             timer = loop.call_later(max(self._deadline - time.monotonic(), 0.0), wake)
         try:
             await woken
+            if self._stood_still() and not (work.done() or self.cancellation.is_set()):
+                woken = loop.create_future()
+                timer = loop.call_later(STALL_LOOK_S, wake)
+                await woken
         finally:
             if timer is not None:
                 timer.cancel()
@@ -174,6 +185,11 @@ class Watch:
         # daemon set it in the meantime, its reason wins.
         self.cancellation.cancel("timeout")
         return self._cancelled_ending()
+
+    def _stood_still(self) -> bool:
+        """Whether the deadline passed long before this wake: the loop stood still."""
+        deadline = self._deadline
+        return deadline is not None and time.monotonic() - deadline > STALLED_S
 
     def _cancelled_ending(self) -> Ending:
         reason = self.cancellation.reason

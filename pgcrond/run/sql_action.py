@@ -7,8 +7,10 @@ transaction as the SUCCESS record of the run's lease row. What comes back
 decides the run's outcome:
 
 * committed: ``success`` (the guard already recorded it);
-* fenced: another replica holds the tick; nothing ran (``cancelled``,
-  reason ``lease_lost``, so nothing is recorded by this replica);
+* fenced: another replica holds the tick, or the lease lapsed while the
+  transaction ran (the server ends it then: a paused or cut-off owner); nothing
+  committed (``cancelled``, reason ``lease_lost``, so nothing is recorded by
+  this replica, which follows the tick like any other);
 * a statement failed, or hit its ``statement_timeout``: ``fail`` /
   ``timeout``, everything rolled back, retried like any failure (no
   connection for ``sql:`` jobs came free within the timeout: the same);
@@ -37,8 +39,6 @@ QUERY_CANCELED = "57014"  # statement_timeout (or a cancel request)
 # The server's own statement_timeout should end a slow statement first (a
 # clean, certain rollback); the client's deadline is the backstop.
 _CLIENT_MARGIN = timedelta(milliseconds=500)
-# Cap of the server-side idle-in-transaction bound of the job's transaction.
-_MAX_IDLE = timedelta(seconds=5)
 
 
 def bound_parameters(request: RunRequest) -> dict[str, Any]:
@@ -63,7 +63,6 @@ async def run(action: SqlAction, attempt: Attempt) -> Ending:
         params=bound_parameters(request),
         statement_timeout=action.statement_timeout,
         role=action.role,
-        idle_timeout=min(_MAX_IDLE, request.stop_grace),
         output=attempt.output.feed,
     )
     limited = dataclasses.replace(request, timeout=action.statement_timeout + _CLIENT_MARGIN)

@@ -806,28 +806,54 @@ GROUP BY owner
 ORDER BY max(at) DESC, owner
 
 -- name: sql_job_bounds
--- The first statement of an sql: job's transaction, and again before its
--- SUCCESS finalize: the statement timeout (the job's, then the finalize's),
--- and server-side bounds for a client that vanishes mid-transaction (killed,
--- paused, partitioned), whose row lock must not outlive it for long. All for
--- the transaction only (nothing session-scoped, so PgBouncer in transaction
--- pooling works).
-SELECT set_config('statement_timeout', %(statement_timeout_ms)s::text, true) AS statement_timeout,
-       set_config('idle_in_transaction_session_timeout', %(idle_timeout_ms)s::text, true)
-         AS idle_timeout,
+-- Server-side bounds that end an sql: job's transaction by its lease's expiry
+-- (expires_at, as sql_job_lock read it: a heartbeat skips a locked row, so it
+-- stands still while the job runs): the next statement's timeout (the job's
+-- own, or less) and the wait for the client after it. So a client that stops
+-- mid-transaction (killed, paused, partitioned) never holds the lease row's
+-- lock past its lease, and a takeover claim finds the row free once it
+-- lapsed. Set again after each statement and before the SUCCESS finalize,
+-- never in pipeline mode: the Flush that ends a pipeline reaches the server
+-- after its Sync, and a message read while idle disarms the idle timer until
+-- the next Sync. left_ms: what the lease had left here (0 or less: lapsed; the
+-- bounds are then 1 ms, since 0 would lift them). All for the transaction only
+-- (nothing session-scoped, so PgBouncer in transaction pooling works). The
+-- columns are named as sql_job_state reads them.
+SELECT set_config('statement_timeout', least(%(statement_timeout_ms)s, b.bound_ms)::text, true)
+         AS statement_timeout,
+       set_config('idle_in_transaction_session_timeout', b.bound_ms::text, true)
+         AS idle_in_transaction_session_timeout,
        CASE WHEN current_setting('server_version_num')::int >= 140000
             THEN set_config('client_connection_check_interval', %(check_interval_ms)s::text, true)
-       END AS check_interval
+       END AS client_connection_check_interval,
+       b.left_ms
+FROM (
+    SELECT l.left_ms, greatest(l.left_ms, 1) AS bound_ms
+    FROM (
+        SELECT floor(extract(epoch FROM %(expires_at)s::timestamptz - clock_timestamp()) * 1000)
+                 ::bigint AS left_ms
+    ) l
+) b
 
 -- name: sql_job_lock
--- An sql: job's fencing check: the lease row, still ours by owner token and
--- live, locked FOR UPDATE until the transaction ends, so nobody can take the
--- tick over while the job's own statements run and the SUCCESS recorded after
--- them cannot be fenced. No row: fenced (or lapsed), and nothing runs.
-SELECT id FROM {table}
-WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
-  AND expires_at > clock_timestamp()
-FOR UPDATE
+-- The first statement of an sql: job's transaction, its fencing check: the
+-- lease row, still ours by owner token and live, locked FOR UPDATE until the
+-- transaction ends, so nobody can take the tick over while the job's own
+-- statements run and the SUCCESS recorded after them cannot be fenced. No
+-- row: fenced (or lapsed), and nothing runs. Its expiry is returned for
+-- sql_job_bounds; the wait for the client until those are set ends with the
+-- lease already (the statement that takes the lock arms that bound).
+SELECT set_config('idle_in_transaction_session_timeout',
+                  greatest(floor(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000), 1)
+                    ::bigint::text,
+                  true) AS idle_in_transaction_session_timeout,
+       l.expires_at
+FROM (
+    SELECT expires_at FROM {table}
+    WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
+      AND expires_at > clock_timestamp()
+    FOR UPDATE
+) l
 
 -- name: sql_job_role
 -- The job's role (SET LOCAL ROLE) for its own statements only.
@@ -868,13 +894,16 @@ SELECT set_config('jit', 'off', true) AS jit
 -- name: sql_job_success
 -- The SUCCESS finalize of an sql: job, in its own transaction after its
 -- statements: by the current owner only (the row is locked by sql_job_lock
--- since the start of the transaction, so it is still ours). Its attempt record
--- is closed as a success with it; the output follows (attempt_close).
+-- since the start of the transaction, so it is still ours), while its lease
+-- holds (past it, a takeover may be due: the transaction is rolled back).
+-- Its attempt record is closed as a success with it; the output follows
+-- (attempt_close).
 WITH done AS (
     UPDATE {table}
     SET status = 'SUCCESS', finished_at = clock_timestamp(), reason = NULL, error = NULL,
         retry_at = NULL
     WHERE id = %(id)s AND owner_token = %(owner_token)s AND status = 'RUNNING'
+      AND expires_at > clock_timestamp()
     RETURNING id, fencing_token
 ), closed AS (
     UPDATE {attempts} AS a
@@ -926,6 +955,18 @@ SELECT (opened.id IS NOT NULL) AS opened,
 FROM woken
 LEFT JOIN opened ON true
 LEFT JOIN {requests} earlier ON earlier.code = %(code)s AND earlier.run_key = %(run_key)s
+LEFT JOIN {table} lease
+       ON lease.code = %(code)s AND lease.type = 'SCHEDULE' AND lease.run_key = %(run_key)s
+
+-- name: request_progress
+-- `pgcrond trigger` following its request: the request row (who took it, when
+-- its run started and ended, with what) and the run key's lease row (running
+-- where, which attempt). Two primary-key/unique-index reads.
+SELECT r.taken_by, r.taken_at, r.done_at, r.outcome,
+       lease.id AS lease_id, lease.status AS lease_status, lease.owner AS lease_owner,
+       lease.attempt AS lease_attempt, lease.error AS lease_error
+FROM (SELECT 1) one
+LEFT JOIN {requests} r ON r.code = %(code)s AND r.run_key = %(run_key)s
 LEFT JOIN {table} lease
        ON lease.code = %(code)s AND lease.type = 'SCHEDULE' AND lease.run_key = %(run_key)s
 
@@ -1008,7 +1049,14 @@ SELECT pg_notify(%(channel)s, code) AS sent FROM released
 -- Enter (or re-enter) the registry: a replica's start, a reload, or a touch
 -- that found its row gone. Takes the name only if no other live instance holds
 -- it (the same instance re-joining keeps its started_at, and its config_at
--- while the config hash is unchanged). No row back: the name is taken.
+-- while the config hash is unchanged); a stopped holder's row is taken over.
+-- No row back: the name is taken. Rows of replicas not seen for
+-- %(keep_stopped_ms)s are deleted by the same statement.
+WITH pruned AS (
+    DELETE FROM {replicas}
+    WHERE last_seen < clock_timestamp() - %(keep_stopped_ms)s * interval '1 millisecond'
+      AND name <> %(name)s
+)
 INSERT INTO {replicas} AS r
     (name, instance, version, config_hash, config_at, job_hashes, definitions, started_at,
      last_seen)
@@ -1024,8 +1072,10 @@ ON CONFLICT (name) DO UPDATE SET
     definitions = EXCLUDED.definitions,
     started_at = CASE WHEN r.instance = EXCLUDED.instance
                       THEN r.started_at ELSE EXCLUDED.started_at END,
-    last_seen = EXCLUDED.last_seen
+    last_seen = EXCLUDED.last_seen,
+    stopped_at = NULL
 WHERE r.instance = EXCLUDED.instance
+   OR r.stopped_at IS NOT NULL
    OR r.last_seen < clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
 RETURNING name
 
@@ -1041,17 +1091,21 @@ SELECT name, version, started_at, last_seen FROM {replicas} WHERE name = %(name)
 -- or taken over after a long outage): the replica joins again.
 WITH touched AS (
     UPDATE {replicas} SET last_seen = clock_timestamp()
-    WHERE name = %(name)s AND instance = %(instance)s
+    WHERE name = %(name)s AND instance = %(instance)s AND stopped_at IS NULL
     RETURNING name
 )
 SELECT (SELECT count(*) FROM touched) AS touched, count(DISTINCT config_hash) AS hashes,
        coalesce(array_agg(name ORDER BY name), '{{}}') AS names
 FROM {replicas}
 WHERE last_seen > clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
+  AND stopped_at IS NULL
 
 -- name: registry_leave
--- A clean stop: this instance's row goes (a newer holder of the name keeps its own).
-DELETE FROM {replicas} WHERE name = %(name)s AND instance = %(instance)s
+-- A clean stop: this instance's row stays, marked stopped, with the config it
+-- ran (`pgcrond plan` against the last config while none runs); a newer
+-- holder of the name keeps its own row.
+UPDATE {replicas} SET stopped_at = clock_timestamp(), last_seen = clock_timestamp()
+WHERE name = %(name)s AND instance = %(instance)s
 
 -- name: registry_live
 -- The live replicas, by name; definitions only when asked (`pgcrond plan`).
@@ -1059,7 +1113,23 @@ SELECT name, version, config_hash, config_at, job_hashes, started_at, last_seen,
        CASE WHEN %(definitions)s THEN definitions END AS definitions
 FROM {replicas}
 WHERE last_seen > clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
+  AND stopped_at IS NULL
 ORDER BY name
+
+-- name: registry_last_seen
+-- `pgcrond plan` while no replica is live: the row seen last, stopped or gone,
+-- with the config it ran.
+SELECT name, version, config_hash, config_at, job_hashes, started_at, last_seen, stopped_at,
+       definitions
+FROM {replicas}
+ORDER BY last_seen DESC, name
+LIMIT 1
+
+-- name: codes_with_history
+-- Which of these job codes have any row (`pgcrond plan` with no config ever
+-- recorded: such a job is known to the cluster, not new). One index probe each.
+SELECT c.code FROM unnest(%(codes)b::text[]) AS c(code)
+WHERE EXISTS (SELECT 1 FROM {table} t WHERE t.code = c.code)
 
 -- name: rename_lock
 -- Serialise renames of one table across replicas starting at once: the second
