@@ -22,7 +22,7 @@ from pgcrond.core.actions import HttpAction
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.errors import ConfigError
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard import Guards
 from pgcrond.run.http_action import redact_headers
 from pgcrond.storage.db import Database
@@ -91,7 +91,7 @@ async def fire(dsn: str, schema: str, job: JobConfig) -> tuple[str, list[Any], I
         tick = datetime.now(UTC).replace(microsecond=0)
         identity = Identity.schedule(job.code, run_key_for(tick))
         with structlog.testing.capture_logs() as logs:
-            outcome = await firing.fire(job, tick, identity)
+            outcome = await firing.fire(Fire(job, tick, identity))
         row = await db.fetchone(
             f'SELECT status, attempt, fencing_token, error FROM "{schema}".leases '
             "WHERE code = 'call'"
