@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,96 @@ def test_status_json_carries_jobs_replicas_drift_pauses_and_problems_as_the_text
 
 def _iso(value: datetime) -> str:
     return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def test_check_exits_0_for_a_healthy_cluster(pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(config(schema, f"  steady: {QUIET}\n"))
+        running.start(path)
+        assert (0, [HEALTHY]) == check(running, path)
+
+
+def test_check_exits_1_when_no_replica_is_live(pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(config(schema, f"  steady: {QUIET}\n"))
+        [replica] = running.start(path)
+        # A clean stop keeps the replica's row in the registry, marked stopped.
+        replica.signal(signal.SIGTERM)
+        assert 0 == replica.wait_exit(30)
+        assert (1, ["problem: no live replica in the registry"]) == check(running, path)
+
+
+def test_check_exits_1_once_drift_lasts_longer_than_15_minutes(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        old = running.write_config(config(schema, f"  steady: {QUIET}\n"))
+        new = tmp_path / "new.yaml"
+        new.write_text(config(schema, f"  steady: {QUIET}\n  extra: {QUIET}\n"))
+        running.start(old)
+        running.start(new, first=1)
+        # Drift is judged by when the second config went live (the registry's
+        # config_at): moved back, it reads as a drift that has lasted that long.
+        assert (0, [HEALTHY]) == check(running, old)
+        shift(running, timedelta(minutes=14))
+        assert (0, [HEALTHY]) == check(running, old)
+        shift(running, timedelta(minutes=2))
+        [row] = running.rows(f'SELECT max(config_at) AS since FROM "{schema}".leases_replicas')
+        assert (
+            1,
+            [f"problem: 2 configs live since {at(row['since'])}, longer than 15m"],
+        ) == check(running, old)
+
+
+def shift(running: Cluster, back: timedelta) -> None:
+    running.rows(
+        f'UPDATE "{running.schema}".leases_replicas SET config_at = config_at - %s RETURNING 1',
+        back,
+    )
+
+
+def test_check_exits_1_while_a_job_is_failing(pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(
+            config(schema, f"  steady: {QUIET}\n  broken: {{once: true, command: [/bin/false]}}\n")
+        )
+        running.start(path)
+        wait_until(
+            lambda: running.rows("SELECT 1 FROM {leases} WHERE code = 'broken' "
+                                 "AND status = 'FAIL'"),
+            timeout=30, what="broken failed",
+        )  # fmt: skip
+        assert (1, ["problem: broken: 1 failed run(s) in a row"]) == check(running, path)
+
+
+def test_check_exits_1_when_a_job_is_stale(pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        path = running.write_config(
+            config(
+                schema,
+                f"  steady: {QUIET}\n"
+                '  quiet: {cron: "0 0 1 1 *", command: [/bin/true], alert_after: 1s}\n',
+            )
+        )
+        running.start(path)
+        # Never succeeded: stale once alert_after has passed since the replica started.
+        wait_until(lambda: check(running, path)[0] == 1, timeout=10, what="quiet stale")
+        code, lines = check(running, path)
+    assert 1 == code
+    [line] = lines
+    assert re.fullmatch(r"problem: quiet: no success for \d+s \(alert_after 1s\)", line), line
+
+
+def test_check_exits_2_when_it_cannot_tell(pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    """No database, or a config with errors: no verdict, an error line on stderr."""
+    anywhere = Cluster(pg_dsn, schema, tmp_path)
+    path = tmp_path / "pgcrond.yaml"
+    path.write_text(f"jobs:\n  steady: {QUIET}\n")
+    nowhere = "postgresql://nobody@127.0.0.1:1/none"
+    code, out, err = cli(anywhere, "status", "-c", str(path), "--check", "--database-url", nowhere)
+    assert (2, "") == (code, out)
+    assert err.startswith("pgcrond: error: cannot reach the database")
+    path.write_text('jobs:\n  steady: {cron: "61 * * * *", command: [/bin/true]}\n')
+    code, out, err = cli(anywhere, "status", "-c", str(path), "--check")
+    assert (2, "") == (code, out)
+    assert f"{path}:2" in err and "steady" in err, err
