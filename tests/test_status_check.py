@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pgcrond import __version__
+from pgcrond.report import iso
 from tests.daemon_harness import Cluster, cluster, wait_until
 from tests.test_config_changes import cli
 from tests.test_daemon import config
@@ -72,7 +73,9 @@ def test_status_json_carries_jobs_replicas_drift_pauses_and_problems_as_the_text
         assert 0 == code
         replica_rows = {
             row["name"]: row
-            for row in running.rows(f'SELECT name, config_at FROM "{schema}".leases_replicas')
+            for row in running.rows(
+                f'SELECT name, config_at, started_at FROM "{schema}".leases_replicas'
+            )
         }
 
     generated = datetime.fromisoformat(document.pop("generated_at"))
@@ -86,9 +89,9 @@ def test_status_json_carries_jobs_replicas_drift_pauses_and_problems_as_the_text
     assert [next_year, next_year, None, None] == [e["next_fire"] for e in entries.values()]
     broken = entries["broken"]
     assert {"run_key": at(tick), "status": "FAIL", "reason": "error", "attempt": 1,
-            "retry_at": None} == {
+            "retry_at": None, "error": "exit status 1"} == {
         key: broken["last_run"][key] for key in ("run_key", "status", "reason", "attempt",
-                                                 "retry_at")
+                                                 "retry_at", "error")
     }  # fmt: skip
     # A replica's name in the registry and in a lease's owner: host:pid-token.
     names = [next(r["name"] for r in document["replicas"] if f":{p.pid}-" in r["name"])
@@ -120,7 +123,12 @@ def test_status_json_carries_jobs_replicas_drift_pauses_and_problems_as_the_text
     old_hash, new_hash = (replicas[name]["config_hash"] for name in names)
     assert old_hash != new_hash
     for name, replica in replicas.items():
-        assert replica["config_since"] == _iso(replica_rows[name]["config_at"])
+        row = replica_rows[name]
+        assert [iso(row["config_at"]), iso(row["started_at"])] == [
+            replica["config_since"], replica["started_at"]
+        ]  # fmt: skip
+        seen = datetime.fromisoformat(replica["last_seen"])
+        assert datetime.fromisoformat(replica["started_at"]) <= seen <= generated
 
     # Drift: since the second config went live, who runs which, the job that differs.
     drift = document["drift"]
@@ -148,11 +156,8 @@ def test_status_json_carries_jobs_replicas_drift_pauses_and_problems_as_the_text
     for name, replica in replicas.items():
         assert re.search(rf"{name}\s+{re.escape(__version__)}\s+{replica['config_hash'][:8]}",
                          replicas_text), replicas_text  # fmt: skip
-    assert "DRIFT since" in replicas_text and "  job extra: " in replicas_text
-
-
-def _iso(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    assert f"DRIFT since {drift['since'][:19]}Z" in replicas_text
+    assert f"  job extra: absent on {names[0]}; {extra_hash} on {names[1]}" in replicas_text
 
 
 def test_check_exits_0_for_a_healthy_cluster(pg_dsn: str, schema: str, tmp_path: Path) -> None:
