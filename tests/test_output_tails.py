@@ -82,6 +82,18 @@ def test_a_secret_straddling_the_cut_to_the_tail_is_still_redacted() -> None:
     assert b"x***y" in kept.tail
 
 
+def test_a_secret_cut_at_the_end_of_the_kept_head_leaves_no_head_after_masking_shrank_it() -> None:
+    """The head buffer is cut from the stream (2 KiB and slack); masking the secrets
+    before shortens the text, so that cut falls inside the first 2 KiB kept."""
+    long_secret, cut_secret = "first-secret-" + "a" * 87, "second-secret-value-0123456789"
+    capture = Capture([long_secret, cut_secret])
+    text = long_secret * 20 + "x" * 1060 + cut_secret + "y" * 100_000
+    capture.feed("stdout", text.encode())
+    head = capture.tail().stdout.head
+    assert b"second-sec" not in head
+    assert head.endswith(b"x***")
+
+
 def test_invalid_utf8_nuls_and_terminal_escapes_are_shown_as_visible_escapes() -> None:
     written = b"ok\ttab\r\nred: \x1b[31mRED\x1b[0m nul:\x00 bad:\xff\xfe csi:\xc2\x9b bell:\x07\n"
     text = shown(written)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from pgcrond.core.actions import OutputStream
 from pgcrond.core.output import OutputTail, StreamTail
-from pgcrond.core.redaction import redact, scrub
+from pgcrond.core.redaction import cut, redact, scrub
 
 Stream = OutputStream
 STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
@@ -72,16 +72,22 @@ class _Kept:
         if extra > 0:
             del self.tail[:extra]
 
-    def kept(self, clean: Callable[[bytes], bytes]) -> StreamTail:
+    def kept(self, clean: Callable[[bytes], bytes], secrets: list[str]) -> StreamTail:
         dropped = max(0, self.total - HEAD_BYTES - TAIL_BYTES)
+        # Redacted, then cut (what a cut leaves of a secret is masked too: the
+        # buffers themselves are cut from the stream, with the slack).
         if self.total <= len(self.head) + len(self.tail):
             # Head and tail touch: redact them as one text, then cut.
             whole = clean(bytes(self.head + self.tail))
             if not dropped:
                 return StreamTail(whole)
-            return StreamTail(whole[:HEAD_BYTES], whole[-TAIL_BYTES:], dropped)
+            head, tail = whole, whole
+        else:
+            head, tail = clean(bytes(self.head)), clean(bytes(self.tail))
         return StreamTail(
-            clean(bytes(self.head))[:HEAD_BYTES], clean(bytes(self.tail))[-TAIL_BYTES:], dropped
+            cut(head, HEAD_BYTES, also=secrets),
+            cut(tail, TAIL_BYTES, keep="tail", also=secrets),
+            dropped,
         )
 
 
@@ -127,7 +133,8 @@ class Capture:
                 return _SILENT
             secrets = list(self._secrets)
             stdout, stderr = (self._streams[name] for name in STREAMS)
-            return OutputTail(stdout.kept(_cleaner(secrets)), stderr.kept(_cleaner(secrets)))
+            clean = _cleaner(secrets)
+            return OutputTail(stdout.kept(clean, secrets), stderr.kept(clean, secrets))
 
 
 def _cleaner(secrets: list[str]) -> Callable[[bytes], bytes]:
