@@ -19,11 +19,12 @@ import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from pgcrond.catchup import plan_job
 from pgcrond.config.loader import load_config
-from pgcrond.core.schedule import CronSchedule
+from pgcrond.core.schedule import CronSchedule, Occasion
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import Metrics
 
@@ -71,8 +72,15 @@ class Counting:
         self.calls += 1
         return self.schedule.next_after(t)
 
+    def occasion_after(self, t: datetime) -> Occasion | None:
+        self.calls += 1
+        return self.schedule.occasion_after(t)
+
     def describe(self) -> str:
         return self.schedule.describe()
+
+    def definition(self) -> dict[str, Any]:
+        return self.schedule.definition()
 
 
 def plan_cost(gap: timedelta) -> tuple[int, float]:

@@ -1,6 +1,6 @@
 """A reload at scale: how long one replica's loop is held when N jobs are reloaded.
 
-    .venv/bin/python -m bench.reload [--jobs 1000,10000]
+    .venv/bin/python -m bench.reload [--jobs 1000,10000] [--write-docs]
 
 For each N: one ``pgcrond run`` replica on N per-minute jobs (bench.scale's
 config), then two SIGHUPs: the same file again (nothing changed), and a file
@@ -21,11 +21,13 @@ import sys
 import time
 from pathlib import Path
 
+from bench.docs import header, load_note, write_docs
 from bench.scale import ASYNC_NOOP, counts, write_config
 from bench.side_by_side import (
     BIN,
     base_env,
     emit,
+    markdown_table,
     progress,
     spawn,
     sql,
@@ -90,14 +92,20 @@ def one(server: LocalServer, workdir: Path, jobs: int) -> list[dict[str, str]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=counts, default=[1000, 10000])
+    parser.add_argument("--write-docs", action="store_true", help="rewrite docs/performance.md")
     args = parser.parse_args()
+    load = load_note()
     rows = []
     with throwaway() as server:
         workdir = Path(server.data_dir).parent / "bench-reload"
         workdir.mkdir(parents=True, exist_ok=True)
         for jobs in args.jobs:
             rows += one(server, workdir, jobs)
-    emit(rows, COLUMNS)
+        emit(rows, COLUMNS)
+        if args.write_docs:
+            command = " ".join([".venv/bin/python -m bench.reload", *sys.argv[1:]])
+            body = header(server.dsn, command, load)
+            write_docs("reload", body + "\n" + markdown_table(rows, COLUMNS, COLUMNS))
     return 0
 
 

@@ -41,14 +41,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.docs import header, load_note, write_docs
 from bench.side_by_side import (
     BIN,
     Replica,
     base_env,
     cpu_seconds,
     emit,
-    header,
-    load_note,
     markdown_table,
     percentile,
     profiler,
@@ -58,7 +57,6 @@ from bench.side_by_side import (
     stop,
     wait_ready,
     with_db,
-    write_docs,
 )
 from bench.statements import READER, as_reader, count_statements, enable, made, split, statements
 from pgcrond.core.schedule import run_key_for
@@ -385,8 +383,9 @@ def main() -> int:
         emit(rows, columns)
         if args.write_docs:
             command = "bench.scale " + " ".join(sys.argv[1:])
-            body = header(server, f".venv/bin/python -m {command}", load)
-            write_docs("scale-tick", body + "\n" + markdown_table(rows, columns, columns))
+            body = header(server.dsn, f".venv/bin/python -m {command}", load)
+            section = "scale-commands" if args.commands else "scale-tick"
+            write_docs(section, body + "\n" + markdown_table(rows, columns, columns))
     return 0
 
 

@@ -52,8 +52,9 @@ comes a few seconds after the replicas are ready): statements per tick,
 lateness, RSS, and start-to-ready (spawn to the ``daemon_ready`` log event).
 
 Progress goes to stderr; the table to stdout: aligned text on a terminal, one
-JSON line per row otherwise. ``--write-docs`` rewrites the figures section of
-docs/performance.md (machine, versions, date, command, load, table).
+JSON line per row otherwise. ``--write-docs`` rewrites this scenario's table
+of docs/performance.md (``bench.docs``: the run's date, commit, machine, load
+and command above the table).
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ import functools
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -80,12 +80,11 @@ from typing import Any
 import psycopg
 
 from bench import ledger_job, statements
+from bench.docs import header, load_note, write_docs
 from pgcrond.testing import LocalServer, throwaway
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-DOCS = ROOT / "docs" / "performance.md"
-BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 NEVER = "0 0 1 1 *"  # Jan 1st, midnight: holds the jobs without firing in the window
 TAIL_S = 3.0  # after the window's last tick, for its runs to finish
@@ -876,73 +875,6 @@ def scale(
 # -- the docs -----------------------------------------------------------------
 
 
-def machine() -> dict[str, str]:
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.machine(),
-    )
-    mem_kib = next(
-        int(line.split()[1])
-        for line in Path("/proc/meminfo").read_text().splitlines()
-        if line.startswith("MemTotal:")
-    )
-    return {"nproc": str(os.cpu_count()), "cpu": model, "memory": f"{mem_kib / 1024**2:.1f} GiB"}
-
-
-def versions(server: LocalServer) -> dict[str, str]:
-    import importlib.metadata
-
-    import pgcrond
-
-    (pg,) = sql(server.dsn, "SHOW server_version")[0]
-    try:
-        peer = importlib.metadata.version("procrastinate")
-    except importlib.metadata.PackageNotFoundError:
-        peer = "-"
-    return {
-        "python": platform.python_version(),
-        "postgresql": str(pg),
-        "pgcrond": pgcrond.__version__,
-        "procrastinate": peer,
-    }
-
-
-def write_docs(section: str, body: str) -> None:
-    """Replace the ``section`` block between the figure markers of docs/performance.md."""
-    begin, end = f"{BEGIN[:-4]} {section} -->", f"{END[:-4]} {section} -->"
-    text = DOCS.read_text() if DOCS.exists() else ""
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        text = f"{head}{begin}\n{body}\n{end}{tail}"
-    else:
-        text += f"\n{begin}\n{body}\n{end}\n"
-    DOCS.write_text(text)
-    progress(f"wrote {DOCS.relative_to(ROOT)} ({section})")
-
-
-def header(server: LocalServer, command: str, load: str) -> str:
-    m, v = machine(), versions(server)
-    return (
-        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {m['nproc']} cores ({m['cpu']}), "
-        f"{m['memory']} memory; Python {v['python']}, PostgreSQL {v['postgresql']}, "
-        f"pgcrond {v['pgcrond']}, procrastinate {v['procrastinate']}. Load before the run "
-        f"(1-minute average): {load}.\n\n```sh\n{command}\n```\n"
-    )
-
-
-def load_note() -> str:
-    one = os.getloadavg()[0]
-    note = f"{one:.2f}"
-    if one > 1.5:
-        note += " (above 1.5: absolute figures are noisy; compare the ratios)"
-    return note
-
-
 # -- main ---------------------------------------------------------------------
 
 
@@ -979,6 +911,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.profile is not None and not (BIN / "py-spy").exists():
         parser.error("--profile records with py-spy: .venv/bin/pip install py-spy, then run again")
+    if args.scale and args.write_docs:
+        parser.error("--scale prints its table; docs/performance.md's scale table is bench.scale's")
     lease = args.lease or ("10s" if args.fault else None)
     scenario = Scenario(
         args.replicas,
@@ -1025,11 +959,6 @@ def measure(
         rows = scale(server, workdir, args.scale_jobs, args.scale_replicas)
         columns = list(rows[0])
         emit(rows, columns)
-        if args.write_docs:
-            write_docs(
-                "scale",
-                header(server, command, load) + "\n" + markdown_table(rows, columns, columns),
-            )
         return 0
     results: dict[str, Result] = {}
     for kind in (Pgcrond, Procrastinate):
@@ -1044,7 +973,7 @@ def measure(
         headers = ["", "pgcrond", "procrastinate", "procrastinate ÷ pgcrond"]
         write_docs(
             section,
-            header(server, command, load) + "\n" + markdown_table(rows, columns, headers),
+            header(server.dsn, command, load) + "\n" + markdown_table(rows, columns, headers),
         )
     return 0
 

@@ -1,3 +1,5 @@
+"""``python -m pgcrond``: the ``pgcrond`` command."""
+
 import sys
 
 from pgcrond.cli import main

@@ -26,6 +26,7 @@ examples:
   pgcrond status -c config/                     what runs, what ran, what failed
   pgcrond history --job nightly --status FAIL   past failures of one job
   pgcrond logs nightly                          what its newest attempt printed
+  pgcrond trigger nightly                       run it now on the cluster, wait for it
   pgcrond init && pgcrond check pgcrond.yaml    start a config from a commented template
 
 output:
@@ -37,6 +38,8 @@ exit codes:
   (trigger, catch-up), 130 run stopped by a second SIGINT, 141 stdout closed
 
 environment:
+  PGCROND_CONFIG         the config when no -c is given (PATH[:PATH...]); without
+                         either, ./pgcrond.yaml when it exists
   PGCROND_DATABASE_URL   database URL; overrides database.url in the config
   PGCROND_REPLICA        run: this replica's name, like --replica
   NO_COLOR               set (not empty): no colour in log lines unless --color always
@@ -48,6 +51,7 @@ HANDLERS: dict[str, str] = {
     "check": "pgcrond.ops.inspect:check_command",
     "schema": "pgcrond.ops.inspect:schema_command",
     "next": "pgcrond.ops.inspect:next_command",
+    "calendars": "pgcrond.ops.inspect:calendars_command",
     "run": "pgcrond.daemon.command:run_command",
     "migrate": "pgcrond.ops.commands:migrate_command",
     "status": "pgcrond.ops.commands:status_command",
@@ -67,15 +71,22 @@ HANDLERS: dict[str, str] = {
 }
 
 
-def _add_config(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+# Commands that cannot work without the jobs; the others fall back to a
+# database URL when no config is named.
+NEEDS_CONFIG = frozenset(
+    {"check", "next", "calendars", "run", "status", "plan", "trigger", "catch-up"}
+)
+
+
+def _add_config(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-c",
         "--config",
         dest="config",
         action="append",
-        required=required,
         metavar="PATH",
-        help="a YAML file or a directory of *.yaml files (repeatable)",
+        help="a YAML file or a directory of *.yaml files (repeatable; default: "
+        "PGCROND_CONFIG, else ./pgcrond.yaml when it exists)",
     )
 
 
@@ -169,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         "${VAR} is a warning, so a config can be linted without its secrets; --strict makes it "
         "an error. Exit 0: valid; 2: not.",
     )
-    _add_config(check, required=False)
+    _add_config(check)
     _add_paths(check)
     _add_output(check)
     check.add_argument(
@@ -189,13 +200,32 @@ def build_parser() -> argparse.ArgumentParser:
         "generated from the field table the loader itself reads.",
     )
 
-    nxt = sub.add_parser("next", help="print the next fire times of each job")
-    _add_config(nxt, required=False)
+    nxt = sub.add_parser(
+        "next",
+        help="print the next fire times of each job",
+        description="Print the next N ticks of each job, as the daemon computes them: the run "
+        "key, the local time in the job's zone (daylight-saving shifts included) and, with "
+        "jitter, where the daemon fires it. Reads the config only: no database.",
+    )
+    _add_config(nxt)
     _add_paths(nxt)
     nxt.add_argument("--job", metavar="CODE", help="only this job")
     nxt.add_argument("-n", type=int, default=5, metavar="N", help="how many (default: 5)")
     nxt.add_argument("--from", dest="start", metavar="ISO", help="start after this instant")
     _add_output(nxt)
+
+    days_off = sub.add_parser(
+        "calendars",
+        help="print the days to come of each calendar",
+        description="Print the days to come of each calendar of the config (the days its "
+        "jobs' ticks are skipped on, recorded SKIPPED/calendar:<name>). Reads the config "
+        "only: no database.",
+    )
+    _add_config(days_off)
+    _add_paths(days_off)
+    days_off.add_argument("--from", dest="start", metavar="DATE", help="from this day (today)")
+    days_off.add_argument("--days", type=int, default=90, metavar="N", help="how many (90)")
+    _add_output(days_off)
 
     run = sub.add_parser(
         "run",
@@ -223,8 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_logging(run)
 
-    migrate = sub.add_parser("migrate", help="create or upgrade the lease table")
-    _add_config(migrate, required=False)
+    migrate = sub.add_parser(
+        "migrate",
+        help="create or upgrade the lease table",
+        description="Create the lease table and its companions (schema, requests, job "
+        "state, registry, attempts) or apply the migrations it lacks; safe while replicas "
+        "run, and what every replica does at start. Exit 0: up to date.",
+    )
+    _add_config(migrate)
     _add_database(migrate)
     _add_output(migrate)
 
@@ -232,24 +268,45 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         help="one row per job: next fire, last run, running now",
         description="One row per job, 7 columns that fit 100 characters: JOB, SCHEDULE, GUARD, "
-        "NEXT FIRE, LAST RUN, RUNNING, FAILS. -o wide adds where and how long, the last tick, "
-        "success and failure, misses in 24 h and the pause; -o json has all of it.",
+        "NEXT FIRE, LAST RUN, RUNNING, FAILS, then the live replicas and their drift. -o wide "
+        "adds where and how long, the last tick, success and failure, misses in 24 h and the "
+        "pause; -o json has all of it, with the pauses and the problems --check judges.",
     )
     _add_config(status)
     _add_database(status)
     _add_output(status, wide="times, owners, last tick, success, failure, misses, pause")
+    status.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when something needs a look, like `systemctl is-active`: no live "
+        "replica, drift for over 15 minutes, a job whose last run failed, a stale job "
+        "(alert_after); 0 when healthy, 2 when it could not tell (no database)",
+    )
 
     plan = sub.add_parser(
         "plan",
         help="what applying a config changes against what the live replicas run "
         "(exit 0: nothing, 2: changes, 1: error)",
+        description="Compare a config with what the cluster runs: the live replicas' "
+        "configs from the registry, else (every replica stopped) the config the replica seen "
+        "last ran, else the job codes with history. Each job added, removed, renamed or "
+        "changed, with what follows from it (next fires before and after a schedule "
+        "change, open ticks under a guard change). Exit 0: nothing to do; 2: changes; "
+        "1: error.",
     )
     _add_config(plan)
     _add_database(plan)
     _add_output(plan)
 
-    history = sub.add_parser("history", help="past runs, newest first")
-    _add_config(history, required=False)
+    history = sub.add_parser(
+        "history",
+        help="past runs, newest first",
+        description="Past runs from the lease table, newest first: one row per tick (or "
+        "manual run) with its status, attempt, owner, start and duration, and under a tick "
+        "that needed more than one attempt or did not succeed a row per attempt with the "
+        "last line it printed (`pgcrond logs` has all it kept).",
+    )
+    _add_config(history)
     _add_database(history)
     history.add_argument("--job", metavar="CODE", help="only this job")
     history.add_argument("--since", metavar="ISO|DURATION", help="e.g. 2026-11-30T00:00Z or 24h")
@@ -274,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         "said), redacted, with control characters and invalid UTF-8 escaped. A failed "
         "attempt shows stderr first. Default: the job's newest attempt.",
     )
-    _add_config(logs, required=False)
+    _add_config(logs)
     _add_database(logs)
     logs.add_argument("job", metavar="CODE", help="the job")
     logs.add_argument(
@@ -295,10 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     trigger = sub.add_parser(
         "trigger",
-        help="run a job now, once across the cluster",
-        description="Run a job now, here, through its guard. Exit 0: ran and succeeded; "
-        "1: ran and failed; 3: not run here (the run key runs or ran elsewhere). "
-        "With --detach: ask the running daemons to run it, and exit 0 at once.",
+        help="run a job now, once across the cluster, and wait for its outcome",
+        description="Run a job now on the cluster: record a request that one daemon replica "
+        "takes and runs through the job's guard (where the jobs run, as the schedule would), "
+        "follow it (taken, run_started, outcome; the kept output tail when it fails) and exit "
+        "with its result. Exit 0: it ran and succeeded; 1: it ran and failed; 3: it did not "
+        "run (the run key runs or ran elsewhere, or no live replica runs the job). "
+        "--no-wait: exit 0 once requested. --here: run it in this process instead.",
     )
     _add_config(trigger)
     _add_database(trigger)
@@ -308,17 +368,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="default: manual:<current UTC minute>, so shells triggering at once run it once",
     )
-    trigger.add_argument(
+    where = trigger.add_mutually_exclusive_group()
+    where.add_argument(
+        "--no-wait",
         "--detach",
+        dest="no_wait",
         action="store_true",
-        help="do not run it here: record a request that one daemon replica runs, print the "
-        "run key and exit 0 (see the outcome with `pgcrond history --job CODE`)",
+        help="record the request, print the run key and exit 0 at once (see the outcome "
+        "with `pgcrond history --job CODE`)",
+    )
+    where.add_argument(
+        "--here",
+        action="store_true",
+        help="run it in THIS process, on this machine, as this user, through the guard, "
+        "its output and log lines in this terminal (not on a replica)",
     )
     _add_output(trigger)
     _add_logging(trigger)
 
-    unlock = sub.add_parser("unlock", help="release a stuck run, or allow a run-once job again")
-    _add_config(unlock, required=False)
+    unlock = sub.add_parser(
+        "unlock",
+        help="release a stuck run, or allow a run-once job again",
+        description="Release one lease row by hand: a RUNNING tick whose replica is gone "
+        "(so that a replica may claim it again), or a run-once job's INITIAL row (so that "
+        "it runs once more at the next start). Shows the row and asks first; a finished "
+        "tick is history and is not released (run the job again with `pgcrond trigger`).",
+    )
+    _add_config(unlock)
     _add_database(unlock)
     unlock.add_argument("code", metavar="CODE")
     which = unlock.add_mutually_exclusive_group(required=True)
@@ -329,8 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_output(unlock)
 
-    prune = sub.add_parser("prune", help="delete finished runs older than history_retention")
-    _add_config(prune, required=False)
+    prune = sub.add_parser(
+        "prune",
+        help="delete finished runs older than history_retention",
+        description="Delete finished ticks and done requests older than history_retention "
+        "(or a job's own), in small batches; running ticks and run-once (INITIAL) rows are "
+        "kept. Replicas prune on their own as well.",
+    )
+    _add_config(prune)
     _add_database(prune)
     prune.add_argument("--older-than", metavar="DURATION", help="default: history_retention")
     _add_output(prune)
@@ -345,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
             if name == "pause"
             else "Resume paused jobs: the next tick of each runs again.",
         )
-        _add_config(state, required=False)
+        _add_config(state)
         _add_database(state)
         state.add_argument("codes", nargs="*", metavar="CODE")
         state.add_argument("--all", action="store_true", help=f"{verb} every job")
@@ -355,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--by",
             metavar="NAME",
             help=f"who {verb}s, recorded beside this host:pid (default: the operator, "
-            "from SUDO_USER, USER or LOGNAME)",
+            "from SUDO_USER, USER or LOGNAME, else this process's user, as `id -un`)",
         )
         _add_output(state)
 
@@ -392,14 +474,23 @@ def build_parser() -> argparse.ArgumentParser:
         "parser. Install: see docs/operations.md (e.g. `pgcrond completion bash > "
         "~/.local/share/bash-completion/completions/pgcrond`).",
     )
-    completion.add_argument("shell", choices=["bash", "zsh", "fish"])
+    completion.add_argument("shell", nargs="?", choices=["bash", "zsh", "fish"])
+    # What the scripts call to complete job codes: the command line, after --.
+    completion.add_argument("--job-codes", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
-    sub.add_parser(
+    manpage = sub.add_parser(
         "manpage",
-        help="print the manual page (roff)",
-        description="Print pgcrond(1), the manual page shipped in the package. Read it with "
-        "`pgcrond manpage | man -l -`, install it with "
-        "`pgcrond manpage > ~/.local/share/man/man1/pgcrond.1`.",
+        help="print or install the manual page (roff)",
+        description="Print pgcrond(1), the manual page shipped in the package (read it with "
+        "`pgcrond manpage | man -l -`), or install it where `man pgcrond` finds it.",
+    )
+    manpage.add_argument(
+        "--install",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="write DIR/man1/pgcrond.1 (default DIR: ~/.local/share/man, as root "
+        "/usr/local/share/man)",
     )
 
     hash_password = sub.add_parser(
@@ -418,11 +509,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if hasattr(args, "paths"):
+    if hasattr(args, "config"):
+        from pgcrond.config.sources import CONFIG_ENV, CONFIG_HERE, config_paths
+
         # `pgcrond check FILE` reads as naturally as `pgcrond check -c FILE`.
-        args.config = [*(args.config or []), *args.paths]
-        if not args.config:
-            parser.error(f"{args.command}: give the config: -c PATH (or just PATH)")
+        args.config = config_paths([*(args.config or []), *getattr(args, "paths", [])])
+        if not args.config and args.command in NEEDS_CONFIG:
+            parser.error(
+                f"{args.command}: give the config: -c PATH, {CONFIG_ENV}=PATH, or a ./{CONFIG_HERE}"
+            )
     module_name, function_name = HANDLERS[args.command].split(":")
     handler = getattr(importlib.import_module(module_name), function_name)
     try:

@@ -105,6 +105,9 @@ class Firing:
     # The attempts running here: (identity, attempt) -> how to stop it.
     running: dict[tuple[Identity, int], Cancellation] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    # The config in force: a job by its code, None once a reload removed it.
+    # A won claim runs the job as defined when its tick comes (None here: as fired).
+    jobs: Callable[[str], JobConfig | None] | None = None
     # Followers asleep until a grid slot: each a future of its own (no task).
     _slots: dict[float, list[asyncio.Future[None]]] = field(default_factory=dict, repr=False)
     # The one place that knows which identities this replica fires now: a
@@ -117,12 +120,22 @@ class Firing:
     # count lets a fire see a resume that came while its claim was on its way.
     _resume: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _resumes: int = 0
+    _halted: bool = False
 
     def stop(self) -> None:
         """Shutdown: no new claims, and every follower asleep on the grid wakes and gives up."""
         self.stopping.set()
         for slot in list(self._slots):
             self._ring(slot)
+
+    def halt(self) -> None:
+        """The shutdown's grace is over (or forced): no run starts any more.
+
+        A claim won and not yet started (one won ahead of its tick, waiting
+        for it) is released when its answer is acted on, never run.
+        """
+        self._halted = True
+        self.stop()
 
     def in_flight(self, identity: Identity) -> bool:
         """Whether this replica fires ``identity`` now."""
@@ -310,6 +323,12 @@ class Firing:
                 # follows has none): the first claim never got through.
                 return self._misfire(job, bound, identity, tick, "database_unavailable")
             if isinstance(answer, Held):
+                # Won, maybe ahead of the tick, and the tick has come: it runs
+                # as the config in force now says, and never once halted.
+                in_force = self._in_force(job)
+                if in_force is None or self._halted:
+                    return await self._release_unstarted(job, guard, answer, bound, outcome)
+                job = in_force
                 if answer.identity.type == "INITIAL" or tick_of(answer.identity.run_key or ""):
                     self.events.paused(job, False)  # a tick ran: not paused
                 if on_start is not None and outcome is None:
@@ -391,6 +410,31 @@ class Firing:
                 return outcome
             await self._sleep_on_grid(wait)
         return outcome or "lose"
+
+    def _in_force(self, job: JobConfig) -> JobConfig | None:
+        """``job`` as the config in force defines it now; None once a reload removed it."""
+        return job if self.jobs is None else self.jobs(job.code)
+
+    async def _release_unstarted(
+        self,
+        job: JobConfig,
+        guard: Guard,
+        held: Held,
+        bound: structlog.typing.FilteringBoundLogger,
+        outcome: FireOutcome | None,
+    ) -> FireOutcome:
+        """Give back a claim that must not start: the replica is halted, or its job is gone.
+
+        A claim won ahead of its tick waits for the tick; a forced stop or a
+        reload may come meanwhile. Released (not run, not left RUNNING until
+        its lease lapses), a live replica whose config still has the job takes it over.
+        """
+        why = "stopping" if self._halted else "job_removed"
+        bound.info("claim_released", reason=why, attempt=held.attempt)
+        await self._with_outage_retry(
+            job, "finalize", lambda: guard.record(held, Verdict("released", why)), None
+        )
+        return outcome or ("lose" if why == "stopping" else "skip")
 
     async def _claim_alone(
         self,

@@ -14,7 +14,7 @@ from typing import Any
 from pgcrond.config.models import JobConfig
 from pgcrond.core.durations import format_duration
 from pgcrond.core.output import safe
-from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule
+from pgcrond.core.schedule import AtSchedule, OnceSchedule, written
 from pgcrond.storage import attempts
 from pgcrond.storage.registry import Drift, LiveReplica
 
@@ -88,12 +88,9 @@ def to_json(value: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> str:
 def schedule_text(job: JobConfig) -> str:
     """The schedule as written, for narrow tables: ``0 3 * * *``, with its zone if not UTC."""
     schedule = job.schedule
-    if isinstance(schedule, CronSchedule):
-        zone = schedule.zone.key
-        return schedule.expression + ("" if zone == "UTC" else f" ({zone})")
     if isinstance(schedule, AtSchedule):
         return f"at {when(schedule.at)}"
-    return "once"
+    return written(schedule)
 
 
 def _json_default(value: object) -> object:

@@ -7,6 +7,7 @@ expected tick: SUCCESS, SKIPPED (with why) or MISSED (with why).
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -157,6 +158,9 @@ def test_pause_across_three_replicas_skips_ticks_as_paused_and_resume_runs_again
     assert {("paused",)} == {(row["reason"],) for row in skipped}
     assert all(row["error"].endswith(": deploying") for row in skipped)
     assert all("paused by " in row["error"] for row in skipped)
+    # When, as ISO-8601 UTC to the second (not PostgreSQL's text of a timestamptz).
+    when = re.compile(r" at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ: ")
+    assert all(when.search(row["error"]) for row in skipped), skipped[0]["error"]
     # Nothing ran while paused: every skipped tick is absent from the ledger,
     # and every tick strictly inside the pause was skipped.
     ran = {row["run_key"] for row in ledger}
@@ -169,7 +173,7 @@ def test_pause_across_three_replicas_skips_ticks_as_paused_and_resume_runs_again
     assert inside and all(row["status"] == "SKIPPED" for row in inside)
     # Skips came from more than one replica: each honours the pause on its own claim.
     assert len({row["owner"] for row in skipped}) >= 1
-    [entry] = json.loads(status.stdout)
+    [entry] = json.loads(status.stdout)["jobs"]
     assert "database" == entry["paused"]["source"] and "deploying" == entry["paused"]["reason"]
 
 

@@ -141,7 +141,7 @@ def logs(path: Path, pg_dsn: str, code: str, *args: str) -> dict[str, Any]:
 
 
 def trigger(path: Path, pg_dsn: str, code: str) -> int:
-    return pgcrond(path, pg_dsn, "trigger", code, "--run-key", "by-test").returncode
+    return pgcrond(path, pg_dsn, "trigger", "--here", code, "--run-key", "by-test").returncode
 
 
 def test_a_retried_tick_keeps_both_attempts_records(setup: Path, pg_dsn: str) -> None:
@@ -214,7 +214,7 @@ def test_the_jobs_md_example_leaves_the_record_the_page_shows(
         + docs_example("leaves-behind")
     )
     assert 0 == pgcrond(path, pg_dsn, "migrate").returncode
-    ran = pgcrond(path, pg_dsn, "trigger", "export", "--run-key", "2026-12-02T02:30:00Z")
+    ran = pgcrond(path, pg_dsn, "trigger", "--here", "export", "--run-key", "2026-12-02T02:30:00Z")
     assert 1 == ran.returncode, ran.stderr
     shown = pgcrond(path, pg_dsn, "logs", "export")
     assert 0 == shown.returncode, shown.stderr
@@ -251,7 +251,7 @@ def test_logs_follow_says_it_cannot_stream_waits_for_the_attempt_and_prints_its_
     env["PGCROND_DATABASE_URL"] = pg_dsn
     command = [str(PGCROND), "-c", str(path)]
     with subprocess.Popen(
-        [*command[:1], "trigger", "held", "--run-key", "by-test", *command[1:]],
+        [*command[:1], "trigger", "--here", "held", "--run-key", "by-test", *command[1:]],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -1,4 +1,4 @@
-"""Issue 23 item 4: each job in its own box, with real processes (as root on this machine).
+"""Each job in its own box, with real processes (as root on this machine).
 
 A job's ``user:`` is the user its processes run as; ``limits:`` are enforced by
 a cgroup per attempt where one can be made (here: the v1 hierarchies) and by
@@ -33,6 +33,7 @@ from pgcrond.core.cancel import Cancellation
 from pgcrond.core.outcome import RunResult
 from pgcrond.run import box
 from pgcrond.run.runner import execute
+from tests.as_nobody import nobody_python
 from tests.jobs_fixture import logged_run, make_request
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("subprocesses")]
@@ -97,10 +98,11 @@ def processes_with(marker: str) -> list[int]:
 
 def check_as_nobody(config: str, *flags: str) -> subprocess.CompletedProcess[str]:
     """`pgcrond check` run as nobody, the config on its standard input."""
-    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+    python, environ = nobody_python()
     return subprocess.run(
-        [*as_nobody, sys.executable, "-m", "pgcrond", "check", *flags, "-"],
+        [*python, "-m", "pgcrond", "check", *flags, "-"],
         input=config,
+        env=environ,
         check=False,
         capture_output=True,
         text=True,

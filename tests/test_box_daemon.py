@@ -1,4 +1,4 @@
-"""Issue 23 item 4, through a real replica: what the box records and says.
+"""Each job in its own box, through a real replica: what the box records and says.
 
 The daemon says once at start how it boxes jobs (``job_boxes``); a job
 killed over its memory limit is recorded FAIL with that reason; a job with

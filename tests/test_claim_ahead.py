@@ -19,20 +19,28 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+import structlog
 
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import CronSchedule, run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.daemon.scheduling import LEAD_PER_JOB, ScheduleTrigger, Scheduling, lead_for
-from pgcrond.guard.base import ClaimRequest, Held, Refused
+from pgcrond.daemon.scheduling import (
+    CLAIM_AHEAD,
+    LEAD_PER_JOB,
+    ScheduleTrigger,
+    Scheduling,
+    lead_for,
+)
+from pgcrond.fire import FireOutcome, Firing
+from pgcrond.guard.base import ClaimRequest, Held
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.jobstate import pause
-from pgcrond.storage.leases import CLAIM_AHEAD, CLAIM_AHEAD_MAX, LeaseStore, claim_ahead_for
+from pgcrond.storage.leases import CLAIM_AHEAD_MAX, LeaseStore
 from pgcrond.storage.migrate import migrate
 from tests.daemon_harness import cluster, wait_until
 from tests.test_clock_skew import database_now
@@ -178,27 +186,121 @@ async def test_a_slow_answer_does_not_hold_its_run_past_the_tick_by_its_lag(
     assert fire_time <= started < fire_time + LAG / 2, started - fire_time
 
 
-async def test_a_lease_that_lapses_while_its_tick_is_awaited_is_given_back_not_run(
+async def test_a_claim_won_ahead_counts_its_lease_from_the_fire_time(
     ahead: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
-    """Judged at the fire time: a lease shorter than the wait is not run on."""
+    fire_time, identity = a_tick_ahead("counted", pg_dsn)
+    lease = await ahead.claim(identity, TWO_S, fire_time=fire_time)
+    assert isinstance(lease, Acquired)
+    assert fire_time + TWO_S.lease == lease.expires_at
+    assert lease.remaining is not None and lease.remaining > TWO_S.lease
+
+
+async def test_a_short_lease_claimed_ahead_is_run_with_its_whole_lease_from_the_tick(
+    ahead: LeaseStore, pg_dsn: str
+) -> None:
+    """A 500 ms lease claimed 2 s ahead: held until the tick, then live for its lease."""
     fire_time, identity = a_tick_ahead("short", pg_dsn)
     short = LeaseTiming.build(timedelta(milliseconds=500), timedelta(0))
-    answer = await LeaseGuard(ahead).claim(ClaimRequest(identity, fire_time, short, deadline=None))
-    assert isinstance(answer, Refused) and "retry_pending" == answer.reason
-    [row] = rows(pg_dsn, schema, "short")
-    assert "FAIL" == row["status"]
+    guard = LeaseGuard(ahead)
+    answer = await guard.claim(ClaimRequest(identity, fire_time, short, deadline=None))
+    assert isinstance(answer, Held)
+    lease = guard._open[identity].lease
+    left = lease.stop_at - asyncio.get_running_loop().time()
+    # The whole lease less its stop budget, from the tick (less the floor's slack).
+    assert left >= (short.lease - short.stop_budget).total_seconds() - 0.1, left
 
 
-def test_only_a_lease_that_the_wait_would_not_eat_into_is_claimed_ahead() -> None:
-    assert CLAIM_AHEAD == claim_ahead_for(timedelta(minutes=1))
-    assert CLAIM_AHEAD == claim_ahead_for(10 * CLAIM_AHEAD)
-    assert timedelta(0) == claim_ahead_for(10 * CLAIM_AHEAD - timedelta(milliseconds=1))
-    # A big tick's lead, at most a tenth of the lease.
-    lead = timedelta(seconds=1.6)
-    assert lead == claim_ahead_for(timedelta(minutes=1), lead)
-    assert timedelta(seconds=0.5) == claim_ahead_for(timedelta(seconds=5), lead)
-    assert timedelta(0) == claim_ahead_for(timedelta(milliseconds=900), lead)
+def firing_ahead(ahead: LeaseStore, jobs: dict[str, JobConfig]) -> Firing:
+    return Firing(guards=lambda _: LeaseGuard(ahead), replica="test:ahead", jobs=jobs.get)
+
+
+def lease_job(tmp_path: Path, code: str, body: str) -> JobConfig:
+    path = tmp_path / f"{code}.yaml"
+    path.write_text(
+        f"database: {{url: 'postgresql://unused@127.0.0.1/x'}}\njobs:\n  {code}: {body}\n"
+    )
+    return load_config([path]).jobs[code]
+
+
+async def test_a_fast_clock_s_claim_ahead_never_cuts_a_healthy_run_short(
+    ahead: LeaseStore, pg_dsn: str, tmp_path: Path
+) -> None:
+    """A replica 1.8 s fast claims its tick 1.8 s early: its 5 s lease still runs a 2 s job.
+
+    Counted from the claim, the lease left the run 1.45 s after the tick (5 s
+    less the wait, less the stop budget): it was stopped lease_expired before
+    its first heartbeat, and run again as attempt 2.
+    """
+    fast = lease_job(tmp_path, "fast", "{cron: '* * * * *', lease: 5s, shell: 'sleep 2'}")
+    fire_time = database_now(pg_dsn) + timedelta(seconds=1.8)
+    identity = Identity.schedule("fast", run_key_for(fire_time))
+    firing = firing_ahead(ahead, {"fast": fast})
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing.fire(fast, fire_time, identity)
+    assert "success" == outcome
+    assert [] == [e for e in logs if e["event"] == "lease_expired"]
+    assert [1] == [e["attempt"] for e in logs if e["event"] == "run_started"]
+
+
+async def fired_ahead_until_claimed(
+    firing: Firing, job: JobConfig, pg_dsn: str, schema: str
+) -> asyncio.Future[FireOutcome]:
+    """``job``'s tick fired ``EARLY`` before it, once its claim is won (a RUNNING row)."""
+    fire_time, identity = a_tick_ahead(job.code, pg_dsn)
+    task = asyncio.ensure_future(firing.fire(job, fire_time, identity))
+    for _ in range(100):
+        if [row["status"] for row in rows(pg_dsn, schema, job.code)] == ["RUNNING"]:
+            return task
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{job.code}'s tick was not claimed ahead")
+
+
+def touching(tmp_path: Path, code: str, marker: Path) -> JobConfig:
+    return lease_job(tmp_path, code, f"{{cron: '* * * * *', lease: 30s, shell: 'touch {marker}'}}")
+
+
+async def test_a_claim_won_ahead_is_released_at_a_forced_stop_and_never_started(
+    ahead: LeaseStore, pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    job = touching(tmp_path, "stopped", marker)
+    firing = firing_ahead(ahead, {"stopped": job})
+    task = await fired_ahead_until_claimed(firing, job, pg_dsn, schema)
+    firing.halt()  # a second SIGINT, or shutdown_grace: 0s
+    assert "lose" == await asyncio.wait_for(task, 10)
+    await asyncio.sleep(0.2)  # a run started at the tick would have touched it by now
+    assert not marker.exists()
+    [row] = rows(pg_dsn, schema, "stopped")
+    assert ("FAIL", "released") == (row["status"], row["reason"])
+
+
+async def test_a_reload_that_removes_a_job_after_its_claim_ahead_releases_the_tick(
+    ahead: LeaseStore, pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    job = touching(tmp_path, "removed", marker)
+    config = {"removed": job}
+    firing = firing_ahead(ahead, config)
+    task = await fired_ahead_until_claimed(firing, job, pg_dsn, schema)
+    del config["removed"]  # the reload, before the tick
+    assert "skip" == await asyncio.wait_for(task, 10)
+    assert not marker.exists()
+    [row] = rows(pg_dsn, schema, "removed")
+    assert ("FAIL", "released") == (row["status"], row["reason"])
+
+
+async def test_a_reload_that_changes_a_job_after_its_claim_ahead_runs_the_new_definition(
+    ahead: LeaseStore, pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    old, new = tmp_path / "old", tmp_path / "new"
+    job = touching(tmp_path, "changed", old)
+    config = {"changed": job}
+    firing = firing_ahead(ahead, config)
+    task = await fired_ahead_until_claimed(firing, job, pg_dsn, schema)
+    config["changed"] = touching(tmp_path, "changed", new)  # the reload, before the tick
+    assert "success" == await asyncio.wait_for(task, 10)
+    assert (False, True) == (old.exists(), new.exists())
 
 
 def test_a_tick_s_lead_grows_with_its_jobs_to_claim_ahead_max_and_half_its_gap() -> None:

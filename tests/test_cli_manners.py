@@ -187,7 +187,7 @@ def test_log_lines_on_a_terminal_are_coloured_unless_no_color_or_color_never(
     env = environment(pg_dsn, **({} if no_color is None else {"NO_COLOR": no_color}))
     config = write(tmp_path, schema, JOBS)
 
-    code, written = on_a_terminal(env, "trigger", "-c", config, "hello", *flags)
+    code, written = on_a_terminal(env, "trigger", "--here", "-c", config, "hello", *flags)
 
     assert 0 == code, written
     assert "run_finished" in written
@@ -199,7 +199,7 @@ def test_color_always_colours_console_lines_off_a_terminal_too(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     config = write(tmp_path, schema, JOBS)
-    argv = ["trigger", "-c", config, "hello", "--log-format", "console"]
+    argv = ["trigger", "--here", "-c", config, "hello", "--log-format", "console"]
 
     always = cli(environment(pg_dsn), *argv, "--color", "always")
     auto = cli(environment(pg_dsn), *argv, "--run-key", "manual:again")
@@ -234,17 +234,41 @@ def test_every_printing_command_prints_one_json_document_with_o_json(
     migrated = one_document(cli(env, "migrate", "-c", config, "-o", "json"))
     assert (f"{schema}.leases", True) == (migrated["table"], len(migrated["applied"]) > 0)
 
-    ran = one_document(cli(env, "trigger", "-c", config, "hello", "-o", "json"))
+    ran = one_document(cli(env, "trigger", "--here", "-c", config, "hello", "-o", "json"))
     assert {"job": "hello", "outcome": "success", "ran_here": True} == {
         key: ran[key] for key in ("job", "outcome", "ran_here")
     }
     assert ran["run_key"].startswith("manual:")
     failed = one_document(
-        cli(env, "trigger", "-c", config, "broken", "--run-key", "manual:one", "-o", "json"), 1
+        cli(
+            env,
+            "trigger",
+            "--here",
+            "-c",
+            config,
+            "broken",
+            "--run-key",
+            "manual:one",
+            "-o",
+            "json",
+        ),
+        1,
     )
     assert ("fail", True) == (failed["outcome"], failed["ran_here"])
     again = one_document(
-        cli(env, "trigger", "-c", config, "hello", "--run-key", ran["run_key"], "-o", "json"), 3
+        cli(
+            env,
+            "trigger",
+            "--here",
+            "-c",
+            config,
+            "hello",
+            "--run-key",
+            ran["run_key"],
+            "-o",
+            "json",
+        ),
+        3,
     )
     assert ("lose", False) == (again["outcome"], again["ran_here"])
     detached = one_document(
@@ -267,9 +291,9 @@ def test_every_printing_command_prints_one_json_document_with_o_json(
     assert ["hello"] == [pause["job"] for pause in paused["paused"]]
     assert paused["paused"][0]["by"].startswith("ops (")
     status = one_document(cli(env, "status", "-c", config, "-o", "json"))
-    assert {"hello", "broken"} == {entry["job"] for entry in status}
+    assert {"hello", "broken"} == {entry["job"] for entry in status["jobs"]}
     alias = one_document(cli(env, "status", "-c", config, "--json"))
-    assert [sorted(entry) for entry in status] == [sorted(entry) for entry in alias]
+    assert [sorted(entry) for entry in status["jobs"]] == [sorted(e) for e in alias["jobs"]]
     resumed = one_document(cli(env, "resume", "-c", config, "hello", "-o", "json"))
     assert (["hello"], None) == (resumed["resumed"], resumed["still_paused_all"])
     assert resumed["by"].startswith("ops (")
@@ -307,7 +331,7 @@ def test_status_is_seven_columns_by_default_and_twelve_with_o_wide(
 ) -> None:
     env = environment(pg_dsn)
     config = write(tmp_path, schema, JOBS)
-    assert 0 == cli(env, "trigger", "-c", config, "hello").returncode
+    assert 0 == cli(env, "trigger", "--here", "-c", config, "hello").returncode
 
     narrow, wide = cli(env, "status", "-c", config), cli(env, "status", "-c", config, "-o", "wide")
 
@@ -460,7 +484,7 @@ def test_pause_records_by_and_otherwise_the_operator_beside_the_process(
     resumed = cli(env, "resume", "-c", config, "hello")
 
     assert 0 == by_sudo.returncode
-    paused = {entry["job"]: entry["paused"]["by"] for entry in status}
+    paused = {entry["job"]: entry["paused"]["by"] for entry in status["jobs"]}
     assert re.fullmatch(r"alice \(\S+:\d+\S*\)", paused["hello"]), paused
     assert re.fullmatch(r"carol \(\S+:\d+\S*\)", paused["broken"]), paused
     assert f"by {paused['broken']}: db" in wide

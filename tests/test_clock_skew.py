@@ -1,4 +1,4 @@
-"""Issue 20 item 5: the database's clock decides what is missed, never a replica's.
+"""The database's clock decides what is missed, never a replica's.
 
 A replica whose wall clock runs ahead of the database (or stepped forward)
 must not record a tick MISSED before its deadline by the database's clock:

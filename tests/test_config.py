@@ -297,7 +297,7 @@ def job_issue(tmp_path: Path, body: str, *, prelude: str = EMBEDDED) -> ConfigIs
             6,
             "unknown key 'descripton'; did you mean 'description'?",
         ),
-        ('cron: "* * * * *"\ncommand: ["true"]\nzzz: 1', "zzz", 6, "allowed: cron, once, at"),
+        ('cron: "* * * * *"\ncommand: ["true"]\nzzz: 1', "zzz", 6, "allowed: cron, every, phase"),
         ('cron: "* * * * 8"\ncommand: ["true"]', "cron", 4, "day-of-week: 8 is out of range 0-7"),
         ('cron: "0 0 30 2 *"\ncommand: ["true"]', "cron", 4, "never fires"),
         ('cron: 5\ncommand: ["true"]', "cron", 4, "must be text, got a number (5)"),

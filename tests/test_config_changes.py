@@ -164,7 +164,7 @@ def test_a_renamed_job_keeps_its_history_pause_and_run_once_state(
         history = json.loads(out)
         code, out, err = cli(running, "status", "-c", str(new_path), "--json")
         assert 0 == code, err
-        status = {entry["job"]: entry for entry in json.loads(out)}
+        status = {entry["job"]: entry for entry in json.loads(out)["jobs"]}
         seeds = running.rows("SELECT 1 FROM {ledger} WHERE phase = 'start' AND job LIKE '%%seed'")
         for replica in replicas:
             replica.signal(signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""Hole 9: every bad duration, zone or URL is a ConfigError, never a traceback out of `check`."""
+"""Every bad duration, zone or URL is a ConfigError, never a traceback out of `check`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Config that protects its user: the footguns of issue 14 are refused or explained."""
+"""Config that protects its user: its footguns are refused or explained."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A request given up on never affects the others of its batch (issue 20, item 1).
+"""A request given up on never affects the others of its batch.
 
 A batched statement answers every request it carried; one whose waiter was
 cancelled meanwhile (its bound ran out, or its fire was stopped) is skipped,

@@ -1,4 +1,4 @@
-"""Issue 20, item 15 (b): the embedded database admits no other local user.
+"""The embedded database admits no other local user.
 
 It used to listen on TCP 127.0.0.1 with ``trust``: any local user could
 connect as superuser. The daemon's embedded server (``database: {embedded:

@@ -1,4 +1,4 @@
-"""Issue 20, the fire's side: an unexpected error in one fire, and a pause (items 1, 6).
+"""The fire's side of the corners: an unexpected error in one fire, and a pause.
 
 Over the in-memory guard (``pgcrond/guard/memory.py``) with real runs: a guard
 double raises an error that is not a :class:`~pgcrond.errors.PgcrondError`
@@ -148,7 +148,7 @@ async def test_a_failing_on_failure_hook_does_not_crash_the_recorded_fire(tmp_pa
     assert any(e["event"] == "failure_hook_crashed" for e in logs), logs
 
 
-# -- item 6: a pause does not drop a started tick ---------------------------------------
+# -- a pause does not drop a started tick -----------------------------------------------
 
 
 async def test_a_follower_that_finds_the_job_paused_waits_for_resume_then_takes_over(

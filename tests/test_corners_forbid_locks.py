@@ -1,4 +1,4 @@
-"""concurrency: forbid claims take no slot of the shared lock table (issue 20, item 14).
+"""concurrency: forbid claims take no slot of the shared lock table.
 
 At PostgreSQL's defaults the table holds max_locks_per_transaction (64) x
 max_connections (100) = 6,400 locks for the whole server. One advisory lock

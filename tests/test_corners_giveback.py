@@ -1,4 +1,4 @@
-"""A claim given back as possibly late keeps its window and its attempt (issue 20, item 11).
+"""A claim given back as possibly late keeps its window and its attempt.
 
 The scenario, against a real PostgreSQL: the claim's answer is held up 1.6 s
 by a table lock (a slow answer), its re-check is held past its 250 ms bound by

@@ -1,4 +1,4 @@
-"""Issue 20, item 8: an ``http:`` header secret never leaks through an error's text.
+"""An ``http:`` header secret never leaks through an error's text.
 
 A ``${VAR}`` header value read from a Secret written with ``echo`` ends in a
 newline; it used to fail with ``LocalProtocolError: Illegal header value

@@ -1,4 +1,4 @@
-"""Issue 20, item 15 (c): the database's DSN reaches no job's environment.
+"""The database's DSN reaches no job's environment.
 
 Only ``PGCROND_*``, ``PGPASSWORD``, ``PGPASSFILE`` and ``DATABASE_URL`` used to
 be stripped: a config saying ``url: ${MY_DSN}`` handed ``MY_DSN`` (and any

@@ -1,10 +1,10 @@
-"""Issue 20 item 6 with real replicas: a pause delays a started tick, it never drops it.
+"""With real replicas, a pause delays a started tick, it never drops it.
 
 Real ``pgcrond run`` processes and the real ``pgcrond pause`` / ``resume``
 commands: a takeover due while paused happens after resume, so does a pending
 retry, and a run-once job refused ``paused`` at start runs on resume, all
 without a replica restarting. Also: the daemon's hourly prune removes old
-finished requests (item 12).
+finished requests.
 """
 
 from __future__ import annotations

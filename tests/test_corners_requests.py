@@ -1,4 +1,4 @@
-"""Issue 20: one fire per identity, and detached requests in the corners (items 3, 12, 13).
+"""One fire per identity, and detached requests in the corners.
 
 Real PostgreSQL, real guards, the daemon's own :class:`~pgcrond.daemon.requests.Requests`
 in this process (its bounds shortened), shell jobs that append to a file: the
@@ -134,7 +134,7 @@ def lease_row(pg_dsn: str, schema: str, run_key: str) -> dict[str, Any] | None:
     return None if row is None else dict(row)
 
 
-# -- item 3: one fire per identity on a replica ------------------------------------------
+# -- one fire per identity on a replica --------------------------------------------------
 
 
 async def test_two_fires_of_one_identity_on_one_replica_run_it_once_and_share_its_outcome(
@@ -175,7 +175,7 @@ async def test_two_fires_of_one_identity_on_one_replica_run_it_once_and_share_it
 async def test_a_request_retaken_by_its_own_replica_while_it_claims_runs_once_and_stops(
     store: LeaseStore, pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
-    """Item 3 as seen: a claim retried past the retake interval, and the request taken again."""
+    """A claim retried past the retake interval, and the request taken again, run once."""
     ran = tmp_path / "ran"
     config = configured(
         tmp_path,
@@ -225,7 +225,7 @@ async def test_a_request_retaken_by_its_own_replica_while_it_claims_runs_once_an
     assert (None, None) == (row["taken_by"], row["done_at"])
 
 
-# -- item 12: a dead taker, an unknown pooling mode, pruning ----------------------------
+# -- a dead taker, an unknown pooling mode, pruning -------------------------------------
 
 
 async def test_a_request_whose_taker_died_before_it_claimed_is_taken_again_unprompted(
@@ -344,7 +344,7 @@ async def test_prune_deletes_finished_requests_older_than_the_retention_only(
     assert [("manual:pending",), ("manual:recent",)] == left
 
 
-# -- item 13: an advisory request that ran, whose finish did not land -------------------
+# -- an advisory request that ran, whose finish did not land ----------------------------
 
 
 async def test_an_advisory_request_retaken_after_its_run_started_is_not_run_again(

@@ -1,4 +1,4 @@
-"""Issue 20, item 15 (a): any byte sequence under ``/status`` answers 4xx (or the page).
+"""Any byte sequence under ``/status`` answers 4xx (or the page).
 
 ``GET /status/page/²`` used to raise out of the handler (``'²'.isdigit()`` is
 true, ``int('²')`` is not): no response at all, and an unhandled-exception log
@@ -143,7 +143,10 @@ def ask(port: int, raw_path: bytes) -> bytes:
     chunks = []
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
         try:
-            conn.sendall(b"GET " + raw_path + b" HTTP/1.1\r\nHost: t\r\nAccept: */*\r\n\r\n")
+            conn.sendall(
+                b"GET " + raw_path + b" HTTP/1.1\r\nHost: t\r\nAccept: */*\r\n"
+                b"Connection: close\r\n\r\n"
+            )
             while chunk := conn.recv(65536):
                 chunks.append(chunk)
         except ConnectionError as exc:
@@ -170,10 +173,11 @@ def test_a_real_daemon_answers_every_raw_byte_path_with_a_status_line(
     not_4xx = {
         raw[:80]: line
         for raw, line in status_lines.items()
-        if not (line.startswith(b"HTTP/1.1 4") or line == b"HTTP/1.1 200 OK")
+        # aiohttp answers a request it cannot parse in HTTP/1.0, then closes.
+        if not (line.startswith((b"HTTP/1.1 4", b"HTTP/1.0 4")) or line == b"HTTP/1.1 200 OK")
     }
     assert {} == not_4xx
-    assert status_lines[b"/status/page/\xb2"].startswith(b"HTTP/1.1 404")
+    assert status_lines[b"/status/page/\xb2"].split()[1] in (b"400", b"404")
     assert healthy.startswith(b"HTTP/1.1 200 OK")
     # Nothing escaped the handler: asyncio logs such an exception at ERROR.
     assert [] == [e for e in replica.events() if e.get("level") in ("error", "critical")]

@@ -1,4 +1,4 @@
-"""Claims and heartbeats never wait on another job's sql: transaction (issue 20, item 4).
+"""Claims and heartbeats never wait on another job's sql: transaction.
 
 An sql: job holds its lease row FOR UPDATE while its statements run. A claim
 of that row (another replica's takeover or follow-up) or a heartbeat batch

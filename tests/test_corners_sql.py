@@ -1,10 +1,10 @@
-"""Issue 20, items 2 and 7: ``sql:`` jobs beside other jobs, and what their text may do.
+"""``sql:`` jobs beside other jobs, and what their text may do.
 
-Item 2: an ``sql:`` job's transaction runs on a connection source of its own
+An ``sql:`` job's transaction runs on a connection source of its own
 (``database.sql_connections``), never on the guard's pool, so claims,
 heartbeats and finalizes of every other job go on while ``sql:`` jobs run.
 
-Item 7: ``check`` refuses transaction control and session-level settings (a
+``check`` refuses transaction control and session-level settings (a
 lint, best effort), and the runtime is the guarantee: each statement is sent
 alone with the extended protocol, the role and the server-side bounds are
 checked after every statement (a change fails the run, rolled back), and what
@@ -45,7 +45,7 @@ from tests.daemon_harness import cluster, wait_until
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")
 
-# -- item 7 (b): the lint at `check` ---------------------------------------------
+# -- the lint at `check` ---------------------------------------------------------
 
 # The smuggle: PostgreSQL reads `x€$a$` as one identifier (every non-ASCII
 # character continues one), a splitter that does not sees a dollar quote
@@ -365,7 +365,7 @@ async def test_the_sql_pool_discards_session_state_before_the_next_job(
     assert [{"n": 0}] == held
 
 
-# -- item 2: sql: jobs do not take the guard's connections ------------------------
+# -- sql: jobs do not take the guard's connections --------------------------------
 
 
 async def test_an_sql_job_waits_for_a_connection_of_its_own_without_holding_up_claims(

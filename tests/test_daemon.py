@@ -535,7 +535,7 @@ def test_a_failing_run_once_job_without_retries_runs_once_per_start(
 def test_a_retry_whose_scheduler_died_is_taken_by_a_replica_that_starts(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
-    """Holes 7 and 12: a pending retry does not depend on the replica that scheduled it."""
+    """A pending retry does not depend on the replica that scheduled it."""
     jobs = (
         "  flaky:\n"
         f'    at: "{at(3)}"\n'

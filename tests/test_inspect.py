@@ -42,7 +42,7 @@ def _no_database_url(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_check_passes_on_the_example_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "-c", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("config OK: 7 jobs")
+    assert out.startswith("config OK: 10 jobs")
     assert "nightly-berlin" in out and "at 02:30 every day (Europe/Berlin)" in out
 
 
@@ -111,7 +111,8 @@ def test_next_prints_utc_and_local_ticks_through_spring_forward(
     assert main(["next", "-c", str(berlin), "-n", "2", "--from", "2026-03-28T12:00:00Z"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "nightly: cron '30 2 * * *': at 02:30 every day (Europe/Berlin)",
-        "  2026-03-29T01:30:00Z  2026-03-29 03:30:00 CEST (+0200)",
+        "  2026-03-29T01:30:00Z  2026-03-29 03:30:00 CEST (+0200)"
+        "  02:30 skipped by the clock change, run at 03:30 (dst skipped: shift)",
         "  2026-03-30T00:30:00Z  2026-03-30 02:30:00 CEST (+0200)",
         "boot: once, at start (run-once)",
         "  at start (run-once)",
@@ -123,10 +124,16 @@ def test_next_json_for_one_job(berlin: Path, capsys: pytest.CaptureFixture[str])
     assert main([*args, "--from", "2026-10-24T12:00:00+00:00"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert [job["code"] for job in document["jobs"]] == ["nightly"]
+    form = "cron '30 2 * * *'"
     assert document["jobs"][0]["ticks"] == [
-        {"utc": "2026-10-25T00:30:00Z", "local": "2026-10-25T02:30:00+02:00"},
-        {"utc": "2026-10-26T01:30:00Z", "local": "2026-10-26T02:30:00+01:00"},
-        {"utc": "2026-10-27T01:30:00Z", "local": "2026-10-27T02:30:00+01:00"},
+        {
+            "utc": "2026-10-25T00:30:00Z",
+            "local": "2026-10-25T02:30:00+02:00",
+            "form": form,
+            "dst": "02:30 repeated by the clock change, its first occurrence (dst repeated: first)",
+        },
+        {"utc": "2026-10-26T01:30:00Z", "local": "2026-10-26T02:30:00+01:00", "form": form},
+        {"utc": "2026-10-27T01:30:00Z", "local": "2026-10-27T02:30:00+01:00", "form": form},
     ]
 
 

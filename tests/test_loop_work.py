@@ -1,4 +1,4 @@
-"""Issue 20 item 9: no request and no start-up step holds the event loop for long.
+"""No request and no start-up step holds the event loop for long.
 
 A scrape of ``/metrics`` renders every series (megabytes at thousands of
 jobs) and the start-up scan plans every job's missed ticks: both used to run
@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import psycopg
@@ -28,7 +29,7 @@ from prometheus_client.registry import Collector
 from pgcrond.catchup import newest_ticks, plan_job
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import Config
-from pgcrond.core.schedule import CronSchedule, run_key_for
+from pgcrond.core.schedule import CronSchedule, Occasion, run_key_for
 from pgcrond.daemon.accounting import find_plan
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import Metrics
@@ -148,8 +149,15 @@ class Counting:
         self.calls += 1
         return self.schedule.next_after(t)
 
+    def occasion_after(self, t: datetime) -> Occasion | None:
+        self.calls += 1
+        return self.schedule.occasion_after(t)
+
     def describe(self) -> str:
         return self.schedule.describe()
+
+    def definition(self) -> dict[str, Any]:
+        return self.schedule.definition()
 
 
 @pytest.mark.parametrize("gap", [timedelta(hours=24), timedelta(days=7)])

@@ -219,7 +219,7 @@ def test_status_shows_next_fire_last_run_running_now_and_failures_per_job(
 
     code, out, err = run(capsys, "status", "-c", config, "--database-url", pg_dsn, "--json")
     assert (0, "") == (code, err)
-    entries = {entry["job"]: entry for entry in json.loads(out)}
+    entries = {entry["job"]: entry for entry in json.loads(out)["jobs"]}
     assert ["nightly", "hourly", "seed", "idle"] == list(entries)
 
     nightly = entries["nightly"]
@@ -348,7 +348,7 @@ def test_a_run_once_job_that_never_succeeded_runs_at_start(
 ) -> None:
     put(pg_dsn, schema, "seed", None, "FAIL", reason="released", retry_at=T0)
     code, out, _ = run(capsys, "status", "-c", config, "--database-url", pg_dsn, "--json")
-    seed = next(entry for entry in json.loads(out) if entry["job"] == "seed")
+    seed = next(entry for entry in json.loads(out)["jobs"] if entry["job"] == "seed")
     assert (0, True, 1) == (code, seed["runs_at_start"], seed["consecutive_failures"])
     code, out, _ = run(capsys, "status", "-c", config, "--database-url", pg_dsn)
     seed_line = next(line for line in out.splitlines() if line.startswith("seed"))

@@ -138,6 +138,56 @@ async def test_plan_of_what_runs_is_nothing_to_do_and_exits_0(
     assert out.startswith("Plan: no changes (against 1 live replica(s) running config ")
 
 
+async def test_plan_after_every_replica_stopped_compares_with_the_config_they_last_ran(
+    store: LeaseStore,
+    schema: str,
+    tmp_path: Path,
+    pg_dsn: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A deploy that stops every replica, then plans the new version: a changed schedule is
+    changed, not added, and the plan says which replica's config it compared with."""
+    path = write(tmp_path, schema, RUNNING_NOW, "running.yaml")
+    entry = entry_of("replica-1", uuid.uuid4(), load_config([str(path)], database_url=pg_dsn))
+    await registry.join(store, entry)
+    await registry.leave(store, entry)
+    assert [] == await registry.live(store)
+
+    code, out, err = await plan(capsys, pg_dsn, write(tmp_path, schema, APPLIED, "applied.yaml"))
+
+    assert 2 == code, err
+    assert out.startswith(
+        "Plan: 1 added, 1 removed, 1 renamed, 2 changed (no live replica: against config "
+    )
+    assert ", the last one run, by replica-1 (stopped " in out.splitlines()[0]
+    blocks = {block.splitlines()[0] for block in out.split("\n\n")[1:]}
+    assert {"+ added (added)", "~ moving (changed)", "~ guarded (changed)"} <= blocks
+    unchanged = await plan(capsys, pg_dsn, path, "-o", "json")
+    assert 0 == unchanged[0], unchanged
+    against = json.loads(unchanged[1])["against"]
+    assert "last_seen" == against["kind"] and against["stopped_at"] is not None
+
+
+async def test_plan_with_no_config_ever_recorded_knows_the_jobs_with_history(
+    store: LeaseStore,
+    schema: str,
+    tmp_path: Path,
+    pg_dsn: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lease = await store.claim(
+        Identity.schedule("keep", "2026-12-02T03:00:00Z"), LeaseTiming.build(timedelta(hours=1))
+    )
+    assert isinstance(lease, Acquired)
+
+    code, out, err = await plan(capsys, pg_dsn, write(tmp_path, schema, APPLIED, "applied.yaml"))
+
+    assert 2 == code, err
+    assert "no replica recorded a config yet: against the jobs' history" in out
+    assert "+ added (added)" in out and "keep (added)" not in out
+    assert "warning: 1 job(s) have history but no recorded definition" in out
+
+
 async def test_a_run_once_job_renamed_without_renamed_from_is_warned_about(
     cluster_runs: Path,
     schema: str,

@@ -1,4 +1,4 @@
-"""Hole 8: redaction reads a URL as libpq does, and no password fragment gets out.
+"""Redaction reads a URL as libpq does, and no password fragment gets out.
 
 libpq's own reading (``psycopg.conninfo.conninfo_to_dict`` calls
 ``PQconninfoParse``) is the reference the pure-Python splitter is held to.

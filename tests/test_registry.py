@@ -177,6 +177,38 @@ async def test_a_replica_joins_is_listed_live_and_leaves(store: LeaseStore, tmp_
     assert 1 == (await registry.touch(store, entry)).hashes
     await registry.leave(store, entry)
     assert [] == await registry.live(store)
+    # Stopped, its row stays with the config it ran, for `plan` while none runs.
+    found = await registry.last_seen(store)
+    assert found is not None
+    last, stopped_at = found
+    assert ("r1", seen.definitions) == (last.name, last.definitions)
+    assert stopped_at is not None
+    # The name is free at once: a stopped replica holds nothing.
+    await registry.join(store, entry_of("r1", uuid.uuid4(), config))
+    assert ["r1"] == [r.name for r in await registry.live(store)]
+
+
+async def test_a_join_deletes_the_rows_of_replicas_not_seen_for_keep_stopped(
+    store: LeaseStore, tmp_path: Path, pg_dsn: str, schema: str
+) -> None:
+    config = load(tmp_path, "  a: {cron: '* * * * *', command: [/bin/true]}\n")
+    old = entry_of("old", uuid.uuid4(), config)
+    await registry.join(store, old)
+    await registry.leave(store, old)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f'UPDATE "{schema}".leases_replicas SET last_seen = last_seen - %s',
+            (registry.KEEP_STOPPED + timedelta(seconds=1),),
+        )
+    recent = entry_of("recent", uuid.uuid4(), config)
+    await registry.join(store, recent)
+    await registry.leave(store, recent)
+    await registry.join(store, entry_of("new", uuid.uuid4(), config))
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        names = [row[0] for row in conn.execute(
+            f'SELECT name FROM "{schema}".leases_replicas ORDER BY name'
+        )]  # fmt: skip
+    assert ["new", "recent"] == names
 
 
 async def test_a_name_held_by_a_live_replica_is_refused_and_a_gone_ones_is_taken(

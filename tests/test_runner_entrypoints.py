@@ -294,7 +294,7 @@ async def prints_and_reads_its_environment(ctx: RunContext) -> None:
 async def test_a_run_leaves_no_reference_cycle_of_its_own(name: str, tmp_path: Path) -> None:
     """What a run makes is freed by reference counting alone: ten thousand
     co-firing runs' cycles made the collector hold the loop for 70-350 ms at
-    a time (docs/performance.md, "Eighth round")."""
+    a time."""
     module = "tests.test_runner_entrypoints" if name.startswith("prints") else FIXTURE
     request = make_request(
         EntrypointAction(f"{module}:{name}"), env={"OUT": str(tmp_path / "context.json")}

@@ -1,4 +1,4 @@
-"""Issue 20 item 10: a replica that dies during its start-up scan holds no one up for long.
+"""A replica that dies during its start-up scan holds no one up for long.
 
 The scan's lease row (``pgcrond:catch-up``) used to have the default 15 min
 lease: a replica killed mid-scan made every other replica's scan wait that

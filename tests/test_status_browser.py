@@ -13,15 +13,22 @@ or a policy violation). Skipped only when Chromium is not installed (CI's
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import functools
+import hashlib
+import http.server
 import json
 import os
 import re
 import select
 import shutil
+import signal
+import ssl
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -151,7 +158,9 @@ class Served:
 
 
 @contextmanager
-def serving(pg_dsn: str, schema: str, tmp_path: Path, http: str = "") -> Iterator[Served]:
+def serving(
+    pg_dsn: str, schema: str, tmp_path: Path, http: str = "", scheme: str = "http"
+) -> Iterator[Served]:
     """A real replica serving the status page over the seeded history (``http``: its section)."""
     import asyncio
 
@@ -167,7 +176,7 @@ def serving(pg_dsn: str, schema: str, tmp_path: Path, http: str = "") -> Iterato
     replica = Replica("replica", config, tmp_path / "replica.log", daemon_env(pg_dsn)).start()
     try:
         address = replica.http_address()
-        base = f"http://{address}"
+        base = f"{scheme}://{address}"
         wait_until(lambda: _get(f"{base}/readyz") == 200, 20, "the replica to be ready")
         yield Served(base, config, replica)
     finally:
@@ -188,8 +197,12 @@ def daemon(pg_dsn: str, schema: str, tmp_path: Path) -> Iterator[str]:
 
 
 def _get(url: str) -> int:
+    """The status of a GET; any certificate is good (the tests' own are self-signed)."""
+    unchecked = ssl.create_default_context()
+    unchecked.check_hostname = False
+    unchecked.verify_mode = ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=5, context=unchecked) as response:
             return int(response.status)
     except urllib.error.HTTPError as refused:
         return refused.code
@@ -246,7 +259,7 @@ class Browser:
     no WebSocket client is needed. One page (target), attached in flat mode.
     """
 
-    def __init__(self, profile: Path) -> None:
+    def __init__(self, profile: Path, extra: tuple[str, ...] = ()) -> None:
         assert CHROMIUM is not None
         to_child, self._commands = os.pipe()
         self._answers, from_child = os.pipe()
@@ -264,6 +277,7 @@ class Browser:
                 "--no-first-run",
                 f"--user-data-dir={profile}",
                 "--remote-debugging-pipe",
+                *extra,
                 "about:blank",
             ],
             pass_fds=(to_child, from_child),
@@ -387,7 +401,7 @@ def cli_status(served: Served, pg_dsn: str) -> dict[str, dict[str, Any]]:
         check=False,
     )
     assert 0 == done.returncode, done.stderr
-    return {entry["job"]: entry for entry in json.loads(done.stdout)}
+    return {entry["job"]: entry for entry in json.loads(done.stdout)["jobs"]}
 
 
 def test_a_signed_in_operator_pauses_resumes_and_runs_a_job_in_chromium(
@@ -441,11 +455,11 @@ def test_a_signed_in_operator_pauses_resumes_and_runs_a_job_in_chromium(
 def test_a_forged_post_and_an_unsigned_one_change_nothing_on_a_real_replica(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
-    """A cross-site form (no token) and a POST without credentials are 403; nothing is paused."""
+    """A made-up token is 403, a POST without credentials 401; nothing is paused."""
     http = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
     with serving(pg_dsn, schema, tmp_path, http) as served:
         action = served.base + job_path("nightly-report", "/pause")
-        for headers in (basic(), {}):
+        for headers, expected in ((basic(), 403), ({}, 401)):
             request = urllib.request.Request(
                 action,
                 data=b"reason=forged&csrf=guess",
@@ -454,7 +468,7 @@ def test_a_forged_post_and_an_unsigned_one_change_nothing_on_a_real_replica(
             )
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(request, timeout=10)
-            assert 403 == refused.value.code
+            assert expected == refused.value.code
         assert None is cli_status(served, pg_dsn)["nightly-report"]["paused"]
 
 
@@ -471,7 +485,7 @@ def test_without_authentication_the_page_has_no_forms_and_refuses_a_post(
 ) -> None:
     job = dump_dom(daemon + job_path("nightly-report"), tmp_path / "profile")
     assert "nightly-report" in job
-    assert "<form" not in job and "Read-only." in job
+    assert 'method="post"' not in job and "Read-only." in job
     browser_free = urllib.request.Request(
         daemon + job_path("nightly-report", "/pause"),
         data=b"reason=x",
@@ -482,3 +496,187 @@ def test_without_authentication_the_page_has_no_forms_and_refuses_a_post(
         urllib.request.urlopen(browser_free, timeout=10)
     assert 403 == refused.value.code
     assert b"read-only" in refused.value.read()
+
+
+def post_forms(browser: Browser) -> int:
+    return int(browser.evaluate("document.querySelectorAll('form[method=post]').length"))
+
+
+def forge_form(browser: Browser, action: str, token: str) -> None:
+    """Builds a form the page never drew (as a forger's script would) and sends it."""
+    browser.events.clear()
+    browser.evaluate(
+        "(() => { const f = document.createElement('form'); f.method = 'post';"
+        f" f.action = {json.dumps(action)};"
+        " for (const [k, v] of [['csrf', " + json.dumps(token) + "], ['reason', 'forged']]) {"
+        " const i = document.createElement('input'); i.name = k; i.value = v; f.appendChild(i); }"
+        " document.body.appendChild(f); f.submit(); })()"
+    )
+    browser.wait_for("Page.loadEventFired")
+
+
+def test_a_viewer_sees_no_buttons_and_a_forged_post_is_refused_in_chromium(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    http = f"http:\n  users:\n    vera: {{password: '{operator_hash()}', role: viewer}}\n"
+    job = "nightly-report"
+    with serving(pg_dsn, schema, tmp_path, http) as served:
+        url = served.base + job_path(job)
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.send_headers(basic("vera"))
+            assert 200 == browser.load(url)
+            assert "Signed in as vera (viewer)" in browser.text()
+            assert 0 == post_forms(browser)
+            buttons = "document.querySelectorAll('button:not(form.filter button)').length"
+            assert 0 == browser.evaluate(buttons)
+            forge_form(browser, job_path(job, "/pause"), "0.forged")
+            assert 403 == browser.page_status()
+            assert None is cli_status(served, pg_dsn)[job]["paused"]
+        finally:
+            browser.close()
+
+
+def test_a_token_the_server_did_not_issue_is_refused_even_with_a_matching_cookie(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """The double-submit forgery: a planted cookie and the same value in the form field."""
+    http = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    job = "nightly-report"
+    with serving(pg_dsn, schema, tmp_path, http) as served:
+        url = served.base + job_path(job)
+        forged = "Z" * 43
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.send_headers(basic())
+            browser.call("Network.setCookie", session=True, name="pgcrond_csrf", value=forged,
+                         url=served.base + "/status", path="/status")  # fmt: skip
+            assert 200 == browser.load(url)
+            assert 1 <= post_forms(browser)
+            browser.evaluate(
+                f"document.querySelector('form.pause [name=csrf]').value = {json.dumps(forged)}"
+            )
+            browser.submit("form.pause", {"reason": "forged"})
+            assert 403 == browser.page_status()
+            assert None is cli_status(served, pg_dsn)[job]["paused"]
+            assert [] == served.replica.events("status_page_action")
+        finally:
+            browser.close()
+
+
+class _Forger(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_form_from_another_site_is_refused_even_with_a_good_token(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """A page at http://localhost:PORT (another site than 127.0.0.1) posts the operator's
+    own token, with the Basic credentials Chromium re-sends: refused by origin."""
+    http_section = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    job = "nightly-report"
+    with serving(pg_dsn, schema, tmp_path, http_section) as served:
+        browser = Browser(tmp_path / "profile")
+        site = tmp_path / "forger"
+        site.mkdir()
+        handler = functools.partial(_Forger, directory=str(site))
+        forger = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=forger.serve_forever, daemon=True).start()
+        try:
+            browser.send_headers(basic())
+            assert 200 == browser.load(served.base + job_path(job))
+            token = browser.evaluate("document.querySelector('form.pause [name=csrf]').value")
+            action = served.base + job_path(job, "/pause")
+            site.joinpath("index.html").write_text(
+                f'<form class="pause" method="post" action="{action}">'
+                f'<input name="csrf" value="{token}"><input name="reason" value="x">'
+                "<button>go</button></form>"
+            )
+            assert 200 == browser.load(f"http://localhost:{forger.server_address[1]}/")
+            browser.submit("form.pause")
+            assert 403 == browser.page_status()
+            assert None is cli_status(served, pg_dsn)[job]["paused"]
+            [denied] = served.replica.events("status_page_denied")
+            assert ("origin", "Sec-Fetch-Site: cross-site") == (denied["why"], denied["sent"])
+        finally:
+            forger.shutdown()
+            browser.close()
+
+
+def test_the_overview_refreshes_by_itself_and_shows_a_paused_job_as_paused(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    row = (
+        "[...document.querySelectorAll('table.jobs tbody tr')]"
+        ".find(r => r.innerText.includes('nightly-report'))"
+    )
+    with serving(pg_dsn, schema, tmp_path) as served:
+        browser = Browser(tmp_path / "profile")
+        try:
+            assert 200 == browser.load(served.base + "/status?refresh=5")
+            assert "paused" not in browser.evaluate(f"{row}.cells[2].innerText")
+            done = subprocess.run(
+                [str(ROOT / ".venv" / "bin" / "pgcrond"), "pause", "-c", str(served.config),
+                 "nightly-report", "--reason", "ledger migration", "--by", "ops"],
+                capture_output=True, text=True, timeout=60, env=daemon_env(pg_dsn), check=False,
+            )  # fmt: skip
+            assert 0 == done.returncode, done.stderr
+            # No one reloads: the page does, within its 5 s.
+            browser.wait_for("Page.loadEventFired", timeout=15)
+            assert 200 == browser.page_status()
+            next_fire = browser.evaluate(f"{row}.cells[2].innerText")
+            assert re.fullmatch(r"paused — by ops( \(.+\))?: ledger migration", next_fire.strip())
+            # Switched off, it stays put.
+            assert 200 == browser.load(served.base + "/status?refresh=off")
+            refreshing = "document.querySelectorAll('meta[http-equiv=refresh]').length"
+            assert 0 == browser.evaluate(refreshing)
+        finally:
+            browser.close()
+
+
+def self_signed(directory: Path, name: str) -> tuple[Path, Path, str]:
+    """A certificate for 127.0.0.1 signed by its own key; and its key's SPKI hash."""
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
+         "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    der = ssl.PEM_cert_to_DER_cert(cert.read_text())
+    public = subprocess.run(
+        ["openssl", "x509", "-inform", "der", "-pubkey", "-noout"],
+        input=der, check=True, capture_output=True, timeout=60,
+    ).stdout  # fmt: skip
+    spki = subprocess.run(
+        ["openssl", "pkey", "-pubin", "-outform", "der"],
+        input=public, check=True, capture_output=True, timeout=60,
+    ).stdout  # fmt: skip
+    return cert, key, base64.b64encode(hashlib.sha256(spki).digest()).decode()
+
+
+def test_https_with_a_self_signed_certificate_in_chromium_and_a_new_one_after_sighup(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    cert, key, spki = self_signed(tmp_path, "first")
+    http_section = f"http:\n  tls: {{cert: '{cert}', key: '{key}'}}\n"
+    with serving(pg_dsn, schema, tmp_path, http_section, scheme="https") as served:
+        assert served.base.startswith("https://")
+        browser = Browser(tmp_path / "profile", (f"--ignore-certificate-errors-spki-list={spki}",))
+        try:
+            assert 200 == browser.load(served.base + "/status")
+            assert "https:" == browser.evaluate("location.protocol")
+            assert "nightly-report" in browser.text()
+        finally:
+            browser.close()
+        host, port = served.base.removeprefix("https://").rsplit(":", 1)
+        before = ssl.get_server_certificate((host, int(port)))
+        renewed, renewed_key, _ = self_signed(tmp_path, "second")
+        cert.write_bytes(renewed.read_bytes())
+        key.write_bytes(renewed_key.read_bytes())
+        served.replica.signal(signal.SIGHUP)
+        served.replica.wait_event("http_tls_reloaded")
+        after = ssl.get_server_certificate((host, int(port)))
+        assert before != after
+        assert ssl.PEM_cert_to_DER_cert(after) == ssl.PEM_cert_to_DER_cert(renewed.read_text())

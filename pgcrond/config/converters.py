@@ -12,7 +12,7 @@ import difflib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from types import MappingProxyType
@@ -23,12 +23,14 @@ import yaml
 
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.yamlnodes import construct, kind
+from pgcrond.core.access import ROLES, PageUser, Role, TlsFiles
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.box import Limits
 from pgcrond.core.durations import parse_duration
-from pgcrond.core.hooks import FailureHook
+from pgcrond.core.hooks import Hook, Ping
 from pgcrond.core.keys import BIGINT_MAX, BIGINT_MIN
 from pgcrond.core.passwords import USER_NAME, parse_hash
+from pgcrond.core.schedule.cron import Dst, Repeated, Skipped
 from pgcrond.core.sqlscript import compile_script
 from pgcrond.errors import ValidationError
 
@@ -452,8 +454,8 @@ http = Converter(
 )
 
 
-def _on_failure(node: yaml.Node) -> FailureHook:
-    """``on_failure: {webhook, command, timeout, retries}``; each problem at its node."""
+def _hook(node: yaml.Node) -> Hook:
+    """``on_failure: {webhook, command, timeout, retries}`` (any hook); each problem at its node."""
     readers: dict[str, Callable[[yaml.Node], Any]] = {
         "webhook": _http_url,
         "command": lambda n: tuple(_argv(n)),
@@ -465,11 +467,11 @@ def _on_failure(node: yaml.Node) -> FailureHook:
         problems.append((node, "set webhook:, command:, or both"))
     if problems:
         raise Problems(problems)
-    return FailureHook(**options)
+    return Hook(**options)
 
 
-on_failure = Converter(
-    _on_failure,
+hook = Converter(
+    _hook,
     {
         "type": "object",
         "additionalProperties": False,
@@ -484,14 +486,55 @@ on_failure = Converter(
 )
 
 
+def _ping(node: yaml.Node) -> Ping:
+    """``ping: URL`` or ``ping: {url, cronitor, timeout, retries}``; each problem at its node."""
+    if isinstance(node, yaml.ScalarNode):
+        return Ping(_http_url(node))
+    readers: dict[str, Callable[[yaml.Node], Any]] = {
+        "url": _http_url,
+        "cronitor": _bool,
+        "timeout": _positive_duration,
+        "retries": _count,
+    }
+    options, problems = _options(node, "{url: https://hc-ping.com/…}", readers, ("url",))
+    if problems:
+        raise Problems(problems)
+    return Ping(**options)
+
+
+_PING_URL = {"type": "string", "pattern": "^https?://"}
+ping = Converter(
+    _ping,
+    {
+        "anyOf": [
+            _PING_URL,
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["url"],
+                "properties": {
+                    "url": _PING_URL,
+                    "cronitor": {"type": "boolean", "default": False},
+                    "timeout": {"$ref": "#/$defs/duration", "default": "10s"},
+                    "retries": {"type": "integer", "minimum": 0, "default": 2},
+                },
+            },
+        ]
+    },
+)
+
+
 # -- the status page's access --------------------------------------------------------------
 
 
-def _users(node: yaml.Node) -> MappingProxyType[str, str]:
-    """``name: scrypt$…`` pairs; each problem at its node, a hash never echoed."""
+def _users(node: yaml.Node) -> MappingProxyType[str, PageUser]:
+    """``name: scrypt$…`` (an operator) or ``name: {password, role, jobs}`` entries.
+
+    Each problem at its node; a hash is never echoed.
+    """
     if not isinstance(node, yaml.MappingNode):
-        raise ValueError(f"must be a mapping of name: hash, got {kind(node)}")
-    users: dict[str, str] = {}
+        raise ValueError(f"must be a mapping of name: hash or name: {{role, …}}, got {kind(node)}")
+    users: dict[str, PageUser] = {}
     problems: list[tuple[yaml.Node, str]] = []
     for key_node, value_node in node.value:
         name = str(key_node.value)
@@ -501,15 +544,64 @@ def _users(node: yaml.Node) -> MappingProxyType[str, str]:
             )
             continue
         try:
-            text = _string(value_node)
-            parse_hash(text)
+            users[name] = _user(value_node)
         except ValueError as exc:
             problems.append((value_node, f"{name}: {exc}"))
-            continue
-        users[name] = text
     if problems:
         raise Problems(problems)
     return MappingProxyType(users)
+
+
+def _user(node: yaml.Node) -> PageUser:
+    if not isinstance(node, yaml.MappingNode):
+        text = _string(node)
+        parse_hash(text)
+        return PageUser(password=text, role="operator")
+    entry = {str(key.value): value for key, value in node.value}
+    unknown = sorted(set(entry) - {"password", "role", "jobs"})
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r}; a user has password, role and jobs")
+    password = None
+    if "password" in entry:
+        password = _string(entry["password"])
+        parse_hash(password)
+    role = _role(entry["role"]) if "role" in entry else "viewer"
+    jobs = _job_globs(entry["jobs"]) if "jobs" in entry else ()
+    if jobs and role != "operator":
+        raise ValueError("jobs: limits what an operator may act on; a viewer acts on none")
+    return PageUser(password=password, role=role, jobs=jobs)
+
+
+def _role(node: yaml.Node) -> Role:
+    value = scalar(node)
+    for role in ROLES:
+        if value == role:
+            return role
+    raise ValueError(f"role {value!r} is not one of: {', '.join(ROLES)}")
+
+
+def _job_globs(node: yaml.Node) -> tuple[str, ...]:
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    globs = tuple(_nonempty_string(item) for item in items)
+    if not globs:
+        raise ValueError("jobs: name at least one job code or glob (leave it out for every job)")
+    return globs
+
+
+def _page_switch(node: yaml.Node) -> bool | str:
+    value = scalar(node)
+    if isinstance(value, bool) or value == "public":
+        return value
+    raise ValueError(f"must be true, false or public, got {kind(node)}")
+
+
+def _tls(node: yaml.Node) -> TlsFiles:
+    if not isinstance(node, yaml.MappingNode):
+        raise ValueError(f"must be a mapping {{cert: FILE, key: FILE}}, got {kind(node)}")
+    entry = {str(key.value): value for key, value in node.value}
+    if set(entry) != {"cert", "key"}:
+        raise ValueError("must have exactly cert and key (PEM files)")
+    return TlsFiles(cert=_path(entry["cert"]), key=_path(entry["key"]))
 
 
 def _networks(node: yaml.Node) -> tuple[IPv4Network | IPv6Network, ...]:
@@ -526,12 +618,45 @@ def _networks(node: yaml.Node) -> tuple[IPv4Network | IPv6Network, ...]:
     return tuple(networks)
 
 
+_HASH_SCHEMA: Schema = {"type": "string", "pattern": r"^scrypt\$"}
 users = Converter(
     _users,
     {
         "type": "object",
         "propertyNames": {"pattern": USER_NAME.pattern},
-        "additionalProperties": {"type": "string", "pattern": r"^scrypt\$"},
+        "additionalProperties": {
+            "anyOf": [
+                _HASH_SCHEMA,
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "password": _HASH_SCHEMA,
+                        "role": {"enum": list(ROLES), "default": "viewer"},
+                        "jobs": {
+                            "anyOf": [
+                                {"type": "string", "minLength": 1},
+                                {"type": "array", "items": {"type": "string", "minLength": 1}},
+                            ]
+                        },
+                    },
+                },
+            ]
+        },
+    },
+)
+role = Converter(_role, {"enum": list(ROLES)})
+page_switch = Converter(_page_switch, {"enum": [True, False, "public"]})
+tls = Converter(
+    _tls,
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["cert", "key"],
+        "properties": {
+            "cert": {"type": "string", "minLength": 1},
+            "key": {"type": "string", "minLength": 1},
+        },
     },
 )
 header_name = Converter(_header_name, {"type": "string", "pattern": _HEADER_NAME.pattern})
@@ -672,4 +797,129 @@ paths = Converter(
 variable_globs = Converter(
     _variable_globs,
     {"type": "array", "items": {"type": "string", "pattern": _VARIABLE_GLOB.pattern}},
+)
+
+
+# --- schedule forms -------------------------------------------------------------------
+
+
+def _expressions(node: yaml.Node) -> tuple[str, ...]:
+    """``cron:`` as text or a list of texts (the job's ticks are their union)."""
+    if not isinstance(node, yaml.SequenceNode):
+        return (_nonempty_string(node),)
+    problems = []
+    found = []
+    for index, item in enumerate(node.value):
+        try:
+            found.append(_nonempty_string(item))
+        except ValueError as exc:
+            problems.append((item, f"entry {index}: {exc}"))
+    if problems:
+        raise Problems(problems)
+    if not found:
+        raise ValueError("must hold at least one cron expression")
+    return tuple(found)
+
+
+def _whole_seconds(value: timedelta, what: str) -> timedelta:
+    if value % timedelta(seconds=1):
+        raise ValueError(
+            f"{what} must be whole seconds: ticks, and the run keys that name them, are "
+            "whole seconds"
+        )
+    return value
+
+
+def _every(node: yaml.Node) -> timedelta:
+    value = _whole_seconds(_duration(node), "every")
+    if value < timedelta(seconds=1):
+        raise ValueError("must be 1s or more")
+    return value
+
+
+def _phase(node: yaml.Node) -> timedelta:
+    return _whole_seconds(_duration(node), "phase")
+
+
+def _instant_or_date(node: yaml.Node) -> datetime | date:
+    """An ISO instant (offset optional: the job's zone) or a date (a local day)."""
+    if not isinstance(node, yaml.ScalarNode):
+        raise ValueError(f"expected an ISO datetime or a date, got {kind(node)}")
+    text = str(node.value).strip()
+    try:
+        return date.fromisoformat(text) if len(text) == 10 else datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{text[:60]!r} is not a date like 2026-06-01 or an ISO datetime like "
+            "2026-06-01T08:00:00Z (without an offset: the job's time zone)"
+        ) from None
+
+
+def _between(node: yaml.Node) -> tuple[datetime | date | None, datetime | date | None]:
+    example = "{start: 2026-06-01, end: 2026-09-01T00:00:00Z}"
+    readers: dict[str, Callable[[yaml.Node], Any]] = {
+        "start": _instant_or_date,
+        "end": _instant_or_date,
+    }
+    options, problems = _options(node, example, readers)
+    if not options and not problems:
+        problems.append((node, f"names neither start nor end; write {example}"))
+    if problems:
+        raise Problems(problems)
+    return options.get("start"), options.get("end")
+
+
+def _names(node: yaml.Node) -> tuple[str, ...]:
+    if not isinstance(node, yaml.SequenceNode):
+        raise ValueError(f"must be a list of calendar names like [holidays], got {kind(node)}")
+    names = tuple(_nonempty_string(item) for item in node.value)
+    if len(set(names)) != len(names):
+        raise ValueError("names a calendar twice")
+    return names
+
+
+def _dst(node: yaml.Node) -> Dst:
+    readers: dict[str, Callable[[yaml.Node], Any]] = {
+        "skipped": choice(Skipped),
+        "repeated": choice(Repeated),
+    }
+    options, problems = _options(node, "{skipped: skip, repeated: both}", readers)
+    if problems:
+        raise Problems(problems)
+    return Dst(**options)
+
+
+_SKIPPED = list(get_args(Skipped))
+_REPEATED = list(get_args(Repeated))
+expressions = Converter(
+    _expressions,
+    {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+        ]
+    },
+)
+every = Converter(_every, {"$ref": "#/$defs/duration"})
+phase = Converter(_phase, {"$ref": "#/$defs/duration"})
+_BOUND: Schema = {"type": "string", "anyOf": [{"format": "date"}, {"format": "date-time"}]}
+between = Converter(
+    _between,
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "minProperties": 1,
+        "properties": {"start": _BOUND, "end": _BOUND},
+    },
+)
+names = Converter(
+    _names, {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True}
+)
+dst = Converter(
+    _dst,
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"skipped": {"enum": _SKIPPED}, "repeated": {"enum": _REPEATED}},
+    },
 )

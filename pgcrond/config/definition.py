@@ -23,13 +23,28 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from pgcrond.config.models import Config, JobConfig
+from pgcrond.core.hooks import Ping
 from pgcrond.core.redaction import redact
-from pgcrond.core.schedule import AtSchedule, CronSchedule, OnceSchedule, Schedule
+from pgcrond.core.schedule import SCHEDULE_FORMS
 
 # Of a sha256 hex digest: enough to tell definitions apart in a registry row
 # of 10,000 jobs, short enough to keep that row small.
 JOB_HASH_LENGTH = 12
 _LEFT_OUT = frozenset({"code", "source", "description"})
+# Fields that are left out while unset (None), so that adding them changed no
+# existing job's hash: replicas of two versions running one config show no drift.
+_LEFT_OUT_UNSET = frozenset(
+    {
+        "on_start",
+        "on_success",
+        "on_recovery",
+        "on_missed",
+        "ping",
+        "max_duration",
+        "start_deadline",
+        "pause_after_failures",
+    }
+)
 # Values shown only as a digest: they are where tokens and passwords live.
 _SECRET_MAPPINGS = frozenset({"env", "headers"})
 
@@ -39,7 +54,11 @@ Definition = dict[str, Any]
 def definition(job: JobConfig) -> Definition:
     """The job as JSON-ready data: every field that changes what a replica does."""
     fields = (f.name for f in dataclasses.fields(job) if f.name not in _LEFT_OUT)
-    found = {name: _plain(name, getattr(job, name)) for name in fields}
+    found = {
+        name: _plain(name, value)
+        for name in fields
+        if (value := getattr(job, name)) is not None or name not in _LEFT_OUT_UNSET
+    }
     if job.lock_key == job.code:
         # The default ("the job code"): a rename is shown as a rename, not as a new lock key.
         found["lock_key"] = None
@@ -114,8 +133,9 @@ def _plain(name: str, value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, Path):
         return str(value)
-    if isinstance(value, CronSchedule | AtSchedule | OnceSchedule):
-        return _schedule(value)
+    if isinstance(value, SCHEDULE_FORMS):
+        # The zone is the job's own field; a schedule is its form and bounds.
+        return value.definition()
     if isinstance(value, Mapping):
         if name in _SECRET_MAPPINGS:
             return {str(k): _secret_digest(v) for k, v in value.items()}
@@ -124,20 +144,20 @@ def _plain(name: str, value: Any) -> Any:
         return [_plain(name, item) for item in value]
     if isinstance(value, frozenset | set):
         return sorted(_plain(name, item) for item in value)
+    if isinstance(value, Ping):
+        # A ping URL is its check's credential (anyone holding it can report
+        # the job healthy): shown as a digest, as env values are.
+        return {**_plain_fields(value), "url": _secret_digest(value.url)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        plain = {
-            f.name: _plain(f.name, getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if f.compare
-        }
-        return {"kind": type(value).__name__, **plain}
+        return _plain_fields(value)
     return redact(str(value))
 
 
-def _schedule(schedule: Schedule) -> Any:
-    # The zone is the job's own field; a schedule is its expression or instant.
-    if isinstance(schedule, CronSchedule):
-        return {"cron": schedule.expression}
-    if isinstance(schedule, AtSchedule):
-        return {"at": schedule.at.isoformat()}
-    return {"once": True}
+def _plain_fields(value: Any) -> dict[str, Any]:
+    """A dataclass's compared fields as JSON data, with its kind."""
+    plain = {
+        f.name: _plain(f.name, getattr(value, f.name))
+        for f in dataclasses.fields(value)
+        if f.compare
+    }
+    return {"kind": type(value).__name__, **plain}

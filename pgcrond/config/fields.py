@@ -89,7 +89,9 @@ TOP = _table(
     ),
 )
 # Sections of the top level; their fields are in the tables below.
-TOP_SECTIONS = ("database", "defaults", "jobs", "http")
+TOP_SECTIONS = ("database", "defaults", "jobs", "http", "calendars")
+# A calendar of ``calendars:`` (pgcrond/config/calendars.py reads it).
+CALENDAR_KEYS = ("days", "yearly", "include")
 
 DATABASE = _table(
     Field(
@@ -131,17 +133,19 @@ HTTP = _table(
     ),
     Field(
         "status_page",
-        c.boolean,
+        c.page_switch,
         True,
-        "serve the status page at /status; false: /status answers 404, /metrics and health stay",
+        "serve the status page at /status: true serves it on a loopback listener, or with "
+        "users or trusted_proxies; public also serves it open on any listener (every job's "
+        "recent output included); false: /status answers 404. /metrics and health always stay",
     ),
     Field(
         "users",
         c.users,
         MappingProxyType({}),
-        "status page HTTP Basic users: name -> hash from `pgcrond hash-password`; "
-        "with users or trusted_proxies the page asks who you are and can pause, resume "
-        "and run jobs",
+        "status page users: name -> hash from `pgcrond hash-password` (an operator), or "
+        "name -> {password: HASH, role: viewer|operator, jobs: [GLOB, ...]}; with users or "
+        "trusted_proxies the page asks who you are",
     ),
     Field(
         "trusted_proxies",
@@ -156,13 +160,88 @@ HTTP = _table(
         "X-Forwarded-User",
         "the header a trusted proxy names its signed-in user in",
     ),
+    Field(
+        "proxy_role",
+        c.role,
+        "viewer",
+        "the role of a user a trusted proxy names who is not listed in users",
+    ),
+    Field(
+        "csrf_secret",
+        c.nonempty_string,
+        None,
+        "the key the page's form tokens are signed with; give every replica behind one "
+        "load balancer the same (e.g. ${PGCROND_CSRF_SECRET}); unset: a random key per replica",
+    ),
+    Field(
+        "tls",
+        c.tls,
+        None,
+        "{cert: FILE, key: FILE}: serve HTTPS with this PEM chain and key, read again on SIGHUP",
+    ),
+    Field(
+        "allow_plaintext_passwords",
+        c.boolean,
+        False,
+        "let users sign in with passwords over plain HTTP on a listener other than loopback "
+        "(anyone on the path reads them); without it, check refuses that config",
+    ),
+    Field(
+        "max_connections",
+        c.positive_count,
+        256,
+        "open HTTP connections at most; when full, the oldest idle one is closed for a new one",
+    ),
+    Field(
+        "idle_timeout",
+        c.positive_duration,
+        timedelta(seconds=5),
+        "a connection that sends no whole request (or body) within this long is closed",
+    ),
 )
 
-SCHEDULE_KEYS = ("cron", "once", "at")
+SCHEDULE_KEYS = ("cron", "every", "once", "at")
 ACTION_KEYS = ("command", "shell", "entrypoint", "sql", "http")
 
 JOB = _table(
-    Field("cron", c.string, REQUIRED, "cron(8) expression, 5 fields or 6 with seconds first"),
+    Field(
+        "cron",
+        c.expressions,
+        REQUIRED,
+        "cron(8) expression, 5 fields or 6 with seconds first (L, LW, 15W, 5L, fri#2, ? "
+        "in the day fields), or a list of them: a tick of any runs, once",
+    ),
+    Field(
+        "every",
+        c.every,
+        REQUIRED,
+        "a tick every this long (whole seconds, 1s or more), at 1970-01-01T00:00:00Z + "
+        "k x every + phase in UTC instants, the same on every replica",
+    ),
+    Field("phase", c.phase, timedelta(0), "every: shifts its ticks by this much; below every"),
+    Field(
+        "between",
+        c.between,
+        None,
+        "{start, end}: no tick before start or from end on; a date is a local day of the "
+        "job's zone (start: from its midnight, end: through its end)",
+    ),
+    Field(
+        "skip_on",
+        c.names,
+        (),
+        "calendars (top-level calendars:) on whose days (in the job's zone) no tick runs "
+        "(`pgcrond next` marks such a tick SKIPPED calendar:<name>)",
+        True,
+    ),
+    Field(
+        "dst",
+        c.dst,
+        None,
+        "cron at a clock change: {skipped: shift|skip, repeated: first|last|both}; "
+        "default shift and first; both runs a repeated time twice, under two run keys",
+        True,
+    ),
     Field("once", c.once, REQUIRED, "run once per cluster, at the first start"),
     Field(
         "at", c.iso_datetime, REQUIRED, "one tick at this instant (the job's zone without offset)"
@@ -211,10 +290,70 @@ JOB = _table(
     Field("timeout", c.timeout, None, "stop a run after this long; null = none", True),
     Field("retries", c.count, 0, "extra attempts after a failure", True),
     Field(
-        "on_failure",
-        c.on_failure,
+        "on_start",
+        c.hook,
         None,
-        "when a run fails for good: {webhook: URL, command: [argv], timeout, retries}",
+        "when a run starts (each attempt): {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_success",
+        c.hook,
+        None,
+        "when a run succeeds: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_failure",
+        c.hook,
+        None,
+        "when a run fails for good, runs past max_duration, starts past start_deadline, or "
+        "the job is paused after failures: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_recovery",
+        c.hook,
+        None,
+        "the first success after failures: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "on_missed",
+        c.hook,
+        None,
+        "when a tick is recorded MISSED: {webhook: URL, command: [argv], timeout, retries}",
+        True,
+    ),
+    Field(
+        "ping",
+        c.ping,
+        None,
+        "a dead-man's switch: URL/start, URL on success, URL/fail with the output tail "
+        "(healthchecks.io); {url, cronitor: true}: ?state=run|complete|fail",
+    ),
+    Field(
+        "max_duration",
+        c.timeout,
+        None,
+        "report a run still running after this long (run_overdue: log, metric, on_failure); "
+        "it is not stopped (timeout: stops)",
+        True,
+    ),
+    Field(
+        "start_deadline",
+        c.timeout,
+        None,
+        "report a run that starts later than this after its tick (start_overdue: log, "
+        "metric, on_failure); it still runs inside misfire_grace",
+        True,
+    ),
+    Field(
+        "pause_after_failures",
+        c.positive_count,
+        None,
+        "after this many failed ticks in a row, pause the job cluster-wide (who: pgcrond); "
+        "any success resets the count; lease guard only",
         True,
     ),
     Field(

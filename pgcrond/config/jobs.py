@@ -28,7 +28,7 @@ from pgcrond.config.reading import INVALID, Reading
 from pgcrond.config.schedules import read_schedule
 from pgcrond.config.yamlnodes import Located, Section
 from pgcrond.core.durations import format_duration
-from pgcrond.core.hooks import FailureHook
+from pgcrond.core.hooks import Hook, Ping
 from pgcrond.core.keys import KeyHash
 from pgcrond.core.schedule import OnceSchedule
 from pgcrond.core.timing import LeaseTiming
@@ -56,12 +56,13 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
         timing = read_timing(reading, own, default_values, section, defaults)
     else:
         timing = reading.default_timing  # its problems were reported once, at the defaults
-    schedule, zone = read_schedule(reading, section, zone, "timezone" in own)
+    schedule, zone = read_schedule(reading, section, zone, "timezone" in own, merged)
     guard = cast(Guard, merged.get("guard", JOB["guard"].default))
     action = read_action(reading, section, merged, timing, guard)
     key_hash = reading.read(section, "key_hash", JOB["key_hash"].convert)
     lock_key = reading.read(section, "lock_key", JOB["lock_key"].convert)
     description = reading.read(section, "description", JOB["description"].convert)
+    ping = reading.read(section, "ping", JOB["ping"].convert)
     suspended = reading.read(section, "suspended", JOB["suspended"].convert)
     renamed_from = reading.read(section, "renamed_from", JOB["renamed_from"].convert) or ()
     if renamed_from:
@@ -74,6 +75,23 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
             section if "jitter" in own else (defaults or section),
             "jitter",
             f"must be shorter than misfire_grace ({format_duration(grace)})",
+            job=code,
+        )
+    deadline = merged.get("start_deadline")
+    if isinstance(deadline, timedelta) and isinstance(grace, timedelta) and deadline >= grace:
+        # A start later than misfire_grace is no start: the tick is MISSED (on_missed).
+        reading.report(
+            section if "start_deadline" in own else (defaults or section),
+            "start_deadline",
+            f"must be shorter than misfire_grace ({format_duration(grace)})",
+            job=code,
+        )
+    if guard == "advisory" and merged.get("pause_after_failures") is not None:
+        # The count is the lease table's: an advisory guard keeps no outcomes.
+        reading.report(
+            section if "pause_after_failures" in own else (defaults or section),
+            "pause_after_failures",
+            "needs guard: lease (an advisory guard keeps no outcomes to count)",
             job=code,
         )
     if guard != "advisory":
@@ -121,7 +139,15 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
         timing=timing,
         timeout=cast(timedelta | None, merged.get("timeout", JOB["timeout"].default)),
         retries=cast(int, merged.get("retries", JOB["retries"].default)),
-        on_failure=cast(FailureHook | None, merged.get("on_failure")),
+        on_start=cast(Hook | None, merged.get("on_start")),
+        on_success=cast(Hook | None, merged.get("on_success")),
+        on_failure=cast(Hook | None, merged.get("on_failure")),
+        on_recovery=cast(Hook | None, merged.get("on_recovery")),
+        on_missed=cast(Hook | None, merged.get("on_missed")),
+        ping=cast(Ping | None, ping),
+        max_duration=cast(timedelta | None, merged.get("max_duration")),
+        start_deadline=cast(timedelta | None, merged.get("start_deadline")),
+        pause_after_failures=cast(int | None, merged.get("pause_after_failures")),
         retry_delay=cast(timedelta, merged.get("retry_delay", DEFAULT_RETRY_DELAY)),
         min_hold=cast(timedelta, merged.get("min_hold", DEFAULT_MIN_HOLD)),
         misfire_grace=cast(timedelta, misfire_grace),

@@ -7,6 +7,7 @@ which the server refused, and refused ``:9464``, which the server accepted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from ipaddress import ip_address
 
 from pgcrond.errors import ValidationError
 
@@ -53,3 +54,15 @@ def parse_listen(text: str) -> Listen | None:
     elif "[" in host or "]" in host or any(c.isspace() for c in host):
         raise ValidationError(FIELD, f"{text!r} is not HOST:PORT ({EXAMPLES})")
     return Listen(host or None, int(port_text))
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` (None: every interface) is reachable from this machine only."""
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything

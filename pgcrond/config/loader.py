@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from types import MappingProxyType
 from typing import cast
 
+from pgcrond.config.calendars import read_calendars
 from pgcrond.config.database import read_database
 from pgcrond.config.fields import DATABASE, DEFAULTABLE, HTTP, TOP
 from pgcrond.config.jobs import read_job, read_timing
+from pgcrond.config.listen import is_loopback, parse_listen
 from pgcrond.config.models import (
     DEFAULT_CATCH_UP_WINDOW,
     DEFAULT_HISTORY_RETENTION,
@@ -34,6 +37,7 @@ from pgcrond.config.models import (
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_SPREAD,
     Config,
+    HttpLimits,
     JobConfig,
     PageAccess,
 )
@@ -41,8 +45,9 @@ from pgcrond.config.reading import Reading
 from pgcrond.config.rules import check_renames, check_retention
 from pgcrond.config.sources import STDIN, STDIN_NAME, Sources
 from pgcrond.config.yamlnodes import Section
+from pgcrond.core.access import PageUser, Role, TlsFiles
 from pgcrond.core.box import Cgroups
-from pgcrond.errors import ConfigError, ConfigIssue
+from pgcrond.errors import ConfigError, ConfigIssue, ValidationError
 
 
 def load_config(
@@ -108,13 +113,17 @@ def _build(
     http_listen = DEFAULT_HTTP_LISTEN
     if http is not None and "listen" in http.values:
         http_listen = reading.read(http, "listen", HTTP["listen"].convert) or ""
-    page_access = _page_access(reading, http)
+    page_access = _page_access(reading, http, http_listen)
+    http_limits = _http_limits(reading, http)
+    http_tls = cast(TlsFiles | None, _http_value(reading, http, "tls"))
     shutdown_grace = reading.read(top, "shutdown_grace", TOP["shutdown_grace"].convert)
     history_retention = reading.read(top, "history_retention", TOP["history_retention"].convert)
     catch_up_window = reading.read(top, "catch_up_window", TOP["catch_up_window"].convert)
     spread = reading.read(top, "spread", TOP["spread"].convert)
     cgroups = reading.read(top, "cgroups", TOP["cgroups"].convert)
 
+    calendars = read_calendars(reading, sources.top.get("calendars"))
+    reading.calendars = calendars
     reading.defaults = defaults
     if defaults is not None:
         reading.default_values = reading.read_all(defaults)
@@ -144,27 +153,73 @@ def _build(
         jobs=MappingProxyType(jobs),
         http_listen=http_listen,
         page_access=page_access,
+        http_limits=http_limits,
+        http_tls=http_tls,
         shutdown_grace=DEFAULT_SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
         history_retention=history_retention or DEFAULT_HISTORY_RETENTION,
         catch_up_window=catch_up_window or DEFAULT_CATCH_UP_WINDOW,
         spread=DEFAULT_SPREAD if spread is None else spread,
         cgroups=cast(Cgroups, cgroups or TOP["cgroups"].default),
+        calendars=MappingProxyType(calendars),
         warnings=tuple(_sorted(reading.issues.warnings, names)),
     )
 
 
-def _page_access(reading: Reading, http: Section | None) -> PageAccess:
+def _http_value(reading: Reading, http: Section | None, name: str) -> object:
+    """One ``http:`` field, or its default when absent or wrong (then reported)."""
+    found = None
+    if http is not None and name in http.values:
+        found = reading.read(http, name, HTTP[name].convert)
+    return HTTP[name].default if found is None else found
+
+
+def _page_access(reading: Reading, http: Section | None, listen: str) -> PageAccess:
     """The status page's access fields; a wrong one is reported (the config is refused)."""
     if http is None:
         return PageAccess()
 
     def value(name: str) -> object:
-        found = reading.read(http, name, HTTP[name].convert) if name in http.values else None
-        return HTTP[name].default if found is None else found
+        return _http_value(reading, http, name)
 
-    return PageAccess(
-        enabled=bool(value("status_page")),
-        users=cast(Mapping[str, str], value("users")),
+    switch = value("status_page")
+    access = PageAccess(
+        enabled=switch is not False,
+        public=switch == "public",
+        users=cast(Mapping[str, PageUser], value("users")),
         trusted_proxies=cast(tuple[IPv4Network | IPv6Network, ...], value("trusted_proxies")),
         proxy_header=str(value("proxy_header")),
+        proxy_role=cast(Role, value("proxy_role")),
+        csrf_secret=cast(str | None, value("csrf_secret")),
+    )
+    try:
+        address = parse_listen(listen)
+    except ValidationError:
+        return access  # reported where listen was read
+    exposed = address is not None and not is_loopback(address.host)
+    if access.public and exposed and not access.authenticated:
+        reading.issues.warn(
+            http.file,
+            http.values["status_page"].line,
+            None,
+            "http.status_page",
+            f"public: anyone who reaches {address} reads every job's page: its schedule, "
+            "errors, idempotency keys and the recent output (stdout and stderr) of its runs",
+        )
+    passwords = any(user.password for user in access.users.values())
+    plain = value("tls") is None and not access.trusted_proxies
+    if exposed and passwords and plain and not value("allow_plaintext_passwords"):
+        reading.report(
+            http,
+            "users",
+            f"passwords would cross the network readable: {address} is not loopback and "
+            "serves plain HTTP. Set http.tls, put the TLS proxy in front of it in "
+            "http.trusted_proxies, or set http.allow_plaintext_passwords: true to accept the risk",
+        )
+    return access
+
+
+def _http_limits(reading: Reading, http: Section | None) -> HttpLimits:
+    return HttpLimits(
+        max_connections=cast(int, _http_value(reading, http, "max_connections")),
+        idle_timeout=cast(timedelta, _http_value(reading, http, "idle_timeout")),
     )

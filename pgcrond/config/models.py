@@ -10,6 +10,7 @@ drives the loader and the JSON Schema.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
@@ -30,12 +31,14 @@ from pgcrond.config.fields import (
     LateTicks,
     default,
 )
+from pgcrond.config.listen import is_loopback
+from pgcrond.core.access import PageUser, Role, TlsFiles
 from pgcrond.core.actions import Action
 from pgcrond.core.box import Box, Cgroups
-from pgcrond.core.hooks import FailureHook
+from pgcrond.core.hooks import Hook, Ping
 from pgcrond.core.keys import KeyHash
 from pgcrond.core.redaction import redact, remember
-from pgcrond.core.schedule import OnceSchedule, Schedule
+from pgcrond.core.schedule import Calendar, OnceSchedule, Schedule
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import ConfigIssue
 
@@ -98,7 +101,16 @@ class JobConfig:
     timing: LeaseTiming = field(default_factory=lambda: LeaseTiming.build(DEFAULT_JOB_LEASE))
     timeout: timedelta | None = default(JOB, "timeout")
     retries: int = default(JOB, "retries")
-    on_failure: FailureHook | None = default(JOB, "on_failure")
+    on_start: Hook | None = default(JOB, "on_start")
+    on_success: Hook | None = default(JOB, "on_success")
+    on_failure: Hook | None = default(JOB, "on_failure")
+    on_recovery: Hook | None = default(JOB, "on_recovery")
+    on_missed: Hook | None = default(JOB, "on_missed")
+    ping: Ping | None = default(JOB, "ping")
+    # Reported, not enforced: a run past it, a start later than it after the tick.
+    max_duration: timedelta | None = default(JOB, "max_duration")
+    start_deadline: timedelta | None = default(JOB, "start_deadline")
+    pause_after_failures: int | None = default(JOB, "pause_after_failures")
     retry_delay: timedelta = DEFAULT_RETRY_DELAY
     min_hold: timedelta = DEFAULT_MIN_HOLD
     misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE
@@ -137,6 +149,28 @@ class JobConfig:
 
     # What its guard kind can do, said once for code that has the config and
     # not the guard (a guard says ``remembers`` itself: guard/base.py).
+    @functools.cached_property
+    def observed(self) -> bool:
+        """Something besides the metrics watches its runs: a hook, a ping, a report, a pause rule.
+
+        Asked on every event of every fire (daemon/observers.py), so worked
+        out once per job: most jobs have none of them.
+        """
+        return any(
+            value is not None
+            for value in (
+                self.on_start,
+                self.on_success,
+                self.on_failure,
+                self.on_recovery,
+                self.on_missed,
+                self.ping,
+                self.max_duration,
+                self.start_deadline,
+                self.pause_after_failures,
+            )
+        )
+
     @property
     def guard_remembers(self) -> bool:
         """Its guard keeps every tick's outcome in the lease table (history, retries, catch-up)."""
@@ -161,20 +195,42 @@ def changed_fields(old: JobConfig, new: JobConfig) -> list[str]:
 class PageAccess:
     """Who may see the status page and act on it (the ``http:`` section's access fields).
 
-    No users and no trusted proxies: the page is open and read-only. Either one:
-    every page asks who you are, and a signed-in operator may pause, resume and
-    run jobs.
+    No users and no trusted proxies: the page is read-only, served on a
+    loopback listener (or anywhere with ``status_page: public``). Either one:
+    every page asks who you are; an operator may pause, resume and run jobs.
     """
 
-    enabled: bool = default(HTTP, "status_page")
-    # Hashes are no passwords, but no repr of a config (a log, a traceback) shows them.
-    users: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    enabled: bool = True
+    # status_page: public: served open on a listener that is not loopback too.
+    public: bool = False
+    users: Mapping[str, PageUser] = field(default_factory=lambda: MappingProxyType({}))
     trusted_proxies: tuple[IPv4Network | IPv6Network, ...] = ()
     proxy_header: str = default(HTTP, "proxy_header")
+    proxy_role: Role = default(HTTP, "proxy_role")
+    # The form tokens' key; None: a random one per replica. Never in a repr.
+    csrf_secret: str | None = field(default=None, repr=False)
 
     @property
     def authenticated(self) -> bool:
         return bool(self.users or self.trusted_proxies)
+
+    def served_on(self, host: str | None) -> bool:
+        """Whether a listener on ``host`` (None: every interface) serves the page.
+
+        Off a loopback address the page (every job's recent output) needs a
+        sign-in or ``status_page: public``; the probes and /metrics are always served.
+        """
+        if not self.enabled:
+            return False
+        return self.authenticated or self.public or is_loopback(host)
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """The HTTP server's connection limits (``http.max_connections``, ``http.idle_timeout``)."""
+
+    max_connections: int = default(HTTP, "max_connections")
+    idle_timeout: timedelta = default(HTTP, "idle_timeout")
 
 
 @dataclass(frozen=True)
@@ -184,11 +240,15 @@ class Config:
     jobs: Mapping[str, JobConfig]
     http_listen: str = DEFAULT_HTTP_LISTEN
     page_access: PageAccess = field(default_factory=PageAccess)
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
+    http_tls: TlsFiles | None = None
     shutdown_grace: timedelta = DEFAULT_SHUTDOWN_GRACE
     history_retention: timedelta = DEFAULT_HISTORY_RETENTION
     catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
     spread: timedelta = DEFAULT_SPREAD
     cgroups: Cgroups = default(TOP, "cgroups")
+    # The calendars: section by name (the jobs' schedules hold the ones they skip on).
+    calendars: Mapping[str, Calendar] = field(default_factory=lambda: MappingProxyType({}))
     # What `check` shows but does not refuse: ${VAR}s left unset when linting.
     warnings: tuple[ConfigIssue, ...] = ()
 

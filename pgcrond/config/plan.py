@@ -8,15 +8,15 @@ those and prints the result.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from pgcrond.config.definition import Definition, definition
 from pgcrond.config.models import Config
-from pgcrond.core.schedule import CronSchedule, run_key_for
+from pgcrond.core.schedule import Schedule, from_definition, run_key_for
 
 NEXT_FIRES = 5
 # Fields whose change alters which ticks exist.
@@ -45,6 +45,11 @@ class JobChange:
     # Schedule changes: the next fires (run keys) before and after, from now.
     fires_before: list[str] | None = None
     fires_after: list[str] | None = None
+    # What produced each of fires_after: its form, and a clock change's note.
+    fire_forms: list[str] | None = None
+    # Of the fires up to the later list's horizon: those only after, those only before.
+    fires_appearing: list[str] = field(default_factory=list)
+    fires_disappearing: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,12 @@ def make_plan(
     *,
     replicas: Sequence[str] = (),
     config_hashes: Sequence[str] = (),
+    known: Collection[str] = (),
 ) -> Plan:
     """``running``: code -> the distinct definitions live replicas run (several during drift).
 
-    ``open_ticks``: code -> ticks RUNNING or with a retry pending.
+    ``open_ticks``: code -> ticks RUNNING or with a retry pending. ``known``: codes
+    the cluster has history of though no definition of them was recorded: not new.
     """
     wanted = {code: definition(job) for code, job in new.jobs.items()}
     moved = {old: code for code, job in new.jobs.items() for old in job.renamed_from}
@@ -88,7 +95,7 @@ def make_plan(
         if not befores and olds:
             befores = list(running[olds[0]])
         if not befores:
-            if not olds:
+            if not olds and code not in known:
                 jobs.append(_added(code, after, now))
             continue
         changes = _changes(befores, after)
@@ -109,6 +116,11 @@ def make_plan(
         if code in wanted or code in moved:
             continue
         jobs.append(_removed(code, open_ticks.get(code, 0)))
+    if unseen := sorted(set(known) & set(wanted) - set(running)):
+        warnings.append(
+            f"{len(unseen)} job(s) have history but no recorded definition, so what changes "
+            f"in them cannot be shown: {', '.join(unseen)}"
+        )
     warnings += _lookalikes(wanted, new, running)
     return Plan(jobs, warnings, list(replicas), list(config_hashes))
 
@@ -133,7 +145,7 @@ def _added(code: str, after: Definition, now: datetime) -> JobChange:
     else:
         first = fires[0] if fires else "none (no tick left)"
         consequence = f"new job: its first tick is {first}, run by a replica that has it"
-    return JobChange(code, "added", consequence, fires_after=fires)
+    return JobChange(code, "added", consequence, fires_after=fires, fire_forms=_forms(after, now))
 
 
 def _removed(code: str, open_count: int) -> JobChange:
@@ -184,33 +196,68 @@ def _changed(
 def _with_fires(job: JobChange, before: Definition, after: Definition, now: datetime) -> JobChange:
     if not any(c.field in _SCHEDULE_FIELDS for c in job.changes):
         return job
+    fires_before, fires_after = next_fires(before, now), next_fires(after, now)
+    appearing, disappearing = _difference(before, after, now)
     return JobChange(
         job.code,
         job.kind,
         job.consequence,
         job.changes,
         job.renamed_from,
-        next_fires(before, now),
-        next_fires(after, now),
+        fires_before,
+        fires_after,
+        _forms(after, now),
+        appearing,
+        disappearing,
     )
+
+
+def _schedule(job: Definition) -> Schedule:
+    return from_definition(job["schedule"], ZoneInfo(job["timezone"]))
 
 
 def next_fires(job: Definition, now: datetime, count: int = NEXT_FIRES) -> list[str] | None:
     """The next ``count`` ticks (run keys) of a canonical definition; None for run-once."""
-    schedule = job["schedule"]
-    if "once" in schedule:
+    if "once" in job["schedule"]:
         return None
-    if "at" in schedule:
-        at = datetime.fromisoformat(schedule["at"])
-        return [run_key_for(at)] if at > now else []
-    cron = CronSchedule.parse(schedule["cron"], ZoneInfo(job["timezone"]))
     fires: list[str] = []
+    schedule = _schedule(job)
     moment: datetime | None = now
     while moment is not None and len(fires) < count:
-        moment = cron.next_after(moment)
+        moment = schedule.next_after(moment)
         if moment is not None:
             fires.append(run_key_for(moment))
     return fires
+
+
+def _forms(job: Definition, now: datetime) -> list[str] | None:
+    """What made each of :func:`next_fires`: the form, and a clock change's note."""
+    if "once" in job["schedule"]:
+        return None
+    fires = next_fires(job, now) or []
+    schedule = _schedule(job)
+    forms = []
+    for fire in fires:
+        tick = datetime.fromisoformat(fire)
+        occasion = schedule.occasion_after(tick - timedelta(seconds=1))
+        assert occasion is not None and occasion.tick == tick
+        forms.append(occasion.form + (f"; {occasion.dst}" if occasion.dst else ""))
+    return forms
+
+
+def _difference(
+    before: Definition, after: Definition, now: datetime
+) -> tuple[list[str], list[str]]:
+    """The fires only the new schedule has, and those only the old one had.
+
+    Compared up to the nearer of the two lists' horizons, so that a fire
+    beyond one list's end is not taken for a change.
+    """
+    old, new = next_fires(before, now) or [], next_fires(after, now) or []
+    horizon = min([fires[-1] for fires in (old, new) if len(fires) == NEXT_FIRES], default="9999")
+    appearing = [f for f in new if f <= horizon and f not in old]
+    disappearing = [f for f in old if f <= horizon and f not in new]
+    return appearing, disappearing
 
 
 def _lookalikes(

@@ -16,6 +16,7 @@ from pgcrond.config.envfiles import Read
 from pgcrond.config.fields import DEFAULTABLE, JOB
 from pgcrond.config.models import DEFAULT_JOB_LEASE
 from pgcrond.config.yamlnodes import Issues, Section
+from pgcrond.core.schedule import Calendar
 from pgcrond.core.timing import LeaseTiming
 
 T = TypeVar("T")
@@ -47,6 +48,8 @@ class Reading:
         self.url_unset = False
         # The lease database's URL as the jobs will use it (an sql: job's database: must match).
         self.lease_url: str | None = None
+        # The calendars: section, read before the jobs (their skip_on: names them).
+        self.calendars: Mapping[str, Calendar] = {}
 
     def issue(
         self, file: str, line: int | None, job: str | None, name: str | None, message: str

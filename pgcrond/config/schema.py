@@ -64,6 +64,32 @@ def _object(
     }
 
 
+_DAYS: dict[str, Any] = {
+    "type": "array",
+    "description": "dates (2026-12-24) and ranges of dates, both included (2026-12-24..2027-01-02)",
+    "items": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}(\.\.\d{4}-\d{2}-\d{2})?$"},
+}
+_YEARLY: dict[str, Any] = {
+    "type": "array",
+    "description": "days of every year, MM-DD (12-25; 02-29 in leap years only)",
+    "items": {"type": "string", "pattern": r"^\d{2}-\d{2}$"},
+}
+_CALENDAR: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "days": _DAYS,
+        "yearly": _YEARLY,
+        "include": {
+            "type": "string",
+            "minLength": 1,
+            "description": "a YAML file of days: and yearly: (its path read from this file's "
+            "directory)",
+        },
+    },
+}
+
+
 def config_schema() -> dict[str, Any]:
     """The schema of one config file (any file of a directory: every section is optional)."""
     exactly_one = [
@@ -89,9 +115,15 @@ def config_schema() -> dict[str, Any]:
                 "propertyNames": {"minLength": 1, "maxLength": 200},
                 "additionalProperties": {"$ref": "#/$defs/job"},
             },
+            "calendars": {
+                "type": "object",
+                "description": "calendar name -> days on which the jobs that skip_on it do not run",
+                "propertyNames": {"pattern": "^[A-Za-z0-9_-]{1,63}$"},
+                "additionalProperties": {"$ref": "#/$defs/calendar"},
+            },
             **{name: _property(field) for name, field in TOP.items()},
         },
-        "$defs": {"duration": DURATION_SCHEMA, "job": job},
+        "$defs": {"duration": DURATION_SCHEMA, "job": job, "calendar": _CALENDAR},
     }
 
 

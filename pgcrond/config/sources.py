@@ -6,8 +6,9 @@ once across files); the values are read by the rest of the loader.
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -20,6 +21,21 @@ from pgcrond.errors import ValidationError
 # `pgcrond check -` reads the config from standard input, named so in messages.
 STDIN = "-"
 STDIN_NAME = "<stdin>"
+
+# Where every command finds its config when no -c is given: this variable
+# (paths separated by ':'), else this file in the working directory.
+CONFIG_ENV = "PGCROND_CONFIG"
+CONFIG_HERE = "pgcrond.yaml"
+
+
+def config_paths(given: Sequence[str], environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The config a command reads: ``-c`` (or PATH) as given, else $PGCROND_CONFIG, else
+    ``./pgcrond.yaml`` when it exists; ``[]`` when none of them names one."""
+    if given:
+        return list(given)
+    if named := [path for path in environ.get(CONFIG_ENV, "").split(os.pathsep) if path]:
+        return named
+    return [CONFIG_HERE] if Path(CONFIG_HERE).is_file() else []
 
 
 class Sources:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 class Request:
     """One request as read: ``headers`` by lower-case name, each with every value it came with.
 
-    ``peer`` is the client's address (None for a Unix socket); ``path`` has no query.
+    ``peer`` is the client's address (None for a Unix socket); ``path`` has no
+    query and is still percent-encoded; ``secure``: it came over TLS.
     """
 
     method: str
@@ -22,6 +23,9 @@ class Request:
     headers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     body: bytes = b""
     peer: str | None = None
+    secure: bool = False
+    # The query's parameters, the first value of each.
+    query: Mapping[str, str] = field(default_factory=dict)
 
     def header(self, name: str) -> str:
         """The value of ``name``, repeats joined as RFC 9110 reads them; "" when absent."""

@@ -1,30 +1,45 @@
-"""``/healthz``, ``/readyz``, ``/metrics`` and the status page on a tiny asyncio HTTP/1.1 server.
+"""``/healthz``, ``/readyz``, ``/metrics`` and the status page, served by aiohttp.
 
-Three fixed endpoints for probes and Prometheus and one small page do not need
-a framework: one request per connection, ``Connection: close``, a body only for
-the status page's form POSTs (at most :data:`MAX_BODY` bytes, with a
-``Content-Length``). The server lives on the daemon's event loop, so a wedged
-loop fails the probes too, which is the point. No header is ever logged: the
-``Authorization`` header carries a password.
+aiohttp's server rather than uvicorn and an ASGI app: it runs on an event loop
+we create and own (the HTTP thread's, below) without installing signal
+handlers or owning the process, it reloads a TLS certificate into the same
+:class:`ssl.SSLContext` for the connections that follow, and it brings the
+request, header, cookie and form parsing the page needs, where an ASGI app
+would parse those itself. The request parsing, keep-alive and HTTP/1.1 framing
+are aiohttp's; here are the routes, the limits and the thread.
+
+Limits (:class:`Limits`; docs/operations.md lists them): at most
+``max_connections`` open connections, the oldest idle one closed to admit a
+new one once full (an idle flood cannot lock out a probe) and a new one
+refused when every one is busy; a connection that has not sent a whole
+request within ``idle_timeout`` (or sends nothing more after an answer) is
+closed; request lines and header fields of at most 8 KiB, at most 64 headers,
+a body of at most 16 KiB read within ``idle_timeout``. No header is ever
+logged: the ``Authorization`` header carries a password.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import gzip
+import logging
+import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
+from aiohttp import http_exceptions, web
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry
 
 from pgcrond.config.listen import parse_listen as read_listen
+from pgcrond.config.models import HttpLimits
+from pgcrond.core.access import TlsFiles
 from pgcrond.daemon.exchange import Request, Response
 from pgcrond.daemon.metrics import exposition
 from pgcrond.errors import ValidationError
@@ -37,41 +52,43 @@ log = structlog.get_logger("pgcrond.daemon.http")
 # A probe that takes longer than this is a failed probe: better a 503 now than
 # a kubelet timeout that says nothing.
 READY_TIMEOUT_S = 2.0
-# How long stop() waits for the HTTP thread to end.
+# How long stop() waits for the HTTP thread and its open connections to end.
 CLOSE_WAIT_S = 5.0
 T = TypeVar("T")
-# Slow or silent clients must not pin connections open.
-REQUEST_TIMEOUT_S = 5.0
-MAX_HEADER_LINES = 100
 # A status page form (a job code, a reason, a token) is a few hundred bytes.
 MAX_BODY = 16 * 1024
-REASONS = {
-    200: "OK",
-    303: "See Other",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    413: "Content Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
+# aiohttp's own defaults for a line and a header field; fewer headers than its
+# 128: no browser, proxy or scraper sends more than a few dozen.
+MAX_LINE = 8190
+MAX_HEADERS = 64
+# Connections the kernel queues while the server is busy accepting: they hold
+# no descriptor of ours until accepted.
+BACKLOG = 128
+# A refusal at the connection limit is logged at most this often.
+REFUSAL_LOG_S = 60.0
 TEXT = "text/plain; charset=utf-8"
-# What a slow, truncated, oversized or non-HTTP request raises while it is read.
-_UNREADABLE = (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError)
-# After refusing a request it did not read to its end, the server reads on
-# (and drops) up to this much for up to this long before it closes: a socket
-# closed with unread input is reset, and the reset can destroy the 400 before
-# the client reads it.
-DISCARD_BYTES = 1024 * 1024
-DISCARD_S = 1.0
-
+PROBES = ("/healthz", "/readyz", "/metrics")
 
 # /metrics: a render slower than this (thousands of jobs) makes scrapes take
 # the last render and refresh it behind; never one older than the limit.
 FRESH_RENDER_S = 0.05
 STALE_LIMIT_S = 60.0
+
+
+class _ClientGarbage(logging.Filter):
+    """Drops aiohttp's ERROR line (with traceback) for a request it could not parse.
+
+    That is a client's garbage, answered 400 already, not a fault of ours;
+    an exception from a handler is still logged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, http_exceptions.HttpProcessingError)
+
+
+_server_log = logging.getLogger("pgcrond.daemon.http.server")
+_server_log.addFilter(_ClientGarbage())
 
 
 @dataclass(frozen=True)
@@ -115,10 +132,6 @@ def _gzip(render: Callable[[], bytes]) -> bytes:
     return gzip.compress(render(), compresslevel=1, mtime=0)
 
 
-class _TooLarge(Exception):
-    """A body over :data:`MAX_BODY`: answered 413, not read."""
-
-
 def parse_listen(listen: str) -> tuple[str | None, int]:
     """``host:port``, ``[::1]:port`` or ``:port`` -> (host, port); host None = all interfaces.
 
@@ -128,6 +141,20 @@ def parse_listen(listen: str) -> tuple[str | None, int]:
     if address is None:
         raise ValidationError("http.listen", "'' turns HTTP off; there is no address to serve on")
     return address.host, address.port
+
+
+def tls_context(files: TlsFiles) -> ssl.SSLContext:
+    """A server context holding ``files``' certificate chain and key."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(files.cert, files.key)
+    return context
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the limit while every open one is busy: closed at once."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 class HealthServer:
@@ -144,6 +171,8 @@ class HealthServer:
         status_page: StatusPage | None = None,
         ready_detail: Callable[[], list[str]] | None = None,
         busy: Callable[[], bool] = lambda: False,
+        limits: HttpLimits | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         """``busy``: whether a big tick is in flight (called on the HTTP thread):
         meanwhile a scrape is answered with the last render, if there is one."""
@@ -155,7 +184,14 @@ class HealthServer:
         self._ready_timeout = ready_timeout
         self._ready_detail = ready_detail
         self._busy = busy
+        self._limits = limits or HttpLimits()
+        self._tls = tls
+        self._context = None if tls is None else tls_context(tls)
         self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
+        # Connections answering a request now: never closed to admit another.
+        self._working: set[RequestHandler] = set()
+        self._refused_logged = 0.0
         # The /metrics render in progress, per content type.
         self._renders: dict[str, asyncio.Future[bytes]] = {}
         # The last finished render, per content type.
@@ -168,6 +204,10 @@ class HealthServer:
             return self._port
         port: int = self._server.sockets[0].getsockname()[1]
         return port
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self._context is None else "https"
 
     async def start(self) -> None:
         """Listen, on a thread of its own with its own event loop.
@@ -186,22 +226,104 @@ class HealthServer:
         self._thread.start()
         self._loop = await asyncio.wrap_future(running)
         try:
-            self._server = await self._on(
-                self._loop, asyncio.start_server(self._serve, self.host, self._port)
-            )
+            self._server = await self._on(self._loop, self._listen())
         except BaseException:
             await self._end_loop()
             raise
-        log.info("http_listening", host=self.host or "*", port=self.port)
+        log.info("http_listening", host=self.host or "*", port=self.port, scheme=self.scheme)
+
+    async def _listen(self) -> asyncio.Server:
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._in_flight])
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics_route)
+        app.router.add_route("*", "/{path:.*}", self._other)
+        idle = self._limits.idle_timeout.total_seconds()
+        self._runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            logger=_server_log,
+            keepalive_timeout=idle,
+            max_line_size=MAX_LINE,
+            max_field_size=MAX_LINE,
+            max_headers=MAX_HEADERS,
+            shutdown_timeout=CLOSE_WAIT_S,
+        )
+        await self._runner.setup()
+        return await asyncio.get_running_loop().create_server(
+            self._admit,
+            self.host,
+            self._port,
+            ssl=self._context,
+            ssl_handshake_timeout=idle if self._context is not None else None,
+            backlog=BACKLOG,
+            reuse_address=True,
+        )
+
+    def _admit(self) -> asyncio.BaseProtocol:
+        """The protocol of a new connection, within ``max_connections``.
+
+        Full, the oldest connection that is not answering a request (an idle
+        keep-alive, or one that has sent no whole request yet) is closed for
+        it, as nginx reuses idle keep-alive connections when it runs out: idle
+        connections, however many, cannot keep out a probe, and the
+        descriptors held stay bounded beside the jobs' pipes and the
+        database's connections. With every connection busy, the new one is
+        closed at once.
+        """
+        assert self._runner is not None
+        server = self._runner.server
+        assert server is not None
+        open_now = server.connections  # oldest first
+        if len(open_now) >= self._limits.max_connections:
+            idle = next((c for c in open_now if c not in self._working), None)
+            if idle is None:
+                now = time.monotonic()
+                if now - self._refused_logged >= REFUSAL_LOG_S:
+                    self._refused_logged = now
+                    log.warning("http_connections_full", limit=self._limits.max_connections)
+                return _Refused()
+            idle.force_close()
+        return server()
+
+    @web.middleware
+    async def _in_flight(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        protocol = request.protocol
+        self._working.add(protocol)
+        try:
+            return await handler(request)
+        finally:
+            self._working.discard(protocol)
+
+    def reload_tls(self) -> None:
+        """Read the certificate and key again (SIGHUP): the connections that follow use them.
+
+        Called on the daemon's loop; the context is shared with the HTTP thread,
+        and OpenSSL swaps the chain under its own lock. A file that cannot be
+        read keeps the chain already loaded.
+        """
+        if self._context is None or self._tls is None:
+            return
+        try:
+            self._context.load_cert_chain(self._tls.cert, self._tls.key)
+        except (OSError, ssl.SSLError) as exc:
+            log.error("http_tls_reload_failed", cert=str(self._tls.cert), error=str(exc))
+            return
+        log.info("http_tls_reloaded", cert=str(self._tls.cert))
 
     async def stop(self) -> None:
         if self._server is None:
             return
         server, self._server = self._server, None
+        runner = self._runner
 
         async def close() -> None:
             server.close()
-            await server.wait_closed()
+            if runner is not None:
+                await runner.cleanup()
 
         await self._on(self._loop, close())
         await self._end_loop()
@@ -215,69 +337,61 @@ class HealthServer:
         """``work`` run on ``loop``, awaited from the running one."""
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            try:
-                request = await asyncio.wait_for(
-                    _read_request(reader, _peer(writer)), REQUEST_TIMEOUT_S
-                )
-            except _TooLarge:
-                await _respond(writer, 413, TEXT, f"a body is at most {MAX_BODY} bytes\n".encode())
-                await _discard_input(reader, writer)
-                return
-            except _UNREADABLE:
-                await _respond(writer, 400, TEXT, b"bad request\n")
-                await _discard_input(reader, writer)
-                return
-            try:
-                answer = await self._route(request)
-            except Exception as exc:
-                # A bug must cost one answer, not the connection unanswered.
-                log.error("http_request_failed", path=request.path[:200], error=repr(exc)[:500])
-                answer = Response(500, TEXT, b"internal error\n")
-            extra = {"Allow": "GET, HEAD"} if answer.status == 405 else {}
-            await _respond(
-                writer,
-                answer.status,
-                answer.content_type,
-                b"" if request.method == "HEAD" else answer.body,
-                length=len(answer.body),
-                extra={**extra, **answer.headers},
-            )
-        except ConnectionError:
-            pass  # the client went away; nothing to tell it
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+    async def _healthz(self, request: web.Request) -> web.Response:
+        if _safely(self._health):
+            return _text(200, "ok\n")
+        return _text(503, "unhealthy\n")
 
-    async def _route(self, request: Request) -> Response:
-        if self._status_page is not None and self._status_page.serves(request.path):
-            return await self._on(self._main, self._status_page.handle(request))
-        if request.path == "/metrics" and request.method in ("GET", "HEAD"):
-            gzipped = accepts_gzip(request.header("accept-encoding"))
-            content_type, body = await self._metrics(request.header("accept"), gzipped)
-            headers = {"Vary": "Accept-Encoding"}
-            if gzipped:
-                headers["Content-Encoding"] = "gzip"
-            return Response(200, content_type, body, headers)
-        return Response(*await self._probe(request.method, request.path))
-
-    async def _probe(self, method: str, path: str) -> tuple[int, str, bytes]:
-        if path not in ("/healthz", "/readyz", "/metrics"):
-            return 404, TEXT, b"not found\n"
-        if method not in ("GET", "HEAD"):
-            return 405, TEXT, b"method not allowed\n"
-        if path == "/healthz":
-            healthy = _safely(self._health)
-            return (200, TEXT, b"ok\n") if healthy else (503, TEXT, b"unhealthy\n")
-        # /readyz (/metrics is _route's)
+    async def _readyz(self, request: web.Request) -> web.Response:
         ready = await self._is_ready()
         # Details (stale jobs) follow the first line; they never change the status.
         body = "ok\n" if ready else "not ready\n"
         if self._ready_detail is not None:
             body += "".join(f"{line}\n" for line in _safe_detail(self._ready_detail))
-        return (200 if ready else 503), TEXT, body.encode()
+        return _text(200 if ready else 503, body)
+
+    async def _metrics_route(self, request: web.Request) -> web.Response:
+        gzipped = accepts_gzip(request.headers.get("Accept-Encoding", ""))
+        content_type, body = await self._metrics(request.headers.get("Accept", ""), gzipped)
+        headers = {"Content-Type": content_type, "Vary": "Accept-Encoding"}
+        if gzipped:
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(status=200, body=body, headers=headers)
+
+    async def _other(self, request: web.Request) -> web.Response:
+        """The status page's paths, a probe asked with another method (405), or a 404."""
+        path = request.rel_url.raw_path
+        if self._status_page is not None and self._status_page.serves(path):
+            return await self._page(request, path)
+        if path in PROBES:
+            return _text(405, "method not allowed\n", {"Allow": "GET, HEAD"})
+        return _text(404, "not found\n")
+
+    async def _page(self, request: web.Request, path: str) -> web.Response:
+        assert self._status_page is not None
+        body = b""
+        if request.method == "POST":
+            try:
+                async with asyncio.timeout(self._limits.idle_timeout.total_seconds()):
+                    body = await request.read()
+            except TimeoutError:
+                return _text(408, "the body did not arrive in time\n")
+        asked = Request(
+            method=request.method,
+            path=path,
+            headers={name.lower(): tuple(request.headers.getall(name)) for name in request.headers},
+            body=body,
+            peer=request.remote,
+            secure=request.secure,
+            query={name: request.query[name] for name in request.query},
+        )
+        try:
+            answer = await self._on(self._main, self._status_page.handle(asked))
+        except Exception as exc:
+            # A bug must cost one answer, not the connection unanswered.
+            log.error("http_request_failed", path=path[:200], error=repr(exc)[:500])
+            return _text(500, "internal error\n")
+        return _response(answer)
 
     async def _metrics(self, accept: str, gzipped: bool) -> tuple[str, bytes]:
         """The registry, rendered on a worker thread; concurrent scrapes share one render.
@@ -346,6 +460,20 @@ class HealthServer:
             return False
 
 
+def _text(status: int, body: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status, body=body.encode(), headers={"Content-Type": TEXT, **(headers or {})}
+    )
+
+
+def _response(answer: Response) -> web.Response:
+    return web.Response(
+        status=answer.status,
+        body=answer.body,
+        headers={"Content-Type": answer.content_type, **answer.headers},
+    )
+
+
 def _safe_detail(detail: Callable[[], list[str]]) -> list[str]:
     try:
         return detail()
@@ -360,69 +488,3 @@ def _safely(check: Callable[[], bool]) -> bool:
     except Exception as exc:
         log.warning("health_check_failed", error=str(exc) or type(exc).__name__)
         return False
-
-
-async def _read_request(reader: asyncio.StreamReader, peer: str | None) -> Request:
-    """One request: its line, headers and (up to :data:`MAX_BODY`) body."""
-    request_line = (await reader.readuntil(b"\r\n")).decode("latin-1").split()
-    if len(request_line) != 3 or not request_line[2].startswith("HTTP/"):
-        raise ValueError("malformed request line")
-    headers: dict[str, tuple[str, ...]] = {}
-    for _ in range(MAX_HEADER_LINES):
-        line = await reader.readuntil(b"\r\n")
-        if line == b"\r\n":
-            method, target, _version = request_line
-            body = await _read_body(reader, headers)
-            return Request(method, target.split("?", 1)[0], headers, body, peer)
-        name, _, value = line.decode("latin-1").partition(":")
-        key = name.strip().lower()
-        headers[key] = (*headers.get(key, ()), value.strip())
-    raise ValueError("too many header lines")
-
-
-async def _read_body(reader: asyncio.StreamReader, headers: Mapping[str, tuple[str, ...]]) -> bytes:
-    if "transfer-encoding" in headers:
-        raise ValueError("a chunked body; send Content-Length")
-    lengths = set(headers.get("content-length", ("0",)))
-    if len(lengths) != 1 or not (length := lengths.pop()).isascii() or not length.isdigit():
-        raise ValueError("a malformed Content-Length")
-    if len(length) > 9 or int(length) > MAX_BODY:
-        raise _TooLarge
-    return await reader.readexactly(int(length))
-
-
-def _peer(writer: asyncio.StreamWriter) -> str | None:
-    address = writer.get_extra_info("peername")
-    return str(address[0]) if isinstance(address, tuple) and address else None
-
-
-async def _discard_input(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError, RuntimeError):
-        writer.write_eof()
-    left = DISCARD_BYTES
-    with contextlib.suppress(TimeoutError, ConnectionError):
-        async with asyncio.timeout(DISCARD_S):
-            while left > 0 and (chunk := await reader.read(min(left, 65536))):
-                left -= len(chunk)
-
-
-async def _respond(
-    writer: asyncio.StreamWriter,
-    status: int,
-    content_type: str,
-    body: bytes,
-    *,
-    length: int | None = None,
-    extra: dict[str, str] | None = None,
-) -> None:
-    headers = {
-        "Content-Type": content_type,
-        "Content-Length": str(len(body) if length is None else length),
-        "Connection": "close",
-        **(extra or {}),
-    }
-    head = f"HTTP/1.1 {status} {REASONS[status]}\r\n" + "".join(
-        f"{name}: {value}\r\n" for name, value in headers.items()
-    )
-    writer.write(head.encode("latin-1") + b"\r\n" + body)
-    await writer.drain()

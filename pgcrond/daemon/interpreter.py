@@ -4,12 +4,12 @@ CPython's defaults are made for short scripts. A replica holds its whole
 configuration for hours and, while a tick fires, the short-lived objects of
 thousands of runs, beside threads of its own (the HTTP server renders
 ``/metrics`` on one). Measured with bench.scale (10,000 co-firing jobs, one
-replica; docs/performance.md, "What the interpreter cost"):
+replica):
 
 * the cyclic collector took about 45 % of the tick's CPU with its defaults
   (a young collection every 700 new container objects, full ones over every
   object alive): 6.6 s with them, 3.7 s with no collector at all. What is
-  loaded once (modules, the configuration, the schedules) is now moved out
+  loaded once (modules, the configuration, the schedules) is moved out
   of its sight after start-up and after each reload (``gc.freeze``), and the
   young generation is collected every 50,000 new objects: 4.0 s. Cyclic
   garbage is still collected, at most that many objects late. A run makes

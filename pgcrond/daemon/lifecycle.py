@@ -31,10 +31,10 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
 from pgcrond.core.replica import this_process
 from pgcrond.core.timing import MAX_STOP_GRACE
-from pgcrond.daemon import interpreter, notify
+from pgcrond.daemon import interpreter, notify, observers
 from pgcrond.daemon.accounting import Accounting
 from pgcrond.daemon.alerts import seed as seed_alerts
-from pgcrond.daemon.hooks import FailureHooks
+from pgcrond.daemon.hooks import Hooks
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.pruning import Pruning
@@ -53,7 +53,7 @@ from pgcrond.guard import Guards
 from pgcrond.guard.spread import Spread
 from pgcrond.run import box
 from pgcrond.storage.db import Database
-from pgcrond.storage.embedded import LocalServer, attach
+from pgcrond.storage.embedded import LocalServer, attach, state_home
 from pgcrond.storage.history import ping
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
@@ -114,7 +114,7 @@ class Daemon:
         self._sql_db: Database | None = None
         self._firing: Firing | None = None
         self._deferral: Deferral | None = None
-        self._hooks = FailureHooks(self.replica)
+        self._hooks = Hooks(self.replica)
         self._store: LeaseStore | None = None
         self._accounting: Accounting | None = None
         self._membership: Membership | None = None
@@ -203,6 +203,8 @@ class Daemon:
                 on_heartbeat_failure=self._count_heartbeat_failure,
             ).for_job,
             replica=self.replica,
+            # Late-bound: a reload replaces self.config.
+            jobs=lambda code: self.config.jobs.get(code),  # noqa: PLW0108
         )
         self._deferral = Deferral(self._firing, self._spawn_fire, self._spawn)
         accounting = self._accounting = Accounting(
@@ -214,7 +216,13 @@ class Daemon:
             fire_now=self._spawn_fire,
             replica=self.replica,
         )
-        self._firing.events = FanOut([self.metrics.events, accounting, self._hooks])
+        self._firing.events = FanOut(
+            [
+                self.metrics.events,
+                accounting,
+                *observers.subscribers(store, self._hooks, self.metrics, self.replica),
+            ]
+        )
         self._pruning = Pruning(store, lambda: self.config, self._spawn)
         self._start_beat()
         await self._start_http()
@@ -262,10 +270,18 @@ class Daemon:
             # "" is libpq's own defaults: PGHOST, PGSERVICE, ... from the environment.
             log.info("database", url=redact(database.url) or "(libpq environment)")
             return database.url
-        dsn, self._server = attach(database.state_dir)
+        home, blocked = state_home(database.state_dir)
+        if blocked is not None:
+            log.info(
+                "embedded_state_moved",
+                state_dir=str(database.state_dir),
+                moved_to=str(home),
+                why=f"PostgreSQL runs as 'nobody' under root, which cannot enter {blocked}",
+            )
+        dsn, self._server = attach(home)
         log.warning(
             "embedded_database",
-            state_dir=str(database.state_dir),
+            state_dir=str(home),
             detail="single-node: this PostgreSQL lives on this machine only; replicas "
             "elsewhere cannot share it. Set database.url for a real cluster.",
         )
@@ -409,6 +425,9 @@ class Daemon:
         self._spawn(notify.reloading_while(self._reload()))
 
     async def _reload(self) -> None:
+        if self._http is not None:
+            # A renewed certificate is taken up whether or not the config changed.
+            self._http.reload_tls()
         try:
             new = await asyncio.to_thread(load_config, self.paths, database_url=self.database_url)
         except ConfigError as exc:
@@ -474,6 +493,9 @@ class Daemon:
         if self._firing is not None:
             self._firing.stop()
         await self._drain(self.config.shutdown_grace.total_seconds())
+        if self._firing is not None:
+            # Grace over, or forced: a claim won ahead and not started is released.
+            self._firing.halt()
         pending = {task for task in self.fire_tasks if not task.done()}
         if pending:
             log.warning("stopping_runs", runs=self._running())
@@ -570,6 +592,17 @@ class Daemon:
     async def _start_http(self) -> None:
         if not self.http_listen:
             return
+        listen = parse_listen(self.http_listen)
+        host = None if listen is None else listen.host
+        access = self.config.page_access
+        if access.enabled and not access.served_on(host):
+            # `run --http` may open a listener the config's check never saw.
+            log.info(
+                "status_page_withheld",
+                listen=self.http_listen,
+                detail="not loopback and no http.users, http.trusted_proxies or "
+                "status_page: public; serving /healthz, /readyz and /metrics only",
+            )
         self._http = HealthServer(
             self.http_listen,
             health=self.healthy,
@@ -578,12 +611,15 @@ class Daemon:
             ready_detail=self.metrics.alerts.readiness_detail,
             registry=self.metrics.registry,
             busy=lambda: self._bursts.big,
-            # Read-only pages from the current config and the store, once started.
+            # Pages from the current config and the store, once started.
             status_page=StatusPage(
                 config=lambda: self.config,
                 store=lambda: self._store if self._started else None,
                 replica=self.replica,
+                host=host,
             ),
+            limits=self.config.http_limits,
+            tls=self.config.http_tls,
         )
         await self._http.start()
 

@@ -221,6 +221,28 @@ class Metrics:
             "start: every claim, heartbeat and run waits that long behind it.",
             registry=r,
         )
+        # Reported, not acted on (daemon/overdue.py): a run past its
+        # max_duration, a start past its start_deadline; and the pauses that
+        # pause_after_failures made (daemon/failure_pause.py).
+        self.runs_overdue = self._job_family(
+            "pgcrond_runs_overdue",
+            "Runs on this replica still running past the job's max_duration (each counted once).",
+            "counter",
+            ["cronjob"],
+        )
+        self.starts_overdue = self._job_family(
+            "pgcrond_starts_overdue",
+            "Runs on this replica that started later than the job's start_deadline after "
+            "their tick.",
+            "counter",
+            ["cronjob"],
+        )
+        self.paused_after_failures = self._job_family(
+            "pgcrond_paused_after_failures",
+            "Pauses this replica made because the job failed pause_after_failures times in a row.",
+            "counter",
+            ["cronjob"],
+        )
         self.events = FireMetrics(self)
         self.config_drift = Gauge(
             "pgcrond_config_drift",
@@ -258,6 +280,7 @@ class Metrics:
         by_job = [self.fires, self.wins, self.paused]
         by_first_event = [
             self.misfires, self.takeovers, self.heartbeat_failures, self.last_duration,
+            self.runs_overdue, self.starts_overdue, self.paused_after_failures,
         ]  # fmt: skip
         for metric in [
             *by_job, *by_first_event, self.runs, self.skips, self.missed, self.missed_recorded,

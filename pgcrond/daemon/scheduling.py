@@ -9,10 +9,9 @@ schedule (:func:`lead_for`, from ``CLAIM_AHEAD`` to ``CLAIM_AHEAD_MAX``): a
 lease job's claim is sent then, so that the claims' round trips, and the
 replica's work of handing on and claiming thousands of fires, are over by
 the fire time (the lease guard holds each run until then, by the database
-clock). APScheduler wakes ``CLAIM_AHEAD_MAX`` before every tick, and the
-hand-on waits out the rest of the lead. An advisory job's fire, and a lease
-job's whose lease is too short to be claimed ahead (``claim_ahead_for``),
-wait for the fire time.
+clock, and the lease counts from the fire time). APScheduler wakes
+``CLAIM_AHEAD_MAX`` before every tick, and the hand-on waits out the rest of
+the lead. An advisory job's fire waits for the fire time.
 """
 
 from __future__ import annotations
@@ -35,8 +34,11 @@ from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
 from pgcrond.daemon.accounting import FireNow
-from pgcrond.storage.leases import CLAIM_AHEAD, CLAIM_AHEAD_MAX, claim_ahead_for
+from pgcrond.storage.leases import CLAIM_AHEAD_MAX
 
+# The least lead of a tick: a claim's round trip on a loaded replica is
+# 5-30 ms, so a tick's claims sent this early are answered by the tick.
+CLAIM_AHEAD = timedelta(milliseconds=100)
 # Fires handed on per loop turn when one schedule holds many jobs: a turn
 # stays a few ms, and a chunk's claims still fill one statement.
 FAN_OUT_CHUNK = 500
@@ -274,7 +276,8 @@ class Scheduling:
         # on every replica. Misfire and lateness count from that instant.
         at = fire_time(code, fired.tick, job.jitter)
         lease = job.guard == "lease"
-        ahead = claim_ahead_for(job.timing.lease, fired.lead) if lease else timedelta(0)
+        # A lease counts from the fire time: any lease job may be claimed ahead.
+        ahead = fired.lead if lease else timedelta(0)
         delay = (at - ahead - datetime.now(UTC)).total_seconds()
         if delay <= 0:
             self._fire_at(code, fired, at)

@@ -22,7 +22,7 @@ from datetime import datetime
 from pgcrond.storage.dbclock import ClockFloor
 
 # Waiters let go per loop turn: each starts its run in that turn (0.1-0.4 ms
-# of a loaded loop a run). At 10,000 x 3 on two cores (docs/performance.md)
+# of a loaded loop a run). At 10,000 x 3 on two cores (bench.scale)
 # 100 a turn kept the longest turn at 64-85 ms and the tick's p99 at 1.2-1.3
 # s; 500, 194-224 ms and 1.05-1.15 s; all at once, half a second.
 RELEASE_CHUNK = 250

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 from datetime import UTC, datetime
 
 from pgcrond import report
@@ -71,12 +72,21 @@ def operator(given: str | None, process: str) -> str:
     name = (
         given
         if given is not None
-        else next((os.environ[var] for var in OPERATOR_ENV if os.environ.get(var)), "unknown")
+        else next((os.environ[var] for var in OPERATOR_ENV if os.environ.get(var)), None)
+        or _account()
     )
     name = " ".join(name.split())
     if not name or not name.isprintable():
         raise CommandError(f"--by {given!r}: give a name of printable characters, like --by alice")
     return f"{name} ({process})"
+
+
+def _account() -> str:
+    """This process's user name, as ``id -un`` says it (a container or cron sets no USER)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
 
 
 def _pause_json(pause: jobstate.Pause) -> dict[str, object]:

@@ -49,11 +49,11 @@ async def _logs(args: argparse.Namespace, target: Target, store: LeaseStore) -> 
         while row["status"] == "running":
             await asyncio.sleep(FOLLOW_POLL_S)
             row = await _again(args, store, row)
-    entry = _entry(args.job, row)
+    entry = logs_entry(args.job, row)
     if args.output == "json":
         print(report.to_json(entry))
         return EXIT_OK
-    print(_text(entry))
+    print(logs_text(entry))
     return EXIT_OK
 
 
@@ -88,7 +88,7 @@ async def _again(
     return {**row, **same[0]}
 
 
-def _entry(job: str, row: dict[str, Any]) -> dict[str, Any]:
+def logs_entry(job: str, row: dict[str, Any]) -> dict[str, Any]:
     return {
         "job": job,
         "type": row["type"],
@@ -98,7 +98,7 @@ def _entry(job: str, row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _text(entry: dict[str, Any]) -> str:
+def logs_text(entry: dict[str, Any]) -> str:
     outcome = entry["status"].upper()
     if entry["error"]:
         outcome += f": {entry['error']}"

@@ -6,20 +6,24 @@ They read the same table as the daemon; :mod:`pgcrond.ops.session` says which.
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pgcrond import report
 from pgcrond.config.models import Config, JobConfig
-from pgcrond.core.durations import parse_duration
-from pgcrond.errors import CommandError
+from pgcrond.core.durations import format_duration, parse_duration
+from pgcrond.errors import CommandError, ExitCode
 from pgcrond.ops.session import EXIT_OK, Target, run_command
-from pgcrond.storage import attempts, registry
+from pgcrond.storage import attempts, jobstate, registry, ticks
 from pgcrond.storage import history as records
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
 
 ERROR_WIDTH = 60
+# `status --check`: drift is a problem once it outlasts a rolling deploy.
+DRIFT_TOLERATED = timedelta(minutes=15)
+# `status --check` found a problem (listed); 2 stays "could not tell" (no database, ...).
+EXIT_UNHEALTHY = ExitCode.FAILED
 
 
 def migrate_command(args: argparse.Namespace) -> int:
@@ -48,18 +52,53 @@ async def _migrate(args: argparse.Namespace, target: Target, store: LeaseStore) 
 
 async def _status(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
     config = target.config
-    # argparse makes -c required for status, so the config is always there.
+    # The CLI refuses status without a config (cli.NEEDS_CONFIG).
     assert config is not None
     rows = await records.job_status(store, list(config.jobs))
     now = datetime.now(UTC)
     entries = [report.status_entry(config.jobs[row["code"]], row, now) for row in rows]
-    await _add_ticks(store, config, entries)
+    pauses = await jobstate.paused(store)
+    await _add_ticks(store, config, entries, pauses)
+    replicas = await registry.live(store)
+    found = registry.drift(replicas)
+    problems = _problems(config, entries, replicas, found, now)
     if args.output == "json":
-        # The jobs only, as the status page's /status.json has them; the
-        # replicas and their drift are /status/replicas.json.
-        print(report.to_json(entries))
-        return EXIT_OK
-    if args.output == "wide":
+        # Everything the text shows, in one document: the jobs as the status
+        # page's /status.json has them, the replicas and drift as
+        # /status/replicas.json, and what --check judges.
+        print(
+            report.to_json(
+                {
+                    "generated_at": now,
+                    "jobs": entries,
+                    "replicas": [report.replica_entry(replica) for replica in replicas],
+                    "drift": report.drift_entry(found),
+                    "pauses": [
+                        {"code": p.code, "by": p.paused_by, "at": p.paused_at, "reason": p.reason}
+                        for p in pauses.values()
+                    ],
+                    "problems": problems,
+                }
+            )
+        )
+    else:
+        _print_status(args.output, config, entries, now)
+        print()
+        print(report.replicas_text(replicas, found, now))
+        if args.check:
+            print()
+            print(
+                "\n".join(f"problem: {p['detail']}" for p in problems)
+                if problems
+                else "healthy: a replica is live, no lasting drift, no job failing or stale"
+            )
+    return EXIT_UNHEALTHY if args.check and problems else EXIT_OK
+
+
+def _print_status(
+    output: str, config: Config, entries: list[dict[str, Any]], now: datetime
+) -> None:
+    if output == "wide":
         print(
             report.table(
                 ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING NOW", "FAILS",
@@ -67,17 +106,62 @@ async def _status(args: argparse.Namespace, target: Target, store: LeaseStore) -
                 [_status_cells(entry, now) + _tick_cells(entry) for entry in entries],
             )
         )  # fmt: skip
-    else:
-        print(
-            report.table(
-                ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING", "FAILS"],
-                [_narrow_cells(config.jobs[entry["job"]], entry, now) for entry in entries],
-            )
+        return
+    print(
+        report.table(
+            ["JOB", "SCHEDULE", "GUARD", "NEXT FIRE", "LAST RUN", "RUNNING", "FAILS"],
+            [_narrow_cells(config.jobs[entry["job"]], entry, now) for entry in entries],
         )
-    replicas = await registry.live(store)
-    print()
-    print(report.replicas_text(replicas, registry.drift(replicas), now))
-    return EXIT_OK
+    )
+
+
+def _problems(
+    config: Config,
+    entries: list[dict[str, Any]],
+    replicas: list[registry.LiveReplica],
+    found: registry.Drift | None,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """What `status --check` fails on, like ``systemctl is-active``: no live replica, drift
+    that outlasts a rolling deploy, a job whose last run failed for good, a stale job."""
+    problems: list[dict[str, Any]] = []
+    if not replicas:
+        problems.append(
+            {"kind": "no_replica", "job": None, "detail": "no live replica in the registry"}
+        )
+    if found is not None and now - found.since > DRIFT_TOLERATED:
+        problems.append(
+            {
+                "kind": "drift",
+                "job": None,
+                "detail": f"{len(found.configs)} configs live since {report.when(found.since)}, "
+                f"longer than {format_duration(DRIFT_TOLERATED)}",
+            }
+        )
+    # A job that never succeeded is counted from the oldest live replica's start,
+    # as the daemon's pgcrond_job_stale counts it from its own.
+    up_since = min((r.started_at for r in replicas), default=now)
+    for entry in entries:
+        job = config.jobs[entry["job"]]
+        if entry["consecutive_failures"]:
+            problems.append(
+                {
+                    "kind": "failing",
+                    "job": job.code,
+                    "detail": f"{job.code}: {entry['consecutive_failures']} failed run(s) in a row",
+                }
+            )
+        success = entry["last_success"]["at"] or up_since
+        if job.alert_after is not None and now - success > job.alert_after:
+            problems.append(
+                {
+                    "kind": "stale",
+                    "job": job.code,
+                    "detail": f"{job.code}: no success for {report.relative(success - now)} "
+                    f"(alert_after {format_duration(job.alert_after)})",
+                }
+            )
+    return problems
 
 
 def _narrow_cells(job: JobConfig, entry: dict[str, Any], now: datetime) -> list[str]:
@@ -109,12 +193,14 @@ def _narrow_cells(job: JobConfig, entry: dict[str, Any], now: datetime) -> list[
     ]
 
 
-async def _add_ticks(store: LeaseStore, config: Config, entries: list[dict[str, Any]]) -> None:
+async def _add_ticks(
+    store: LeaseStore,
+    config: Config,
+    entries: list[dict[str, Any]],
+    pauses: dict[str, jobstate.Pause],
+) -> None:
     """Per job: last tick, last success and failure, misses in 24 h, and its pause if any."""
-    from pgcrond.storage import jobstate, ticks
-
     by_code = {row["code"]: row for row in await ticks.job_ticks(store, list(config.jobs))}
-    pauses = await jobstate.paused(store)
     for entry in entries:
         row, job = by_code[entry["job"]], config.jobs[entry["job"]]
         pause = jobstate.pause_of(pauses, job.code)

@@ -1,4 +1,4 @@
-"""`pgcrond check` and `pgcrond next`: look at a config without a database.
+"""`pgcrond check`, `next` and `calendars`: look at a config without a database.
 
 `next` walks ``schedule.next_after`` exactly as the daemon does, so the times
 it prints are the ticks the daemon will fire, DST included.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from pgcrond.config.loader import load_config
@@ -19,9 +19,22 @@ from pgcrond.core.box import BASE_PASSTHROUGH, runs_a_process
 from pgcrond.core.durations import format_duration
 from pgcrond.core.jitter import jitter_shift
 from pgcrond.core.redaction import redact
-from pgcrond.core.schedule import run_key_for
+from pgcrond.core.schedule import (
+    AnyOf,
+    Between,
+    Occasion,
+    Schedule,
+    Skipping,
+    calendars_of,
+    day_end,
+    run_key_for,
+    window_of,
+)
 from pgcrond.errors import ConfigError, ConfigIssue, ExitCode
 from pgcrond.run.box import detect
+
+# A calendar's days shown by `next` before it stops looking: a long freeze ends the list.
+SKIPPED_DAYS_SHOWN = 60
 
 
 def check_command(args: argparse.Namespace) -> int:
@@ -111,7 +124,7 @@ def next_command(args: argparse.Namespace) -> int:
             print(f"pgcrond next: no job {args.job!r}; known jobs: {known}", file=sys.stderr)
             return ExitCode.ERROR
         jobs = [config.jobs[args.job]]
-    listing = [(job, _ticks(job, start, args.n)) for job in jobs]
+    listing = [(job, _occasions(job, start, args.n)) for job in jobs]
     if args.output == "json":
         document = {
             "from": start.isoformat().replace("+00:00", "Z"),
@@ -121,13 +134,15 @@ def next_command(args: argparse.Namespace) -> int:
                     "schedule": job.schedule.describe(),
                     "timezone": job.timezone.key,
                     "once": job.is_once,
+                    **_window_json(job),
                     "ticks": [
                         {
-                            "utc": run_key_for(t),
-                            "local": t.astimezone(job.timezone).isoformat(),
-                            **_jittered_json(job, t),
+                            "utc": run_key_for(o.tick),
+                            "local": o.tick.astimezone(job.timezone).isoformat(),
+                            **_jittered_json(job, o.tick),
+                            **_occasion_json(job, o),
                         }
-                        for t in ticks
+                        for o in ticks
                     ],
                 }
                 for job, ticks in listing
@@ -137,13 +152,23 @@ def next_command(args: argparse.Namespace) -> int:
         return ExitCode.OK
     for job, ticks in listing:
         print(f"{job.code}: {job.schedule.describe()}")
+        opens, closes = window_of(job.schedule)
+        if opens is not None and opens > start:
+            print(f"  the window opens at {run_key_for(opens)}")
         if job.is_once:
             print("  at start (run-once)")
         elif not ticks:
-            print(f"  no tick after {run_key_for(start)}")
-        for tick in ticks:
-            local = tick.astimezone(job.timezone)
-            print(f"  {run_key_for(tick)}  {local:%Y-%m-%d %H:%M:%S %Z (%z)}{_jittered(job, tick)}")
+            print(
+                f"  the window closed at {run_key_for(closes)}"
+                if closes is not None and closes <= start
+                else f"  no tick after {run_key_for(start)}"
+            )
+        for o in ticks:
+            local = o.tick.astimezone(job.timezone)
+            print(
+                f"  {run_key_for(o.tick)}  {local:%Y-%m-%d %H:%M:%S %Z (%z)}"
+                f"{_jittered(job, o.tick)}{_occasion_text(job, o)}"
+            )
     return ExitCode.OK
 
 
@@ -216,13 +241,57 @@ def _instant(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _ticks(job: JobConfig, start: datetime, count: int) -> list[datetime]:
-    ticks: list[datetime] = []
-    tick = job.schedule.next_after(start)
-    while tick is not None and len(ticks) < count:
-        ticks.append(tick)
-        tick = job.schedule.next_after(tick)
-    return ticks
+def _occasions(job: JobConfig, start: datetime, count: int) -> list[Occasion]:
+    """The next ``count`` ticks that run, and between them the first tick of each day a
+    calendar skips (the rest of such a day is skipped too)."""
+    found: list[Occasion] = []
+    runs = skipped_days = 0
+    moment = start
+    while runs < count and skipped_days < SKIPPED_DAYS_SHOWN:
+        occasion = job.schedule.occasion_after(moment)
+        if occasion is None:
+            break
+        found.append(occasion)
+        if occasion.skipped_by is None:
+            runs += 1
+            moment = occasion.tick
+        else:
+            skipped_days += 1
+            moment = max(occasion.tick, day_end(occasion.tick, job.timezone))
+    return found
+
+
+def _occasion_text(job: JobConfig, occasion: Occasion) -> str:
+    """The form, when the job has several; a clock change's rule; a calendar's skip."""
+    parts = [occasion.form] if isinstance(_base(job.schedule), AnyOf) else []
+    if occasion.dst:
+        parts.append(occasion.dst)
+    if occasion.skipped_by:
+        parts.append(f"SKIPPED calendar:{occasion.skipped_by} (and the rest of that day)")
+    return "".join(f"  {part}" for part in parts)
+
+
+def _occasion_json(job: JobConfig, occasion: Occasion) -> dict[str, Any]:
+    found: dict[str, Any] = {"form": occasion.form}
+    if occasion.dst:
+        found["dst"] = occasion.dst
+    if occasion.skipped_by:
+        found["skipped"] = f"calendar:{occasion.skipped_by}"
+    return found
+
+
+def _window_json(job: JobConfig) -> dict[str, Any]:
+    opens, closes = window_of(job.schedule)
+    if opens is None and closes is None:
+        return {}
+    shown = {"start": opens, "end": closes}
+    return {"window": {k: None if v is None else run_key_for(v) for k, v in shown.items()}}
+
+
+def _base(schedule: Schedule) -> Schedule:
+    while isinstance(schedule, Skipping | Between):
+        schedule = schedule.inner
+    return schedule
 
 
 def _box_json(job: JobConfig) -> dict[str, Any]:
@@ -285,3 +354,46 @@ def _job_json(job: JobConfig) -> dict[str, Any]:
         "description": job.description,
         "source": job.source,
     }
+
+
+def calendars_command(args: argparse.Namespace) -> int:
+    """``pgcrond calendars``: each calendar's days to come, and the jobs that skip them."""
+    config = _load(args)
+    if config is None:
+        return ExitCode.ERROR
+    if args.days < 1:
+        print("pgcrond calendars: --days must be 1 or more", file=sys.stderr)
+        return ExitCode.ERROR
+    try:
+        first = date.fromisoformat(args.start) if args.start else datetime.now(UTC).date()
+    except ValueError:
+        print(
+            f"pgcrond calendars: --from: {args.start!r} is not a date like 2026-12-01",
+            file=sys.stderr,
+        )
+        return ExitCode.ERROR
+    last = first + timedelta(days=args.days - 1)
+    skipping: dict[str, list[str]] = {name: [] for name in config.calendars}
+    for job in config.jobs.values():
+        for calendar in calendars_of(job.schedule):
+            skipping[calendar.name].append(job.code)
+    listing = [(c, c.days(first, last)) for c in config.calendars.values()]
+    if args.output == "json":
+        document = {
+            "from": first.isoformat(),
+            "to": last.isoformat(),
+            "calendars": [
+                {"name": c.name, "jobs": skipping[c.name], "days": [d.isoformat() for d in days]}
+                for c, days in listing
+            ],
+        }
+        print(json.dumps(document, indent=2))
+        return ExitCode.OK
+    if not listing:
+        print("no calendars: in the config")
+    for calendar, days in listing:
+        print(f"{calendar.name}: skipped by {', '.join(skipping[calendar.name]) or 'no job'}")
+        print(f"  {len(days)} day(s) from {first} to {last}")
+        for day in days:
+            print(f"  {day}  {day:%a}")
+    return ExitCode.OK

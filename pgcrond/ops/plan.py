@@ -2,6 +2,10 @@
 
 The cluster's side is the registry: the job definitions the live replicas
 stored (:mod:`pgcrond.storage.registry`), and the open ticks of their jobs.
+With no replica live (a deploy that stops them all first), the config the
+replica seen last ran; with none ever recorded, the job codes that have
+history are known to the cluster, not new. The plan says which it compared
+against, and since when.
 Exit codes follow ``terraform plan -detailed-exitcode``: 0 nothing to do,
 2 changes, 1 error (a bad config, no database, no lease table).
 """
@@ -19,7 +23,7 @@ from pgcrond.config.definition import Definition
 from pgcrond.config.plan import JobChange, Plan, make_plan
 from pgcrond.ops.session import EXIT_OK, Target, run_command
 from pgcrond.storage import registry
-from pgcrond.storage.history import open_ticks
+from pgcrond.storage.history import codes_with_history, open_ticks
 from pgcrond.storage.leases import LeaseStore
 
 EXIT_NOTHING = 0
@@ -31,7 +35,7 @@ _SIGNS = {"added": "+", "removed": "-", "renamed": "~", "changed": "~"}
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    found: list[Plan] = []
+    found: list[tuple[Plan, dict[str, Any]]] = []
 
     async def body(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
         found.append(await _plan(target, store))
@@ -40,21 +44,29 @@ def plan_command(args: argparse.Namespace) -> int:
     # run_command reports its own errors (exit 2 elsewhere); plan says 1, as terraform.
     if run_command(args, body) != EXIT_OK or not found:
         return EXIT_FAILED
-    plan = found[0]
+    plan, against = found[0]
     print(
-        json.dumps(_as_json(plan), indent=2, default=str)
+        json.dumps(_as_json(plan, against), indent=2, default=str)
         if args.output == "json"
-        else _as_text(plan)
+        else _as_text(plan, against)
     )
     return EXIT_CHANGES if plan.has_changes else EXIT_NOTHING
 
 
-async def _plan(target: Target, store: LeaseStore) -> Plan:
+async def _plan(target: Target, store: LeaseStore) -> tuple[Plan, dict[str, Any]]:
     config = target.config
-    assert config is not None  # argparse makes -c required for plan
-    live = await registry.live(store, definitions=True)
+    assert config is not None  # the CLI refuses plan without a config (cli.NEEDS_CONFIG)
+    replicas = await registry.live(store, definitions=True)
+    against: dict[str, Any] = {"kind": "live"}
+    known: list[str] = []
+    if not replicas and (last := await registry.last_seen(store)) is not None:
+        replicas = [last[0]]
+        against = {"kind": "last_seen", "last_seen": last[0].last_seen, "stopped_at": last[1]}
+    elif not replicas:
+        known = await codes_with_history(store, list(config.jobs))
+        against = {"kind": "history", "known": known}
     running: dict[str, list[Definition]] = {}
-    for replica in live:
+    for replica in replicas:
         for code, one in (replica.definitions or {}).items():
             if one not in running.setdefault(code, []):
                 running[code].append(one)
@@ -62,18 +74,21 @@ async def _plan(target: Target, store: LeaseStore) -> Plan:
     counts: dict[str, int] = {}
     for tick in await open_ticks(store, codes, within=OPEN_WITHIN):
         counts[tick.code] = counts.get(tick.code, 0) + 1
-    return make_plan(
+    plan = make_plan(
         config,
         running,
         counts,
         datetime.now(UTC),
-        replicas=[r.name for r in live],
-        config_hashes=sorted({r.config_hash for r in live}),
+        replicas=[r.name for r in replicas],
+        config_hashes=sorted({r.config_hash for r in replicas}),
+        known=known,
     )
+    return plan, against
 
 
-def _as_json(plan: Plan) -> dict[str, Any]:
+def _as_json(plan: Plan, against: dict[str, Any]) -> dict[str, Any]:
     return {
+        "against": against,
         "replicas": plan.replicas,
         "config_hashes": plan.config_hashes,
         "jobs": [asdict(job) for job in plan.jobs],
@@ -81,15 +96,29 @@ def _as_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _as_text(plan: Plan) -> str:
-    if not plan.replicas:
-        against = "no live replica in the registry: every job is new to the cluster"
+def _as_text(plan: Plan, against: dict[str, Any]) -> str:
+    hashes = ", ".join(h[: report.CONFIG_HASH_SHOWN] for h in plan.config_hashes)
+    if against["kind"] == "last_seen":
+        stopped = against["stopped_at"]
+        ended = (
+            f"stopped {report.when(stopped)}"
+            if stopped is not None
+            else f"last seen {report.when(against['last_seen'])}, not stopped cleanly"
+        )
+        said = (
+            f"no live replica: against config {hashes}, the last one run, by "
+            f"{plan.replicas[0]} ({ended})"
+        )
+    elif against["kind"] == "history":
+        said = (
+            "no replica recorded a config yet: against the jobs' history "
+            f"({len(against['known'])} of these jobs known to the cluster)"
+        )
     else:
-        hashes = ", ".join(h[: report.CONFIG_HASH_SHOWN] for h in plan.config_hashes)
-        against = f"against {len(plan.replicas)} live replica(s) running config {hashes}"
+        said = f"against {len(plan.replicas)} live replica(s) running config {hashes}"
     counts = {kind: sum(1 for j in plan.jobs if j.kind == kind) for kind in _SIGNS}
     summary = ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "no changes"
-    lines = [f"Plan: {summary} ({against})."]
+    lines = [f"Plan: {summary} ({said})."]
     for job in plan.jobs:
         lines += ["", *_job_lines(job)]
     if plan.warnings:
@@ -106,6 +135,14 @@ def _job_lines(job: JobChange) -> list[str]:
         lines.append(f"    next fires before: {', '.join(job.fires_before) or 'none'}")
     if job.fires_after is not None:
         lines.append(f"    next fires after:  {', '.join(job.fires_after) or 'none'}")
+        lines += [
+            f"      {fire}  {form}"
+            for fire, form in zip(job.fires_after, job.fire_forms or [], strict=False)
+        ]
+    if job.fires_appearing:
+        lines.append(f"    fires appearing:    {', '.join(job.fires_appearing)}")
+    if job.fires_disappearing:
+        lines.append(f"    fires disappearing: {', '.join(job.fires_disappearing)}")
     return lines
 
 

@@ -23,7 +23,7 @@ from pgcrond.core.redaction import redact
 from pgcrond.errors import CommandError, ConfigError, DatabaseUnavailable, ExitCode, PgcrondError
 from pgcrond.storage import history as records
 from pgcrond.storage.db import Database
-from pgcrond.storage.embedded import running_dsn
+from pgcrond.storage.embedded import running_dsn, state_home
 from pgcrond.storage.leases import LeaseStore
 
 # The exit codes are pgcrond.errors.ExitCode, one enum for every command.
@@ -120,7 +120,7 @@ def _target(args: argparse.Namespace) -> Target:
         config = load_config(args.config, database_url=args.database_url)
         url = config.database.url
         if config.database.embedded:
-            url = running_dsn(config.database.state_dir / "data")
+            url = running_dsn(state_home(config.database.state_dir)[0] / "data")
         if url is None:
             raise CommandError(
                 "the config uses an embedded server, and it is not running: start "

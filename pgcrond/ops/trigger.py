@@ -1,8 +1,10 @@
-"""`pgcrond trigger`: one manual run here and now, or recorded for the daemons (``--detach``)."""
+"""`pgcrond trigger`: one manual run on the cluster (a request a daemon replica takes, waited
+for unless ``--no-wait``), or here and now in this process (``--here``)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
 
 from pgcrond import report
@@ -26,7 +28,18 @@ NOT_RUN_HERE = ("lose", "skip", "misfire")
 
 def trigger_command(args: argparse.Namespace) -> int:
     configure(args.log_format, args.log_level, args.color)
-    return run_command(args, _trigger, needs_table=False)
+    try:
+        return run_command(args, _trigger, needs_table=False)
+    except KeyboardInterrupt:
+        if args.here:
+            raise
+        # Only the waiting stopped: the request stays, and a replica runs it.
+        print(
+            f"pgcrond trigger: stopped waiting; the request stays (see `pgcrond history "
+            f"--job {args.code}`)",
+            file=sys.stderr,
+        )
+        return ExitCode.INTERRUPTED
 
 
 async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
@@ -38,12 +51,16 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
         raise CommandError(f"no job {args.code!r} in the config (jobs: {known})")
     await migrate(store)
     now = datetime.now(UTC)
-    if getattr(args, "detach", False):
+    if not args.here:
         # Recorded for the daemons (pgcrond.ops.requests); nothing runs here.
-        from pgcrond.ops.requests import detach
+        from pgcrond.ops.requests import on_the_cluster
 
-        return await detach(
-            job, args.run_key or manual_run_key(now), store, as_json=args.output == "json"
+        return await on_the_cluster(
+            job,
+            args.run_key or manual_run_key(now),
+            store,
+            as_json=args.output == "json",
+            wait=not args.no_wait,
         )
     identity = Identity.schedule(job.code, args.run_key or manual_run_key(now))
     # Boxed as the daemon would box it, by the config's `cgroups:`; a one-off

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +24,11 @@ from structlog.typing import FilteringBoundLogger
 from pgcrond.core.cancel import Cancellation
 
 ENV_PREFIX = "PGCRON_"
+# The W3C trace context of the attempt this task runs, set by the daemon's
+# tracing (the otel extra) before the run starts: handed to the job as
+# TRACEPARENT (and to an http: job as its traceparent header), so that the
+# job's own spans join the run's trace. Unset: no variable.
+TRACEPARENT: ContextVar[str | None] = ContextVar("pgcrond_traceparent", default=None)
 _JOB_LOG: FilteringBoundLogger = structlog.get_logger("pgcrond.job")
 
 
@@ -72,6 +78,9 @@ def run_variables(run: RunFacts, deadline: datetime | None) -> dict[str, str]:
         variables["PGCRON_FENCING_TOKEN"] = str(run.fencing_token)
     if deadline is not None:
         variables["PGCRON_DEADLINE"] = iso_utc(deadline)
+    parent = TRACEPARENT.get()
+    if parent is not None:
+        variables["TRACEPARENT"] = parent
     return variables
 
 

@@ -127,7 +127,7 @@ def retry_after(response: httpx.Response, now: datetime | None = None) -> timede
 def request_headers(
     action: HttpAction, request: RunRequest, environ: Mapping[str, str]
 ) -> dict[str, str]:
-    """The configured headers (``${VAR}``s read), then the key and the fencing token."""
+    """The configured headers (``${VAR}``s read), the key, the fencing token, the trace."""
 
     headers = {name: _header_value(name, value, environ) for name, value in action.headers.items()}
     # Ours win: a configured header of the same name would describe another run.
@@ -136,6 +136,9 @@ def request_headers(
     headers[action.idempotency_header] = request.idempotency_key
     if request.fencing_token is not None:
         headers[action.fencing_header] = str(request.fencing_token)
+    parent = environ.get("TRACEPARENT")
+    if parent and not any(name.lower() == "traceparent" for name in headers):
+        headers["traceparent"] = parent  # the run's trace goes on in the service called
     return headers
 
 

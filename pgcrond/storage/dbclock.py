@@ -9,7 +9,7 @@ this replica's monotonic clock has, give or take their rates. How far below
 the truth depends on the answer's *lag*, the time from the read to the
 arrival (the rest of the statement, its commit, the trip back, the loop's
 turn before the answer is read): 1.4-5.5 ms for the claims of a 50-job tick on
-three replicas on this machine, once in a while 50 ms (docs/performance.md).
+three replicas on a shared 2-core machine, once in a while 50 ms.
 Counted from each tick's own claim answer, every run started that answer's
 lag after its tick; :class:`ClockFloor` keeps the tightest bound of the recent
 answers instead, so one slow answer does not make its tick late.

@@ -4,7 +4,9 @@ Used for ``database: {embedded: true}`` (trying pgcrond out, single-node use)
 and by the test suite for throwaway servers. It uses the system's PostgreSQL
 binaries, or those of the ``pgserver`` wheel when installed. PostgreSQL
 refuses to run as root, so under root the server runs as ``nobody`` and owns
-only its data directory.
+only its data directory; a state directory that ``nobody`` cannot enter (a
+clone in root's 0700 home, a ``mktemp -d``) is kept under /var/tmp instead
+(:func:`state_home`).
 
 The server trusts whoever reaches it (no password to keep), so who can reach
 it is the guard: the embedded server listens on no TCP port at all, only on a
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import os
 import pwd
 import shutil
@@ -36,6 +39,10 @@ READY_TIMEOUT_S = 60.0
 # sun_path holds 108 bytes with its NUL: a deeper data directory cannot hold
 # the socket, which then goes to a private directory of its own in /tmp.
 MAX_SOCKET_PATH = 107
+# Under root, where the server of a state directory that 'nobody' cannot enter
+# lives: /var/tmp is world-searchable, survives a reboot (unlike /tmp on many
+# hosts) and is meant for exactly this kind of state.
+SHARED_STATE = Path("/var/tmp")  # noqa: S108 - its directory is checked: _private_parent
 
 
 def find_bindir() -> Path:
@@ -312,6 +319,52 @@ def running_dsn(data_dir: Path) -> str | None:
     except PermissionError:
         pass  # alive, owned by 'nobody'
     return _dsn(port, None if listening.strip() else Path(socket_dir))
+
+
+def state_home(state_dir: Path, *, shared: Path = SHARED_STATE) -> tuple[Path, Path | None]:
+    """Where the embedded server of ``state_dir`` keeps its files, and why not there.
+
+    ``state_dir`` itself (and None), unless this process is root and 'nobody',
+    the server's user then, cannot enter one of its directories: then a
+    directory of its own under ``shared``, named for ``state_dir``'s
+    absolute path so that every command run with the same config finds the same
+    server, and the directory 'nobody' could not enter.
+    """
+    wanted = state_dir.resolve()
+    if os.geteuid() != 0:
+        return wanted, None
+    blocked = next(
+        (
+            directory
+            for directory in reversed([wanted, *wanted.parents])
+            if directory.is_dir() and not directory.stat().st_mode & 0o001
+        ),
+        None,
+    )
+    if blocked is None:
+        return wanted, None
+    digest = hashlib.sha256(str(wanted).encode()).hexdigest()[:12]
+    parent = shared / f"pgcrond-{os.geteuid()}"
+    _private_parent(parent)
+    home = parent / f"{wanted.name.lstrip('.') or 'state'}-{digest}"
+    with contextlib.suppress(FileExistsError):
+        home.mkdir(mode=0o711)
+    return home, blocked
+
+
+def _private_parent(directory: Path) -> None:
+    """Make ``directory`` (0711: 'nobody' passes through, lists nothing), or check that the
+    one there is this user's and nobody else may write in it: another user's directory there
+    could hand our server's state to them."""
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o711)
+    found = directory.lstat()
+    if found.st_uid != os.geteuid() or found.st_mode & 0o022 or directory.is_symlink():
+        raise EmbeddedServerError(
+            f"{directory} is not this user's own directory (owner uid {found.st_uid}, mode "
+            f"{found.st_mode & 0o777:o}): remove it, or set database.state_dir to a directory "
+            "'nobody' can enter"
+        )
 
 
 def attach(state_dir: Path) -> tuple[str, LocalServer | None]:

@@ -52,6 +52,12 @@ async def open_ticks(
     ]
 
 
+async def codes_with_history(store: LeaseStore, codes: list[str]) -> list[str]:
+    """Which of ``codes`` have any row in the lease table."""
+    rows = await store.db.fetchall(store.queries.get("codes_with_history"), {"codes": codes})
+    return [row["code"] for row in rows]
+
+
 async def abandon_stale(store: LeaseStore, after: timedelta) -> int:
     """Close SCHEDULE rows left RUNNING ``after`` past their lease expiry; returns how many."""
     return await store.db.execute(store.queries.get("abandon_stale"), {"after_ms": to_ms(after)})

@@ -45,30 +45,12 @@ MAX_ERROR_LENGTH = 4000
 # share one statement; sent at once when no other run is open. It delays only
 # the record, never a run, and is small beside any lease.
 FINALIZE_LINGER_S = 0.02
-# How long before its fire time (by the database clock) a tick's claim is
-# won: the daemon fires its scheduled lease ticks that early, so that the
-# claim's round trip, not the job, absorbs the wait (the guard holds the run
-# until the fire time). A claim's round trip is 5-30 ms on a loaded replica.
-# The least lead; a big tick is led by more (pgcrond.daemon.scheduling).
-CLAIM_AHEAD = timedelta(milliseconds=100)
-# The most: how far ahead of its fire time the claim statement wins a tick.
-# A 10,000-job tick's fires are handed on and claimed in about a second and a
-# half of a loaded replica's loop: led by that much, they are all won before
-# the tick, and the tick itself is left with the runs.
+# How far ahead of its fire time (by the database clock) the claim statement
+# may win a tick: the daemon fires its scheduled lease ticks up to that early
+# (pgcrond.daemon.scheduling), so that a big tick's claims are all answered by
+# the tick. The lease counts from the fire time, so a claim ahead costs the
+# run none of its lease; the guard holds the run until the fire time.
 CLAIM_AHEAD_MAX = timedelta(seconds=2)
-
-
-def claim_ahead_for(lease: timedelta, lead: timedelta = CLAIM_AHEAD) -> timedelta:
-    """How long before its tick a job with this lease is claimed, when its tick is led by ``lead``.
-
-    The lease is counted from the claim, so the wait for the tick eats into
-    it: a job is claimed at most a tenth of its lease ahead, and one whose
-    lease is under a second at its tick (it would lapse, or nearly, before its
-    run could start).
-    """
-    if lease < 10 * CLAIM_AHEAD:
-        return timedelta(0)
-    return min(lead, lease / 10)
 
 
 def storable(text: str) -> str:

@@ -1,10 +1,13 @@
-"""The replica registry: a row per live replica, with the config it runs.
+"""The replica registry: a row per replica, with the config it runs or last ran.
 
 Written by :mod:`pgcrond.daemon.registry` (join at start and reload, a touch
 at most every :data:`TOUCH_EVERY`, leave at a clean stop); read by
 ``pgcrond status``, the status page and ``pgcrond plan``. A row whose
 ``last_seen`` is older than :data:`GONE_AFTER` is a replica that died without
-leaving: it is not listed, and its name may be taken again.
+leaving: it is not listed, and its name may be taken again. A clean stop
+marks the row stopped and keeps it, so that ``plan`` with no replica running
+compares against the config the cluster last ran (:func:`last_seen`); a
+replica's join deletes the rows not seen for :data:`KEEP_STOPPED`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ TOUCH_EVERY = timedelta(minutes=1)
 # Three touches missed: a replica whose database was briefly out of reach is
 # not taken for gone, one that died is within minutes.
 GONE_AFTER = timedelta(minutes=3)
-_AT = "%Y-%m-%dT%H:%M:%S%z"
+# How long the row of a stopped (or dead) replica is kept: a cluster stopped
+# for longer than this plans against the jobs' history alone.
+KEEP_STOPPED = timedelta(days=30)
 _AT = "%Y-%m-%dT%H:%M:%S%z"
 
 
@@ -65,7 +70,8 @@ class Entry:
 
 @dataclass(frozen=True)
 class LiveReplica:
-    """A row of the registry seen within :data:`GONE_AFTER`."""
+    """A row of the registry seen within :data:`GONE_AFTER` (or, from :func:`last_seen`,
+    the one seen last)."""
 
     name: str
     version: str
@@ -88,6 +94,7 @@ async def join(store: LeaseStore, entry: Entry) -> None:
         "job_hashes": _unpacked(entry.job_hashes),
         "definitions": _unpacked(entry.definitions),
         "gone_after_ms": to_ms(GONE_AFTER),
+        "keep_stopped_ms": to_ms(KEEP_STOPPED),
     }
     if await store.db.fetchone(store.queries.get("registry_join"), params) is not None:
         return
@@ -126,7 +133,8 @@ async def touch(store: LeaseStore, entry: Entry) -> Touched:
 
 
 async def leave(store: LeaseStore, entry: Entry) -> None:
-    """Delete ``entry``'s row (a newer holder of the name keeps its own)."""
+    """Mark ``entry``'s row stopped, keeping its config (a newer holder of the name keeps
+    its own row)."""
     await store.db.execute(
         store.queries.get("registry_leave"), {"name": entry.name, "instance": entry.instance}
     )
@@ -138,19 +146,27 @@ async def live(store: LeaseStore, *, definitions: bool = False) -> list[LiveRepl
         store.queries.get("registry_live"),
         {"definitions": definitions, "gone_after_ms": to_ms(GONE_AFTER)},
     )
-    return [
-        LiveReplica(
-            row["name"],
-            row["version"],
-            row["config_hash"],
-            row["config_at"],
-            dict(row["job_hashes"]),
-            row["started_at"],
-            row["last_seen"],
-            None if row["definitions"] is None else dict(row["definitions"]),
-        )
-        for row in rows
-    ]
+    return [_replica(row) for row in rows]
+
+
+async def last_seen(store: LeaseStore) -> tuple[LiveReplica, datetime | None] | None:
+    """The replica seen last, stopped or gone, with its definitions, and when it stopped
+    (None: it died without saying so); None when the registry is empty."""
+    row = await store.db.fetchone(store.queries.get("registry_last_seen"))
+    return None if row is None else (_replica(row), row["stopped_at"])
+
+
+def _replica(row: Mapping[str, Any]) -> LiveReplica:
+    return LiveReplica(
+        row["name"],
+        row["version"],
+        row["config_hash"],
+        row["config_at"],
+        dict(row["job_hashes"]),
+        row["started_at"],
+        row["last_seen"],
+        None if row["definitions"] is None else dict(row["definitions"]),
+    )
 
 
 # A job one replica's config does not have, where drift names job hashes.

@@ -112,6 +112,32 @@ async def request_run(store: LeaseStore, code: str, run_key: str, *, by: str) ->
     )
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a request stands, for ``pgcrond trigger`` that waits for it."""
+
+    taken_by: str | None
+    taken_at: datetime | None
+    done_at: datetime | None
+    # What the taker's fire came to (success, fail, lose, ...), once done.
+    outcome: str | None
+    # The run key's lease row (None for an advisory job, or before a claim).
+    lease_id: int | None
+    lease_status: str | None
+    lease_owner: str | None
+    lease_attempt: int | None
+    lease_error: str | None
+
+
+async def request_progress(store: LeaseStore, code: str, run_key: str) -> Progress:
+    """The request of ``(code, run_key)`` and its run key's lease row, as they are now."""
+    row = await store.db.fetchone(
+        store.queries.get("request_progress"), {"code": code, "run_key": run_key}
+    )
+    assert row is not None  # one row from (SELECT 1)
+    return Progress(**{name: row[name] for name in Progress.__dataclass_fields__})
+
+
 class Taken(list[Request]):
     """The requests one take took, oldest first, and whether any is still open."""
 

@@ -113,13 +113,17 @@ async def running(store: LeaseStore, *, limit: int = RUNNING_LIMIT) -> list[dict
     return list(await store.db.fetchall(store.queries.get("status_page_running"), {"limit": limit}))
 
 
-async def ticks(store: LeaseStore, code: str, *, limit: int = TICKS_LIMIT) -> list[dict[str, Any]]:
-    """One job's newest rows, newest first, at most ``limit``."""
-    return list(
-        await store.db.fetchall(
-            store.queries.get("status_page_ticks"), {"code": code, "limit": limit}
-        )
-    )
+async def ticks(
+    store: LeaseStore,
+    code: str,
+    *,
+    limit: int = TICKS_LIMIT,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """One job's newest rows claimed in [``since``, ``until``), newest first, at most ``limit``."""
+    params = {"code": code, "limit": limit, "since": since, "until": until}
+    return list(await store.db.fetchall(store.queries.get("status_page_ticks"), params))
 
 
 async def requests(

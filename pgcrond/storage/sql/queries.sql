@@ -2,7 +2,7 @@
 -- and {fencing_seq_name} are filled in with psycopg.sql; values are always bound.
 -- An array is bound in binary (%(name)b): in the text format psycopg quotes and
 -- escapes every element in Python, six times the cost (a claim's 13 arrays were
--- 36 us a row on the client, 6 us in binary: docs/performance.md, seventh round).
+-- 36 us a row on the client, 6 us in binary).
 -- A name has one format per statement, comments included (psycopg parses them too).
 
 -- name: forbid_lock
@@ -31,9 +31,9 @@ ON CONFLICT (code) DO UPDATE SET code = EXCLUDED.code WHERE false
 -- MISSED/late when it has no row yet (else touches nothing) and comes back LATE.
 -- A claim may come up to claim_ahead_ms before its fire time (a replica
 -- fires its scheduled ticks that early, so that the round trip is over by the
--- tick): it is won as at the tick, acquired_at and the attempt's start being
--- the fire time, and the caller holds the run until then by the database
--- clock. An early claim that would record SKIPPED (another tick of a forbid
+-- tick): it is won as at the tick, acquired_at, the attempt's start and the
+-- lease's count being the fire time, and the caller holds the run until then
+-- by the database clock. An early claim that would record SKIPPED (another tick of a forbid
 -- job runs, the job is paused) is answered NOT_DUE instead and writes
 -- nothing: whether the tick overlaps or is paused is judged at the tick.
 -- A first claim answered once the job's next tick has come (superseded_at, sent
@@ -89,7 +89,8 @@ WITH request AS (
          WHEN p.code IS NOT NULL THEN 'paused' END AS pause_reason,
     CASE WHEN r.suspended IS NOT NULL THEN r.suspended
          WHEN p.code IS NOT NULL THEN
-             'paused by ' || p.paused_by || ' at ' || p.paused_at
+             'paused by ' || p.paused_by || ' at '
+             || to_char(p.paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
              || coalesce(': ' || p.reason, '') END AS pause_detail
     FROM due r
     -- The primary key holds at most two rows here: the job's and '*'.
@@ -122,8 +123,11 @@ WITH request AS (
            -- claim's run starts at its fire time.
            CASE WHEN c.missed THEN c.fire_time ELSE greatest(clock_timestamp(), c.fire_time) END,
            clock_timestamp(),
+           -- A lease counts from the later of the claim and the fire time: a
+           -- claim won ahead never shortens its run's lease.
            CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp()
-                ELSE clock_timestamp() + c.lease_ms * interval '1 millisecond' END,
+                ELSE greatest(clock_timestamp(), c.fire_time)
+                     + c.lease_ms * interval '1 millisecond' END,
            CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp() END,
            CASE WHEN c.coalesced THEN 'coalesced' WHEN c.missed THEN 'late'
                 WHEN c.pause_reason IS NOT NULL THEN c.pause_reason
@@ -750,13 +754,16 @@ ORDER BY acquired_at
 LIMIT %(limit)s
 
 -- name: status_page_ticks
--- One job's newest rows for its status page, newest first, through the
--- (code, acquired_at) index; the idempotency key is the row's lock_key.
+-- One job's newest rows for its status page, newest first, claimed within
+-- [since, until) (null: unbounded), through the (code, acquired_at) index; the
+-- idempotency key is the row's lock_key.
 SELECT id, type, code, run_key, lock_key, status, reason, attempt, owner, fencing_token,
        acquired_at, heartbeat_at, finished_at, expires_at, retry_at, error,
        status = 'RUNNING' AND expires_at <= clock_timestamp() AS stale
 FROM {table}
 WHERE code = %(code)s
+  AND acquired_at >= COALESCE(%(since)s::timestamptz, '-infinity')
+  AND acquired_at < COALESCE(%(until)s::timestamptz, 'infinity')
 ORDER BY acquired_at DESC
 LIMIT %(limit)s
 
@@ -951,6 +958,18 @@ LEFT JOIN {requests} earlier ON earlier.code = %(code)s AND earlier.run_key = %(
 LEFT JOIN {table} lease
        ON lease.code = %(code)s AND lease.type = 'SCHEDULE' AND lease.run_key = %(run_key)s
 
+-- name: request_progress
+-- `pgcrond trigger` following its request: the request row (who took it, when
+-- its run started and ended, with what) and the run key's lease row (running
+-- where, which attempt). Two primary-key/unique-index reads.
+SELECT r.taken_by, r.taken_at, r.done_at, r.outcome,
+       lease.id AS lease_id, lease.status AS lease_status, lease.owner AS lease_owner,
+       lease.attempt AS lease_attempt, lease.error AS lease_error
+FROM (SELECT 1) one
+LEFT JOIN {requests} r ON r.code = %(code)s AND r.run_key = %(run_key)s
+LEFT JOIN {table} lease
+       ON lease.code = %(code)s AND lease.type = 'SCHEDULE' AND lease.run_key = %(run_key)s
+
 -- name: take_requests
 -- A replica takes the pending requests of its jobs: not done, not taken (or
 -- taken and not kept for so long that its taker died: firing it again is
@@ -1030,7 +1049,14 @@ SELECT pg_notify(%(channel)s, code) AS sent FROM released
 -- Enter (or re-enter) the registry: a replica's start, a reload, or a touch
 -- that found its row gone. Takes the name only if no other live instance holds
 -- it (the same instance re-joining keeps its started_at, and its config_at
--- while the config hash is unchanged). No row back: the name is taken.
+-- while the config hash is unchanged); a stopped holder's row is taken over.
+-- No row back: the name is taken. Rows of replicas not seen for
+-- %(keep_stopped_ms)s are deleted by the same statement.
+WITH pruned AS (
+    DELETE FROM {replicas}
+    WHERE last_seen < clock_timestamp() - %(keep_stopped_ms)s * interval '1 millisecond'
+      AND name <> %(name)s
+)
 INSERT INTO {replicas} AS r
     (name, instance, version, config_hash, config_at, job_hashes, definitions, started_at,
      last_seen)
@@ -1046,8 +1072,10 @@ ON CONFLICT (name) DO UPDATE SET
     definitions = EXCLUDED.definitions,
     started_at = CASE WHEN r.instance = EXCLUDED.instance
                       THEN r.started_at ELSE EXCLUDED.started_at END,
-    last_seen = EXCLUDED.last_seen
+    last_seen = EXCLUDED.last_seen,
+    stopped_at = NULL
 WHERE r.instance = EXCLUDED.instance
+   OR r.stopped_at IS NOT NULL
    OR r.last_seen < clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
 RETURNING name
 
@@ -1063,17 +1091,21 @@ SELECT name, version, started_at, last_seen FROM {replicas} WHERE name = %(name)
 -- or taken over after a long outage): the replica joins again.
 WITH touched AS (
     UPDATE {replicas} SET last_seen = clock_timestamp()
-    WHERE name = %(name)s AND instance = %(instance)s
+    WHERE name = %(name)s AND instance = %(instance)s AND stopped_at IS NULL
     RETURNING name
 )
 SELECT (SELECT count(*) FROM touched) AS touched, count(DISTINCT config_hash) AS hashes,
        coalesce(array_agg(name ORDER BY name), '{{}}') AS names
 FROM {replicas}
 WHERE last_seen > clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
+  AND stopped_at IS NULL
 
 -- name: registry_leave
--- A clean stop: this instance's row goes (a newer holder of the name keeps its own).
-DELETE FROM {replicas} WHERE name = %(name)s AND instance = %(instance)s
+-- A clean stop: this instance's row stays, marked stopped, with the config it
+-- ran (`pgcrond plan` against the last config while none runs); a newer
+-- holder of the name keeps its own row.
+UPDATE {replicas} SET stopped_at = clock_timestamp(), last_seen = clock_timestamp()
+WHERE name = %(name)s AND instance = %(instance)s
 
 -- name: registry_live
 -- The live replicas, by name; definitions only when asked (`pgcrond plan`).
@@ -1081,7 +1113,23 @@ SELECT name, version, config_hash, config_at, job_hashes, started_at, last_seen,
        CASE WHEN %(definitions)s THEN definitions END AS definitions
 FROM {replicas}
 WHERE last_seen > clock_timestamp() - %(gone_after_ms)s * interval '1 millisecond'
+  AND stopped_at IS NULL
 ORDER BY name
+
+-- name: registry_last_seen
+-- `pgcrond plan` while no replica is live: the row seen last, stopped or gone,
+-- with the config it ran.
+SELECT name, version, config_hash, config_at, job_hashes, started_at, last_seen, stopped_at,
+       definitions
+FROM {replicas}
+ORDER BY last_seen DESC, name
+LIMIT 1
+
+-- name: codes_with_history
+-- Which of these job codes have any row (`pgcrond plan` with no config ever
+-- recorded: such a job is known to the cluster, not new). One index probe each.
+SELECT c.code FROM unnest(%(codes)b::text[]) AS c(code)
+WHERE EXISTS (SELECT 1 FROM {table} t WHERE t.code = c.code)
 
 -- name: rename_lock
 -- Serialise renames of one table across replicas starting at once: the second
@@ -1176,3 +1224,18 @@ SELECT a.lease_id, a.fencing_token, a.attempt, a.replica, a.started_at, a.finish
 FROM {attempts} a
 WHERE a.lease_id = ANY(%(ids)b::bigint[])
 ORDER BY a.lease_id, a.fencing_token
+
+-- name: failure_streak
+-- A job's failed ticks in a row (FAIL with no retry time, as job_ticks counts
+-- them) since its newest SUCCESS other than this identity's own: after a
+-- success, whether it is a recovery; after a final failure, whether the job
+-- is to be paused (pause_after_failures). Both walk the (code, acquired_at) index.
+SELECT count(*) AS failures
+FROM {table} f
+WHERE f.code = %(code)s AND f.status = 'FAIL' AND f.retry_at IS NULL
+  AND f.acquired_at > coalesce((
+      SELECT s.acquired_at FROM {table} s
+      WHERE s.code = %(code)s AND s.status = 'SUCCESS'
+        AND NOT (s.type = %(type)s AND s.run_key IS NOT DISTINCT FROM %(run_key)s::text)
+      ORDER BY s.acquired_at DESC, s.id DESC LIMIT 1
+  ), '-infinity')

@@ -93,7 +93,8 @@ CREATE TABLE pgcrond.leases_replicas (
     job_hashes jsonb NOT NULL,
     definitions jsonb NOT NULL,
     started_at timestamp with time zone NOT NULL,
-    last_seen timestamp with time zone NOT NULL
+    last_seen timestamp with time zone NOT NULL,
+    stopped_at timestamp with time zone
 );
 
 CREATE TABLE pgcrond.leases_requests (
