@@ -1,6 +1,6 @@
 """Renamed jobs (``renamed_from``): their old codes' rows move to the new code.
 
-A run-once job's state moves too, and each old code's INITIAL key is marked
+A run-once job's state moves too, and each of its old codes' INITIAL key is marked
 (SKIPPED/renamed), so a run-once job that ran runs no more under either
 code, and one that has not runs once, under the new code, even with replicas
 of the old config still starting.
@@ -14,7 +14,7 @@ move. What moves, and what stays, is written at ``rename_job`` in
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from pgcrond.core.keys import Identity, lock_id
@@ -33,9 +33,12 @@ class Moved:
 
 
 async def apply_renames(
-    store: LeaseStore, renames: Iterable[tuple[str, tuple[str, ...]]]
+    store: LeaseStore, renames: Iterable[tuple[str, tuple[str, ...]]], once: Collection[str] = ()
 ) -> list[Moved]:
-    """Move each ``(code, old codes)``'s rows; what moved, for the renames that moved any."""
+    """Move each ``(code, old codes)``'s rows; what moved, for the renames that moved any.
+
+    ``once``: the codes of run-once jobs, whose old codes' INITIAL keys are marked.
+    """
     todo = [(code, old) for code, old in renames if old]
     if not todo:
         return []
@@ -57,7 +60,8 @@ async def apply_renames(
             cursor = await conn.execute(store.queries.get("rename_job"), params)
             row = await cursor.fetchone()
             assert row is not None  # scalar subqueries always answer
-            await conn.execute(store.queries.get("rename_mark_initial"), params)
+            if code in once:
+                await conn.execute(store.queries.get("rename_mark_initial"), params)
             if row["ticks"] or row["initial"] or row["paused"]:
                 moved.append(Moved(code, old, row["ticks"], row["initial"], row["paused"]))
     return moved
