@@ -182,8 +182,10 @@ INHERENT = frozenset(
 )
 # Faults during which the daemon cannot reach its database.
 UNREACHABLE = frozenset({"pg_restart", "partition", "blackhole"})
-# Faults that break a transaction in flight: an sql: job's attempt fails then.
+# Faults that break a transaction in flight: an sql: job's attempt fails then,
+# or in the moments after, while the pools connect again (BROKEN_AFTER).
 BROKEN = UNREACHABLE | {"cut"}
+BROKEN_AFTER = timedelta(seconds=3)
 # Faults that stop a replica's process (SIGSTOP).
 STOPS = frozenset({"pause", "sql_pause"})
 INITIAL = "INITIAL"
@@ -519,7 +521,10 @@ def _lost(
         job.sql
         and lease is not None
         and lease.status == "FAIL"
-        and any(f.kind in BROKEN and f.start <= window_end and f.end >= tick for f in faults)
+        and any(
+            f.kind in BROKEN and f.start <= window_end and f.end + BROKEN_AFTER >= tick
+            for f in faults
+        )
     ):
         return []  # its transaction broke with the database: its failure, not a loss
     phases = ", ".join(f"{r.phase}#{r.attempt}(pid {r.pid})" for r in rows) or "no run at all"

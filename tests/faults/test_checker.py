@@ -541,6 +541,9 @@ def test_an_sql_tick_ended_fail_as_its_owner_stalled_is_lost_unless_the_database
         assert (
             [] == check([SQL], ledger, leases, [Fault(broken, at(1.2), at(1.5))], WINDOW).violations
         )
+    # Just before the tick: its pools were still connecting again.
+    cut_before = [Fault("cut", at(-1), at(-1))]
+    assert [] == check([SQL], ledger, leases, cut_before, WINDOW).violations
     # An entrypoint's FAIL is lost whatever broke.
     ledger, leases = clean()
     ledger = [*without(ledger, 1), row(TICK, 1, "start", 1.01, token=11)]
