@@ -308,7 +308,8 @@ class Daemon:
 
     async def _apply_renames(self, store: LeaseStore, config: Config) -> None:
         renames = [(code, job.renamed_from) for code, job in config.jobs.items()]
-        for moved in await apply_renames(store, renames):
+        once = {code for code, job in config.jobs.items() if job.is_once}
+        for moved in await apply_renames(store, renames, once):
             log.info(
                 "job_renamed",
                 job=moved.code,
