@@ -39,7 +39,7 @@ from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.daemon import interpreter
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.memory import MemoryGuard
 from pgcrond.run.attempt import RunRequest
 from pgcrond.run.runner import execute
@@ -69,7 +69,10 @@ async def one_round(jobs: list[JobConfig]) -> float:
     began = time.process_time()
     bursts.fires(len(jobs))
     outcomes = await asyncio.gather(
-        *(firing.fire(job, tick, identity) for job, identity in zip(jobs, identities, strict=True))
+        *(
+            firing.fire(Fire(job, tick, identity))
+            for job, identity in zip(jobs, identities, strict=True)
+        )
     )
     bursts.fires(0)
     spent = time.process_time() - began

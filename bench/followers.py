@@ -28,7 +28,7 @@ import structlog
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.base import Refused
 from pgcrond.guard.memory import MemoryGuard
 
@@ -65,7 +65,7 @@ async def wave(job: JobConfig, ticks: int, *, by_stop: bool) -> tuple[float, flo
     tick = datetime.now(UTC)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    fires = [asyncio.create_task(firing.fire(job, tick, i)) for i in identities]
+    fires = [asyncio.create_task(firing.fire(Fire(job, tick, i))) for i in identities]
     while len(guard.script) > ticks:
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)

@@ -4,8 +4,9 @@ Every replica fires every tick, and spread names one live replica as each
 tick's preferred one. Where this replica is not it (``Guard.defers``), a fire
 costs it one entry in a list. Once the tick's hold-back is over
 (``Guard.held_back``: the time the preferred replicas have to claim), one
-read per ``CHUNK`` of those entries (``Guard.standings``) says where each
-tick stands:
+read of the tick's entries (``Guard.standings``) says where each stands, and
+each is acted on a share a loop turn on the replica's wheel
+(:mod:`pgcrond.core.wheel`):
 
 * **settled** (SUCCESS, MISSED, SKIPPED, FAIL for good): nothing more to do
   here;
@@ -17,8 +18,8 @@ tick stands:
   row due for its retry): fired as a started tick, with no misfire bound (a
   started tick is followed to its end): a takeover, or the retry;
 * **a row a claim could take later** (a live lease, a retry not yet due):
-  looked at again then, with every other tick due for a look in the same
-  slot of a shared grid, in one read.
+  put back on the wheel for then, and looked at again with every other tick
+  it wakes in the same turn, in one read.
 
 So a co-firing tick costs a replica per-job work (a task, a claim, a run, a
 record) only for the ticks it runs or must take over; the rest is one entry,
@@ -32,57 +33,29 @@ claimed or looked at again, so none is lost while this replica lives.
 from __future__ import annotations
 
 import asyncio
-import math
+import functools
+from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
+from pgcrond.core.wheel import wheel
 from pgcrond.errors import PgcrondError
-from pgcrond.fire import Firing
+from pgcrond.fire import FOLLOW_MARGIN, Fire, Firing
 from pgcrond.guard.base import Guard
 from pgcrond.storage.claims import Standing
 
 log = structlog.get_logger("pgcrond.deferral")
 
-# Ticks per read: a statement of a few ms, answered in a few loop turns.
-CHUNK = 1000
-# Ticks of a read acted on per loop turn: a turn stays a few ms.
-ACT_SLICE = 100
-# Looks wake together on a grid of the loop's clock (as followers in
-# pgcrond.fire do), a little after the lease or retry time they wait for.
-GRID_S = 0.25
-MARGIN = timedelta(milliseconds=100)
-
-
-class SpawnFire(Protocol):
-    """How a deferred tick that needs a claim is fired (the daemon's ``_spawn_fire``)."""
-
-    def __call__(
-        self,
-        job: JobConfig,
-        tick: datetime,
-        identity: Identity,
-        *,
-        started: bool = False,
-        superseded_at: datetime | None = None,
-        held_back: bool = False,
-    ) -> None: ...
-
 
 @dataclass(frozen=True, slots=True)
 class _Deferred:
-    job: JobConfig
+    fire: Fire
     guard: Guard
-    tick: datetime
-    identity: Identity
-    superseded_at: datetime | None
-    # A look found a row: the tick started, and is followed without a misfire bound.
-    started: bool = False
 
 
 class Deferral:
@@ -91,7 +64,7 @@ class Deferral:
     def __init__(
         self,
         firing: Firing,
-        spawn_fire: SpawnFire,
+        spawn_fire: Callable[[Fire], None],
         spawn: Callable[[Coroutine[Any, Any, None]], object],
     ) -> None:
         self._firing = firing
@@ -99,114 +72,124 @@ class Deferral:
         self._spawn = spawn
         # Fires of a tick waiting for its hold-back, by tick.
         self._ticks: dict[datetime, list[_Deferred]] = {}
-        # Ticks running elsewhere, by the grid slot of their next look.
-        self._slots: dict[float, list[_Deferred]] = {}
+        # Ticks on the wheel until their next look, and those it woke this turn.
+        self._waiting = 0
+        self._woken: list[_Deferred] = []
 
     def __len__(self) -> int:
         """Ticks deferred or followed here now."""
-        return sum(map(len, self._ticks.values())) + sum(map(len, self._slots.values()))
+        return sum(map(len, self._ticks.values())) + self._waiting + len(self._woken)
 
-    def offer(
-        self, job: JobConfig, tick: datetime, identity: Identity, superseded_at: datetime | None
-    ) -> bool:
+    def offer(self, fire: Fire) -> bool:
         """Take a scheduled tick's fire if its guard defers it here; False: fire it as usual."""
-        guard = self._firing.guards(job)
-        if not guard.defers(identity):
+        guard = self._firing.guards(fire.job)
+        if not guard.defers(fire.identity):
             return False
-        waiting = self._ticks.get(tick)
+        waiting = self._ticks.get(fire.tick)
         if waiting is None:
-            waiting = self._ticks[tick] = []
-            self._spawn(self._after_hold_back(guard, tick))
-        waiting.append(_Deferred(job, guard, tick, identity, superseded_at))
+            waiting = self._ticks[fire.tick] = []
+            self._spawn(self._after_hold_back(guard, fire.tick))
+        waiting.append(_Deferred(fire, guard))
         return True
 
     async def _after_hold_back(self, guard: Guard, tick: datetime) -> None:
         await guard.held_back(tick)
         await self._look(self._ticks.pop(tick, []))
 
-    def _ring(self, slot: float) -> None:
-        self._spawn(self._look(self._slots.pop(slot, [])))
+    def _follow(self, entry: _Deferred, wait: timedelta) -> None:
+        """Look at a tick running elsewhere again once a claim could take it."""
+        self._look_at(
+            entry, asyncio.get_running_loop().time() + (wait + FOLLOW_MARGIN).total_seconds()
+        )
+
+    def _look_at(self, entry: _Deferred, when: float) -> None:
+        self._waiting += 1
+        wheel().call_at(when, functools.partial(self._due, entry))
+
+    def _due(self, entry: _Deferred) -> None:
+        """The wheel woke ``entry``: looked at with every other it wakes this turn."""
+        self._waiting -= 1
+        if not self._woken:
+            asyncio.get_running_loop().call_soon(self._look_woken)
+        self._woken.append(entry)
+
+    def _look_woken(self) -> None:
+        woken, self._woken = self._woken, []
+        self._spawn(self._look(woken))
 
     async def _look(self, deferred: list[_Deferred]) -> None:
-        """Read where each tick stands, a chunk per statement, and act on it."""
+        """Read where each tick stands, a statement per guard, then act on each."""
         # By identity: a guard need not be hashable (a dataclass is not).
         by_guard: dict[int, tuple[Guard, list[_Deferred]]] = {}
         for entry in deferred:
             by_guard.setdefault(id(entry.guard), (entry.guard, []))[1].append(entry)
         for guard, entries in by_guard.values():
-            for start in range(0, len(entries), CHUNK):
-                if self._firing.stopping.is_set():
-                    return
-                chunk = entries[start : start + CHUNK]
-                standings: dict[Identity, Standing] | None
-                try:
-                    standings = await guard.standings([entry.identity for entry in chunk])
-                except PgcrondError as exc:
-                    log.warning("deferred_look_failed", ticks=len(chunk), error=str(exc))
-                    standings = None
-                except Exception as exc:
-                    # A bug, not an outage: still no tick may be dropped here.
-                    log.exception(
-                        "deferred_look_failed",
-                        ticks=len(chunk),
-                        error=f"{type(exc).__name__}: {exc}",
-                    )
-                    standings = None
-                fired = followed = 0
-                for n, entry in enumerate(chunk):
-                    if n and n % ACT_SLICE == 0:
-                        # A thousand ticks acted on in one step held the loop 25-30 ms.
-                        await asyncio.sleep(0)
-                        if self._firing.stopping.is_set():
-                            return
-                    acted = self._act(
-                        entry, None if standings is None else standings.get(entry.identity)
-                    )
-                    fired += acted == "fired"
-                    followed += acted == "followed"
-                log.debug(
-                    "deferred_looked",
-                    ticks=len(chunk),
-                    fired=fired,
-                    followed=followed,
-                    settled=len(chunk) - fired - followed,
+            if self._firing.stopping.is_set():
+                return
+            standings: dict[Identity, Standing] | None
+            try:
+                standings = await guard.standings([entry.fire.identity for entry in entries])
+            except PgcrondError as exc:
+                log.warning("deferred_look_failed", ticks=len(entries), error=str(exc))
+                standings = None
+            except Exception as exc:
+                # A bug, not an outage: still no tick may be dropped here.
+                log.exception(
+                    "deferred_look_failed",
+                    ticks=len(entries),
+                    error=f"{type(exc).__name__}: {exc}",
                 )
+                standings = None
+            # Acted on a share a loop turn, on the wheel: each fired tick is a
+            # task and a claim, and a tick's thousands at once would hold the loop.
+            tally = _Tally(len(entries))
+            for entry in entries:
+                standing = None if standings is None else standings.get(entry.fire.identity)
+                wheel().call_soon(functools.partial(self._act_counted, tally, entry, standing))
+
+    def _act_counted(self, tally: _Tally, entry: _Deferred, standing: Standing | None) -> None:
+        if self._firing.stopping.is_set():
+            return  # the replica stops: no fire starts from a look any more
+        tally.acted[self._act(entry, standing)] += 1
+        if sum(tally.acted.values()) == tally.ticks:
+            fired, followed = tally.acted["fired"], tally.acted["followed"]
+            log.debug(
+                "deferred_looked",
+                ticks=tally.ticks,
+                fired=fired,
+                followed=followed,
+                settled=tally.ticks - fired - followed,
+            )
 
     def _act(self, entry: _Deferred, standing: Standing | None) -> str:
         """Fire, follow or leave one tick; says which."""
-        firing = self._firing
-        if firing.in_flight(entry.identity):
+        firing, fire = self._firing, entry.fire
+        if firing.in_flight(fire.identity):
             return "left"  # fired here already (a request, catch-up): that fire follows it
         if standing is None or (not standing.settled and _due(standing)):
-            self._spawn_fire(
-                entry.job,
-                entry.tick,
-                entry.identity,
-                # A tick seen started is followed to its end; one never seen
-                # is claimed inside its misfire window.
-                started=entry.started or standing is not None,
-                superseded_at=entry.superseded_at,
-                held_back=True,
-            )
+            # A tick seen started is followed to its end; one never seen is
+            # claimed inside its misfire window.
+            started = fire.started or standing is not None
+            self._spawn_fire(replace(fire, started=started, claim_at_once=True))
             return "fired"
-        if not entry.started:
+        if not fire.started:
             # What the fire would have said had it claimed and lost.
-            firing.events.fired(entry.job)
-            firing.events.claim_lost(entry.job, _reason(standing))
+            firing.events.fired(fire.job)
+            firing.events.claim_lost(fire.job, _reason(standing))
         if standing.settled:
             return "left"
-        self._follow(replace(entry, started=True), standing.wait or timedelta(0))
+        self._follow(
+            replace(entry, fire=replace(fire, started=True)), standing.wait or timedelta(0)
+        )
         return "followed"
 
-    def _follow(self, entry: _Deferred, wait: timedelta) -> None:
-        loop = asyncio.get_running_loop()
-        due = loop.time() + (wait + MARGIN).total_seconds()
-        slot = math.ceil(due / GRID_S) * GRID_S
-        waiting = self._slots.get(slot)
-        if waiting is None:
-            waiting = self._slots[slot] = []
-            loop.call_at(slot, self._ring, slot)
-        waiting.append(entry)
+
+@dataclass
+class _Tally:
+    """What one look's ticks came to, said once the last of them was acted on."""
+
+    ticks: int
+    acted: Counter[str] = field(default_factory=Counter)
 
 
 def _due(standing: Standing) -> bool:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -48,6 +47,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
+from pgcrond.core.wheel import wake, wheel
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
@@ -65,6 +65,32 @@ FireOutcome = Literal[
     "success", "fail", "timeout", "cancelled", "lease_lost", "lose", "skip", "misfire", "crashed"
 ]
 
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """One fire of one identity, carried whole from whoever fires it to its record."""
+
+    job: JobConfig
+    # When it fires: the tick, moved by the job's jitter (misfire counts from it).
+    tick: datetime
+    identity: Identity
+    # The tick already ran (a retry or takeover pending, seen at start or by a
+    # look): followed with no misfire bound, which bounds a tick's first start only.
+    started: bool = False
+    # The hold-back for another preferred replica is over already (a deferred
+    # fire, pgcrond.deferral): its claim goes out at once.
+    claim_at_once: bool = False
+    # When the job's next tick fires (late_ticks: coalesce): a first claim
+    # answered after it gives the tick up as coalesced.
+    superseded_at: datetime | None = None
+    # False: return at the first lost claim instead of following the tick
+    # (`pgcrond trigger` reports and exits).
+    follow: bool = True
+    # Awaited once this replica won the claim, before the first attempt runs
+    # (a request's own record that its run started).
+    on_start: Callable[[], Awaitable[None]] | None = None
+
+
 # How often a forbid job's claim looks again whether an abandoned run of it
 # ended (a thread gives no signal when it ends).
 LEFTOVER_POLL_S = 0.05
@@ -72,19 +98,15 @@ LEFTOVER_POLL_S = 0.05
 # answering again, slow enough not to hammer a struggling server.
 _BACKOFF_FIRST = 0.2
 _BACKOFF_MAX = 1.0
-# Re-check a held lease a little after it could have expired, so the holder's
-# last heartbeat and clock jitter do not make the check land just before it.
-_FOLLOW_MARGIN = timedelta(milliseconds=100)
+# Re-check a held lease (claim, or look at, it again) a little after it could
+# have expired, so the holder's last heartbeat and clock jitter do not make
+# the check land just before it.
+FOLLOW_MARGIN = timedelta(milliseconds=100)
 _LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
 # How often a retry that a newer running tick of its forbid job blocks is
 # claimed again (at most; a shorter lease, sooner): the run it waits for ends,
 # or its owner's lease lapses, within a lease.
 _BLOCKED_RETRY_RECHECK = timedelta(seconds=10)
-# Re-checks wake together on a grid of the loop's clock, so that the re-checks
-# of co-firing ticks (whose leases expire a few ms apart) share one claim.
-_RECHECK_GRID_S = 0.25
-# A tick not due yet is claimed again at its time, on a finer grid.
-_DUE_GRID_S = 0.01
 # A guard call that raises an error which is not a PgcrondError (a bug, say a
 # batch answering a request given up on) is retried like an outage, since
 # every guard call is safe to repeat (the contract); this many times in a row.
@@ -108,8 +130,8 @@ class Firing:
     # The config in force: a job by its code, None once a reload removed it.
     # A won claim runs the job as defined when its tick comes (None here: as fired).
     jobs: Callable[[str], JobConfig | None] | None = None
-    # Followers asleep until a grid slot: each a future of its own (no task).
-    _slots: dict[float, list[asyncio.Future[None]]] = field(default_factory=dict, repr=False)
+    # Fires asleep on the wheel until they claim again: stop() wakes them.
+    _asleep: set[asyncio.Future[None]] = field(default_factory=set, repr=False)
     # The one place that knows which identities this replica fires now: a
     # second fire of one (a request, catch-up, a resumed open tick) joins the
     # first's outcome instead of claiming with the same owner token.
@@ -123,10 +145,10 @@ class Firing:
     _halted: bool = False
 
     def stop(self) -> None:
-        """Shutdown: no new claims, and every follower asleep on the grid wakes and gives up."""
+        """Shutdown: no new claims, and every fire asleep until a claim wakes and gives up."""
         self.stopping.set()
-        for slot in list(self._slots):
-            self._ring(slot)
+        for woken in self._asleep:
+            wake(woken)
 
     def halt(self) -> None:
         """The shutdown's grace is over (or forced): no run starts any more.
@@ -147,51 +169,21 @@ class Firing:
         self._resume.set()
         self._resume = asyncio.Event()
 
-    async def fire(
-        self,
-        job: JobConfig,
-        tick: datetime,
-        identity: Identity,
-        *,
-        follow: bool = True,
-        started: bool = False,
-        on_start: Callable[[], Awaitable[None]] | None = None,
-        superseded_at: datetime | None = None,
-        held_back: bool = False,
-    ) -> FireOutcome:
-        """Handle one fire of ``job`` for ``tick``; returns what this replica did.
+    async def fire(self, fire: Fire) -> FireOutcome:
+        """Handle ``fire``; returns what this replica did.
 
-        ``follow=False`` returns at the first lost claim instead of waiting to
-        take over or retry (``pgcrond trigger`` reports and exits).
-        ``started=True``: the tick already ran and a retry is pending (a
-        replica resuming open ticks at start), so no misfire bound applies.
-        ``on_start`` is awaited once this replica won the claim, before the
-        first attempt runs (a request's own record that its run started).
-        ``superseded_at``: when the job's next tick fires (a scheduled tick of
-        a job with late_ticks: coalesce); a first claim answered after it
-        gives the tick up as coalesced, so only the newest late tick runs.
-        ``held_back``: the tick's hold-back for another preferred replica is
-        over already (a deferred fire, :mod:`pgcrond.deferral`): claim at once.
         An identity this replica fires already is not fired twice: the call
         returns what that fire comes to.
         """
+        identity = fire.identity
         current = self._in_flight.get(identity)
         if current is not None:
-            log.info("fire_joined", job=job.code, run_key=identity.run_key)
+            log.info("fire_joined", job=fire.job.code, run_key=identity.run_key)
             return await asyncio.shield(current)
         done: asyncio.Future[FireOutcome] = asyncio.get_running_loop().create_future()
         self._in_flight[identity] = done
         try:
-            outcome = await self._fire_once(
-                job,
-                tick,
-                identity,
-                follow=follow,
-                started=started,
-                on_start=on_start,
-                superseded_at=superseded_at,
-                held_back=held_back,
-            )
+            outcome = await self._fire_once(fire)
         except BaseException:
             done.cancel()
             raise
@@ -200,38 +192,17 @@ class Firing:
         done.set_result(outcome)
         return outcome
 
-    async def _fire_once(
-        self,
-        job: JobConfig,
-        tick: datetime,
-        identity: Identity,
-        *,
-        follow: bool,
-        started: bool,
-        on_start: Callable[[], Awaitable[None]] | None,
-        superseded_at: datetime | None,
-        held_back: bool,
-    ) -> FireOutcome:
+    async def _fire_once(self, fire: Fire) -> FireOutcome:
+        job, identity = fire.job, fire.identity
         self.events.fired(job)
         bound = log.bind(job=job.code, run_key=identity.run_key)
-        if identity.type == "SCHEDULE" and not started:
-            cause = self._given_up_here(job, tick, superseded_at)
+        if identity.type == "SCHEDULE" and not fire.started:
+            cause = self._given_up_here(fire)
             if cause is not None:
-                return self._misfire(job, bound, identity, tick, cause)
+                return self._misfire(job, bound, identity, fire.tick, cause)
         guard = self.guards(job)
         try:
-            return await self._fire(
-                job,
-                guard,
-                tick,
-                identity,
-                bound,
-                follow=follow,
-                started=started,
-                on_start=on_start,
-                superseded_at=superseded_at,
-                held_back=held_back,
-            )
+            return await self._fire(fire, guard, bound)
         except Exception as exc:
             # Past every retry: said once, with the error, and the fire ends.
             bound.exception("fire_crashed", error=_describe(exc))
@@ -239,10 +210,9 @@ class Firing:
         finally:
             await guard.forget(identity)
 
-    def _given_up_here(
-        self, job: JobConfig, tick: datetime, superseded_at: datetime | None
-    ) -> str | None:
+    def _given_up_here(self, fire: Fire) -> str | None:
         """Why a guard without history gives a tick up before claiming it: late, coalesced."""
+        job, tick, superseded_at = fire.job, fire.tick, fire.superseded_at
         # A guard that remembers judges both in its claim, by the database's
         # clock, and records the miss itself: this replica's clock (stepped
         # forward, or running ahead) must not decide for the cluster.
@@ -274,22 +244,12 @@ class Firing:
         return "misfire"
 
     async def _fire(
-        self,
-        job: JobConfig,
-        guard: Guard,
-        tick: datetime,
-        identity: Identity,
-        bound: structlog.typing.FilteringBoundLogger,
-        *,
-        follow: bool,
-        started: bool,
-        on_start: Callable[[], Awaitable[None]] | None,
-        superseded_at: datetime | None,
-        held_back: bool,
+        self, fire: Fire, guard: Guard, bound: structlog.typing.FilteringBoundLogger
     ) -> FireOutcome:
+        job, tick, identity = fire.job, fire.tick, fire.identity
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
-        unbounded = identity.type == "INITIAL" or started
+        unbounded = identity.type == "INITIAL" or fire.started
         deadline = None if unbounded else tick + job.misfire_grace
         outcome: FireOutcome | None = None  # set once this replica ran or lost the tick
         while not self.stopping.is_set():
@@ -300,9 +260,9 @@ class Firing:
                 forbid_overlap=job.concurrency == "forbid",
                 deadline=deadline,
                 # Like the misfire bound, coalescing bounds a tick's first start only.
-                superseded_at=superseded_at if deadline is not None else None,
+                superseded_at=fire.superseded_at if deadline is not None else None,
                 suspended=f"suspended: true in {job.source}" if job.suspended else None,
-                spreadable=not held_back and outcome is None and deadline is not None,
+                spreadable=not fire.claim_at_once and outcome is None and deadline is not None,
             )
             resumes = self._resumes
             claim: Callable[[], Awaitable[Held | Refused | None]]
@@ -331,8 +291,8 @@ class Firing:
                 job = in_force
                 if answer.identity.type == "INITIAL" or tick_of(answer.identity.run_key or ""):
                     self.events.paused(job, False)  # a tick ran: not paused
-                if on_start is not None and outcome is None:
-                    await on_start()
+                if fire.on_start is not None and outcome is None:
+                    await fire.on_start()
                 outcome, retry = await self._run(job, guard, tick, answer)
                 # The tick started: from now on it is followed until it is
                 # done (retries, takeovers, a give-back); misfire_grace bounds
@@ -346,10 +306,8 @@ class Firing:
             if answer.reason == "not_due":
                 # This replica's clock runs ahead of the database's, or a
                 # claim made ahead of the tick is to be judged at the tick
-                # (an overlap, a pause): claimed again then, not a grid slot later.
-                await self._sleep_on_grid(
-                    (answer.wait or timedelta()).total_seconds(), grid=_DUE_GRID_S
-                )
+                # (an overlap, a pause): claimed again then, on the wheel.
+                await self._sleep((answer.wait or timedelta()).total_seconds())
                 continue
             if answer.reason in ("late", "coalesced"):
                 if outcome is None:
@@ -362,7 +320,7 @@ class Firing:
                 return outcome
             if answer.reason == "paused":
                 self.events.paused(job, True)
-                if follow and answer.status != "SKIPPED" and not job.suspended:
+                if fire.follow and answer.status != "SKIPPED" and not job.suspended:
                     # A started tick (a takeover or retry due) or a run-once job:
                     # it waits for `pgcrond resume`, not for a replica's restart.
                     # (A new tick was recorded SKIPPED; a YAML suspension ends
@@ -375,9 +333,7 @@ class Firing:
                 # newer tick of this forbid job runs: it waits for that run to
                 # end, not dropped — no replica would ever claim it again.
                 deadline = None
-                await self._sleep_on_grid(
-                    min(job.timing.lease, _BLOCKED_RETRY_RECHECK).total_seconds()
-                )
+                await self._sleep(min(job.timing.lease, _BLOCKED_RETRY_RECHECK).total_seconds())
                 continue
             if answer.reason in ("overlap", "paused"):
                 self.events.skipped(job, answer.reason)
@@ -406,9 +362,9 @@ class Firing:
             # Without follow (`pgcrond trigger`) only this replica's own retries
             # are followed: a tick it lost is left to the daemons.
             wait = self._follow(job, answer)
-            if wait is None or (outcome == "lose" and not follow):
+            if wait is None or (outcome == "lose" and not fire.follow):
                 return outcome
-            await self._sleep_on_grid(wait)
+            await self._sleep(wait)
         return outcome or "lose"
 
     def _in_force(self, job: JobConfig) -> JobConfig | None:
@@ -488,7 +444,7 @@ class Firing:
             # Out of retries for this start: the next start of a replica tries
             # the run-once job again, not every follower now.
             return None
-        return (refusal.wait + _FOLLOW_MARGIN).total_seconds()
+        return (refusal.wait + FOLLOW_MARGIN).total_seconds()
 
     async def _run(
         self, job: JobConfig, guard: Guard, tick: datetime, held: Held
@@ -640,24 +596,22 @@ class Firing:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _BACKOFF_MAX)
 
-    async def _sleep_on_grid(self, seconds: float, *, grid: float = _RECHECK_GRID_S) -> None:
-        """Sleep at least ``seconds``, waking with every follower of the same ``grid`` slot.
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep at least ``seconds`` on the replica's wheel, or until :meth:`stop`.
 
-        A sleeping follower (thousands after a big tick, for a lease each) is
-        one future on its slot's list, no task of its own: :meth:`stop` rings
-        every slot.
+        A sleeping fire (thousands after a big tick, for a lease each) is one
+        wake-up on the wheel, no timer of its own: those due together wake in
+        one loop turn, and their claims share a statement.
         """
         if self.stopping.is_set():
             return
-        loop = asyncio.get_running_loop()
-        slot = math.ceil((loop.time() + seconds) / grid) * grid
-        sleepers = self._slots.get(slot)
-        if sleepers is None:
-            sleepers = self._slots[slot] = []
-            loop.call_at(slot, self._ring, slot)
-        wake: asyncio.Future[None] = loop.create_future()
-        sleepers.append(wake)
-        await wake
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._asleep.add(woken)
+        wheel().call_later(seconds, functools.partial(wake, woken))
+        try:
+            await woken
+        finally:
+            self._asleep.discard(woken)
 
     async def _wait_for_resume(
         self, bound: structlog.typing.FilteringBoundLogger, refusal: Refused, resumes: int
@@ -678,11 +632,6 @@ class Firing:
         finally:
             resume.cancel()
             stop.cancel()
-
-    def _ring(self, slot: float) -> None:
-        for wake in self._slots.pop(slot, ()):
-            if not wake.done():  # a sleeper cancelled meanwhile
-                wake.set_result(None)
 
     async def _execute(self, job: JobConfig, tick: datetime, held: Held, guard: Guard) -> RunResult:
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation

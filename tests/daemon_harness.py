@@ -83,6 +83,8 @@ class Replica:
     log_path: Path
     env: dict[str, str]
     extra_args: list[str] = field(default_factory=list)
+    # RLIMIT_NOFILE (soft and hard) to run under; None: the test process's own.
+    nofile: int | None = None
     process: subprocess.Popen[bytes] | None = None
     # The log is read by offset: a wait polls every 50 ms, and re-parsing a
     # debug log from its start each time took CPU the replicas under test need.
@@ -92,8 +94,11 @@ class Replica:
 
     def start(self) -> Replica:
         log = self.log_path.open("ab")
+        # prlimit execs the daemon: the same process, under the limit.
+        limit = [] if self.nofile is None else ["prlimit", f"--nofile={self.nofile}", "--"]
         self.process = subprocess.Popen(
             [
+                *limit,
                 str(PGCROND),
                 "run",
                 "-c",

@@ -33,7 +33,7 @@ from pgcrond.daemon.scheduling import (
     Scheduling,
     lead_for,
 )
-from pgcrond.fire import FireOutcome, Firing
+from pgcrond.fire import Fire, FireOutcome, Firing
 from pgcrond.guard.base import ClaimRequest, Held
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.guard.spread import Spread
@@ -237,7 +237,7 @@ async def test_a_fast_clock_s_claim_ahead_never_cuts_a_healthy_run_short(
     identity = Identity.schedule("fast", run_key_for(fire_time))
     firing = firing_ahead(ahead, {"fast": fast})
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing.fire(fast, fire_time, identity)
+        outcome = await firing.fire(Fire(fast, fire_time, identity))
     assert "success" == outcome
     assert [] == [e for e in logs if e["event"] == "lease_expired"]
     assert [1] == [e["attempt"] for e in logs if e["event"] == "run_started"]
@@ -248,7 +248,7 @@ async def fired_ahead_until_claimed(
 ) -> asyncio.Future[FireOutcome]:
     """``job``'s tick fired ``EARLY`` before it, once its claim is won (a RUNNING row)."""
     fire_time, identity = a_tick_ahead(job.code, pg_dsn)
-    task = asyncio.ensure_future(firing.fire(job, fire_time, identity))
+    task = asyncio.ensure_future(firing.fire(Fire(job, fire_time, identity)))
     for _ in range(100):
         if [row["status"] for row in rows(pg_dsn, schema, job.code)] == ["RUNNING"]:
             return task
@@ -342,20 +342,14 @@ async def test_a_big_tick_is_handed_on_its_lead_before_it_and_only_once(tmp_path
     fired: list[tuple[str, float]] = []
     all_fired = asyncio.Event()
 
-    def fire(job: JobConfig, tick: datetime, identity: Identity, **_: object) -> None:
-        fired.append((identity.run_key or "", loop.time()))
+    def fire(fire: Fire) -> None:
+        fired.append((fire.identity.run_key or "", loop.time()))
         if len(fired) == jobs:
             all_fired.set()
 
-    async def room(_: int) -> None:
-        return None
-
-    tasks: set[asyncio.Task[None]] = set()
     scheduling = Scheduling(
         config=lambda: loaded,
         fire=fire,
-        spawn=lambda coroutine: tasks.add(asyncio.ensure_future(coroutine)),
-        claim_room=room,
         stopping=asyncio.Event(),
     )
     scheduling.start()

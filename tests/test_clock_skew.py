@@ -20,7 +20,7 @@ import pytest
 from pgcrond.config.loader import load_config
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.storage import ticks
 from pgcrond.storage.leases import LeaseStore
@@ -88,7 +88,7 @@ async def test_a_fire_the_replica_clock_calls_late_is_judged_by_the_database_and
     # A tick one second ahead of the database: ten minutes old by the fire's clock.
     tick = (await ticks.database_now(store)).replace(microsecond=0) + timedelta(seconds=1)
     identity = Identity.schedule("j", run_key_for(tick))
-    outcome = await firing.fire(job, tick, identity)
+    outcome = await firing.fire(Fire(job, tick, identity))
     await asyncio.gather(*tasks)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         rows = conn.execute(f'SELECT status, reason FROM "{schema}".leases').fetchall()

@@ -24,7 +24,7 @@ from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.events import FireEvents
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.base import ClaimRequest, Held, Recorded, Refused, Verdict
 from pgcrond.guard.memory import MemoryGuard, Row
 
@@ -83,7 +83,7 @@ async def test_an_unexpected_error_after_a_win_is_recorded_as_that_runs_failure(
     tick, identity = now_tick()
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing.fire(job(tmp_path, "command: ['true']"), tick, identity)
+        outcome = await firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     row = guard.rows[identity]
     crashed = [e for e in logs if e["event"] == "run_crashed"]
     assert "fail" == outcome
@@ -100,7 +100,7 @@ async def test_an_unexpected_error_from_a_finalize_is_retried_until_the_outcome_
     tick, identity = now_tick()
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing.fire(job(tmp_path, "command: ['true']"), tick, identity)
+        outcome = await firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "success" == outcome
     assert "SUCCESS" == guard.rows[identity].status
     failed = [e["operation"] for e in logs if e["event"] == "guard_failed"]
@@ -114,7 +114,7 @@ async def test_an_unexpected_error_from_a_claim_is_retried_not_a_crashed_fire(
     guard = Breaking(breaks="claim")
     tick, identity = now_tick()
     firing = Firing(guards=lambda _: guard, replica="unit:1")
-    outcome = await firing.fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "success" == outcome
     assert ["claim", "record:success"] == guard.calls  # the broken call never reached it
 
@@ -126,7 +126,7 @@ async def test_a_guard_that_keeps_failing_ends_the_fire_as_crashed_and_says_so(
     tick, identity = now_tick()
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing.fire(job(tmp_path, "command: ['true']"), tick, identity)
+        outcome = await firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     crashed = [e for e in logs if e["event"] == "fire_crashed"]
     assert "crashed" == outcome
     assert 1 == len(crashed) and "InvalidStateError" in crashed[0]["error"], crashed
@@ -142,7 +142,7 @@ async def test_a_failing_on_failure_hook_does_not_crash_the_recorded_fire(tmp_pa
 
     firing = Firing(guards=lambda _: guard, replica="unit:1", events=Hook())
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing.fire(job(tmp_path, "command: ['false']"), tick, identity)
+        outcome = await firing.fire(Fire(job(tmp_path, "command: ['false']"), tick, identity))
     assert "fail" == outcome
     assert "FAIL" == guard.rows[identity].status
     assert any(e["event"] == "failure_hook_crashed" for e in logs), logs
@@ -161,7 +161,9 @@ async def test_a_follower_that_finds_the_job_paused_waits_for_resume_then_takes_
     guard.script.append(Refused(identity, "paused", "RUNNING", attempt=1))
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
-        fire = asyncio.create_task(firing.fire(job(tmp_path, "command: ['true']"), tick, identity))
+        fire = asyncio.create_task(
+            firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+        )
         while not any(e["event"] == "waiting_for_resume" for e in logs):
             assert not fire.done(), f"the follower stopped following: {fire.result()}"
             await asyncio.sleep(0.01)
@@ -177,7 +179,7 @@ async def test_a_run_once_job_refused_paused_runs_on_resume(tmp_path: Path) -> N
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     seed = job(tmp_path, "command: ['true']", code="seed")
     with structlog.testing.capture_logs() as logs:
-        fire = asyncio.create_task(firing.fire(seed, datetime.now(UTC), identity))
+        fire = asyncio.create_task(firing.fire(Fire(seed, datetime.now(UTC), identity)))
         while not any(e["event"] == "waiting_for_resume" for e in logs):
             assert not fire.done(), f"the run-once job was dropped: {fire.result()}"
             await asyncio.sleep(0.01)
@@ -193,7 +195,7 @@ async def test_a_fire_waiting_for_resume_ends_at_shutdown(tmp_path: Path) -> Non
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     seed = job(tmp_path, "command: ['true']", code="seed")
     with structlog.testing.capture_logs() as logs:
-        fire = asyncio.create_task(firing.fire(seed, datetime.now(UTC), identity))
+        fire = asyncio.create_task(firing.fire(Fire(seed, datetime.now(UTC), identity)))
         while not any(e["event"] == "waiting_for_resume" for e in logs):
             assert not fire.done()
             await asyncio.sleep(0.01)
@@ -208,7 +210,7 @@ async def test_a_new_tick_of_a_paused_job_is_a_skip_not_a_wait(tmp_path: Path) -
     guard = MemoryGuard(script=deque([Refused(identity, "paused", "SKIPPED", detail="by ops")]))
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     outcome = await asyncio.wait_for(
-        firing.fire(job(tmp_path, "command: ['true']"), tick, identity), 2
+        firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity)), 2
     )
     assert "skip" == outcome
 
@@ -220,7 +222,7 @@ async def test_a_finalize_that_keeps_failing_is_followed_and_taken_over_not_left
     tick, identity = now_tick()
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing.fire(job(tmp_path, "command: ['true']"), tick, identity)
+        outcome = await firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "success" == outcome
     # The first attempt's row lapsed (lease 200ms) and was taken over here.
     assert (2, "SUCCESS") == (guard.rows[identity].attempt, guard.rows[identity].status)
@@ -243,7 +245,7 @@ async def test_a_resume_that_arrives_while_the_claim_is_on_its_way_is_not_missed
     guard = ResumedMeanwhile(script=deque([Refused(identity, "paused", detail="by ops")]))
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     seed = job(tmp_path, "command: ['true']", code="seed")
-    outcome = await asyncio.wait_for(firing.fire(seed, datetime.now(UTC), identity), 5)
+    outcome = await asyncio.wait_for(firing.fire(Fire(seed, datetime.now(UTC), identity)), 5)
     assert "success" == outcome
 
 
@@ -269,7 +271,7 @@ async def test_followers_asleep_on_the_grid_end_at_shutdown(tmp_path: Path) -> N
                 all_lost.set()
 
     firing = Firing(guards=lambda _: guard, replica="unit:1", events=Lost())
-    fires = [asyncio.create_task(firing.fire(one, tick, i)) for i in identities]
+    fires = [asyncio.create_task(firing.fire(Fire(one, tick, i))) for i in identities]
     await asyncio.wait_for(all_lost.wait(), 5)
     assert not any(fire.done() for fire in fires)
     firing.stop()

@@ -23,7 +23,7 @@ from pgcrond.config.loader import load_config
 from pgcrond.config.models import Config
 from pgcrond.core.keys import Identity
 from pgcrond.daemon.requests import Requests
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard import Guards
 from pgcrond.storage import requests as stored
 from pgcrond.storage.leases import LeaseStore
@@ -150,9 +150,9 @@ async def test_two_fires_of_one_identity_on_one_replica_run_it_once_and_share_it
     async with replica(store, pg_dsn, config, "r:1") as one:
         with structlog.testing.capture_logs() as logs, psycopg.connect(pg_dsn) as blocker:
             blocker.execute(f'LOCK TABLE "{schema}".leases IN ACCESS EXCLUSIVE MODE')
-            first = asyncio.create_task(one.firing.fire(job, datetime.now(UTC), identity))
+            first = asyncio.create_task(one.firing.fire(Fire(job, datetime.now(UTC), identity)))
             await until(lambda: lock_waits(pg_dsn, schema) == 1, 5, "the first claim to wait")
-            second = asyncio.create_task(one.firing.fire(job, datetime.now(UTC), identity))
+            second = asyncio.create_task(one.firing.fire(Fire(job, datetime.now(UTC), identity)))
             await until(
                 lambda: (
                     lock_waits(pg_dsn, schema) == 2

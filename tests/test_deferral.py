@@ -21,10 +21,11 @@ from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.deferral import ACT_SLICE, Deferral
+from pgcrond.core.wheel import PER_TURN
+from pgcrond.deferral import Deferral
 from pgcrond.errors import DatabaseUnavailable
 from pgcrond.events import FireEvents
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.guard.memory import MemoryGuard
 from pgcrond.guard.spread import Spread
@@ -58,17 +59,12 @@ class Spawned:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
-    def fire(
-        self,
-        job: JobConfig,
-        tick: datetime,
-        identity: Identity,
-        *,
-        started: bool = False,
-        superseded_at: datetime | None = None,
-        held_back: bool = False,
-    ) -> None:
-        self.fires[identity.code] = (started, held_back, asyncio.get_running_loop().time())
+    def fire(self, fire: Fire) -> None:
+        self.fires[fire.identity.code] = (
+            fire.started,
+            fire.claim_at_once,
+            asyncio.get_running_loop().time(),
+        )
         self.arrived.set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -122,7 +118,7 @@ async def test_a_deferred_tick_is_left_settled_claimed_when_orphaned_and_followe
                 conn.pgconn.trace(wire.fileno())
             began = loop.time()
             for identity in (done, failed, retry, held, orphan):
-                assert deferral.offer(the_job, tick, identity, None)
+                assert deferral.offer(Fire(the_job, tick, identity))
             # The first look, a hold-back after the offers: the orphan and the
             # due retry are fired, the held tick is followed, the rest left.
             await asyncio.wait_for(spawned.arrived.wait(), 5)
@@ -180,7 +176,7 @@ async def test_a_look_that_fails_fires_every_tick_of_it_as_usual(
     deferral = Deferral(Firing(guards=lambda _: guard, replica=B), spawned.fire, spawned.spawn)
     ticks = [Identity.schedule(f"job-{n}", run_key_for(tick)) for n in range(3)]
     for identity in ticks:
-        assert deferral.offer(job(tmp_path, "command: ['true']"), tick, identity, None)
+        assert deferral.offer(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     while len(spawned.fires) < len(ticks):
         spawned.arrived.clear()
         await asyncio.wait_for(spawned.arrived.wait(), 5)
@@ -207,7 +203,7 @@ class Turns:
 
 
 @pytest.mark.parametrize("stop_after_first", [False, True])
-async def test_a_big_look_acts_a_slice_per_loop_turn_and_stops_between_slices(
+async def test_a_big_look_acts_a_wheel_s_share_a_turn_and_fires_nothing_once_stopping(
     tmp_path: Path, stop_after_first: bool
 ) -> None:
     tick = datetime.now(UTC)
@@ -217,28 +213,29 @@ async def test_a_big_look_acts_a_slice_per_loop_turn_and_stops_between_slices(
     turns = Turns()
     fired_in: list[int] = []
 
-    def fire(job: JobConfig, tick: datetime, identity: Identity, **kw: Any) -> None:
+    def fire(fire: Fire) -> None:
         fired_in.append(turns.count)
         if stop_after_first:
             firing.stop()
-        spawned.fire(job, tick, identity, **kw)
+        spawned.fire(fire)
 
     deferral = Deferral(firing, fire, spawned.spawn)
-    count = 2 * ACT_SLICE + 50
+    count = 2 * PER_TURN + 50
     the_job = job(tmp_path, "command: ['true']")
     for n in range(count):
-        assert deferral.offer(the_job, tick, Identity.schedule(f"job-{n}", run_key_for(tick)), None)
+        identity = Identity.schedule(f"job-{n}", run_key_for(tick))
+        assert deferral.offer(Fire(the_job, tick, identity))
     await asyncio.wait_for(spawned.arrived.wait(), 5)
     for _ in range(10):
         await asyncio.sleep(0)
     turns.stop()
     per_turn = Counter(fired_in)
     if stop_after_first:
-        # The slice under way ends; no later one starts once the replica stops.
-        assert [ACT_SLICE] == list(per_turn.values())
+        # Nothing more is fired from the look once the replica stops.
+        assert [1] == list(per_turn.values())
     else:
         while len(spawned.fires) < count:
             spawned.arrived.clear()
             await asyncio.wait_for(spawned.arrived.wait(), 5)
         assert count == len(spawned.fires)
-        assert [ACT_SLICE, ACT_SLICE, 50] == [per_turn[t] for t in sorted(per_turn)]
+        assert [PER_TURN, PER_TURN, 50] == [per_turn[t] for t in sorted(per_turn)]

@@ -582,6 +582,20 @@ def test_image_holds_no_postgresql_and_no_secrets() -> None:
             assert not re.search(r"PASSWORD|SECRET|TOKEN|DATABASE_URL", rest, re.IGNORECASE)
 
 
+def test_the_image_lock_pins_every_dependency() -> None:
+    """The image installs requirements/image.lock only (no index at build): a dependency
+    added to pyproject.toml and not to the lock would make a daemon that cannot start."""
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    wanted = {re.split(r"[\[<>=!~; ]", d, maxsplit=1)[0] for d in dependencies}
+    lock = (REPO / "requirements" / "image.lock").read_text()
+    pinned = set(re.findall(r"^([A-Za-z0-9._-]+)==", lock, re.MULTILINE))
+
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    assert set() == {normal(n) for n in wanted} - {normal(n) for n in pinned}
+
+
 def test_dockerignore_sends_only_what_the_image_is_built_from() -> None:
     patterns = [
         line

@@ -28,7 +28,7 @@ from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
 from pgcrond.core.schedule import run_key_for
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard import Guards
 from pgcrond.run.attempt import RunRequest
 from pgcrond.run.runner import execute
@@ -161,7 +161,7 @@ async def test_the_sql_job_recipe_commits_its_effect_and_outbox_message_once(
         outcomes = []
         for replica in ("a:1", "b:2"):  # two replicas fire the same tick
             firing = Firing(guards=Guards(store, db).for_job, replica=replica)
-            outcomes.append(await firing.fire(job, tick, identity))
+            outcomes.append(await firing.fire(Fire(job, tick, identity)))
     finally:
         await db.close()
     day = tick.date().isoformat()

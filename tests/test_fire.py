@@ -11,7 +11,7 @@ from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard import Guards
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
@@ -39,7 +39,9 @@ async def test_an_advisory_retry_after_a_timeout_really_runs_again(
         firing = Firing(guards=guards.for_job, replica="t:1")
         tick = datetime.now(UTC).replace(microsecond=0)
         with structlog.testing.capture_logs() as logs:
-            outcome = await firing.fire(adv, tick, Identity.schedule("adv", run_key_for(tick)))
+            outcome = await firing.fire(
+                Fire(adv, tick, Identity.schedule("adv", run_key_for(tick)))
+            )
     finally:
         await db.close()
     finished = [event for event in logs if event["event"] == "run_finished"]

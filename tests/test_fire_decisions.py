@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -32,7 +31,7 @@ from pgcrond.core.outcome import RunResult
 from pgcrond.core.schedule import run_key_for
 from pgcrond.errors import PgcrondError
 from pgcrond.events import FireEvents
-from pgcrond.fire import _FOLLOW_MARGIN, _RECHECK_GRID_S, Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.base import (
     ClaimRequest,
     Held,
@@ -203,7 +202,7 @@ class CancelsTheFire(MemoryGuard):
 async def test_a_won_claim_runs_and_records_success(tmp_path: Path) -> None:
     guard = MemoryGuard()
     tick, identity = now_tick()
-    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "success" == outcome
     assert "SUCCESS" == guard.rows[identity].status
     assert ["claim", "record:success"] == guard.calls
@@ -215,7 +214,7 @@ async def test_a_failure_with_retries_left_is_claimed_again_and_retried(tmp_path
     tick, identity = now_tick()
     failing = job(tmp_path, "command: ['false'], retries: 1, retry_delay: 50ms")
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard).fire(failing, tick, identity)
+        outcome = await firing(guard).fire(Fire(failing, tick, identity))
     attempts = [e["attempt"] for e in logs if e["event"] == "run_finished"]
     assert "fail" == outcome
     assert [1, 2] == attempts
@@ -228,7 +227,7 @@ async def test_a_tick_held_elsewhere_is_taken_over_once_its_lease_lapses(tmp_pat
     tick, identity = now_tick()
     # A dead winner's row: RUNNING, its lease lapsing 100 ms from now.
     guard.rows[identity] = Row("RUNNING", 1, 99, datetime.now(UTC) + timedelta(milliseconds=100))
-    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "success" == outcome
     assert (2, "SUCCESS") == (guard.rows[identity].attempt, guard.rows[identity].status)
 
@@ -241,7 +240,7 @@ async def test_a_fenced_outcome_is_not_recorded_and_the_tick_is_still_followed(
     guard = MemoryGuard(script=deque([None, "fence"]))  # type: ignore[list-item]
     tick, identity = now_tick()
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+        outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert any(e["event"] == "outcome_fenced" for e in logs)
     # Its own lapsed row was taken over by the next claim and run to the end.
     assert "success" == outcome
@@ -254,7 +253,7 @@ async def test_a_claim_is_retried_through_an_outage_within_the_misfire_window(
 ) -> None:
     guard = MemoryGuard(script=deque(["unavailable", "unavailable"]))
     tick, identity = now_tick()
-    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "success" == outcome
     assert ["claim", "claim", "claim", "record:success"] == guard.calls
 
@@ -263,7 +262,7 @@ async def test_an_outage_longer_than_the_misfire_window_is_a_miss(tmp_path: Path
     guard = MemoryGuard(script=deque(["unavailable"] * 50))
     tick, identity = now_tick(-0.5)
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+        outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     missed = [e for e in logs if e["event"] == "tick_missed"]
     assert "misfire" == outcome
     assert ["database_unavailable"] == [e["cause"] for e in missed]
@@ -273,7 +272,7 @@ async def test_a_fire_later_than_the_misfire_grace_never_claims(tmp_path: Path) 
     """Under a guard without history: the replica's clock is all there is to judge by."""
     guard = MemoryGuard(remembers=False)
     tick, identity = now_tick(-2)
-    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "misfire" == outcome
     assert [] == guard.calls
 
@@ -284,7 +283,7 @@ async def test_a_late_fire_under_a_guard_with_history_is_judged_by_its_claim(
     """The guard's clock (the database's) decides, not the replica's."""
     guard = MemoryGuard()
     tick, identity = now_tick(-2)
-    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "misfire" == outcome
     assert ["claim"] == guard.calls
 
@@ -294,7 +293,7 @@ async def test_a_tick_not_due_by_the_guards_clock_waits_and_then_runs(tmp_path: 
     """A replica whose clock runs ahead waits for the database's."""
     guard = MemoryGuard()
     tick, identity = now_tick(0.3)
-    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "success" == outcome
     assert ["claim", "claim", "record:success"] == guard.calls
 
@@ -303,7 +302,7 @@ async def test_a_tick_not_due_by_the_guards_clock_waits_and_then_runs(tmp_path: 
 async def test_an_overlap_refusal_is_a_skip(tmp_path: Path, reason: str) -> None:
     tick, identity = now_tick()
     guard = MemoryGuard(script=deque([Refused(identity, reason)]))  # type: ignore[arg-type]
-    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "skip" == outcome
 
 
@@ -318,7 +317,7 @@ async def test_a_due_retry_blocked_by_a_newer_running_tick_waits_for_it(tmp_path
     blocked = Refused(identity, "overlap", "FAIL", attempt=1)
     guard = MemoryGuard(script=deque([blocked]))
     forbid = job(tmp_path, "command: ['true'], concurrency: forbid")
-    outcome = await firing(guard).fire(forbid, tick, identity, started=True)
+    outcome = await firing(guard).fire(Fire(forbid, tick, identity, started=True))
     assert "success" == outcome
     assert ["claim", "claim", "record:success"] == guard.calls
 
@@ -331,7 +330,7 @@ async def test_a_first_claim_after_the_next_tick_is_coalesced_by_the_guard(
     tick, identity = now_tick(-0.5)
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard).fire(
-            job(tmp_path, "command: ['true']"), tick, identity, superseded_at=tick
+            Fire(job(tmp_path, "command: ['true']"), tick, identity, superseded_at=tick)
         )
     assert "misfire" == outcome
     assert ["claim"] == guard.calls
@@ -344,7 +343,7 @@ async def test_a_coalesced_tick_under_a_guard_without_history_never_claims(
     guard = MemoryGuard(remembers=False)
     tick, identity = now_tick(-0.5)
     outcome = await firing(guard).fire(
-        job(tmp_path, "command: ['true']"), tick, identity, superseded_at=tick
+        Fire(job(tmp_path, "command: ['true']"), tick, identity, superseded_at=tick)
     )
     assert "misfire" == outcome
     assert [] == guard.calls
@@ -359,7 +358,7 @@ async def test_a_retry_is_never_coalesced(tmp_path: Path) -> None:
     failing = job(tmp_path, "command: ['false'], retries: 1, retry_delay: 800ms")
     superseded = datetime.now(UTC) + timedelta(milliseconds=300)
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard).fire(failing, tick, identity, superseded_at=superseded)
+        outcome = await firing(guard).fire(Fire(failing, tick, identity, superseded_at=superseded))
     assert "fail" == outcome
     assert [1, 2] == [e["attempt"] for e in logs if e["event"] == "run_finished"]
 
@@ -367,7 +366,7 @@ async def test_a_retry_is_never_coalesced(tmp_path: Path) -> None:
 async def test_a_late_answer_is_a_miss_not_a_run(tmp_path: Path) -> None:
     tick, identity = now_tick()
     guard = MemoryGuard(script=deque([Refused(identity, "late")]))
-    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "misfire" == outcome
 
 
@@ -379,7 +378,7 @@ async def test_a_pending_retry_is_followed_past_the_misfire_window(tmp_path: Pat
         identity, "retry_pending", "FAIL", wait=timedelta(seconds=0.7), attempt=1, cause="error"
     )
     guard = MemoryGuard(script=deque([pending]))
-    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "success" == outcome
     assert ["claim", "claim", "record:success"] == guard.calls
 
@@ -389,7 +388,7 @@ async def test_a_lost_tick_is_not_followed_by_trigger(tmp_path: Path) -> None:
     held = Refused(identity, "held", "RUNNING", wait=timedelta(seconds=0.1), attempt=1)
     guard = MemoryGuard(script=deque([held]))
     outcome = await firing(guard).fire(
-        job(tmp_path, "command: ['true']"), tick, identity, follow=False
+        Fire(job(tmp_path, "command: ['true']"), tick, identity, follow=False)
     )
     assert "lose" == outcome
     assert ["claim"] == guard.calls
@@ -401,7 +400,7 @@ async def test_a_started_tick_is_taken_over_past_the_misfire_window(tmp_path: Pa
     tick, identity = now_tick(-0.5)
     held = Refused(identity, "held", "RUNNING", wait=timedelta(seconds=0.7), attempt=1)
     guard = MemoryGuard(script=deque([held]))
-    outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "success" == outcome
     assert ["claim", "claim", "record:success"] == guard.calls
 
@@ -426,9 +425,9 @@ async def test_a_forbid_claim_waits_while_an_abandoned_run_of_the_job_still_runs
     jobs_fixture.RELEASE[second.run_key or ""].set()  # the next run returns at once
     try:
         with structlog.testing.capture_logs() as logs:
-            assert "timeout" == await firing(guard).fire(stuck, first_tick, first)
+            assert "timeout" == await firing(guard).fire(Fire(stuck, first_tick, first))
             assert any(e["event"] == "entrypoint_thread_abandoned" for e in logs)
-            following = asyncio.create_task(firing(guard).fire(stuck, second_tick, second))
+            following = asyncio.create_task(firing(guard).fire(Fire(stuck, second_tick, second)))
             await asyncio.sleep(0.3)
             # The abandoned thread still runs: no claim of the next tick yet.
             assert ["claim", "record:timeout"] == guard.calls
@@ -455,10 +454,10 @@ async def test_a_second_fire_of_one_identity_joins_the_first_and_claims_nothing(
     tick = datetime.now(UTC)
     try:
         with structlog.testing.capture_logs() as logs:
-            first = asyncio.create_task(fire.fire(gated, tick, identity))
+            first = asyncio.create_task(fire.fire(Fire(gated, tick, identity)))
             await until(jobs_fixture.STARTED[key].is_set)
             assert fire.in_flight(identity)
-            second = asyncio.create_task(fire.fire(gated, tick, identity))
+            second = asyncio.create_task(fire.fire(Fire(gated, tick, identity)))
             await until(lambda: bool(logged(logs, "fire_joined")))
             jobs_fixture.RELEASE[key].set()
             outcomes = await asyncio.wait_for(asyncio.gather(first, second), 5)
@@ -480,9 +479,9 @@ async def test_a_fire_cancelled_while_it_runs_ends_its_run_and_every_joiner(
     waiting = job(tmp_path, "entrypoint: 'tests.jobs_fixture:wait_then_return_async'")
     tick = datetime.now(UTC)
     with structlog.testing.capture_logs() as logs:
-        first = asyncio.create_task(fire.fire(waiting, tick, identity))
+        first = asyncio.create_task(fire.fire(Fire(waiting, tick, identity)))
         await until(jobs_fixture.STARTED[identity.run_key or ""].is_set)
-        joiner = asyncio.create_task(fire.fire(waiting, tick, identity))
+        joiner = asyncio.create_task(fire.fire(Fire(waiting, tick, identity)))
         await until(lambda: bool(logged(logs, "fire_joined")))
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -505,7 +504,9 @@ async def test_a_fire_cancelled_before_its_run_is_under_way_reports_no_run(
     fire = firing(guard, events)
     tick, identity = now_tick()
     with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(fire.fire(job(tmp_path, "command: ['true']"), tick, identity), 5)
+        await asyncio.wait_for(
+            fire.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity)), 5
+        )
     assert ["claim"] == guard.calls
     assert {} == fire.running
     assert not fire.in_flight(identity)
@@ -513,34 +514,26 @@ async def test_a_fire_cancelled_before_its_run_is_under_way_reports_no_run(
     assert ([], []) == (events.of("run_started"), events.of("run_finished"))
 
 
-async def test_stop_wakes_every_follower_asleep_on_the_grid(tmp_path: Path) -> None:
-    """Three dead winners' leases lapse at one instant: their followers share one
-    wake-up, and stop() rings it, passing over a follower cancelled meanwhile."""
-    loop = asyncio.get_running_loop()
-    epoch = datetime(2030, 1, 1, tzinfo=UTC)
-
-    def clock() -> datetime:  # the loop's: a follower's wait lands on a known grid slot
-        return epoch + timedelta(seconds=loop.time())
-
-    guard, events = MemoryGuard(clock=clock), Events()
-    fire = Firing(guards=lambda _: guard, replica="unit:1", events=events, clock=clock)
-    # 30 s ahead (stop() comes long before), half a slot from either edge of the grid.
-    slot = math.ceil((loop.time() + 30) / _RECHECK_GRID_S) * _RECHECK_GRID_S
-    lapse = slot + _RECHECK_GRID_S / 2 - _FOLLOW_MARGIN.total_seconds()
+async def test_stop_wakes_every_follower_asleep_on_the_wheel(tmp_path: Path) -> None:
+    """Three dead winners' leases lapse at one instant: their followers sleep on the
+    wheel until then, and stop() wakes them, passing over a follower cancelled meanwhile."""
+    guard, events = MemoryGuard(), Events()
+    fire = Firing(guards=lambda _: guard, replica="unit:1", events=events)
+    lapse = datetime.now(UTC) + timedelta(seconds=30)  # stop() comes long before
     identities = [request_identity() for _ in range(3)]
     for identity in identities:
-        guard.rows[identity] = Row("RUNNING", 1, 99, epoch + timedelta(seconds=lapse))
+        guard.rows[identity] = Row("RUNNING", 1, 99, lapse)
     ok = job(tmp_path, "command: ['true']")
-    followers = [asyncio.create_task(fire.fire(ok, clock(), i)) for i in identities]
+    followers = [asyncio.create_task(fire.fire(Fire(ok, datetime.now(UTC), i))) for i in identities]
     # Lost, then asleep: nothing between the two lets another task run.
     await until(lambda: 3 == len(events.of("claim_lost")))
-    assert [3] == [len(sleepers) for sleepers in fire._slots.values()]
+    assert 3 == len(fire._asleep)
     followers[2].cancel()
     with pytest.raises(asyncio.CancelledError):
         await followers[2]
     fire.stop()
     assert ["lose", "lose"] == await asyncio.wait_for(asyncio.gather(*followers[:2]), 5)
-    assert {} == fire._slots
+    assert set() == fire._asleep
     assert ["claim"] * 3 == guard.calls
 
 
@@ -552,9 +545,9 @@ async def test_a_follower_stopped_before_it_goes_to_sleep_claims_no_more(tmp_pat
     fire = firing(guard, events)
     events.on["claim_lost"] = fire.stop
     ok = job(tmp_path, "command: ['true']")
-    assert "lose" == await asyncio.wait_for(fire.fire(ok, tick, identity), 5)
+    assert "lose" == await asyncio.wait_for(fire.fire(Fire(ok, tick, identity)), 5)
     assert ["claim"] == guard.calls
-    assert {} == fire._slots
+    assert set() == fire._asleep
 
 
 async def test_a_fire_after_stop_claims_nothing(tmp_path: Path) -> None:
@@ -562,7 +555,7 @@ async def test_a_fire_after_stop_claims_nothing(tmp_path: Path) -> None:
     fire = firing(guard)
     fire.stop()
     tick, identity = now_tick()
-    assert "lose" == await fire.fire(job(tmp_path, "command: ['true']"), tick, identity)
+    assert "lose" == await fire.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert [] == guard.calls
     assert not fire.in_flight(identity)
 
@@ -577,7 +570,7 @@ async def test_a_claim_in_an_outage_gives_up_once_the_replica_stops(tmp_path: Pa
         tmp_path,
         "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 1, retry_delay: 50ms",
     )
-    following = asyncio.create_task(fire.fire(failing, tick, identity))
+    following = asyncio.create_task(fire.fire(Fire(failing, tick, identity)))
     await until(lambda: len(guard.calls) >= 3)  # the retry's claim meets the outage
     fire.stop()
     assert "fail" == await asyncio.wait_for(following, 5)
@@ -597,7 +590,7 @@ async def test_a_first_claim_in_an_outage_when_the_replica_stops_is_no_miss(
     fire = firing(guard, events)
     with structlog.testing.capture_logs() as logs:
         following = asyncio.create_task(
-            fire.fire(job(tmp_path, "command: ['true']"), tick, identity)
+            fire.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
         )
         await until(lambda: len(guard.calls) >= 1)
         fire.stop()
@@ -621,9 +614,9 @@ async def test_a_forbid_claim_waiting_for_an_abandoned_run_claims_nothing_once_s
     await until(lambda: not leftovers.still_running("j"))  # none of another test's
     try:
         with structlog.testing.capture_logs() as logs:
-            assert "timeout" == await fire.fire(stuck, datetime.now(UTC), abandoned)
+            assert "timeout" == await fire.fire(Fire(stuck, datetime.now(UTC), abandoned))
             tick, identity = now_tick()
-            waiting = asyncio.create_task(fire.fire(stuck, tick, identity))
+            waiting = asyncio.create_task(fire.fire(Fire(stuck, tick, identity)))
             await until(lambda: bool(logged(logs, "claim_waits")))
             fire.stop()
             assert "lose" == await asyncio.wait_for(waiting, 5)
@@ -648,7 +641,7 @@ async def test_a_paused_run_once_job_waits_for_a_resume(tmp_path: Path, ending: 
     fire = firing(guard, events)
     ok = job(tmp_path, "command: ['true']")
     with structlog.testing.capture_logs() as logs:
-        waiting = asyncio.create_task(fire.fire(ok, datetime.now(UTC), identity))
+        waiting = asyncio.create_task(fire.fire(Fire(ok, datetime.now(UTC), identity)))
         await until(lambda: bool(logged(logs, "waiting_for_resume")))
         assert ["claim"] == guard.calls
         if ending == "resumed":
@@ -678,7 +671,7 @@ async def test_a_resume_while_the_paused_answer_was_on_its_way_is_not_waited_for
     events.on["database"] = fire.resumed  # as the claim's answer arrives
     ok = job(tmp_path, "command: ['true']")
     with structlog.testing.capture_logs() as logs:
-        outcome = await asyncio.wait_for(fire.fire(ok, tick, identity, started=True), 5)
+        outcome = await asyncio.wait_for(fire.fire(Fire(ok, tick, identity, started=True)), 5)
     assert "success" == outcome
     assert ["claim", "claim", "record:success"] == guard.calls
     assert [] == logged(logs, "waiting_for_resume")
@@ -691,7 +684,7 @@ async def test_a_new_tick_of_a_paused_job_is_skipped(tmp_path: Path) -> None:
     guard, events = MemoryGuard(script=deque([paused])), Events()
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard, events).fire(
-            job(tmp_path, "command: ['true']"), tick, identity
+            Fire(job(tmp_path, "command: ['true']"), tick, identity)
         )
     assert "skip" == outcome
     assert ["claim"] == guard.calls
@@ -705,7 +698,7 @@ async def test_a_suspended_job_is_skipped_not_waited_for(tmp_path: Path) -> None
     guard, events = MemoryGuard(), Events()
     suspended = job(tmp_path, "command: ['true'], suspended: true")
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard, events).fire(suspended, tick, identity)
+        outcome = await firing(guard, events).fire(Fire(suspended, tick, identity))
     assert "skip" == outcome
     assert ["paused"] == events.of("skipped")
     [skipped] = logged(logs, "tick_skipped")
@@ -722,7 +715,9 @@ async def test_a_finished_tick_is_lost_and_not_followed(
     tick, identity = now_tick()
     refusal = Refused(identity, reason, status, attempt=1)
     guard, events = MemoryGuard(script=deque([refusal])), Events()
-    outcome = await firing(guard, events).fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await firing(guard, events).fire(
+        Fire(job(tmp_path, "command: ['true']"), tick, identity)
+    )
     assert "lose" == outcome
     assert ["claim"] == guard.calls
     assert [reason] == events.of("claim_lost")
@@ -740,7 +735,7 @@ async def test_a_late_answer_after_this_replica_ran_the_tick_is_no_miss(
         tmp_path,
         "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 1, retry_delay: 50ms",
     )
-    outcome = await firing(guard, events).fire(failing, tick, identity)
+    outcome = await firing(guard, events).fire(Fire(failing, tick, identity))
     assert "fail" == outcome
     assert ["claim", "record:fail", "claim"] == guard.calls
     assert [] == events.of("missed")
@@ -755,7 +750,7 @@ async def test_a_run_once_job_out_of_retries_is_left_to_the_next_start(tmp_path:
         tmp_path,
         "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 0, retry_delay: 30s",
     )
-    outcome = await firing(guard, events).fire(failing, datetime.now(UTC), identity)
+    outcome = await firing(guard, events).fire(Fire(failing, datetime.now(UTC), identity))
     assert "fail" == outcome
     row = guard.rows[identity]
     assert ("FAIL", 1) == (row.status, row.attempt)
@@ -763,7 +758,7 @@ async def test_a_run_once_job_out_of_retries_is_left_to_the_next_start(tmp_path:
     assert [("fail", False)] == events.of("recorded")
     assert ["fail"] == events.of("failed_for_good")
     other = Events()
-    assert "lose" == await firing(guard, other).fire(failing, datetime.now(UTC), identity)
+    assert "lose" == await firing(guard, other).fire(Fire(failing, datetime.now(UTC), identity))
     assert ["retry_pending"] == other.of("claim_lost")
     assert ["claim", "record:fail", "claim"] == guard.calls
 
@@ -778,7 +773,7 @@ async def test_a_run_that_lost_its_lease_records_nothing_and_follows_the_tick(
     tick, identity = now_tick()
     guard, events = CancelsFirstRun(reason="lease_lost"), Events()
     ok = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
-    outcome = await asyncio.wait_for(firing(guard, events).fire(ok, tick, identity), 5)
+    outcome = await asyncio.wait_for(firing(guard, events).fire(Fire(ok, tick, identity)), 5)
     assert "fail" == outcome
     # Nothing recorded for attempt 1; claimed again until its lease lapsed.
     assert ["record:fail"] == [call for call in guard.calls if call != "claim"]
@@ -792,7 +787,7 @@ async def test_a_run_stopped_by_a_shutdown_is_given_back(tmp_path: Path) -> None
     tick, identity = now_tick()
     guard, events = CancelsFirstRun(reason="shutdown"), Events()
     ok = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
-    outcome = await firing(guard, events).fire(ok, tick, identity)
+    outcome = await firing(guard, events).fire(Fire(ok, tick, identity))
     assert "cancelled" == outcome
     assert ["claim", "record:released"] == guard.calls
     row = guard.rows[identity]
@@ -807,7 +802,7 @@ async def test_a_keep_alive_that_cannot_start_is_the_runs_failure(tmp_path: Path
     guard, events = HoldRaises(), Events()
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard, events).fire(
-            job(tmp_path, "command: ['true']"), tick, identity
+            Fire(job(tmp_path, "command: ['true']"), tick, identity)
         )
     assert "fail" == outcome
     assert ["claim", "record:fail"] == guard.calls
@@ -823,7 +818,7 @@ async def test_a_keep_alive_failing_after_the_run_keeps_the_runs_own_outcome(
     tick, identity = now_tick()
     guard = LetGoRaises()
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+        outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "success" == outcome
     assert ["claim", "record:success"] == guard.calls
     assert 1 == len(logged(logs, "run_crashed"))
@@ -839,7 +834,7 @@ async def test_a_failure_hook_that_raises_does_not_end_the_fire(tmp_path: Path) 
     events.on["failed_for_good"] = hook_bug
     failing = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard, events).fire(failing, tick, identity)
+        outcome = await firing(guard, events).fire(Fire(failing, tick, identity))
     assert "fail" == outcome
     assert "FAIL" == guard.rows[identity].status
     assert ["RuntimeError: hook bug"] == [e["error"] for e in logged(logs, "failure_hook_crashed")]
@@ -852,7 +847,7 @@ async def test_an_outcome_still_in_an_outage_when_the_fire_is_cancelled_is_said_
     guard = MemoryGuard(script=deque([None, *["unavailable"] * 50]))  # type: ignore[list-item]
     failing = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
     with structlog.testing.capture_logs() as logs:
-        fire = asyncio.create_task(firing(guard).fire(failing, tick, identity))
+        fire = asyncio.create_task(firing(guard).fire(Fire(failing, tick, identity)))
         await until(lambda: guard.calls.count("record:fail") >= 2)
         fire.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -870,7 +865,7 @@ async def test_a_record_that_keeps_failing_is_followed_like_a_lost_lease(tmp_pat
     guard = RecordRaises(failures=3)
     with structlog.testing.capture_logs() as logs:
         outcome = await asyncio.wait_for(
-            firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity), 5
+            firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity)), 5
         )
     assert "success" == outcome
     assert ["claim", *["record:success"] * 3, "claim", "record:success"] == guard.calls
@@ -886,7 +881,9 @@ async def test_a_guard_that_keeps_raising_crashes_the_fire(tmp_path: Path) -> No
     guard = ClaimRaises()
     fire = firing(guard)
     with structlog.testing.capture_logs() as logs:
-        outcome = await fire.fire(job(tmp_path, "command: ['true']"), tick, identity, started=True)
+        outcome = await fire.fire(
+            Fire(job(tmp_path, "command: ['true']"), tick, identity, started=True)
+        )
     assert "crashed" == outcome
     assert ["claim"] * 3 == guard.calls
     assert 2 == len(logged(logs, "guard_failed"))
@@ -899,7 +896,7 @@ async def test_a_guard_error_that_is_no_outage_is_not_retried(tmp_path: Path) ->
     tick, identity = now_tick()
     guard = ClaimRaises(error=PgcrondError("the claim statement is wrong"))
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard).fire(job(tmp_path, "command: ['true']"), tick, identity)
+        outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "crashed" == outcome
     assert ["claim"] == guard.calls
     assert [] == logged(logs, "guard_failed")
@@ -924,7 +921,7 @@ async def test_on_start_is_awaited_once_before_the_first_attempt(tmp_path: Path)
         "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 1, "
         "retry_delay: 50ms, concurrency: allow",
     )
-    outcome = await firing(guard, events).fire(failing, tick, identity, on_start=on_start)
+    outcome = await firing(guard, events).fire(Fire(failing, tick, identity, on_start=on_start))
     assert "fail" == outcome
     started = [name for name, _ in events.seen if name in ("on_start", "run_started")]
     assert ["on_start", "run_started", "run_started"] == started
@@ -946,14 +943,14 @@ async def test_a_forbid_claim_waiting_for_an_abandoned_run_gives_up_at_its_windo
     await until(lambda: not leftovers.still_running("j"))  # none of another test's
     try:
         with structlog.testing.capture_logs() as logs:
-            assert "timeout" == await fire.fire(stuck, datetime.now(UTC), abandoned)
+            assert "timeout" == await fire.fire(Fire(stuck, datetime.now(UTC), abandoned))
             assert 1 == len(logged(logs, "entrypoint_thread_abandoned"))
             tick, identity = now_tick(-0.8)  # its window ends 200 ms from now
-            outcome = await asyncio.wait_for(fire.fire(stuck, tick, identity), 5)
+            outcome = await asyncio.wait_for(fire.fire(Fire(stuck, tick, identity)), 5)
             assert "misfire" == outcome
             assert ["late"] == [e["cause"] for e in logged(logs, "tick_missed")]
             assert leftovers.still_running("j")  # the claim did not wait for it to end
-            assert "success" == await fire.fire(allowing, datetime.now(UTC), free)
+            assert "success" == await fire.fire(Fire(allowing, datetime.now(UTC), free))
     finally:
         jobs_fixture.RELEASE[abandoned.run_key or ""].set()
         await until(lambda: not leftovers.still_running("j"))
@@ -980,7 +977,7 @@ async def test_a_claim_won_as_the_replica_is_halted_is_released_never_run(tmp_pa
     fire = guard.firing = firing(guard)
     tick, identity = now_tick()
     with structlog.testing.capture_logs() as logs:
-        outcome = await fire.fire(job(tmp_path, "command: ['true']"), tick, identity)
+        outcome = await fire.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "lose" == outcome
     assert ["claim", "record:released"] == guard.calls
     assert [("stopping", 1)] == [
@@ -994,7 +991,7 @@ async def test_a_won_tick_of_a_job_a_reload_removed_is_released_never_run(tmp_pa
     guard = MemoryGuard()
     fire = Firing(guards=lambda _: guard, replica="unit:1", jobs=lambda _: None)
     tick, identity = now_tick()
-    outcome = await fire.fire(job(tmp_path, "command: ['true']"), tick, identity)
+    outcome = await fire.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     assert "skip" == outcome
     assert ["claim", "record:released"] == guard.calls
     assert ("FAIL", "released") == (guard.rows[identity].status, guard.rows[identity].reason)
@@ -1006,6 +1003,6 @@ async def test_a_won_tick_runs_the_job_as_the_config_in_force_defines_it(tmp_pat
     now = job(tmp_path, "command: ['true']")
     fire = Firing(guards=lambda _: guard, replica="unit:1", jobs=lambda _: now)
     tick, identity = now_tick()
-    outcome = await fire.fire(job(tmp_path, "command: ['false']"), tick, identity)
+    outcome = await fire.fire(Fire(job(tmp_path, "command: ['false']"), tick, identity))
     assert "success" == outcome
     assert ["claim", "record:success"] == guard.calls

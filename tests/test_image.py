@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -324,9 +326,13 @@ class Container:
         return found
 
     def wait_event(self, name: str, timeout: float = 60) -> dict[str, Any]:
-        found: list[dict[str, Any]] = wait_until(
-            lambda: self.events(name), timeout, f"{self.name}: {name}", every=PODMAN_POLL_S
-        )
+        try:
+            found: list[dict[str, Any]] = wait_until(
+                lambda: self.events(name), timeout, f"{self.name}: {name}", every=PODMAN_POLL_S
+            )
+        except AssertionError as missed:
+            # The container's own last words say why, where a timeout cannot.
+            raise AssertionError("\n".join([str(missed), *self.logs()[-20:]])) from None
         return found[0]
 
     def state(self) -> dict[str, Any]:
@@ -509,3 +515,38 @@ def test_an_image_from_pgcrond_with_jobs_of_its_own_runs_them_in_a_replica(
         row.split()[0], row.split()[1], row.split()[3]
     ]  # fmt: skip
     assert row.split()[2][0].isdigit()  # curl's version, from the Debian package
+
+
+def test_the_default_command_on_every_interface_serves_metrics_but_not_the_page(
+    image: Image, pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """The image's own CMD (``--http 0.0.0.0:9464``), no users: job output stays in."""
+    config_dir = tmp_path / "etc-pgcrond"
+    config_dir.mkdir()
+    (config_dir / "pgcrond.yaml").write_text(
+        f"database:\n  url: ${{PGCROND_DATABASE_URL}}\n  schema: {schema}\n"
+        "jobs:\n  quiet:\n    cron: '0 3 * * *'\n    command: ['true']\n"
+    )
+    name = f"pgcrond-default-{os.getpid()}"
+    image.podman(
+        "run", "--detach", "--name", name, "--network", "host", "--read-only",
+        "--tmpfs", "/tmp", "--volume", f"{config_dir}:{contract.CONTAINER_CONFIG_DIR}:ro",
+        "--env", f"{contract.DATABASE_URL_ENV}={pg_dsn}", image.tag,
+    )  # fmt: skip
+    try:
+        container = Container(name, image.podman)
+        container.wait_event("daemon_ready")
+        base = f"http://127.0.0.1:{contract.HTTP_PORT}"
+        assert 404 == http_status(base + "/status")
+        assert 200 == http_status(base + "/metrics")
+        assert container.events("status_page_withheld")
+    finally:
+        image.podman("rm", "--force", "--time", "0", name, check=False)
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code

@@ -28,7 +28,7 @@ from pgcrond.core.schedule import run_key_for
 from pgcrond.core.sqlscript import compile_script
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import ConfigError, SqlJobFailed
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard import Guards
 from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
@@ -203,7 +203,8 @@ class Lab:
         firing = Firing(guards=Guards(self.store, self.db).for_job, replica="t:1")
         tick = tick or datetime.now(UTC).replace(microsecond=0)
         with structlog.testing.capture_logs() as logs:
-            outcome = await firing.fire(job, tick, Identity.schedule(job.code, run_key_for(tick)))
+            identity = Identity.schedule(job.code, run_key_for(tick))
+            outcome = await firing.fire(Fire(job, tick, identity))
         return outcome, logs
 
     def rows(self, query: str, *params: object) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from pgcrond.core.passwords import hash_password, parse_hash
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.http import MAX_BODY, HealthServer
+from pgcrond.daemon.http import parse_listen as http_parse_listen
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.page import auth
 from pgcrond.daemon.page.entries import _stale
@@ -1101,6 +1102,98 @@ def test_a_plaintext_password_or_a_bad_proxy_address_is_refused_with_its_place(
     assert "pgcrond hash-password" in issues[0].message
     assert "hunter2" not in str(raised.value)
     assert "'10.0.0.300' is not an IP address or CIDR" in issues[1].message
+
+
+def load_http(tmp_path: Path, http: str) -> Config:
+    path = write_config(tmp_path, "s", http)
+    return load_config([str(path)], database_url="postgresql://x")
+
+
+def refusals(tmp_path: Path, http: str) -> list[tuple[str | None, str]]:
+    with pytest.raises(ConfigError) as raised:
+        load_http(tmp_path, http)
+    return [(issue.field, issue.message) for issue in raised.value.issues]
+
+
+@pytest.mark.parametrize(
+    ("listen", "access", "served"),
+    [
+        ("127.0.0.1:9464", "", True),
+        ("[::1]:9464", "", True),
+        ("localhost:9464", "", True),
+        ("0.0.0.0:9464", "", False),
+        (":9464", "", False),
+        ("10.1.2.3:9464", "", False),
+        ("0.0.0.0:9464", "  status_page: public\n", True),
+        ("0.0.0.0:9464", "  trusted_proxies: [10.0.0.1]\n", True),
+        ("127.0.0.1:9464", "  status_page: false\n", False),
+    ],
+)
+def test_the_page_is_served_off_loopback_only_with_a_sign_in_or_public(
+    tmp_path: Path, listen: str, access: str, served: bool
+) -> None:
+    config = load_http(tmp_path, f"http:\n  listen: '{listen}'\n{access}")
+    host = http_parse_listen(listen)[0]
+    assert served == config.page_access.served_on(host)
+
+
+def test_public_off_loopback_warns_that_every_jobs_output_is_exposed(tmp_path: Path) -> None:
+    config = load_http(tmp_path, "http:\n  listen: ':9464'\n  status_page: public\n")
+    [warning] = [w for w in config.warnings if w.field == "http.status_page"]
+    assert "recent output (stdout and stderr)" in warning.message
+    quiet = load_http(tmp_path, "http:\n  status_page: public\n")
+    assert [] == [w for w in quiet.warnings if w.field == "http.status_page"]
+
+
+def test_check_refuses_passwords_over_plain_http_off_loopback_unless_tls_proxy_or_opt_out(
+    tmp_path: Path,
+) -> None:
+    users = f"  users: {{{OPERATOR}: '{operator_hash()}'}}\n"
+    [(field, message)] = refusals(tmp_path, f"http:\n  listen: ':9464'\n{users}")
+    assert "http.users" == field
+    assert "passwords would cross the network readable" in message
+    for accepted in (
+        "  tls: {cert: /etc/pgcrond/tls.crt, key: /etc/pgcrond/tls.key}\n",
+        "  trusted_proxies: [10.0.0.1]\n",
+        "  allow_plaintext_passwords: true\n",
+        "  listen: '127.0.0.1:9464'\n",
+    ):
+        listen = "" if "listen" in accepted else "  listen: ':9464'\n"
+        assert load_http(tmp_path, f"http:\n{listen}{users}{accepted}").page_access.users
+    # A user without a password signs in through a proxy only: no password crosses.
+    proxied = (
+        "http:\n  listen: ':9464'\n  trusted_proxies: [10.0.0.1]\n"
+        "  users: {olga: {role: operator}}\n"
+    )
+    assert "operator" == load_http(tmp_path, proxied).page_access.users["olga"].role
+
+
+def test_roles_and_job_globs_are_read_and_a_wrong_one_is_refused_in_place(tmp_path: Path) -> None:
+    hashed = operator_hash()
+    http = (
+        "http:\n  users:\n"
+        f"    plain: '{hashed}'\n"
+        f"    vera: {{password: '{hashed}'}}\n"
+        f"    olga: {{password: '{hashed}', role: operator, jobs: ['sync-*', nightly-report]}}\n"
+    )
+    users = load_http(tmp_path, http).page_access.users
+    assert ("operator", "viewer", "operator") == tuple(
+        users[n].role for n in ("plain", "vera", "olga")
+    )
+    assert users["plain"].may_act("anything") and not users["vera"].may_act("sync-invoices")
+    assert users["olga"].may_act("sync-invoices") and users["olga"].may_act("nightly-report")
+    assert not users["olga"].may_act("cache-warm")
+    assert hashed not in repr(users)
+    for bad, said in (
+        ("{role: admin}", "role 'admin' is not one of: viewer, operator"),
+        ("{role: viewer, jobs: [x]}", "a viewer acts on none"),
+        ("{password: hunter2}", "must be a password hash"),
+        ("{pass: x}", "unknown key 'pass'"),
+    ):
+        [(field, message)] = refusals(tmp_path, f"http:\n  users:\n    bob: {bad}\n")
+        assert ("http.users", True) == (field, said in message), message
+    [(field, message)] = refusals(tmp_path, "http:\n  status_page: maybe\n")
+    assert ("http.status_page", "must be true, false or public, got text") == (field, message)
 
 
 @pytest.mark.parametrize(

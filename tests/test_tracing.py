@@ -27,7 +27,7 @@ from pgcrond.daemon.observed import Observing
 from pgcrond.daemon.observers import tracing_wanted
 from pgcrond.daemon.tracing import Tracing
 from pgcrond.events import FanOut
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.memory import MemoryGuard
 from tests.daemon_harness import cluster, wait_until
 from tests.hook_receiver import Receiver, receiving
@@ -55,7 +55,7 @@ async def test_one_run_is_a_span_tree_and_the_job_reports_its_trace_id(tmp_path:
     )
     tick = datetime.now(UTC).replace(microsecond=0)
     run_key = run_key_for(tick)
-    assert "success" == await firing.fire(job, tick, Identity.schedule("traced", run_key))
+    assert "success" == await firing.fire(Fire(job, tick, Identity.schedule("traced", run_key)))
 
     spans = {span.name: span for span in exporter.get_finished_spans()}
     assert {"pgcrond.attempt", "claim", "run", "record"} == set(spans)

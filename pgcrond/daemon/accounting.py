@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -41,7 +41,7 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import PgcrondError
 from pgcrond.events import FireEvents
-from pgcrond.fire import FireOutcome, Firing
+from pgcrond.fire import Fire, FireOutcome, Firing
 from pgcrond.storage.claims import NotAcquired
 from pgcrond.storage.jobstate import pause_of, paused
 from pgcrond.storage.leases import LeaseStore
@@ -140,19 +140,14 @@ async def run_catch_up(
             break
         log.info("tick_catch_up", job=item.code, run_key=item.run_key, policy=job.catch_up)
         # started=True: no misfire bound; the claim still decides, once per tick.
-        outcome = await firing.fire(
-            job, item.tick, Identity.schedule(item.code, item.run_key), started=True
-        )
+        identity = Identity.schedule(item.code, item.run_key)
+        outcome = await firing.fire(Fire(job, item.tick, identity, started=True))
         done.append((item, outcome))
     return done
 
 
-class FireNow(Protocol):
-    """Fires a tick like the scheduler would (the daemon tracks it for the drain)."""
-
-    def __call__(
-        self, job: JobConfig, tick: datetime, identity: Identity, *, superseded_at: datetime | None
-    ) -> None: ...
+# Fires a tick like the scheduler would (the daemon tracks it for the drain).
+FireNow = Callable[[Fire], None]
 
 
 @dataclass
@@ -368,13 +363,15 @@ class Accounting(FireEvents):
                 if item.action == "due":
                     # Several due ticks of a job coalesce like the scheduler's late fires.
                     self.fire_now(
-                        job,
-                        # Its jittered fire time, as the scheduler's fire: the
-                        # claim is refused not_due before it, and its window
-                        # counts from it.
-                        fire_time(job.code, item.tick, job.jitter),
-                        Identity.schedule(job.code, item.run_key),
-                        superseded_at=superseded_at(job, job.schedule.next_after(item.tick)),
+                        Fire(
+                            job,
+                            # Its jittered fire time, as the scheduler's fire: the
+                            # claim is refused not_due before it, and its window
+                            # counts from it.
+                            fire_time(job.code, item.tick, job.jitter),
+                            Identity.schedule(job.code, item.run_key),
+                            superseded_at=superseded_at(job, job.schedule.next_after(item.tick)),
+                        )
                     )
             catch_up = [p for p in job_plan.ticks if p.action == "run"]
             if catch_up:

@@ -157,6 +157,45 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
+class _Watched(asyncio.Protocol):
+    """One connection's aiohttp handler, and whether its client has sent a byte yet.
+
+    Full, the server closes a connection that has sent nothing before one
+    that has sent its request: a flood of silent connections, however fast it
+    reconnects, cannot push out a probe that has spoken.
+    """
+
+    def __init__(self, handler: RequestHandler, gone: Callable[[_Watched], None]) -> None:
+        self.handler = handler
+        self.spoke = False
+        self._gone = gone
+
+    @property
+    def open(self) -> bool:
+        return self.handler.transport is not None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.handler.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.spoke = True
+        self.handler.data_received(data)
+
+    def eof_received(self) -> None:
+        # aiohttp's answer is always None: the transport closes on the client's EOF.
+        self.handler.eof_received()
+
+    def pause_writing(self) -> None:
+        self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._gone(self)
+        self.handler.connection_lost(exc)
+
+
 class HealthServer:
     """Serves liveness from ``health()``, readiness from ``await ready()``, and ``registry``."""
 
@@ -191,6 +230,8 @@ class HealthServer:
         self._runner: web.AppRunner | None = None
         # Connections answering a request now: never closed to admit another.
         self._working: set[RequestHandler] = set()
+        # Every open connection, oldest first (a dict keeps the order).
+        self._open: dict[_Watched, None] = {}
         self._refused_logged = 0.0
         # The /metrics render in progress, per content type.
         self._renders: dict[str, asyncio.Future[bytes]] = {}
@@ -264,28 +305,33 @@ class HealthServer:
     def _admit(self) -> asyncio.BaseProtocol:
         """The protocol of a new connection, within ``max_connections``.
 
-        Full, the oldest connection that is not answering a request (an idle
-        keep-alive, or one that has sent no whole request yet) is closed for
-        it, as nginx reuses idle keep-alive connections when it runs out: idle
-        connections, however many, cannot keep out a probe, and the
-        descriptors held stay bounded beside the jobs' pipes and the
-        database's connections. With every connection busy, the new one is
-        closed at once.
+        Full, a connection is closed for it: the oldest that has sent nothing
+        yet, else the oldest idle keep-alive one (as nginx reuses idle
+        keep-alive connections when it runs out), never one answering a
+        request. So idle connections, however many and however fast they
+        come back, cannot keep out a probe, and the descriptors held stay
+        bounded beside the jobs' pipes and the database's connections. With
+        every connection busy, the new one is closed at once.
         """
         assert self._runner is not None
         server = self._runner.server
         assert server is not None
-        open_now = server.connections  # oldest first
+        # Oldest first; one whose handler closed it holds no descriptor already.
+        open_now = [c for c in self._open if c.open]
         if len(open_now) >= self._limits.max_connections:
-            idle = next((c for c in open_now if c not in self._working), None)
-            if idle is None:
+            silent = (c for c in open_now if not c.spoke)
+            idle = (c for c in open_now if c.handler not in self._working)
+            evicted = next(silent, None) or next(idle, None)
+            if evicted is None:
                 now = time.monotonic()
                 if now - self._refused_logged >= REFUSAL_LOG_S:
                     self._refused_logged = now
                     log.warning("http_connections_full", limit=self._limits.max_connections)
                 return _Refused()
-            idle.force_close()
-        return server()
+            evicted.handler.force_close()
+        watched = _Watched(server(), lambda gone: self._open.pop(gone, None))
+        self._open[watched] = None
+        return watched
 
     @web.middleware
     async def _in_flight(

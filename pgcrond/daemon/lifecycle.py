@@ -48,7 +48,7 @@ from pgcrond.daemon.watch import ConfigWatcher
 from pgcrond.deferral import Deferral
 from pgcrond.errors import ConfigError, DatabaseUnavailable, ExitCode, PgcrondError
 from pgcrond.events import FanOut
-from pgcrond.fire import FireOutcome, Firing
+from pgcrond.fire import Fire, FireOutcome, Firing
 from pgcrond.guard import Guards
 from pgcrond.guard.spread import Spread
 from pgcrond.run import box
@@ -84,13 +84,13 @@ class Daemon:
         paths: Sequence[str],
         *,
         database_url: str | None = None,
-        http_listen: str | None = None,
         replica: str | None = None,
     ) -> None:
         self.config = config
         self.paths = list(paths)
         self.database_url = database_url
-        self.http_listen = config.http_listen if http_listen is None else http_listen
+        # Bound once; a reload's config is judged against this listener (`run --http`'s).
+        self.http_listen = config.http_listen
         # A name another live replica holds is refused at start, by the registry.
         named = this_process(replica)
         self.replica = named.name
@@ -308,7 +308,8 @@ class Daemon:
 
     async def _apply_renames(self, store: LeaseStore, config: Config) -> None:
         renames = [(code, job.renamed_from) for code, job in config.jobs.items()]
-        for moved in await apply_renames(store, renames):
+        once = {code for code, job in config.jobs.items() if job.is_once}
+        for moved in await apply_renames(store, renames, once):
             log.info(
                 "job_renamed",
                 job=moved.code,
@@ -322,47 +323,27 @@ class Daemon:
         scheduling = self._scheduling = Scheduling(
             config=lambda: self.config,
             fire=self._spawn_fire,
-            spawn=self._spawn,
-            claim_room=store.claim_room,
             stopping=self.stop_requested,
         )
         scheduling.start()
         self.metrics.next_fires.follow(scheduling.next_ticks)
 
-    def _spawn_fire(
-        self,
-        job: JobConfig,
-        tick: datetime,
-        identity: Identity,
-        *,
-        started: bool = False,
-        superseded_at: datetime | None = None,
-        held_back: bool = False,
-    ) -> None:
+    def _spawn_fire(self, fire: Fire) -> None:
         assert self._firing is not None
         assert self._deferral is not None
-        if self._firing.in_flight(identity):
+        if self._firing.in_flight(fire.identity):
             # This replica already follows the tick (say, the scheduler's fire
             # still retrying through an outage when start-up or catch-up finds
             # the same tick): Firing would join it; no task is needed for that.
             return
         if (
-            not (started or held_back)
-            and identity.type == "SCHEDULE"
-            and self._deferral.offer(job, tick, identity, superseded_at)
+            not (fire.started or fire.claim_at_once)
+            and fire.identity.type == "SCHEDULE"
+            and self._deferral.offer(fire)
         ):
             return  # another live replica is preferred: looked at after the hold-back
         # No task name: formatting one per fire cost more than the task.
-        task = asyncio.create_task(
-            self._fire(
-                job,
-                tick,
-                identity,
-                started=started,
-                superseded_at=superseded_at,
-                held_back=held_back,
-            )
-        )
+        task = asyncio.create_task(self._fire(fire))
         self.fire_tasks.add(task)
         self._bursts.fires(len(self.fire_tasks))
         task.add_done_callback(self._fire_done)
@@ -378,30 +359,19 @@ class Daemon:
 
     def _follow_started(self, job: JobConfig, tick: datetime, identity: Identity) -> None:
         """A tick another replica started and nobody finished (resumed at start)."""
-        self._spawn_fire(job, tick, identity, started=True)
+        self._spawn_fire(Fire(job, tick, identity, started=True))
 
-    async def _fire(
-        self,
-        job: JobConfig,
-        tick: datetime,
-        identity: Identity,
-        *,
-        started: bool,
-        superseded_at: datetime | None,
-        held_back: bool,
-    ) -> None:
+    async def _fire(self, fire: Fire) -> None:
         assert self._firing is not None
         assert self._pruning is not None
         # An unexpected error is Firing's to record and log (fire_crashed).
         # Its lines name the job and run key themselves: binding them as
         # context variables for every fire cost more than the lines.
-        outcome: FireOutcome = await self._firing.fire(
-            job, tick, identity, started=started, superseded_at=superseded_at, held_back=held_back
-        )
-        if identity.type == "INITIAL":
+        outcome: FireOutcome = await self._firing.fire(fire)
+        if fire.identity.type == "INITIAL":
             # Says, on every replica and at every start, what became of the
             # run-once job here ("lose" once another replica has it done).
-            log.info("initial_attempted", job=job.code, outcome=outcome)
+            log.info("initial_attempted", job=fire.job.code, outcome=outcome)
         if outcome in ("success", "fail", "timeout"):
             self._pruning.maybe_prune()
 
@@ -429,7 +399,9 @@ class Daemon:
             # A renewed certificate is taken up whether or not the config changed.
             self._http.reload_tls()
         try:
-            new = await asyncio.to_thread(load_config, self.paths, database_url=self.database_url)
+            new = await asyncio.to_thread(
+                load_config, self.paths, database_url=self.database_url, listen=self.http_listen
+            )
         except ConfigError as exc:
             log.error(
                 "config_reload_rejected",

@@ -35,7 +35,7 @@ import structlog
 from pgcrond.config.models import Config
 from pgcrond.core.keys import Identity
 from pgcrond.errors import PgcrondError
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.pooling import Pooling
 from pgcrond.storage.requests import (
@@ -253,7 +253,7 @@ class Requests:
         # An unexpected error is Firing's to record and log ("crashed").
         with structlog.contextvars.bound_contextvars(job=job.code, run_key=identity.run_key):
             outcome = await self.firing.fire(
-                job, datetime.now(UTC), identity, on_start=started if advisory else None
+                Fire(job, datetime.now(UTC), identity, on_start=started if advisory else None)
             )
         if self.firing.stopping.is_set() and outcome not in _RAN:
             # Stopped before it ran here (or while it ran: its lease is

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -33,18 +34,14 @@ from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
+from pgcrond.core.wheel import wheel
 from pgcrond.daemon.accounting import FireNow
+from pgcrond.fire import Fire
 from pgcrond.storage.leases import CLAIM_AHEAD_MAX
 
 # The least lead of a tick: a claim's round trip on a loaded replica is
 # 5-30 ms, so a tick's claims sent this early are answered by the tick.
 CLAIM_AHEAD = timedelta(milliseconds=100)
-# Fires handed on per loop turn when one schedule holds many jobs: a turn
-# stays a few ms, and a chunk's claims still fill one statement.
-FAN_OUT_CHUNK = 500
-# Claims of a big fan-out waiting for their answer before the next chunk is
-# handed on: two statements' worth, so one is answered while the next is out.
-FAN_OUT_WINDOW = 2 * FAN_OUT_CHUNK
 # A tick's lead grows by this per job on its schedule: what handing on a fire
 # and claiming it costs a loaded replica's loop, with room to spare (a
 # 10,000-job tick: 1.6 s; its claims then all land before the tick).
@@ -127,17 +124,11 @@ class Scheduling:
         *,
         config: Callable[[], Config],
         fire: FireNow,
-        spawn: Callable[[Coroutine[Any, Any, Any]], None],
-        claim_room: Callable[[int], Awaitable[None]],
         stopping: asyncio.Event,
     ) -> None:
-        """``fire``: hands a fire on (the daemon tracks it for the drain); ``spawn``: a
-        background task of the daemon's; ``claim_room``: the lease store's
-        (:meth:`~pgcrond.storage.leases.LeaseStore.claim_room`)."""
+        """``fire``: hands a fire on (the daemon tracks it for the drain)."""
         self._config = config
         self._fire = fire
-        self._spawn = spawn
-        self._claim_room = claim_room
         self._stopping = stopping
         self._scheduler: AsyncIOScheduler | None = None
         # APScheduler job id (a schedule's repr) -> the codes of the jobs on it.
@@ -213,7 +204,7 @@ class Scheduling:
         self._leading = {key: ticks for key, ticks in self._leading.items() if key in groups}
         for job in started:
             if isinstance(job.schedule, OnceSchedule):
-                self._fire(job, datetime.now(UTC), Identity.initial(job.code), superseded_at=None)
+                self._fire(Fire(job, datetime.now(UTC), Identity.initial(job.code)))
 
     def _on_fire_group(self, key: str, fired_at: datetime) -> None:
         codes = self._groups.get(key, ())
@@ -228,7 +219,7 @@ class Scheduling:
         delay = (tick - lead - datetime.now(UTC)).total_seconds()
         if delay > 0:
             self._leading.setdefault(key, deque()).append(tick)
-            asyncio.get_running_loop().call_later(delay, self._hand_on, key, fired)
+            wheel().call_later(delay, functools.partial(self._hand_on, key, fired))
         else:
             self._hand_on(key, fired)
 
@@ -242,29 +233,8 @@ class Scheduling:
         if not codes or (last is not None and last >= fired.tick):
             return
         self._handed_on[key] = fired.tick
-        if len(codes) <= FAN_OUT_CHUNK:
-            for code in codes:
-                self._on_fire(code, fired)
-            return
-        self._spawn(self._fan_out(list(codes), fired))
-
-    async def _fan_out(self, codes: list[str], fired: _Fired) -> None:
-        """Hand on a big group's fires a chunk per loop turn, as claims are answered.
-
-        10,000 jobs on one schedule handed on in one callback held the loop
-        for a second: no claim answer, heartbeat or stop deadline was seen
-        meanwhile. A chunk's claims still share a statement (one turn); the
-        next chunk waits until fewer than ``FAN_OUT_WINDOW`` claims are out.
-        """
-        for start in range(0, len(codes), FAN_OUT_CHUNK):
-            if start:
-                await asyncio.sleep(0)
-                # Claims go out as fast as they are answered, no faster:
-                # 10,000 fires at once held 10,000 tasks' memory and made
-                # the loop's turns (and its collections) long.
-                await self._claim_room(FAN_OUT_WINDOW)
-            for code in codes[start : start + FAN_OUT_CHUNK]:
-                self._on_fire(code, fired)
+        for code in codes:
+            self._on_fire(code, fired)
 
     def _on_fire(self, code: str, fired: _Fired) -> None:
         job = self._config().jobs.get(code)
@@ -278,11 +248,10 @@ class Scheduling:
         lease = job.guard == "lease"
         # A lease counts from the fire time: any lease job may be claimed ahead.
         ahead = fired.lead if lease else timedelta(0)
+        # On the wheel even when due already: it hands a big tick's fires on a
+        # share a loop turn, so a turn stays short and its claims share a statement.
         delay = (at - ahead - datetime.now(UTC)).total_seconds()
-        if delay <= 0:
-            self._fire_at(code, fired, at)
-        else:
-            asyncio.get_running_loop().call_later(delay, self._fire_at, code, fired, at)
+        wheel().call_later(delay, functools.partial(self._fire_at, code, fired, at))
 
     def _fire_at(self, code: str, fired: _Fired, at: datetime) -> None:
         """Fire ``fired``'s tick of ``code`` as due at ``at`` (its jittered fire time)."""
@@ -290,8 +259,10 @@ class Scheduling:
         if job is None or self._stopping.is_set():
             return  # removed by a reload while its shift ran, or stopping
         self._fire(
-            job,
-            at,
-            Identity.schedule(code, fired.run_key),
-            superseded_at=catchup.superseded_at(job, fired.following),
+            Fire(
+                job,
+                at,
+                Identity.schedule(code, fired.run_key),
+                superseded_at=catchup.superseded_at(job, fired.following),
+            )
         )

@@ -11,7 +11,8 @@ holds the decisions the Guard contract asks for at the edges of a claim:
 * a tick's claim may be won up to ``CLAIM_AHEAD_MAX`` before its fire time
   (the daemon fires that early, so that the round trip is over by then): the
   claim waits until the database clock has surely reached the fire time
-  (:mod:`pgcrond.guard.fire_times`), and only then judges the lease as above
+  (the store's :class:`~pgcrond.storage.dbclock.ClockFloor`, on the
+  replica's :mod:`~pgcrond.core.wheel`), and only then judges the lease as above
   (one that lapsed meanwhile is given back, never run);
 * every statement on the run path has a deadline that holds: an unanswered
   statement is left behind (never awaited), so no driver clean-up can stretch
@@ -35,9 +36,9 @@ import structlog
 from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.cancel import abandon
 from pgcrond.core.keys import Identity
+from pgcrond.core.wheel import wheel
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
-from pgcrond.guard.fire_times import FireTimes
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.attempt_end import AttemptEnd
 from pgcrond.storage.claims import Acquired, NotAcquired, Standing
@@ -89,7 +90,6 @@ class LeaseGuard(Guard):
         # an outage: a try that committed but lost its answer still counts as won.
         self._tokens: dict[Identity, uuid.UUID] = {}
         self._open: dict[Identity, _Open] = {}
-        self._fire_times = FireTimes(store.clock_floor)
 
     async def claim(self, request: ClaimRequest) -> Held | Refused:
         identity = request.identity
@@ -144,7 +144,7 @@ class LeaseGuard(Guard):
             )
         if identity.type == "SCHEDULE":
             # Won ahead of its tick: what follows judges the lease as it is then.
-            await self._fire_times.reached(request.tick)
+            await self._reached(request.tick)
         precise = True
         if answer.received_at - answer.sent_at > SLOW_ANSWER_S and not self._clear(request, answer):
             fresh = await self._recheck(answer)
@@ -154,6 +154,18 @@ class LeaseGuard(Guard):
             precise = fresh is not answer
             answer = fresh
         return await self._on_arrival(request, answer, precise=precise)
+
+    async def _reached(self, fire_time: datetime) -> None:
+        """Until the database's clock has surely reached ``fire_time``.
+
+        At once when it has, or when no recent answer bounds it (the claim
+        that won the tick has just fed the floor, so that is one whose answer
+        took longer than the floor keeps any). A tighter floor from a later
+        answer lets the waits that begin after it go sooner.
+        """
+        at = self.store.clock_floor.reaches(fire_time)
+        if at is not None:
+            await wheel().until(at)
 
     def _clear(self, request: ClaimRequest, lease: Acquired) -> bool:
         """Whether a slow answer's safe bounds decide already: live for a while, inside its window.

@@ -25,6 +25,7 @@ balance, never a duplicate or a lost tick.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import math
 import time
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 
 from pgcrond.core.keys import Identity
+from pgcrond.core.wheel import wheel
 
 # A peer named by no refused claim for this long is no longer ranked.
 FORGET_AFTER = timedelta(minutes=10)
@@ -59,8 +61,8 @@ class Spread:
         # The live replicas the registry last named (a replica gone from it
         # leaves at the next touch).
         self._members: frozenset[str] = frozenset()
-        # One gate per tick: the held-back claims of co-firing jobs wake in the
-        # same loop turn, so they still share one claim statement.
+        # One gate per tick, opened from the wheel: the held-back claims of
+        # co-firing jobs wake in the same loop turn, so they share one statement.
         self._gates: dict[datetime, asyncio.Future[None]] = {}
         # Claims of a tick this replica sent at once and has no answer to yet.
         self._own: dict[datetime, int] = {}
@@ -131,9 +133,8 @@ class Spread:
         """Until the hold-back of ``tick`` is over (see :meth:`hold_back`)."""
         gate = self._gates.get(tick)
         if gate is None:
-            loop = asyncio.get_running_loop()
-            gate = self._gates[tick] = loop.create_future()
-            loop.call_later(self._delay_from(tick), self._delay_over, tick)
+            gate = self._gates[tick] = asyncio.get_running_loop().create_future()
+            wheel().call_later(self._delay_from(tick), functools.partial(self._delay_over, tick))
         await asyncio.shield(gate)
 
     def answered(self, tick: datetime) -> None:
@@ -145,7 +146,7 @@ class Spread:
         self._own.pop(tick, None)
         if tick in self._due:
             self._due.discard(tick)
-            asyncio.get_running_loop().call_later(self._delay_from(tick), self._open, tick)
+            wheel().call_later(self._delay_from(tick), functools.partial(self._open, tick))
 
     def _delay_from(self, tick: datetime) -> float:
         """Seconds from now to ``delay`` past the later of now and ``tick`` itself.

@@ -11,7 +11,7 @@ from pgcrond import report
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import manual_run_key
 from pgcrond.errors import CommandError, ExitCode
-from pgcrond.fire import Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard import Guards
 from pgcrond.logs import configure
 from pgcrond.ops.session import EXIT_NOT_DONE, EXIT_OK, Target, run_command
@@ -67,7 +67,7 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
     # run does not move this process into a v2 leaf.
     box.configure(target.config.cgroups, prepare=False)
     firing = Firing(guards=Guards(store, store.db).for_job, replica=store.owner)
-    outcome = await firing.fire(job, now, identity, follow=False)
+    outcome = await firing.fire(Fire(job, now, identity, follow=False))
     detail = TRIGGER_OUTCOMES.get(outcome, outcome)
     ran_here = outcome not in NOT_RUN_HERE
     if args.output == "json":

@@ -23,15 +23,14 @@ may *linger*: held up to ``linger`` seconds for requests still expected
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-T = TypeVar("T")
+from pgcrond.core.wheel import wheel
 
-# Answers handed out per loop turn: what the woken requesters then do in one
-# turn stays within a few milliseconds of the loop.
-ANSWER_SLICE = 100
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -72,8 +71,6 @@ class TurnBatch(Generic[T]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._flush_soon = False
-        self._waiting = 0
-        self._room: list[tuple[int, asyncio.Future[None]]] = []
 
     def submit(self, request: Any) -> asyncio.Future[T]:
         """The future of ``request``'s answer; cancel it to give the request up.
@@ -83,37 +80,7 @@ class TurnBatch(Generic[T]):
         """
         pending: Pending[T] = Pending(request)
         self._add(pending)
-        self._waiting += 1
-        pending.result.add_done_callback(self._answered)
         return pending.result
-
-    def _answered(self, _: asyncio.Future[T]) -> None:
-        self._waiting -= 1
-        if self._room:
-            self._make_room()
-
-    async def room(self, below: int) -> None:
-        """Until fewer than ``below`` requests wait for their answer.
-
-        What a producer of thousands of requests (a tick's fan-out) awaits
-        before adding more: the requests in flight, and all that hangs on
-        them, stay bounded, and so do the loop turns their answers take.
-        """
-        if self._waiting < below:
-            return
-        room: asyncio.Future[None] = _loop().create_future()
-        self._room.append((below, room))
-        await room
-
-    def _make_room(self) -> None:
-        still = []
-        for below, room in self._room:
-            if self._waiting < below:
-                if not room.done():
-                    room.set_result(None)
-            else:
-                still.append((below, room))
-        self._room = still
 
     def _add(self, pending: Pending[T]) -> None:
         self._pending.append(pending)
@@ -174,22 +141,25 @@ class TurnBatch(Generic[T]):
             if not isinstance(exc, Exception):
                 raise
             return
-        try:
-            for start in range(0, len(live), ANSWER_SLICE):
-                if start:
-                    # Each answer wakes its requester: 500 in one turn held the
-                    # loop for 100 ms and more (their runs start in that turn).
-                    await asyncio.sleep(0)
-                for pending in live[start : start + ANSWER_SLICE]:
-                    if pending.result.done():
-                        continue  # given up on while the statement was out
-                    try:
-                        value = answer(pending.request)
-                    except Exception as exc:
-                        pending.result.set_exception(exc)
-                    else:
-                        pending.result.set_result(value)
-        finally:
-            # Stopped between slices (the loop closing): nobody waits forever.
-            for pending in live:
-                pending.result.cancel()
+        # Each answer wakes its requester (its run may start then): handed out
+        # on the wheel, a share a loop turn, so 500 never hold one turn.
+        ready = wheel()
+        for pending in live:
+            if pending.result.done():
+                continue  # given up on while the statement was out
+            try:
+                value = answer(pending.request)
+            except Exception as exc:
+                ready.call_soon(functools.partial(_fail, pending.result, exc))
+            else:
+                ready.call_soon(functools.partial(_resolve, pending.result, value))
+
+
+def _resolve(result: asyncio.Future[T], value: T) -> None:
+    if not result.done():  # given up on while its answer waited for its turn
+        result.set_result(value)
+
+
+def _fail(result: asyncio.Future[T], exc: Exception) -> None:
+    if not result.done():
+        result.set_exception(exc)

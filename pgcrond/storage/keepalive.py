@@ -1,6 +1,6 @@
 """Keeping a lease alive while its run goes on: heartbeats, and the stop deadline.
 
-A lease is renewed on a grid of the loop's clock (co-running leases beat in one
+A lease is renewed on the wheel's grid of the loop's clock (co-running leases beat in one
 statement, :class:`pgcrond.storage.batch.TurnBatch`) and its run is told to stop
 while the lease surely holds. The heartbeat itself is the lease store's
 (:meth:`pgcrond.storage.leases.LeaseStore.heartbeat`), handed in.
@@ -19,6 +19,7 @@ from typing import Protocol
 import structlog
 
 from pgcrond.core.cancel import abandon
+from pgcrond.core.wheel import GRID_S
 from pgcrond.storage.claims import Acquired
 
 log = structlog.get_logger("pgcrond.storage.keepalive")
@@ -134,7 +135,7 @@ def _stood_still(interval: float, woke_from: float | None, stop_at: float) -> bo
     """
     if woke_from is None or not interval:
         return False
-    return woke_from < stop_at - _BEAT_GRID_S / 2 <= time.monotonic()
+    return woke_from < stop_at - GRID_S / 2 <= time.monotonic()
 
 
 @contextlib.asynccontextmanager
@@ -169,19 +170,19 @@ async def holding(
                 await task
 
 
-# Heartbeats wake on a grid of the loop's clock, so that co-running leases
-# (claimed together, renewed at the same interval) beat in the same loop turn
-# and share one statement. The stop deadline itself is never moved onto the grid.
-_BEAT_GRID_S = 0.05
+# Heartbeats wake on the wheel's grid (pgcrond.core.wheel), so that co-running
+# leases (claimed together, renewed at the same interval) beat in the same loop
+# turn and share one statement. Their timers are their own, exact: a stop
+# deadline is never moved onto the grid, and a beat's timer bounds one.
 
 
 def _next_wait(interval: float, pause: float, remaining: float) -> float:
     """Until the next heartbeat (on the grid), or the stop deadline if that comes first."""
-    beat_soon = interval and pause < remaining - _BEAT_GRID_S
+    beat_soon = interval and pause < remaining - GRID_S
     return _on_grid(pause) if beat_soon else remaining
 
 
 def _on_grid(seconds: float) -> float:
     now = asyncio.get_running_loop().time()
-    wake = math.ceil((now + seconds) / _BEAT_GRID_S) * _BEAT_GRID_S
+    wake = math.ceil((now + seconds) / GRID_S) * GRID_S
     return max(wake - now, 0.0)

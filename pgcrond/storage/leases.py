@@ -154,10 +154,6 @@ class LeaseStore:
         )
         return self._claims.submit(request)
 
-    async def claim_room(self, below: int) -> None:
-        """Until fewer than ``below`` claims wait for their answer (:meth:`TurnBatch.room`)."""
-        await self._claims.room(below)
-
     async def _claim(
         self, batch: list[PendingClaim]
     ) -> Callable[[PendingClaim], Acquired | NotAcquired]:
