@@ -47,7 +47,7 @@ def test_status_json_carries_jobs_replicas_drift_pauses_and_problems_as_the_text
 ) -> None:
     # `broken` fails and `long` runs at one instant, after both replicas are up (a start
     # under the suite's load takes seconds; an instant passed before it would never run).
-    tick = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=12)
+    tick = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=20)
     jobs = (
         f"  steady: {QUIET}\n"
         f"  held: {QUIET}\n"
