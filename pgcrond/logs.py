@@ -14,7 +14,9 @@ write whole lines through one structlog writer per stream, under its one
 lock, so lines of the two never interleave: one JSON object per line off a
 terminal (a traceback is a field, not extra lines), the console renderer on
 one, and every value passed through :func:`pgcrond.core.redaction.redact`
-last, so a DSN in a driver's message never reaches the log with its password.
+last, so a DSN in a driver's message never reaches the log with its password,
+and through :func:`pgcrond.core.output.safe`, so no control or bidi character
+of a job's output reaches a terminal raw, in either format.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import orjson
 import structlog
 from structlog.types import EventDict, Processor, WrappedLogger
 
+from pgcrond.core.output import safe
 from pgcrond.core.redaction import redact
 
 LogFormat = Literal["auto", "json", "console"]
@@ -54,9 +57,19 @@ LIBRARY_LOGGERS = ("psycopg", "apscheduler", "asyncio", "httpx", "httpcore")
 LIBRARY_FLOOR = logging.WARNING
 
 
+def _clean(text: str) -> str:
+    """``text`` redacted, and safe on a terminal: control and bidi characters escaped
+    (an ESC sequence in a job's output would retitle or clear the operator's terminal,
+    a U+202E reorder what it shows), as ``pgcrond logs`` and the status page show them."""
+    text = redact(text)
+    # isprintable(): False for every character safe() escapes (and for newlines
+    # and tabs, which it keeps); a C-speed look at most values.
+    return text if text.isprintable() else safe(text)
+
+
 def _redacted(value: Any) -> Any:
     if isinstance(value, str):
-        return redact(value)
+        return _clean(value)
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, Mapping):
@@ -65,7 +78,7 @@ def _redacted(value: Any) -> Any:
         return [_redacted(item) for item in value]
     # Anything else would be rendered through its repr (an exception object, a
     # conninfo): render it here, so the redaction sees the text that is logged.
-    return redact(str(value))
+    return _clean(str(value))
 
 
 # Values that carry no text: passed as they are.
@@ -73,7 +86,8 @@ _PLAIN = frozenset({int, float, bool, type(None)})
 
 
 def redact_values(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
-    """Every value of the event, nested ones too, with passwords replaced by ``***``."""
+    """Every value of the event, nested ones too, with passwords replaced by ``***`` and
+    control characters escaped."""
     # In place (a key's value replaced, none added): a run says two lines,
     # and a new dict per line was a tenth of a line's cost.
     for key, value in event_dict.items():
@@ -81,7 +95,7 @@ def redact_values(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict
         if kind is str:
             # Most values: redacted here, not through _redacted's dispatch
             # (half of this processor's cost at two lines a run).
-            event_dict[key] = redact(value)
+            event_dict[key] = _clean(value)
         elif kind not in _PLAIN:
             event_dict[key] = _redacted(value)
     return event_dict

@@ -52,12 +52,17 @@ def took(total: float | None) -> str:
     return format_duration(timedelta(seconds=round(total)))
 
 
-def relative(delta: timedelta) -> str:
-    """``in 5h12m`` / ``3m ago``, to whole seconds (minutes beyond an hour)."""
+def span(delta: timedelta) -> str:
+    """``5h12m`` / ``3m``: how long, either way, to whole seconds (minutes beyond an hour)."""
     total = round(abs(delta.total_seconds()))
     if total >= 3600:
         total -= total % 60
-    text = format_duration(timedelta(seconds=total))
+    return format_duration(timedelta(seconds=total))
+
+
+def relative(delta: timedelta) -> str:
+    """``in 5h12m`` / ``3m ago``, as :func:`span` rounds."""
+    text = span(delta)
     return f"in {text}" if delta >= timedelta(0) else f"{text} ago"
 
 

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -145,6 +146,36 @@ def make_request(action: Action, **overrides: Any) -> RunRequest:
     }
     fields.update(overrides)
     return RunRequest(**fields)
+
+
+# Loads the config and runs its job "job" with pgcrond's own log set up, as the daemon does.
+_LOGGED_RUN = """
+import asyncio, sys
+from pgcrond.config.loader import load_config
+from pgcrond.core.cancel import Cancellation
+from pgcrond.logs import configure
+from pgcrond.run.runner import execute
+from tests.jobs_fixture import make_request
+
+configure(sys.argv[2])
+job = load_config([sys.argv[1]]).jobs["job"]
+request = make_request(job.action, env=job.env, box=job.box)
+asyncio.run(execute(request, Cancellation()))
+"""
+
+
+def logged_run(config: Path, fmt: str = "json") -> subprocess.CompletedProcess[str]:
+    """A process that runs ``config``'s job ``job`` once; its log (``fmt``) is its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOGGED_RUN, str(config), fmt],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )
+    assert 0 == done.returncode, done.stderr
+    return done
 
 
 def poll(condition: Callable[[], bool], within: float) -> bool:

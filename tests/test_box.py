@@ -10,6 +10,8 @@ that left the process group with ``setsid`` is gone with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import grp
 import json
 import os
 import pwd
@@ -32,7 +34,7 @@ from pgcrond.core.outcome import RunResult
 from pgcrond.run import box
 from pgcrond.run.runner import execute
 from tests.as_nobody import nobody_python
-from tests.jobs_fixture import make_request
+from tests.jobs_fixture import logged_run, make_request
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("subprocesses")]
 
@@ -134,6 +136,36 @@ async def test_a_job_with_user_nobody_runs_as_nobody(tmp_path: Path) -> None:
     nobody_home = pwd.getpwnam("nobody").pw_dir
     assert "success" == result.outcome, result.error
     assert [str(NOBODY), str(NOBODY), str(NOBODY), f"nobody {nobody_home}"] == lines
+
+
+def in_a_supplementary_group() -> tuple[str, int, int] | None:
+    """A user of this machine that is a member of a group besides its own: (name, its
+    own gid, the other gid)."""
+    for group in grp.getgrall():
+        for member in group.gr_mem:
+            with contextlib.suppress(KeyError):
+                entry = pwd.getpwnam(member)
+                if entry.pw_gid != group.gr_gid:
+                    return member, entry.pw_gid, group.gr_gid
+    return None
+
+
+@ROOT_ONLY
+async def test_a_job_with_a_user_runs_with_the_user_s_supplementary_groups(
+    tmp_path: Path,
+) -> None:
+    found = in_a_supplementary_group()
+    if found is None:
+        pytest.skip("no user of this machine is a member of another group")
+    user, own, other = found
+    job = load_job(tmp_path, f'user: {user}\nshell: "id -g; id -G"\n')
+    given = load_job(tmp_path, f'user: {user}\ngroup: {own}\nshell: "id -g; id -G"\n')
+    result, lines = await run_job(job)
+    assert "success" == result.outcome, result.error
+    assert (str(own), {own, other}) == (lines[0], {int(g) for g in lines[1].split()} & {own, other})
+    # With group: given, that group alone.
+    result, lines = await run_job(given)
+    assert [str(own), str(own)] == lines
 
 
 @ROOT_ONLY
@@ -377,35 +409,10 @@ def test_env_file_and_file_secrets_reach_the_job_and_no_log_line(
         'shell: "echo $TOKEN $API_KEY $REGION $OVERRIDDEN"\n',
     )
     assert {"TOKEN": "tok-3f9a1c77e2", "API_KEY": "key-5d8e0b12"}.items() <= job.env.items()
-    done = subprocess.run(
-        [sys.executable, "-c", PRINT_JOB_OUTPUT, str(tmp_path / "jobs.yaml")],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
-    )
-    assert 0 == done.returncode, done.stderr
+    done = logged_run(tmp_path / "jobs.yaml")
     # The log as pgcrond writes it (JSON on stderr): the values of secrets are ***,
     # the region is no secret, and env: wins over the file.
     lines = [json.loads(line) for line in done.stderr.splitlines()]
     assert ["*** *** north env"] == [e["line"] for e in lines if e["event"] == "job_output"]
     assert "tok-3f9a1c77e2" not in done.stdout + done.stderr
     assert "key-5d8e0b12" not in done.stdout + done.stderr
-
-
-# Loads the config and runs its job with pgcrond's own JSON log set up, as the daemon does.
-PRINT_JOB_OUTPUT = """
-import asyncio, sys
-from pgcrond.config.loader import load_config
-from pgcrond.core.cancel import Cancellation
-from pgcrond.logs import configure
-from pgcrond.run.runner import execute
-from tests.as_nobody import nobody_python
-from tests.jobs_fixture import make_request
-
-configure("json")
-job = load_config([sys.argv[1]]).jobs["job"]
-request = make_request(job.action, env=job.env, box=job.box)
-asyncio.run(execute(request, Cancellation()))
-"""

@@ -185,6 +185,51 @@ def test_a_renamed_job_keeps_its_history_pause_and_run_once_state(
     assert 1 == len(seeds)
 
 
+def test_a_renamed_run_once_job_runs_once_whichever_config_a_replica_starts_with(
+    pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """``seed`` ran before its rename, ``init`` had not: a replica of a config with the
+    old codes, started after a replica of the new one renamed them, runs neither."""
+    old = config(schema, f"  seed: {{once: true, entrypoint: {LEDGER}}}\n")
+    new = config(
+        schema,
+        f"  seed-v2: {{once: true, entrypoint: {LEDGER}, renamed_from: [seed]}}\n"
+        f"  init-v2: {{once: true, entrypoint: {LEDGER}, renamed_from: [init]}}\n",
+    )
+    rollback = config(
+        schema,
+        f"  seed: {{once: true, entrypoint: {LEDGER}}}\n"
+        f"  init: {{once: true, entrypoint: {LEDGER}}}\n",
+    )
+    with cluster(pg_dsn, schema, tmp_path) as running:
+        paths = [tmp_path / f"{name}.yaml" for name in ("old", "new", "rollback")]
+        for path, text in zip(paths, (old, new, rollback), strict=True):
+            path.write_text(text)
+        for number, (path, jobs) in enumerate(zip(paths, (1, 2, 2), strict=True)):
+            [replica] = running.start(path, 1, first=number)
+
+            def attempted(replica: Replica = replica, jobs: int = jobs) -> bool:
+                return len(replica.events("initial_attempted")) == jobs
+
+            wait_until(attempted, 20, "each run-once job attempted")
+            replica.signal(signal.SIGTERM)
+            assert 0 == replica.wait_exit(30)
+        runs = Counter(
+            row["job"] for row in running.rows("SELECT job FROM {ledger} WHERE phase = 'start'")
+        )
+        rows = {
+            row["code"]: (row["status"], row["reason"])
+            for row in running.rows("SELECT code, status, reason FROM {leases}")
+        }
+    assert {"seed": 1, "init-v2": 1} == dict(runs)
+    assert {
+        "seed": ("SKIPPED", "renamed"),
+        "seed-v2": ("SUCCESS", None),
+        "init": ("SKIPPED", "renamed"),
+        "init-v2": ("SUCCESS", None),
+    } == rows
+
+
 def test_an_idle_replica_sends_one_statement_a_minute_the_registry_touch(
     idle_minute: IdleMinute,
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -222,6 +223,7 @@ def test_http_config_is_checked_field_by_field(tmp_path: Path) -> None:
         "      url: ftp://x\n"
         "      methd: GET\n"
         "      expect: [200, 700]\n"
+        "      max_response: 16\n"
     )
     with pytest.raises(ConfigError) as caught:
         load_config([path])
@@ -230,7 +232,19 @@ def test_http_config_is_checked_field_by_field(tmp_path: Path) -> None:
         (6, "http", "url: must start with http:// or https://, got 'ftp://x'"),
         (7, "http", "unknown key 'methd'; did you mean 'method'?"),
         (8, "http", "expect: must be HTTP status codes (100-599), got a number (700)"),
+        (9, "http", "max_response: '16' is not a size with a unit, like 512MiB, 2GiB or 500MB"),
     ] == sorted(found)
+
+
+def test_the_configuration_docs_example_of_max_response_loads(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    section = text[text.index("### Actions") :]
+    example = section[section.index("```yaml\n") + 8 : section.index("```\n", 8)]
+    path = tmp_path / "jobs.yaml"
+    path.write_text("database: {url: 'postgresql://x@127.0.0.1/x'}\n" + textwrap.dedent(example))
+    action = load_config([path]).jobs["refresh"].action
+    assert isinstance(action, HttpAction)
+    assert 1 << 20 == action.max_response
 
 
 def test_an_http_action_has_its_defaults(tmp_path: Path) -> None:

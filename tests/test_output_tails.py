@@ -15,6 +15,7 @@ from pgcrond.run.output import (
     HTTP_BODY_BYTES,
     TAIL_BYTES,
     Capture,
+    HttpBody,
     http_response,
 )
 
@@ -82,6 +83,18 @@ def test_a_secret_straddling_the_cut_to_the_tail_is_still_redacted() -> None:
     assert b"x***y" in kept.tail
 
 
+def test_a_secret_cut_at_the_end_of_the_kept_head_leaves_no_head_after_masking_shrank_it() -> None:
+    """The head buffer is cut from the stream (2 KiB and slack); masking the secrets
+    before shortens the text, so that cut falls inside the first 2 KiB kept."""
+    long_secret, cut_secret = "first-secret-" + "a" * 87, "second-secret-value-0123456789"
+    capture = Capture([long_secret, cut_secret])
+    text = long_secret * 20 + "x" * 1060 + cut_secret + "y" * 100_000
+    capture.feed("stdout", text.encode())
+    head = capture.tail().stdout.head
+    assert b"second-sec" not in head
+    assert head.endswith(b"x***")
+
+
 def test_invalid_utf8_nuls_and_terminal_escapes_are_shown_as_visible_escapes() -> None:
     written = b"ok\ttab\r\nred: \x1b[31mRED\x1b[0m nul:\x00 bad:\xff\xfe csi:\xc2\x9b bell:\x07\n"
     text = shown(written)
@@ -109,12 +122,38 @@ def test_an_in_process_entrypoints_writers_log_each_line_and_keep_every_byte() -
     assert b"oops\n" == kept.stderr.head
 
 
+def streamed(data: bytes, limit: int = 1 << 20) -> HttpBody:
+    body = HttpBody(limit)
+    for start in range(0, len(data), 1000):
+        if not body.feed(data[start : start + 1000]):
+            break
+    return body
+
+
 def test_an_http_attempts_output_is_its_status_line_headers_and_the_first_kib_of_its_body() -> None:
     body = b"<html>" + b"z" * 5000
     record = http_response(
-        "HTTP/1.1", 503, "Service Unavailable", [("retry-after", "3"), ("set-cookie", "***")], body
+        "HTTP/1.1",
+        503,
+        "Service Unavailable",
+        [("retry-after", "3"), ("set-cookie", "***")],
+        streamed(body),
+        secrets=[],
     )
     head, _, rest = record.partition(b"\n\n")
     assert b"HTTP/1.1 503 Service Unavailable\nretry-after: 3\nset-cookie: ***" == head
     assert rest.startswith(body[:HTTP_BODY_BYTES])
     assert rest.endswith(f"[… {len(body) - HTTP_BODY_BYTES} more bytes of body …]".encode())
+
+
+def test_an_http_body_is_redacted_before_its_cut_and_read_no_further_than_its_limit() -> None:
+    """A secret straddling the first KiB leaves no head; past max_response nothing is read."""
+    secret = "body-secret-0123456789"
+    data = b"a" * (HTTP_BODY_BYTES - 6) + secret.encode() + b"b" * 10_000
+    body = streamed(data, limit=4000)
+    record = http_response("HTTP/1.1", 200, "OK", [], body, secrets=[secret])
+    _, _, rest = record.partition(b"\n\n")
+    assert (4000, True) == (body.read, body.capped)
+    assert b"body-s" not in rest
+    assert rest.startswith(b"a" * (HTTP_BODY_BYTES - 6) + b"***bbb\n")
+    assert rest.endswith("[… the rest not read: max_response is 4000 bytes …]".encode())

@@ -89,6 +89,10 @@ async def test_plan_prints_each_change_with_its_consequence_and_exits_2(
         in (blocks["- gone (removed)"])
     )
     assert "renamed from old-seed: its history, open ticks" in blocks["~ seed (renamed)"]
+    assert (
+        "a replica still on the old config finds the run-once job done"
+        in (blocks["~ seed (renamed)"])
+    )
     moving = blocks["~ moving (changed)"]
     assert 'schedule: {"cron": "*/2 * * * *"} -> {"cron": "*/3 * * * *"}' in moving
     assert "both schedules' ticks can run" in moving

@@ -268,7 +268,7 @@ async def test_a_rename_moves_history_open_ticks_run_once_state_and_pause_once(
     # Two replicas starting together: the lock queues them, the second moves nothing.
     async with open_store(pg_dsn, schema, owner="test:2", migrate=False) as other:
         first, second = await asyncio.gather(
-            apply_renames(store, renames), apply_renames(other, renames)
+            apply_renames(store, renames, {"seed"}), apply_renames(other, renames, {"seed"})
         )
     moved = first or second
     assert [] == (second if first else first)
@@ -276,8 +276,12 @@ async def test_a_rename_moves_history_open_ticks_run_once_state_and_pause_once(
         (m.code, m.ticks, m.initial, m.paused) for m in moved
     }
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        codes = conn.execute(f'SELECT DISTINCT code FROM "{schema}".leases ORDER BY 1').fetchall()
-    assert [("report",), ("seed",)] == codes
+        codes = conn.execute(
+            f'SELECT code, type, status, reason FROM "{schema}".leases '
+            "WHERE code NOT IN ('report', 'seed') ORDER BY 1"
+        ).fetchall()
+    # Only the run-once job's old code is marked, as renamed.
+    assert [("old-seed", "INITIAL", "SKIPPED", "renamed")] == codes
     assert "report" in await jobstate.paused(store)
     # The run-once job is done under its new code: a claim is refused.
     assert not isinstance(await store.claim(Identity.initial("seed"), TIMING), Acquired)
@@ -285,7 +289,9 @@ async def test_a_rename_moves_history_open_ticks_run_once_state_and_pause_once(
     [tick] = await open_ticks(store, ["report"], within=timedelta(days=1))
     followed = Identity.schedule("report", tick.run_key, tick.key_code)
     assert open_tick.identity.idempotency_key == followed.idempotency_key
-    assert [] == await apply_renames(store, renames)
+    assert [] == await apply_renames(store, renames, {"seed"})
+    # A replica of the old config finds the run-once job settled under its old code.
+    assert not isinstance(await store.claim(Identity.initial("old-seed"), TIMING), Acquired)
 
 
 async def test_a_tick_both_codes_ran_stays_under_the_old_code(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -313,3 +314,16 @@ async def test_a_run_leaves_no_reference_cycle_of_its_own(name: str, tmp_path: P
         gc.enable()
     assert "success" == result.outcome, result.error
     assert [] == ours
+
+
+async def test_an_isolated_entrypoint_s_host_imports_nothing_from_its_working_directory(
+    tmp_path: Path,
+) -> None:
+    """A ``json.py`` planted where the job runs is never imported by the host (as root)."""
+    planted = tmp_path / "planted"
+    (tmp_path / "json.py").write_text(f"open({str(planted)!r}, 'w').close()\n")
+    out = tmp_path / "context.json"
+    request = make_request(entrypoint("write_context", isolate=True), env={"OUT": str(out)})
+    request = dataclasses.replace(request, cwd=tmp_path)
+    result = await execute(request, Cancellation())
+    assert ("success", False) == (result.outcome, planted.exists())

@@ -360,6 +360,21 @@ def _options(
     return options, problems
 
 
+# A size with its unit: http's max_response, a job's memory limit.
+_SIZE = re.compile(r"^\s*(\d+)\s*(KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)\s*$")
+_SIZE_FACTORS = {
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "kB": 1000,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+}
+
+
 def _http(node: yaml.Node) -> HttpAction:
     """``http: {url, method, headers, body, timeout, expect, …}``; each problem at its node."""
     readers: dict[str, Callable[[yaml.Node], Any]] = {
@@ -371,6 +386,7 @@ def _http(node: yaml.Node) -> HttpAction:
         "expect": _expect,
         "idempotency_header": _header_name,
         "fencing_header": _header_name,
+        "max_response": _bytes,
     }
     options, problems = _options(node, "{url: https://…}", readers, ("url",))
     if problems:
@@ -449,6 +465,14 @@ http = Converter(
             },
             "idempotency_header": {"type": "string", "default": "Idempotency-Key"},
             "fencing_header": {"type": "string", "default": "X-Fencing-Token"},
+            "max_response": {
+                "type": "string",
+                "pattern": _SIZE.pattern,
+                "default": "16MiB",
+                "description": "the most of a response body that is read (streamed: the "
+                "record keeps its first KiB); past it the connection is closed, and the "
+                "status decides the outcome",
+            },
         },
     },
 )
@@ -668,18 +692,6 @@ networks = Converter(
 
 # -- a job's box: user, group, limits, inherited environment ---------------------------
 
-_SIZE = re.compile(r"^\s*(\d+)\s*(KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)\s*$")
-_SIZE_FACTORS = {
-    "KiB": 1 << 10,
-    "MiB": 1 << 20,
-    "GiB": 1 << 30,
-    "TiB": 1 << 40,
-    "kB": 1000,
-    "KB": 1000,
-    "MB": 1000**2,
-    "GB": 1000**3,
-    "TB": 1000**4,
-}
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 # Below this a cgroup's memory limit kills the job before it has started.
 MIN_MEMORY = 4 << 20
@@ -698,7 +710,8 @@ def _account(node: yaml.Node) -> str | int:
     return value
 
 
-def _size(node: yaml.Node) -> int:
+def _bytes(node: yaml.Node) -> int:
+    """A size with a unit (``512MiB``, ``2GiB``, ``500MB``), more than 0."""
     value = scalar(node)
     match = _SIZE.match(value) if isinstance(value, str) else None
     if match is None:
@@ -706,6 +719,13 @@ def _size(node: yaml.Node) -> int:
             f"{str(value)[:40]!r} is not a size with a unit, like 512MiB, 2GiB or 500MB"
         )
     size = int(match.group(1)) * _SIZE_FACTORS[match.group(2)]
+    if size <= 0:
+        raise ValueError("must be more than 0")
+    return size
+
+
+def _size(node: yaml.Node) -> int:
+    size = _bytes(node)
     if size < MIN_MEMORY:
         raise ValueError("must be at least 4MiB")
     return size

@@ -4,8 +4,10 @@ Both are read when the config is loaded, so a missing or malformed file is a
 config error naming where it is used, found by ``pgcrond check`` rather than
 at the first tick. Every ``${file:PATH}`` value, and every value of an
 ``env_file`` whose name looks secret (``TOKEN``, ``KEY``, ``PASSWORD``, …, as
-:func:`~pgcrond.core.redaction.looks_secret` says), is registered with
-:mod:`pgcrond.core.redaction`: no log line, error text or output tail shows it.
+:func:`~pgcrond.core.redaction.looks_secret` says) and that could be one
+(:func:`~pgcrond.core.redaction.could_be_secret`: not short, a number or a
+common word), is registered with :mod:`pgcrond.core.redaction`: no log line,
+error text or output tail shows it.
 
 dotenv files are parsed by python-dotenv (the format of Docker's
 ``--env-file`` and Compose, with quotes and ``export``), without its
@@ -21,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgcrond.core.redaction import looks_secret, remember_secrets
+from pgcrond.core.redaction import could_be_secret, looks_secret, remember_secrets
 
 # ${file:/run/secrets/token}: the file's text, less one trailing newline.
 FILE_REFERENCE = re.compile(r"\$\{file:([^}]*)\}")
@@ -61,7 +63,11 @@ def read_env_files(paths: Iterable[Path]) -> Read:
                     read.problems.append(f"{path}:{line}: {binding.key} holds a NUL character")
                 else:
                     read.values[binding.key] = binding.value
-    remember_secrets(value for name, value in read.values.items() if looks_secret(name))
+    remember_secrets(
+        value
+        for name, value in read.values.items()
+        if looks_secret(name) and could_be_secret(value)
+    )
     return read
 
 

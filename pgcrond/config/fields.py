@@ -184,7 +184,7 @@ HTTP = _table(
         c.boolean,
         False,
         "let users sign in with passwords over plain HTTP on a listener other than loopback "
-        "(anyone on the path reads them); without it, check refuses that config",
+        "(anyone on the path reads them); without it, check and run refuse that config",
     ),
     Field(
         "max_connections",

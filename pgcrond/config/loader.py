@@ -55,12 +55,15 @@ def load_config(
     *,
     environ: Mapping[str, str] = os.environ,
     database_url: str | None = None,
+    listen: str | None = None,
     allow_unset: bool = False,
 ) -> Config:
     """Read, merge and validate config files; raise :class:`ConfigError` with ALL issues.
 
     ``database_url`` (from ``--database-url``) beats ``PGCROND_DATABASE_URL``
-    in ``environ``, which beats ``database.url`` in the files. A path ``-``
+    in ``environ``, which beats ``database.url`` in the files. ``listen``
+    (from ``run --http``) beats ``http.listen``: the rules on the listener
+    (passwords over plain HTTP) judge the one the daemon binds. A path ``-``
     reads standard input. With ``allow_unset`` (``check`` without
     ``--strict``) an unset ``${VAR}`` is a warning in :attr:`Config.warnings`,
     and the URL is kept as written.
@@ -72,7 +75,7 @@ def load_config(
         sources.read_file(path)
     # The files as issues name them, in the order given.
     names = [STDIN_NAME if f == STDIN else f for f in files]
-    config = _build(reading, sources, names, database_url)
+    config = _build(reading, sources, names, database_url, listen)
     if reading.issues or config is None:
         raise ConfigError(_sorted(reading.issues.found, names))
     return config
@@ -90,7 +93,11 @@ def _sorted(issues: list[ConfigIssue], files: Sequence[str]) -> list[ConfigIssue
 
 
 def _build(
-    reading: Reading, sources: Sources, names: list[str], database_url: str | None
+    reading: Reading,
+    sources: Sources,
+    names: list[str],
+    database_url: str | None,
+    listen: str | None,
 ) -> Config | None:
     first_file = names[0] if names else "<arguments>"
 
@@ -113,7 +120,11 @@ def _build(
     http_listen = DEFAULT_HTTP_LISTEN
     if http is not None and "listen" in http.values:
         http_listen = reading.read(http, "listen", HTTP["listen"].convert) or ""
-    page_access = _page_access(reading, http, http_listen)
+    if listen is not None:
+        http_listen = listen
+    page_access = _page_access(
+        reading, http, http_listen, "http.listen" if listen is None else "run --http"
+    )
     http_limits = _http_limits(reading, http)
     http_tls = cast(TlsFiles | None, _http_value(reading, http, "tls"))
     shutdown_grace = reading.read(top, "shutdown_grace", TOP["shutdown_grace"].convert)
@@ -173,8 +184,13 @@ def _http_value(reading: Reading, http: Section | None, name: str) -> object:
     return HTTP[name].default if found is None else found
 
 
-def _page_access(reading: Reading, http: Section | None, listen: str) -> PageAccess:
-    """The status page's access fields; a wrong one is reported (the config is refused)."""
+def _page_access(
+    reading: Reading, http: Section | None, listen: str, listen_from: str
+) -> PageAccess:
+    """The status page's access fields; a wrong one is reported (the config is refused).
+
+    ``listen_from`` names where ``listen`` was given, for the messages about it.
+    """
     if http is None:
         return PageAccess()
 
@@ -211,8 +227,8 @@ def _page_access(reading: Reading, http: Section | None, listen: str) -> PageAcc
         reading.report(
             http,
             "users",
-            f"passwords would cross the network readable: {address} is not loopback and "
-            "serves plain HTTP. Set http.tls, put the TLS proxy in front of it in "
+            f"passwords would cross the network readable: {address} ({listen_from}) is not "
+            "loopback and serves plain HTTP. Set http.tls, put the TLS proxy in front of it in "
             "http.trusted_proxies, or set http.allow_plaintext_passwords: true to accept the risk",
         )
     return access

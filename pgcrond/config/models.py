@@ -238,6 +238,7 @@ class Config:
     files: tuple[str, ...]
     database: DatabaseConfig
     jobs: Mapping[str, JobConfig]
+    # The listener the rules judged: ``run --http`` when given, else ``http.listen``.
     http_listen: str = DEFAULT_HTTP_LISTEN
     page_access: PageAccess = field(default_factory=PageAccess)
     http_limits: HttpLimits = field(default_factory=HttpLimits)

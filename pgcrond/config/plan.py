@@ -171,7 +171,13 @@ def _renamed(
     consequence = (
         f"renamed from {', '.join(olds)}: its history, open ticks (with their idempotency "
         "keys), pause and run-once state move to the new code at each replica's start; "
-        "until the last old replica stops, ticks can run under both codes"
+        + (
+            # storage/renames.py marks the old codes' run-once keys done.
+            "a replica still on the old config finds the run-once job done under the old code "
+            "and does not run it again"
+            if after.get("schedule") == {"once": True}
+            else "until the last old replica stops, ticks can run under both codes"
+        )
     )
     job = JobChange(code, "renamed", consequence, changes, renamed_from=olds)
     return _with_fires(job, before, after, now)

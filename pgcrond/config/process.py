@@ -120,7 +120,8 @@ def read_box(
         user=account,
         group=gid,
         home=home,
-        groups_known=known,
+        # The user's supplementary groups come with the user, unless a group is given.
+        groups_known=known and "group" not in merged,
         limits=cast(Limits, merged.get("limits") or Limits()),
         env_passthrough=passthrough,
     )

@@ -116,6 +116,8 @@ class HttpAction:
     expect: frozenset[int] = DEFAULT_EXPECT
     idempotency_header: str = "Idempotency-Key"
     fencing_header: str = "X-Fencing-Token"
+    # The most of the response body that is read; it is streamed, never held.
+    max_response: int = 16 << 20
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):

@@ -83,8 +83,10 @@ class Box:
     """``user``/``group``/``limits``/``env_passthrough`` of one job.
 
     ``home`` is the user's home directory (its ``HOME``); ``groups_known``
-    says whether the user has a passwd entry whose supplementary groups can
-    be taken (a bare uid has none).
+    says whether the job takes the user's supplementary groups: the user has
+    a passwd entry (a bare uid has none) and no ``group:`` was given (``group``
+    is then the user's own, and the field keeps its name: it is part of the
+    job's hash, which replicas of every version must agree on).
     """
 
     user: Account | None = None

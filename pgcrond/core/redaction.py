@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import unquote
 
 MASK = "***"
@@ -55,8 +56,22 @@ _connection_values: set[str] = set()
 _connection_variables: set[str] = set()
 
 # Words that make a name (an HTTP header, a variable of an env_file) look like
-# it holds a secret: its value is then hidden whatever it is.
+# it holds a secret: its value is then hidden, if it could be one
+# (:func:`could_be_secret`).
 SECRET_WORDS = ("token", "key", "secret", "password", "auth", "session", "credential")
+# A value that only its name says is a secret is taken for one if it could be:
+# this long at least, not a number, not a word settings commonly take. Scrubbed
+# from every log line, AUTH_MODE=none or SESSION_TIMEOUT=3600 would mask "none"
+# and "3600" wherever they appear and hide nothing.
+MIN_SECRET = 8
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+COMMON_VALUES = frozenset(
+    {"true", "false", "yes", "no", "on", "off", "none", "null", "nil", "enabled", "disabled",
+     "required", "optional", "default", "localhost", "unlimited", "undefined"}
+)  # fmt: skip
+# A line of this length at least that is a piece of a remembered secret is
+# masked whole: a PEM or JSON key printed wrapped otherwise, or cut.
+MIN_PIECE = 16
 
 _secrets: set[str] = set()
 # Bumped whenever the registry changes: what was decided against it is stale.
@@ -64,6 +79,8 @@ _generation = 0
 # The same, longest first (so that a fragment inside a longer one cannot leave
 # a tail): redact() runs on every value of every log line, so it is kept sorted.
 _by_length: tuple[str, ...] = ()
+# The remembered secrets long enough that a piece of one is masked (MIN_PIECE).
+_long: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -253,19 +270,39 @@ def looks_secret(name: str) -> bool:
     return any(word in lower for word in SECRET_WORDS)
 
 
+def could_be_secret(value: str) -> bool:
+    """Whether a value its name calls secret could be one: :data:`MIN_SECRET` characters
+    at least, not a number, not one of :data:`COMMON_VALUES`."""
+    text = value.strip()
+    return (
+        len(text) >= MIN_SECRET
+        and _NUMBER.fullmatch(text) is None
+        and text.lower() not in COMMON_VALUES
+    )
+
+
 def remember_secrets(values: Iterable[str]) -> None:
     """Scrub each of these whole values (secrets a job's environment was given from
     files) from all later :func:`redact` output.
 
     A value shorter than :data:`MIN_FRAGMENT` is not scrubbed: masking every
-    ``1`` or ``on`` would make every log line unreadable and hide nothing.
+    ``1`` or ``on`` would make every log line unreadable and hide nothing. A
+    multi-line value (a PEM key, a JSON key file) is printed, and logged, a
+    line at a time: each of its lines of :data:`MIN_SECRET` characters or more
+    is scrubbed too, and a text that is a piece of it (:func:`redact`).
     """
-    global _by_length  # noqa: PLW0603 - the one process-wide registry
-    forms = {form for value in values for form in (value, value.strip())}
+    global _by_length, _long  # noqa: PLW0603 - the one process-wide registry
+    forms: set[str] = set()
+    for value in values:
+        forms.update((value, value.strip()))
+        if "\n" in value or "\r" in value:
+            lines = (line.strip() for line in value.splitlines())
+            forms.update(line for line in lines if len(line) >= MIN_SECRET)
     added = {form for form in forms if len(form) >= MIN_FRAGMENT}
     if not added <= _secrets:
         _secrets.update(added)
         _by_length = tuple(sorted(_secrets, key=len, reverse=True))
+        _long = tuple(sorted({*_long, *(f for f in added if len(f) >= MIN_PIECE)}, key=len))
 
 
 def holds_connection_secret(name: str, value: str) -> bool:
@@ -289,12 +326,12 @@ def generation() -> int:
 
 def forget_all() -> None:
     """Drop every remembered secret (tests)."""
-    global _by_length, _generation  # noqa: PLW0603 - the one process-wide registry
+    global _by_length, _long, _generation  # noqa: PLW0603 - the one process-wide registry
     _generation += 1
     _secrets.clear()
     _connection_values.clear()
     _connection_variables.clear()
-    _by_length = ()
+    _by_length = _long = ()
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
@@ -335,4 +372,33 @@ def redact(text: str) -> str:
     for secret in _by_length:
         if secret in text:
             text = text.replace(secret, MASK)
+    if _long and len(text) >= MIN_PIECE:
+        piece = text.strip()
+        if len(piece) >= MIN_PIECE and any(piece in secret for secret in _long):
+            return MASK
     return text
+
+
+def cut(
+    data: bytes, limit: int, *, keep: Literal["head", "tail"] = "head", also: Iterable[str] = ()
+) -> bytes:
+    """A piece of a longer text, redacted already: ``data`` (the text up to where it was
+    cut off, ``keep="head"``; from there on, ``"tail"``) to at most ``limit`` bytes, with
+    what a cut left of a secret masked: a remembered one's (or one of ``also``'s) head
+    at the end of a head, its tail at the start of a tail.
+
+    A secret whole in the text was masked before the cut; one a cut splits
+    would otherwise show its first (or last) part.
+    """
+    kept = data[:limit] if keep == "head" else data[max(len(data) - limit, 0) :]
+    mask = MASK.encode()
+    for secret in {*_by_length, *also}:
+        encoded = secret.encode("utf-8", "surrogateescape")
+        for size in range(min(len(encoded) - 1, len(kept)), MIN_FRAGMENT - 1, -1):
+            if keep == "head" and kept.endswith(encoded[:size]):
+                kept = kept[:-size] + mask
+                break
+            if keep == "tail" and kept.startswith(encoded[-size:]):
+                kept = mask + kept[size:]
+                break
+    return kept

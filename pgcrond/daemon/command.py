@@ -25,7 +25,7 @@ def run_command(args: argparse.Namespace) -> int:
     interpreter.tune()
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     try:
-        config = load_config(args.config, database_url=args.database_url)
+        config = load_config(args.config, database_url=args.database_url, listen=args.http)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         print(
@@ -38,7 +38,6 @@ def run_command(args: argparse.Namespace) -> int:
             config,
             args.config,
             database_url=args.database_url,
-            http_listen=args.http,
             replica=args.replica,
         )
         # The daemon's own loop: its stall probe times the loop's turns.

@@ -84,13 +84,13 @@ class Daemon:
         paths: Sequence[str],
         *,
         database_url: str | None = None,
-        http_listen: str | None = None,
         replica: str | None = None,
     ) -> None:
         self.config = config
         self.paths = list(paths)
         self.database_url = database_url
-        self.http_listen = config.http_listen if http_listen is None else http_listen
+        # Bound once; a reload's config is judged against this listener (`run --http`'s).
+        self.http_listen = config.http_listen
         # A name another live replica holds is refused at start, by the registry.
         named = this_process(replica)
         self.replica = named.name
@@ -308,7 +308,8 @@ class Daemon:
 
     async def _apply_renames(self, store: LeaseStore, config: Config) -> None:
         renames = [(code, job.renamed_from) for code, job in config.jobs.items()]
-        for moved in await apply_renames(store, renames):
+        once = {code for code, job in config.jobs.items() if job.is_once}
+        for moved in await apply_renames(store, renames, once):
             log.info(
                 "job_renamed",
                 job=moved.code,
@@ -398,7 +399,9 @@ class Daemon:
             # A renewed certificate is taken up whether or not the config changed.
             self._http.reload_tls()
         try:
-            new = await asyncio.to_thread(load_config, self.paths, database_url=self.database_url)
+            new = await asyncio.to_thread(
+                load_config, self.paths, database_url=self.database_url, listen=self.http_listen
+            )
         except ConfigError as exc:
             log.error(
                 "config_reload_rejected",

@@ -157,7 +157,7 @@ def _problems(
                 {
                     "kind": "stale",
                     "job": job.code,
-                    "detail": f"{job.code}: no success for {report.relative(success - now)} "
+                    "detail": f"{job.code}: no success for {report.span(now - success)} "
                     f"(alert_after {format_duration(job.alert_after)})",
                 }
             )

@@ -371,7 +371,7 @@ class Cell:
         if box.group is not None:
             options.append(f"--regid={box.group.id}")
         # Supplementary groups: the user's own, or none (never the daemon's).
-        if box.user is not None and box.groups_known and box.group is None:
+        if box.user is not None and box.groups_known:
             options.append("--init-groups")
         else:
             options.append("--clear-groups")

@@ -24,6 +24,7 @@ from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.actions import CommandAction, ShellAction
 from pgcrond.core.cancel import abandon
+from pgcrond.core.redaction import cut, redact
 from pgcrond.run.attempt import Attempt, Ending, Watch, describe
 from pgcrond.run.box import Cell
 from pgcrond.run.output import Capture, Stream
@@ -156,13 +157,20 @@ def _process_ending(stop: Ending | None, returncode: int) -> Ending:
 # which Python documents as unsafe in a threaded process (a lock held by
 # another thread at fork time deadlocks the child).
 _SETPRIV = shutil.which("setpriv") if sys.platform == "linux" else None
+# Run by the child once its death signal is armed, before the job: a replica
+# that died between the fork and the arming left an orphan whose death signal
+# was armed against its new parent (init, a subreaper) and never fires, so the
+# child checks that its parent is still the replica that forked it ($0), and
+# starts nothing otherwise. Past the check, the replica's death kills it.
+_ORPHAN_CHECK = '[ "$PPID" = "$0" ] || exit 125; exec "$@"'
 
 
 def _dying_with_daemon(argv: list[str], environ: dict[str, str]) -> list[str]:
     """``argv`` wrapped so that the child is SIGKILLed if the daemon dies (kill -9, OOM).
 
     The dead replica's lease then expires and a survivor takes the tick over;
-    an orphaned job left running beside the takeover would be a duplicate run.
+    an orphaned job left running beside the takeover would be a duplicate run,
+    and so would one that a dead replica's child started after its death.
     The program is resolved here, so a missing one is still "cannot start".
     """
     program = argv[0]
@@ -171,7 +179,11 @@ def _dying_with_daemon(argv: list[str], environ: dict[str, str]) -> list[str]:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
     if _SETPRIV is None:
         return argv
-    return [_SETPRIV, "--pdeathsig", "KILL", "--", found, *argv[1:]]
+    # os.getpid(): the process that forks the child is this one.
+    return [
+        _SETPRIV, "--pdeathsig", "KILL", "--",
+        "/bin/sh", "-c", _ORPHAN_CHECK, str(os.getpid()), found, *argv[1:],
+    ]  # fmt: skip
 
 
 def _close_all(fds: list[int]) -> None:
@@ -234,7 +246,11 @@ class _OutputBudget:
         if self.exhausted:
             return
         truncated = len(line) > OUTPUT_LINE_CAP
-        line = line[:OUTPUT_LINE_CAP]
+        if truncated:
+            # Redacted before the cut: a secret the cut splits is seen whole
+            # here (and what the cut leaves of one is masked).
+            text = redact(line.decode("utf-8", "surrogateescape"))
+            line = cut(text.encode("utf-8", "surrogateescape"), OUTPUT_LINE_CAP)
         if len(line) > self.remaining:
             self.exhausted = True
             self.log.warning(

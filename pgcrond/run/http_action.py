@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.redaction import MIN_FRAGMENT, looks_secret, scrub
 from pgcrond.run.attempt import Attempt, Ending, RunRequest
-from pgcrond.run.output import http_response
+from pgcrond.run.output import HttpBody, http_response
 
 if TYPE_CHECKING:
     import httpx
@@ -198,7 +198,8 @@ async def run(action: HttpAction, attempt: Attempt) -> Ending:
         ),
     )
     started = time.monotonic()
-    task = asyncio.ensure_future(_send(action, headers))
+    body = HttpBody(action.max_response)
+    task = asyncio.ensure_future(_send(action, headers, body))
     attempt.started()
     stop = await watch.until_stop(task)
     if stop is not None:
@@ -232,7 +233,8 @@ async def run(action: HttpAction, attempt: Attempt) -> Ending:
             status,
             response.reason_phrase,
             redact_headers(response.headers).items(),
-            response.content,
+            body,
+            secrets=secrets,
         ),
     )
     level = log.info if success else log.warning
@@ -242,6 +244,8 @@ async def run(action: HttpAction, attempt: Attempt) -> Ending:
         url=shown_url,
         status=status,
         duration_ms=duration_ms,
+        body_bytes=body.read,
+        body_capped=body.capped,
     )
     if success:
         return Ending("success")
@@ -252,16 +256,25 @@ async def run(action: HttpAction, attempt: Attempt) -> Ending:
     return Ending("fail", f"{error} (not retried: not a transient status)", permanent=True)
 
 
-async def _send(action: HttpAction, headers: dict[str, str]) -> httpx.Response:
+async def _send(action: HttpAction, headers: dict[str, str], body: HttpBody) -> httpx.Response:
+    """The request; its body streamed into ``body``, never held whole: a response of
+    gigabytes from a broken or hostile endpoint costs the replica a chunk at a time,
+    and no more than ``max_response`` of it is read."""
     import httpx  # see run
 
     timeout = action.timeout.total_seconds()
     # No redirects followed (a 3xx outside expect is a failure), no proxies or
     # credentials from the environment (trust_env=False).
-    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
-        return await client.request(
+    async with (
+        httpx.AsyncClient(timeout=timeout, trust_env=False) as client,
+        client.stream(
             action.method,
             action.url,
             headers=headers,
             content=None if action.body is None else action.body.encode("utf-8"),
-        )
+        ) as response,
+    ):
+        async for chunk in response.aiter_bytes():
+            if not body.feed(chunk):
+                break  # the rest is not read: the connection is closed with the response
+        return response

@@ -1,6 +1,6 @@
 """``isolate: true`` entrypoints: the executor, and the child-process host it starts.
 
-``python -m pgcrond.run.isolated --result-fd N --sys-path JSON TARGET``
+``python -P -m pgcrond.run.isolated --result-fd N --sys-path JSON TARGET``
 
 The executor (:func:`run`) starts this module in a process group of its own,
 exactly like a command (:func:`pgcrond.run.command.run_process`),
@@ -41,8 +41,12 @@ _READ_CHUNK = 64 * 1024
 async def run(action: EntrypointAction, attempt: Attempt) -> Ending:
     """The executor of ``entrypoint:`` with ``isolate: true``: this module as a child."""
     read_end, write_end = os.pipe()
+    # -P: `-m` would put the working directory first on sys.path, and the
+    # host would import a `json.py` planted there (as whoever pgcrond runs as)
+    # before its first line; the job's own path is set from --sys-path.
     argv = [
         sys.executable,
+        "-P",
         "-m",
         "pgcrond.run.isolated",
         "--result-fd",

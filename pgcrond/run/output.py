@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from pgcrond.core.actions import OutputStream
 from pgcrond.core.output import OutputTail, StreamTail
-from pgcrond.core.redaction import redact, scrub
+from pgcrond.core.redaction import cut, redact, scrub
 
 Stream = OutputStream
 STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
@@ -39,15 +39,48 @@ _SILENT = OutputTail()
 
 
 def http_response(
-    version: str, status: int, reason: str, headers: Iterable[tuple[str, str]], body: bytes
+    version: str,
+    status: int,
+    reason: str,
+    headers: Iterable[tuple[str, str]],
+    body: HttpBody,
+    *,
+    secrets: list[str],
 ) -> bytes:
     """An ``http:`` attempt's output: the status line, the headers (already redacted), the
-    first KiB of the body (and how much more there was)."""
+    first KiB of the body, redacted before it is cut (and how much more there was)."""
     lines = [f"{version} {status} {reason}".rstrip()]
     lines += [f"{name}: {value}" for name, value in headers]
-    more = len(body) - HTTP_BODY_BYTES
-    cut = f"\n[… {more} more bytes of body …]" if more > 0 else ""
-    return ("\n".join(lines) + "\n\n").encode() + body[:HTTP_BODY_BYTES] + cut.encode()
+    kept = _cleaner(secrets)(bytes(body.head))
+    if body.read > len(body.head) or len(kept) > HTTP_BODY_BYTES:
+        kept = cut(kept, HTTP_BODY_BYTES, also=secrets)
+    more = body.read - HTTP_BODY_BYTES
+    note = f"\n[… {more} more bytes of body …]" if more > 0 else ""
+    if body.capped:
+        note += f"\n[… the rest not read: max_response is {body.limit} bytes …]"
+    return ("\n".join(lines) + "\n\n").encode() + kept + note.encode()
+
+
+class HttpBody:
+    """A response body as it streams in: its head kept (with slack for redaction), the
+    rest counted, and whether reading stopped at ``limit`` (``max_response``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.head = bytearray()
+        self.read = 0
+        self.capped = False
+
+    def feed(self, chunk: bytes) -> bool:
+        """Take ``chunk``; False once ``limit`` bytes were read (read no more)."""
+        chunk = chunk[: self.limit - self.read]
+        self.read += len(chunk)
+        room = HTTP_BODY_BYTES + _SLACK - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+        if self.read >= self.limit:
+            self.capped = True
+        return not self.capped
 
 
 class _Kept:
@@ -72,16 +105,22 @@ class _Kept:
         if extra > 0:
             del self.tail[:extra]
 
-    def kept(self, clean: Callable[[bytes], bytes]) -> StreamTail:
+    def kept(self, clean: Callable[[bytes], bytes], secrets: list[str]) -> StreamTail:
         dropped = max(0, self.total - HEAD_BYTES - TAIL_BYTES)
+        # Redacted, then cut (what a cut leaves of a secret is masked too: the
+        # buffers themselves are cut from the stream, with the slack).
         if self.total <= len(self.head) + len(self.tail):
             # Head and tail touch: redact them as one text, then cut.
             whole = clean(bytes(self.head + self.tail))
             if not dropped:
                 return StreamTail(whole)
-            return StreamTail(whole[:HEAD_BYTES], whole[-TAIL_BYTES:], dropped)
+            head, tail = whole, whole
+        else:
+            head, tail = clean(bytes(self.head)), clean(bytes(self.tail))
         return StreamTail(
-            clean(bytes(self.head))[:HEAD_BYTES], clean(bytes(self.tail))[-TAIL_BYTES:], dropped
+            cut(head, HEAD_BYTES, also=secrets),
+            cut(tail, TAIL_BYTES, keep="tail", also=secrets),
+            dropped,
         )
 
 
@@ -127,7 +166,8 @@ class Capture:
                 return _SILENT
             secrets = list(self._secrets)
             stdout, stderr = (self._streams[name] for name in STREAMS)
-            return OutputTail(stdout.kept(_cleaner(secrets)), stderr.kept(_cleaner(secrets)))
+            clean = _cleaner(secrets)
+            return OutputTail(stdout.kept(clean, secrets), stderr.kept(clean, secrets))
 
 
 def _cleaner(secrets: list[str]) -> Callable[[bytes], bytes]:

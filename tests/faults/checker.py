@@ -28,6 +28,14 @@ its SUCCESS, is a defect whatever the faults).
     of a ``concurrency: forbid`` job and no SKIPPED/paused row written while a
     pause of the job was in force, unless the database was unreachable for
     the whole of the tick's misfire window; a run-once job that never finished.
+    A tick that ended FAIL because its owner stalled (stopped, or its own
+    network held) while a peer was alive is lost too: the peer should have
+    taken it over once the owner's lease lapsed. Only an ``sql:`` job's FAIL
+    while the database itself went away or the connections were cut
+    (``BROKEN``) is its failure (its transaction broke, its outcome unknown).
+``orphan_start``
+    a job that started ('start') with a parent that is not a replica: its
+    replica died before it, and it ran as an orphan beside the takeover.
 ``lost_request``
     a detached request with no finished run: requests are never missed,
     paused or skipped (the jobs requested allow overlap).
@@ -153,6 +161,7 @@ KINDS = (
     "started_early",
     "ran_while_paused",
     "crashed_fire",
+    "orphan_start",
 )
 # The lease's inherent limit, reported but not a defect: an effect written by
 # an owner that was fenced before it wrote, or whose lease lapsed at the
@@ -173,6 +182,12 @@ INHERENT = frozenset(
 )
 # Faults during which the daemon cannot reach its database.
 UNREACHABLE = frozenset({"pg_restart", "partition", "blackhole"})
+# Faults that break a transaction in flight: an sql: job's attempt fails then,
+# or in the moments after, while the pools connect again (BROKEN_AFTER).
+BROKEN = UNREACHABLE | {"cut"}
+BROKEN_AFTER = timedelta(seconds=3)
+# Faults that stop a replica's process (SIGSTOP).
+STOPS = frozenset({"pause", "sql_pause"})
 INITIAL = "INITIAL"
 TERMINAL = ("end", "fail", "cancelled")
 ALL_JOBS = "*"
@@ -400,6 +415,7 @@ def check(
     pauses: Sequence[Pause] = (),
     crashes: Sequence[Crash] = (),
     abandons: Sequence[Abandon] = (),
+    replicas: frozenset[int] | None = None,
     start_slack: timedelta = timedelta(milliseconds=500),
     horizon: timedelta = timedelta(seconds=3),
 ) -> Report:
@@ -460,6 +476,8 @@ def check(
         if job.forbid:
             found += _overlaps(job, by_tick, faults, claims, abandons)
     found += [_crashed(crash) for crash in crashes]
+    if replicas is not None:
+        found += _orphans(jobs, ledger, replicas)
 
     attributed = [_attribute(v, faults, horizon) for v in found]
     attributed.sort(key=lambda v: (v.start, v.kind, v.job, v.run_key))
@@ -499,6 +517,16 @@ def _lost(
     window_end = tick + job.misfire_grace
     if _covered(tick, window_end, [f for f in faults if f.kind in UNREACHABLE]):
         return []
+    if (
+        job.sql
+        and lease is not None
+        and lease.status == "FAIL"
+        and any(
+            f.kind in BROKEN and f.start <= window_end and f.end + BROKEN_AFTER >= tick
+            for f in faults
+        )
+    ):
+        return []  # its transaction broke with the database: its failure, not a loss
     phases = ", ".join(f"{r.phase}#{r.attempt}(pid {r.pid})" for r in rows) or "no run at all"
     status = "no lease row" if lease is None else f"lease {lease.status}/{lease.reason}"
     if paused:
@@ -1030,6 +1058,31 @@ def _overlaps(
     return found
 
 
+def _orphans(
+    jobs: Sequence[JobSpec], ledger: Sequence[LedgerRow], replicas: frozenset[int]
+) -> list[Violation]:
+    """Runs that started under a parent that is no replica (a 'start' row's pid is its
+    replica's: the in-process job's own, a command's parent)."""
+    specs = {job.code: job for job in jobs}
+    found = []
+    for row in ledger:
+        job = specs.get(row.job)
+        if job is None or job.sql or row.phase != "start" or row.pid in replicas:
+            continue
+        found.append(
+            Violation(
+                "orphan_start",
+                job.code,
+                row.run_key,
+                f"attempt {row.attempt} started with parent pid {row.pid}, not a replica: "
+                "its replica had died",
+                row.at,
+                row.at,
+            )
+        )
+    return found
+
+
 def _active(
     key: str, token: int | None, pid: int, rows: list[LedgerRow], faults: Sequence[Fault]
 ) -> _Run | None:
@@ -1046,7 +1099,7 @@ def _active(
     stops = sorted(
         (max(f.start, begin), min(f.end, finish))
         for f in faults
-        if f.kind == "pause" and pid in f.pids and f.start < finish and f.end > begin
+        if f.kind in STOPS and pid in f.pids and f.start < finish and f.end > begin
     )
     segments: list[tuple[datetime, datetime]] = []
     cursor = begin

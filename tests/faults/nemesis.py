@@ -1,12 +1,17 @@
 """The nemesis: real replicas, a real server, and a seeded schedule of faults.
 
 Three ``pgcrond run`` replicas reach a PostgreSQL server that this module
-started itself (``throwaway``) through the fault proxy; their jobs
+started itself (``throwaway``), each through a fault proxy of its own (a
+network fault of the cluster hits all three); their jobs
 (tests/faults/ledger.py) write the ledger straight to the server. A seeded
 schedule then, one fault at a time, with quiet gaps between:
 
 * ``kill``: SIGKILL a replica, restart it a moment later;
 * ``pause``: SIGSTOP a replica for longer than the lease, then SIGCONT;
+* ``sql_pause`` / ``sql_cut``: SIGSTOP the replica inside an ``sql:`` job's
+  transaction (of ``sql-stall``, lease 3 s, or of ``sql-slow``, the suite's
+  default lease), or hold every byte of its own network (its proxy), past
+  that lease: the tick must be taken over, once, by a live peer;
 * ``pg_restart``: stop the server, start it again;
 * ``cut``: close every proxied connection;
 * ``partition``: hold every byte for 3-6 s, then deliver it all;
@@ -76,6 +81,8 @@ RETRIES_S = 25.0
 KINDS = (
     "kill",
     "pause",
+    "sql_pause",
+    "sql_cut",
     "pg_restart",
     "cut",
     "partition",
@@ -84,6 +91,9 @@ KINDS = (
     "job_pause",
 )
 SKEW_MS = 2000
+# The sql: jobs sql_pause and sql_cut hit, with their leases: a short one, and
+# the suite's default.
+STALLED_SQL = {"sql-stall": timedelta(seconds=3), "sql-slow": LEASE}
 # What `pgcrond pause` targets ("*": every job): a job with retries, a long
 # job (takeovers), an sql: job with retries.
 PAUSED = ("flaky", "long", "sql-flaky", "*")
@@ -161,6 +171,15 @@ JOBS = (
     # (same key) must commit the effect once.
     Job("sql-tick", 1, action="sql", extra=SQL_RETRIES),
     Job("sql-slow", 3, action="sql", extra=SQL_RETRIES, sql_before=("SELECT pg_sleep(0.4)",)),
+    # No retries: a tick whose owner stalls (sql_pause, sql_cut) must be taken
+    # over by a peer, never end FAIL.
+    Job(
+        "sql-stall",
+        2,
+        action="sql",
+        extra={"lease": "3s", "heartbeat": "1s"},
+        sql_before=("SELECT pg_sleep(0.4)",),
+    ),
     Job(
         "sql-flaky",
         3,
@@ -259,6 +278,7 @@ class Observations:
             pauses=self.pauses,
             crashes=self.crashes,
             abandons=self.abandons,
+            replicas=frozenset(spawn.pid for spawn in self.spawns),
         )
 
     def logs_about(self, job: str, run_key: str, limit: int = 20) -> list[str]:
@@ -301,7 +321,8 @@ class Cluster:
         self.rng = random.Random(seed)
         self.progress = progress
         self.direct = server.dsn
-        self.proxy = Proxy.for_dsn(server.dsn).start()
+        # A proxy per replica name, made at its first spawn.
+        self.proxies: dict[str, Proxy] = {}
         self.config = workdir / "jobs.yaml"
         self.config.write_text(config_text())
         self.shim = build(workdir / "shim")
@@ -317,8 +338,7 @@ class Cluster:
     # -- set-up -----------------------------------------------------------------
 
     def prepare(self) -> None:
-        env = self._base_env("migrate")
-        env["PGCROND_DATABASE_URL"] = self.direct
+        env = self._base_env("migrate", self.direct)
         subprocess.run(
             [str(PGCROND), "migrate", "-c", str(self.config)],
             env=env,
@@ -331,10 +351,10 @@ class Cluster:
             conn.execute(LEDGER_DDL.format(schema=SCHEMA))
             conn.execute(HISTORY_DDL.format(schema=SCHEMA, table=TABLE))
 
-    def _base_env(self, name: str) -> dict[str, str]:
+    def _base_env(self, name: str, dsn: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGCROND_")}
         env.update(
-            PGCROND_DATABASE_URL=self.proxy.dsn(self.direct),
+            PGCROND_DATABASE_URL=dsn,
             LEDGER_DSN=self.direct,
             LEDGER_TABLE=f"{SCHEMA}.ledger",
             PYTHONPATH=f"{self.package}:{ROOT}" if self.package else str(ROOT),
@@ -345,7 +365,10 @@ class Cluster:
         return env
 
     def spawn(self, name: str, skew_ms: int = 0) -> Replica:
-        env = self._base_env(name)
+        proxy = self.proxies.get(name)
+        if proxy is None:
+            proxy = self.proxies[name] = Proxy.for_dsn(self.direct).start()
+        env = self._base_env(name, proxy.dsn(self.direct))
         if skew_ms:
             env = shifted(env, self.shim, skew_ms)
         log = self.workdir / f"{name}.{len(self.spawns)}.log"
@@ -362,7 +385,8 @@ class Cluster:
     def close(self) -> None:
         for replica in self.replicas.values():
             replica.stop()
-        self.proxy.close()
+        for proxy in self.proxies.values():
+            proxy.close()
 
     # -- operator commands ----------------------------------------------------------
 
@@ -371,9 +395,7 @@ class Cluster:
 
     def _operator_env(self) -> dict[str, str]:
         """An operator's shell: straight to the server, never through the fault proxy."""
-        env = self._base_env("operator")
-        env["PGCROND_DATABASE_URL"] = self.direct
-        return env
+        return self._base_env("operator", self.direct)
 
     def operate(self, *args: str) -> None:
         """Run ``pgcrond ARGS`` to success, retried through a server restart."""
@@ -511,20 +533,62 @@ class Cluster:
 
     def _cut(self) -> FaultRecord:
         start = self.db_now()
-        closed = self.proxy.cut()
+        closed = sum(proxy.cut() for proxy in self.proxies.values())
         return FaultRecord("cut", start, self.db_now(), detail=f"{closed} connections")
 
     def _partition(self) -> FaultRecord:
-        return self._network("partition", self.proxy.partition, self.rng.uniform(3.0, 6.0))
+        return self._network("partition", "partition", self.rng.uniform(3.0, 6.0))
 
     def _blackhole(self) -> FaultRecord:
-        return self._network("blackhole", self.proxy.blackhole, self.rng.uniform(2.0, 4.0))
+        return self._network("blackhole", "blackhole", self.rng.uniform(2.0, 4.0))
 
-    def _network(self, kind: str, fault: Callable[[float], Any], seconds: float) -> FaultRecord:
+    def _network(self, kind: str, mode: str, seconds: float) -> FaultRecord:
+        """``mode`` (a Proxy method) on every replica's network at once."""
         start = self.db_now()
-        healed = fault(seconds)
-        assert healed.wait(seconds + 10), f"{kind} did not heal"
+        healed = [getattr(proxy, mode)(seconds) for proxy in self.proxies.values()]
+        assert all(event.wait(seconds + 10) for event in healed), f"{kind} did not heal"
         return FaultRecord(kind, start, self.db_now(), detail=f"{seconds:.1f}s")
+
+    def _sql_pause(self) -> FaultRecord:
+        victim, code, hold, start = self._sql_holder()
+        victim.signal(signal.SIGSTOP)
+        time.sleep(hold)  # stopped mid-transaction, past the job's lease
+        victim.signal(signal.SIGCONT)
+        detail = f"SIGSTOP {hold:.1f}s in {code}"
+        return FaultRecord("sql_pause", start, self.db_now(), victim.name, [victim.pid], detail)
+
+    def _sql_cut(self) -> FaultRecord:
+        victim, code, hold, start = self._sql_holder()
+        healed = self.proxies[victim.name].partition(hold)
+        assert healed.wait(hold + 10), "sql_cut did not heal"
+        detail = f"its network held {hold:.1f}s in {code}"
+        return FaultRecord("sql_cut", start, self.db_now(), victim.name, [victim.pid], detail)
+
+    def _sql_holder(self) -> tuple[Replica, str, float, datetime]:
+        """A replica inside an sql: job's transaction (the job's lease row is locked), the
+        job, how long to hold it (past that job's lease) and now; any replica if none
+        is found in a few seconds."""
+        code = self.rng.choice(sorted(STALLED_SQL))
+        hold = STALLED_SQL[code].total_seconds() + self.rng.uniform(1.0, 3.0)
+        deadline = time.monotonic() + 6.0
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(psycopg.OperationalError),
+                psycopg.connect(self.direct, autocommit=True, connect_timeout=3) as conn,
+            ):
+                rows = conn.execute(
+                    f"SELECT owner FROM {SCHEMA}.{TABLE} WHERE code = %s AND status = 'RUNNING' "
+                    f"AND id NOT IN (SELECT id FROM {SCHEMA}.{TABLE} WHERE code = %s "
+                    "AND status = 'RUNNING' FOR KEY SHARE SKIP LOCKED)",
+                    (code, code),
+                ).fetchall()
+                for (owner,) in rows:
+                    pid = checker.owner_pid(owner)
+                    for replica in self.replicas.values():
+                        if replica.pid == pid:
+                            return replica, code, hold, self.db_now()
+            time.sleep(0.02)
+        return self._victim(), code, hold, self.db_now()
 
     def _clock_skew(self) -> FaultRecord:
         victim = self._victim()
@@ -619,7 +683,8 @@ class Cluster:
         The requests: each done, no row RUNNING. The bounds only stop the wait
         for what a defect left undone; settling ends as soon as nothing is left.
         """
-        self.proxy.heal()
+        for proxy in self.proxies.values():
+            proxy.heal()
         for replica in self.replicas.values():
             replica.signal(signal.SIGCONT)
         quiet_from = window_end + GRACE + timedelta(seconds=1)

@@ -525,6 +525,46 @@ def test_a_clean_sql_history_has_no_violation() -> None:
     assert 3 == report.effects
 
 
+def test_an_sql_tick_ended_fail_as_its_owner_stalled_is_lost_unless_the_database_broke_it() -> None:
+    """A peer was alive to take it over; only an outage or a cut excuses the FAIL."""
+    ledger, leases, history = sql_clean()
+    ledger = [r for r in ledger if r.run_key != key(1)]
+    leases = [x for x in leases if x.run_key != key(1)] + [
+        lease(SQL, 1, "FAIL", token=11, reason="timeout")
+    ]
+    for stall in ("sql_pause", "sql_cut", "pause"):
+        stalled = [Fault(stall, at(1.1), at(5), frozenset({100}), "replica-0")]
+        report = check([SQL], ledger, leases, stalled, WINDOW, history)
+        assert ["lost_tick"] == kinds(report)
+        assert (stall,) == report.violations[0].causes
+    for broken in ("cut", "pg_restart", "partition"):
+        assert (
+            [] == check([SQL], ledger, leases, [Fault(broken, at(1.2), at(1.5))], WINDOW).violations
+        )
+    # Just before the tick: its pools were still connecting again.
+    cut_before = [Fault("cut", at(-1), at(-1))]
+    assert [] == check([SQL], ledger, leases, cut_before, WINDOW).violations
+    # An entrypoint's FAIL is lost whatever broke.
+    ledger, leases = clean()
+    ledger = [*without(ledger, 1), row(TICK, 1, "start", 1.01, token=11)]
+    leases = [x for x in leases if x.run_key != key(1)] + [lease(TICK, 1, "FAIL", token=11)]
+    assert ["lost_tick"] == kinds(
+        check([TICK], ledger, leases, [Fault("cut", at(1), at(2))], WINDOW)
+    )
+
+
+def test_a_job_started_under_a_parent_that_is_no_replica_is_an_orphan_start() -> None:
+    ledger, leases = clean()
+    replicas = frozenset({100})
+    assert [] == check([TICK], ledger, leases, [], WINDOW, replicas=replicas).violations
+    # The replica died between the fork and the job's start: its parent is init.
+    ledger.append(row(TICK, 1, "start", 1.2, token=11, pid=1))
+    report = check([TICK], ledger, leases, [], WINDOW, replicas=replicas)
+    assert ["orphan_start"] == kinds(report)
+    assert "parent pid 1" in report.violations[0].detail
+    assert "orphan_start" not in INHERENT
+
+
 def test_a_second_sql_effect_is_a_defect_even_by_a_fenced_owner() -> None:
     """After a newer claim: the lease's limit for an entrypoint, a defect for an sql: job."""
     ledger, leases, history = sql_clean()

@@ -1136,14 +1136,28 @@ WHERE EXISTS (SELECT 1 FROM {table} t WHERE t.code = c.code)
 -- finds the rows moved already and moves nothing. Held to the transaction's end.
 SELECT pg_advisory_xact_lock(%(lock_id)s)
 
+-- name: rename_reclaim_initial
+-- Before a rename moves run-once state to its new code: a mark an earlier
+-- rename left under the new code's INITIAL key (the code was renamed away,
+-- and is renamed back now) is dropped, so the old codes' row can move in; or,
+-- when no old code has run-once state, so the job runs once under it. Kept
+-- while an old code's own state moved on elsewhere (it holds a mark too).
+DELETE FROM {table} t
+WHERE t.lock_key = %(initial_key)s AND t.status = 'SKIPPED' AND t.reason = 'renamed'
+  AND NOT EXISTS (
+      SELECT 1 FROM {table} o
+      WHERE o.type = 'INITIAL' AND o.code = ANY(%(old)b::text[])
+        AND o.status = 'SKIPPED' AND o.reason = 'renamed'
+  )
+
 -- name: rename_job
 -- Move the rows of a renamed job's old codes to its new code: its history and
 -- open ticks (each keeping the key it was claimed with: key_code records the
 -- code that key came from), its newest run-once row (re-keyed to the new
--- code's INITIAL identity, so the run-once job does not run again) and its
--- pause. A row whose tick the new code has already (both codes ran it while
--- replicas disagreed) stays under its old code. Idempotent: a second run finds
--- nothing under the old codes to move.
+-- code's INITIAL identity, so the run-once job does not run again; never a
+-- mark of rename_mark_initial) and its pause. A row whose tick the new code
+-- has already (both codes ran it while replicas disagreed) stays under its old
+-- code. Idempotent: a second run finds nothing under the old codes to move.
 WITH schedule_rows AS (
     UPDATE {table} t
     SET code = %(code)s, key_code = coalesce(t.key_code, t.code)
@@ -1159,6 +1173,7 @@ WITH schedule_rows AS (
     WHERE t.id = (
         SELECT id FROM {table}
         WHERE type = 'INITIAL' AND code = ANY(%(old)b::text[])
+          AND NOT (status = 'SKIPPED' AND reason = 'renamed')
         ORDER BY status = 'SUCCESS' DESC, acquired_at DESC
         LIMIT 1
     )
@@ -1174,6 +1189,26 @@ WITH schedule_rows AS (
 SELECT (SELECT count(*) FROM schedule_rows) AS ticks,
        (SELECT count(*) FROM initial_row) AS initial,
        (SELECT count(*) FROM pause_row) AS paused
+
+-- name: rename_mark_initial
+-- After the move, in the same transaction: each old code's INITIAL key gets a
+-- row SKIPPED/renamed where it has none, so a replica still on a config with
+-- the old code (a restart during the rollout, a rollback) finds its run-once
+-- job settled and does not run it: the run-once state is the new code's,
+-- whether the job ran before the rename (its row moved) or not yet. A claim
+-- of the old key waiting on the move's lock sees this row when it commits.
+INSERT INTO {table} (
+    lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
+    lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, reason, error
+)
+SELECT o.lock_key, 'INITIAL', o.code, NULL, 'SKIPPED', gen_random_uuid(), %(owner)s, 0,
+       nextval({fencing_seq_name}), 1000, clock_timestamp(), clock_timestamp(),
+       clock_timestamp(), clock_timestamp(), clock_timestamp(), 'renamed',
+       'renamed to ' || %(code)s || ': its run-once state is under that code, and a '
+       || 'replica of a config with this code does not run it'
+FROM unnest(%(old_keys)b::text[], %(old)b::text[]) AS o (lock_key, code)
+ORDER BY o.lock_key
+ON CONFLICT (lock_key) DO NOTHING
 
 -- name: attempt_close
 -- Close one attempt record outside a finalize: an sql: job's SUCCESS was
