@@ -225,6 +225,47 @@ async def test_a_request_retaken_by_its_own_replica_while_it_claims_runs_once_an
     assert (None, None) == (row["taken_by"], row["done_at"])
 
 
+async def test_a_request_stopped_with_a_retry_pending_is_given_back_and_run_to_its_end(
+    store: LeaseStore, pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """Its first attempt failed, its replica stops before the retry: another one retries it."""
+    ran = tmp_path / "ran"
+    config = configured(
+        tmp_path,
+        pg_dsn,
+        schema,
+        # The first attempt fails, the second succeeds.
+        f"  report: {{cron: '0 3 * * *', retries: 1, retry_delay: 2s, "
+        f"shell: 'echo x >> {ran}; test $(wc -l < {ran}) -ge 2'}}\n",
+    )
+    await request_run(store, "report", "manual:retry", by="shell")
+    with structlog.testing.capture_logs() as logs:
+        async with replica(store, pg_dsn, config, "r:1") as first:
+            assert 1 == await first.requests.take()
+            await until(
+                lambda: any(e["event"] == "run_finished" for e in logs), 10, "the first attempt"
+            )
+            await asyncio.wait_for(first.shutdown(), 20)
+        # The retry is pending and nobody follows it: the request is not done.
+        assert ["fail"] == [e["outcome"] for e in logs if e["event"] == "run_finished"]
+        assert {"status": "FAIL", "reason": "error", "attempt": 1} == lease_row(
+            pg_dsn, schema, "manual:retry"
+        )
+        row = request_row(pg_dsn, schema, "manual:retry")
+        assert (None, None, None) == (row["taken_by"], row["done_at"], row["outcome"])
+        async with replica(store, pg_dsn, config, "r:2") as second:
+            assert 1 == await second.requests.take()
+            await until(
+                lambda: request_row(pg_dsn, schema, "manual:retry")["done_at"], 15, "the retry"
+            )
+    assert 2 == starts(ran)
+    row = request_row(pg_dsn, schema, "manual:retry")
+    assert ("r:2", "success") == (row["taken_by"], row["outcome"])
+    assert {"status": "SUCCESS", "reason": None, "attempt": 2} == lease_row(
+        pg_dsn, schema, "manual:retry"
+    )
+
+
 # -- a dead taker, an unknown pooling mode, pruning -------------------------------------
 
 

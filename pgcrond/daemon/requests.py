@@ -66,7 +66,8 @@ TAKE_LIMIT = 100
 # Reconnecting the listener: 0.5 s, doubling, at most 10 s.
 RECONNECT_FIRST_S = 0.5
 RECONNECT_MAX_S = 10.0
-# Outcomes after which the request is done even at shutdown: it ran here.
+# Outcomes of a fire that ran the request here: at shutdown it is done only if
+# its tick is final too (no retry pending).
 _RAN = frozenset({"success", "fail", "timeout"})
 
 
@@ -255,12 +256,30 @@ class Requests:
             outcome = await self.firing.fire(
                 Fire(job, datetime.now(UTC), identity, on_start=started if advisory else None)
             )
-        if self.firing.stopping.is_set() and outcome not in _RAN:
-            # Stopped before it ran here (or while it ran: its lease is
-            # released for a survivor): another replica takes it now.
+        if self.firing.stopping.is_set() and not await self._final(identity, outcome, advisory):
+            # Stopped before it ran here, while it ran (its lease is released
+            # for a survivor) or with a retry pending: another replica takes it
+            # now and follows its tick to the end.
             await self._give_back(request, bound)
             return
         await self._finish(request, outcome, bound)
+
+    async def _final(self, identity: Identity, outcome: str, advisory: bool) -> bool:
+        """Whether a fire that ended at shutdown left its tick final (no retry pending).
+
+        A fire follows its tick's retries until the tick is final, but its
+        loop ends at shutdown: a failed attempt may have left a retry that no
+        replica follows unless the request is taken again.
+        """
+        if outcome not in _RAN:
+            return False
+        if outcome == "success" or advisory:  # an advisory guard keeps no retry
+            return True
+        try:
+            standing = (await self.store.standings([identity])).get(identity)
+        except PgcrondError:
+            return False  # cannot tell: given back, and the lease decides
+        return standing is None or standing.settled
 
     async def _finish(
         self, request: Request, outcome: str, bound: structlog.typing.FilteringBoundLogger
