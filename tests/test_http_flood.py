@@ -10,6 +10,7 @@ figures are printed (``-s``) for the operations guide.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import statistics
 import time
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from pgcrond.config.models import HttpLimits
+from pgcrond.daemon.http import BACKLOG
 from tests.daemon_harness import Replica, cluster
 from tests.test_daemon import config
 
@@ -35,6 +38,9 @@ PROBE_TIMEOUT_S = 1.0
 class Flood:
     opened: int = 0
     closed_by_server: int = 0
+    # The most sockets the daemon held at once (sampled from /proc), and at the end.
+    most_sockets: int = 0
+    last_sockets: int = 0
     refused: int = 0
     probes: list[float] = field(default_factory=list)
     # (seconds into the flood, what came back)
@@ -83,11 +89,30 @@ async def probe(port: int, until: float, flood: Flood) -> None:
         await asyncio.sleep(PROBE_EVERY_S)
 
 
-async def flood_for(port: int) -> Flood:
+def sockets_of(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    held = 0
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):  # closed while being read
+            held += fd.readlink().name.startswith("socket:")
+    return held
+
+
+async def count_sockets(pid: int, until: float, flood: Flood) -> None:
+    loop = asyncio.get_running_loop()
+    while loop.time() < until:
+        flood.last_sockets = sockets_of(pid)
+        flood.most_sockets = max(flood.most_sockets, flood.last_sockets)
+        await asyncio.sleep(0.2)
+
+
+async def flood_for(port: int, pid: int) -> Flood:
     flood = Flood()
     until = asyncio.get_running_loop().time() + FLOOD_S
     await asyncio.gather(
-        probe(port, until, flood), *(hold(port, until, flood) for _ in range(FLOOD))
+        probe(port, until, flood),
+        count_sockets(pid, until, flood),
+        *(hold(port, until, flood) for _ in range(FLOOD)),
     )
     return flood
 
@@ -106,7 +131,7 @@ def test_two_thousand_idle_connections_fail_no_run_and_keep_out_no_probe(
         assert re.search(rf"Max open files\s+{NOFILE}\s+{NOFILE}", limits), limits
         replica.wait_event("run_finished", timeout=30)
         started = time.time()
-        flood = asyncio.run(flood_for(port))
+        flood = asyncio.run(flood_for(port, replica.pid))
         took = time.time() - started
         # The flood is over: the runs of its seconds have finished.
         time.sleep(2)
@@ -122,8 +147,9 @@ def test_two_thousand_idle_connections_fail_no_run_and_keep_out_no_probe(
     probes = sorted(flood.probes)
     print(
         f"\nflood: {FLOOD} connections held {took:.1f}s under RLIMIT_NOFILE {NOFILE}: "
-        f"{flood.opened} opened, {flood.closed_by_server} closed by the server, "
-        f"{flood.refused} refused; /healthz {len(probes)} answers 200, "
+        f"{flood.opened} opened, {flood.closed_by_server} seen closed, "
+        f"{flood.refused} refused; daemon's sockets at most {flood.most_sockets}, "
+        f"{flood.last_sockets} at the end; /healthz {len(probes)} answers 200, "
         f"{len(flood.failed_probes)} failed, median {statistics.median(probes) * 1000:.1f} ms, "
         f"max {probes[-1] * 1000:.1f} ms; runs {outcomes}"
     )
@@ -138,4 +164,10 @@ def test_two_thousand_idle_connections_fail_no_run_and_keep_out_no_probe(
     assert outcomes["SUCCESS"] >= int(took) - 2
     assert [] == errors
     # The flood reached the limit: the server closed connections to admit others.
-    assert flood.closed_by_server >= FLOOD - 256
+    # The descriptors the daemon holds stay bounded by its limit, whatever the
+    # client believes is open (connections the kernel completed but the server
+    # never accepted look open to the client and hold nothing of the daemon's):
+    # at most max_connections admitted, one accept burst (asyncio accepts up to
+    # the backlog in a loop turn) not yet evicted, and its own (the listener,
+    # the database pool, the probes): far below RLIMIT_NOFILE.
+    assert flood.most_sockets <= HttpLimits().max_connections + BACKLOG + 32
