@@ -1,33 +1,22 @@
-"""One fire, start to end: misfire check -> guard -> runner -> record.
+"""One fire, start to end: claim -> decide -> run -> record.
 
-Every replica fires every tick; this module decides, through the job's guard
-(:mod:`pgcrond.guard`, whose contract is in ``guard/base.py``), whether this
-replica runs it, runs it, and records the outcome. It knows no guard kind. The
-daemon calls :meth:`Firing.fire` for each tick APScheduler hands it; ``pgcrond
-trigger`` calls it once for a manual run.
+Every replica fires every tick. The daemon hands a tick's fires on together
+(:meth:`Firing.fire_tick`: claimed a chunk a call, waited once for the fire
+time); a single fire (``pgcrond trigger``, a request, catch-up, an open tick
+at start) goes through :meth:`Firing.fire`. Each answer is looked up in the
+decide table (:mod:`pgcrond.decide`, where the rules are), and the step is
+carried out here through the job's guard (its contract is in
+``guard/base.py``; no guard kind is known here): run and record as the
+current holder, follow on the wheel, wait for a resume, miss, skip, end.
+Besides the table:
 
-In short:
-
-* claim (one round trip); a loss because the tick is **held** is followed:
-  the replica claims again once the holder's claim could have lapsed, and a
-  survivor reclaims the tick of a dead winner (**takeover**), however long
-  after the tick: ``misfire_grace`` bounds only a tick's first start. A
-  started tick stays followed by every replica until it is done, whatever
-  became of this replica's own attempt (lease lost, fenced, answered too
-  late);
-* the winner keeps the claim alive while the runner runs, then records SUCCESS
-  or FAIL as the current holder only; a failure with retries left is claimed
-  again (by whichever replica follows it; retries are not misfires);
-* a database outage is retried with backoff: a claim until ``misfire_grace``
-  runs out, an outcome until it lands; an unexpected error from the guard is
-  retried the same way a few times, and one on a won run is that run's
-  failure, recorded like any other;
+* a database outage is retried with backoff: a claim until its misfire
+  window ends, an outcome until it lands; an unexpected error from the guard
+  a few times, and one on a won run is that run's failure, recorded like
+  any other;
 * a replica fires one identity at most once at a time: a second fire of it
   joins the first's outcome;
-* a takeover, a retry or a run-once job refused ``paused`` waits for
-  :meth:`Firing.resumed` (``pgcrond resume``), then claims again.
-* a started tick's retry refused ``overlap`` (a newer tick of its forbid job
-  runs) is claimed again once that run could be over, never dropped.
+* a forbid job's claim waits while a run of it abandoned here still runs.
 """
 
 from __future__ import annotations
