@@ -190,7 +190,7 @@ class Firing:
         """
         groups: dict[int, tuple[Guard, list[Fire]]] = {}
         for fire in fires:
-            if fire.identity in self._in_flight:
+            if fire.identity in self._in_flight or self.stopping.is_set():
                 continue
             self._enter(fire)
             if fire.started or fire.identity.type != "SCHEDULE":
@@ -236,12 +236,20 @@ class Firing:
                 self._leave(fire, "crashed")
             return
         for index, fire in enumerate(together):
-            if answers is not None:
-                await self._answered(guard, fire, answers[index], resumes)
-            elif not self.stopping.is_set() and (requests[index].deadline or deadline) > deadline:
-                self._spawn_fire(fire, self._carry(fire, counted=True))
-            else:
-                await self._answered(guard, fire, None, resumes)
+            # No answer by the chunk's first window end: a fire with a longer
+            # window claims on alone (not once the replica stops).
+            alone_now = answers is None and not self.stopping.is_set()
+            try:
+                if alone_now and (requests[index].deadline or deadline) > deadline:
+                    self._spawn_fire(fire, self._carry(fire, counted=True))
+                else:
+                    answer = None if answers is None else answers[index]
+                    await self._answered(guard, fire, answer, resumes)
+            except Exception as exc:
+                # One fire's bug ends that fire only, never the rest of its chunk.
+                _bound(fire).exception("fire_crashed", error=_describe(exc))
+                if fire.identity in self._in_flight:
+                    self._leave(fire, "crashed")
 
     async def _answered(
         self, guard: Guard, fire: Fire, answer: Held | Refused | None, resumes: int
