@@ -89,6 +89,9 @@ class Fire:
     # Awaited once this replica won the claim, before the first attempt runs
     # (a request's own record that its run started).
     on_start: Callable[[], Awaitable[None]] | None = None
+    # Why the tick is not run at all (``calendar:<name>``): the claim records
+    # it SKIPPED with this reason, once for the cluster; never late, never missed.
+    skip_reason: str | None = None
 
 
 # How often a forbid job's claim looks again whether an abandoned run of it
@@ -215,8 +218,9 @@ class Firing:
         job, tick, superseded_at = fire.job, fire.tick, fire.superseded_at
         # A guard that remembers judges both in its claim, by the database's
         # clock, and records the miss itself: this replica's clock (stepped
-        # forward, or running ahead) must not decide for the cluster.
-        if self.guards(job).remembers:
+        # forward, or running ahead) must not decide for the cluster. A tick
+        # that never runs is never late: its claim says it is skipped.
+        if self.guards(job).remembers or fire.skip_reason is not None:
             return None
         now = self.clock()
         if now - tick > job.misfire_grace:
@@ -262,6 +266,7 @@ class Firing:
                 # Like the misfire bound, coalescing bounds a tick's first start only.
                 superseded_at=fire.superseded_at if deadline is not None else None,
                 suspended=f"suspended: true in {job.source}" if job.suspended else None,
+                skip_reason=fire.skip_reason,
                 spreadable=not fire.claim_at_once and outcome is None and deadline is not None,
             )
             resumes = self._resumes
@@ -272,6 +277,10 @@ class Firing:
                 # abandoned while the claim retries through an outage.
                 claim = functools.partial(self._claim_alone, job, bound, deadline, claim)
             answer = await self._with_outage_retry(job, "claim", claim, deadline)
+            if answer is None and fire.skip_reason is not None:
+                # The database stayed away for the tick's window: a tick that
+                # never runs is no miss, and is left unrecorded.
+                return self._skipped(job, bound, fire.skip_reason, recorded=False)
             if answer is None:
                 if self.stopping.is_set():
                     # The replica stops with no answer (none asked for, or the
@@ -318,6 +327,10 @@ class Firing:
                         job, bound, identity, tick, answer.reason, recorded=recorded
                     )
                 return outcome
+            if answer.reason == "skipped":
+                # The fire's own reason (a calendar's day); a guard with history recorded it.
+                recorded = answer.status is not None
+                return self._skipped(job, bound, fire.skip_reason or "skipped", recorded=recorded)
             if answer.reason == "paused":
                 self.events.paused(job, True)
                 if fire.follow and answer.status != "SKIPPED" and not job.suspended:
@@ -366,6 +379,19 @@ class Firing:
                 return outcome
             await self._sleep(wait)
         return outcome or "lose"
+
+    def _skipped(
+        self,
+        job: JobConfig,
+        bound: structlog.typing.FilteringBoundLogger,
+        reason: str,
+        *,
+        recorded: bool,
+    ) -> FireOutcome:
+        """A tick not run for the fire's own reason; ``recorded``: the guard stored it."""
+        self.events.skipped(job, reason)
+        bound.info("tick_skipped", reason=reason, recorded=recorded)
+        return "skip"
 
     def _in_force(self, job: JobConfig) -> JobConfig | None:
         """``job`` as the config in force defines it now; None once a reload removed it."""

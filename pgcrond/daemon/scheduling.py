@@ -33,7 +33,7 @@ from pgcrond import catchup
 from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
-from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
+from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for, skip_reason
 from pgcrond.core.wheel import wheel
 from pgcrond.daemon.accounting import FireNow
 from pgcrond.fire import Fire
@@ -62,7 +62,9 @@ def lead_for(jobs: int, gap: timedelta | None) -> timedelta:
 class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
     """An APScheduler trigger over our own schedule (cron(8) semantics, DST rule).
 
-    Its times are the ticks less ``CLAIM_AHEAD_MAX`` (see the module docstring):
+    Its times are the ticks less ``CLAIM_AHEAD_MAX`` (see the module docstring),
+    those on a calendar's day included: such a tick is fired too, to be
+    recorded SKIPPED/``calendar:<name>`` once for the cluster, never run.
     APScheduler's times never leave this module. APScheduler 3's crontab
     parser reads day-of-week 0 as Monday and ANDs the day fields, so it is
     never used.
@@ -75,8 +77,8 @@ class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
         self, previous_fire_time: datetime | None, now: datetime
     ) -> datetime | None:
         after = now if previous_fire_time is None else previous_fire_time + CLAIM_AHEAD_MAX
-        tick = self.schedule.next_after(after)
-        return None if tick is None else tick - CLAIM_AHEAD_MAX
+        found = self.schedule.occasion_after(after)
+        return None if found is None else found.tick - CLAIM_AHEAD_MAX
 
     def __str__(self) -> str:
         return self.schedule.describe()
@@ -105,6 +107,7 @@ class _Fired:
     run_key: str
     following: datetime | None  # the schedule's next tick: when this one is superseded
     lead: timedelta  # how long before the tick its lease jobs are claimed (at most)
+    skip_reason: str | None  # calendar:<name> on a calendar's day: recorded SKIPPED, never run
 
 
 def _tick(fired_at: datetime) -> datetime:
@@ -213,9 +216,14 @@ class Scheduling:
         # Once per schedule, not per job: the tick in UTC, its run key, when
         # it is superseded, and its lead.
         tick = _tick(fired_at)
-        following = self._config().jobs[codes[0]].schedule.next_after(tick)
-        lead = lead_for(len(codes), None if following is None else following - tick)
-        fired = _Fired(tick, run_key_for(tick), following, lead)
+        schedule = self._config().jobs[codes[0]].schedule
+        upcoming = schedule.occasion_after(tick)
+        following = None if upcoming is None else upcoming.tick
+        if upcoming is not None and upcoming.skipped_by is not None:
+            # A skipped tick supersedes none (late_ticks: coalesce): the next that runs does.
+            following = schedule.next_after(tick)
+        lead = lead_for(len(codes), None if upcoming is None else upcoming.tick - tick)
+        fired = _Fired(tick, run_key_for(tick), following, lead, skip_reason(schedule, tick))
         delay = (tick - lead - datetime.now(UTC)).total_seconds()
         if delay > 0:
             self._leading.setdefault(key, deque()).append(tick)
@@ -264,5 +272,6 @@ class Scheduling:
                 at,
                 Identity.schedule(code, fired.run_key),
                 superseded_at=catchup.superseded_at(job, fired.following),
+                skip_reason=fired.skip_reason,
             )
         )

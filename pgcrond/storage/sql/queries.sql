@@ -45,15 +45,20 @@ ON CONFLICT (code) DO UPDATE SET code = EXCLUDED.code WHERE false
 -- SKIPPED with who, when and why, and its retries and takeovers refused
 -- (paused says so); a run-once job is refused without a row (PAUSED), so it
 -- runs once resumed. Pause is read here, in the claim's own round trip.
+-- A tick sent with a skip_reason (calendar:<name>: the job's calendar holds
+-- its day) is recorded SKIPPED with that reason, before any pause and at any
+-- lateness (it never runs, so it is never MISSED), judged at the tick like a
+-- pause; a row the tick has already is answered, never touched.
 WITH request AS (
     SELECT *
     FROM unnest(
         %(lock_keys)b::text[], %(types)b::text[], %(codes)b::text[], %(run_keys)b::text[],
         %(owner_tokens)b::uuid[], %(lease_ms)b::bigint[], %(forbid_overlap)b::boolean[],
         %(fire_times)b::timestamptz[], %(late_after)b::timestamptz[],
-        %(superseded_at)b::timestamptz[], %(pausable)b::boolean[], %(suspended)b::text[]
+        %(superseded_at)b::timestamptz[], %(pausable)b::boolean[], %(suspended)b::text[],
+        %(skip_reasons)b::text[]
     ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap,
-            fire_time, late_after, superseded_at, pausable, suspended)
+            fire_time, late_after, superseded_at, pausable, suspended, skip_reason)
 ), mine AS MATERIALIZED (
     -- The existing rows, locked without waiting: a row another transaction
     -- holds (an sql: job's own, while its statements run) is refused as held
@@ -64,7 +69,7 @@ WITH request AS (
     FOR UPDATE OF e SKIP LOCKED
 ), due AS (
     SELECT r.*,
-           r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
+           r.skip_reason IS NULL AND r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
              AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after)
              AND clock_timestamp() >= r.superseded_at AS coalesced
     FROM request r
@@ -80,14 +85,16 @@ WITH request AS (
     ) AS busy,
     (r.fire_time IS NULL
        OR r.fire_time <= clock_timestamp() + %(claim_ahead_ms)s * interval '1 millisecond')
-      AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after)
+      AND (r.skip_reason IS NOT NULL OR r.late_after IS NULL OR clock_timestamp() <= r.late_after)
       AND r.coalesced IS NOT TRUE AS due_now,
-    r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
+    r.skip_reason IS NULL AND r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
       AND (clock_timestamp() > r.late_after OR r.coalesced IS TRUE) AS missed,
     r.fire_time IS NOT NULL AND r.fire_time > clock_timestamp() AS early,
-    CASE WHEN r.suspended IS NOT NULL THEN 'suspended'
+    CASE WHEN r.skip_reason IS NOT NULL THEN r.skip_reason
+         WHEN r.suspended IS NOT NULL THEN 'suspended'
          WHEN p.code IS NOT NULL THEN 'paused' END AS pause_reason,
-    CASE WHEN r.suspended IS NOT NULL THEN r.suspended
+    CASE WHEN r.skip_reason IS NOT NULL THEN NULL
+         WHEN r.suspended IS NOT NULL THEN r.suspended
          WHEN p.code IS NOT NULL THEN
              'paused by ' || p.paused_by || ' at '
              || to_char(p.paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
@@ -116,7 +123,9 @@ WITH request AS (
            CASE WHEN c.missed THEN 'MISSED'
                 WHEN c.pause_reason IS NOT NULL OR c.busy THEN 'SKIPPED'
                 ELSE 'RUNNING' END,
-           c.owner_token, %(owner)s, CASE WHEN c.missed THEN 0 ELSE 1 END,
+           -- No attempt was made of a missed or skipped (calendar) tick.
+           c.owner_token, %(owner)s,
+           CASE WHEN c.missed OR c.skip_reason IS NOT NULL THEN 0 ELSE 1 END,
            nextval({fencing_seq_name}), c.lease_ms,
            clock_timestamp(),
            -- A MISSED row was never acquired: it sorts at its tick. An early
