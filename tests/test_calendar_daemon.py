@@ -2,8 +2,8 @@
 
 Every replica fires it like any tick; the claim records it SKIPPED with the
 reason ``calendar:<name>``, once for the cluster, and nobody runs it. The
-start-up accounting of a replica that comes back after a gap never calls
-such a tick missed.
+start-up accounting of a replica that comes back after a gap records the
+gap's such ticks SKIPPED alike, never MISSED.
 """
 
 from __future__ import annotations
@@ -116,4 +116,8 @@ def test_accounting_after_a_gap_never_calls_a_calendar_day_tick_missed(
     by_job = {code: [row for row in rows if row["code"] == code] for code in ("closed", "open")}
     # The scan looked: the job that runs has its gap recorded MISSED/no_replica.
     assert "no_replica" in {row["reason"] for row in by_job["open"] if row["status"] == "MISSED"}
-    assert {"SKIPPED"} == {row["status"] for row in by_job["closed"]}
+    # The other's gap is recorded SKIPPED like the ticks its replicas fired:
+    # every tick from the first to the last has its one row, none MISSED.
+    closed = by_job["closed"]
+    assert {("SKIPPED", "calendar:holiday")} == {(row["status"], row["reason"]) for row in closed}
+    assert {EVERY_S} == gaps([row["run_key"] for row in closed])

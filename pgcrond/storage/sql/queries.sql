@@ -612,7 +612,8 @@ LEFT JOIN LATERAL (
 ) newest ON true
 
 -- name: record_missed
--- Record ticks MISSED, each with its reason and why; a tick that has a row
+-- Record ticks MISSED (or SKIPPED: a calendar's day), each with its status,
+-- reason and why; a tick that has a row
 -- (it ran, runs, or was recorded already) is left alone, so any replica may
 -- record the same tick and the first record stands. Only a tick whose misfire
 -- deadline (tick + %(grace_ms)b) is past by the database's clock: a replica
@@ -624,14 +625,14 @@ INSERT INTO {table} (
     lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
     lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, reason, error
 )
-SELECT m.lock_key, 'SCHEDULE', m.code, m.run_key, 'MISSED', gen_random_uuid(), %(owner)s, 0,
+SELECT m.lock_key, 'SCHEDULE', m.code, m.run_key, m.status, gen_random_uuid(), %(owner)s, 0,
        nextval({fencing_seq_name}), 1000, clock_timestamp(), m.fire_time, clock_timestamp(),
        clock_timestamp(), clock_timestamp(), m.reason, left(m.error, 4000)
 FROM unnest(
     %(lock_keys)b::text[], %(codes)b::text[], %(run_keys)b::text[],
-    %(fire_times)b::timestamptz[], %(grace_ms)b::bigint[], %(reasons)b::text[],
-    %(errors)b::text[]
-) AS m (lock_key, code, run_key, fire_time, grace_ms, reason, error)
+    %(fire_times)b::timestamptz[], %(grace_ms)b::bigint[], %(statuses)b::text[],
+    %(reasons)b::text[], %(errors)b::text[]
+) AS m (lock_key, code, run_key, fire_time, grace_ms, status, reason, error)
 WHERE m.fire_time + m.grace_ms * interval '1 millisecond' < clock_timestamp()
 ORDER BY m.lock_key
 ON CONFLICT (lock_key) DO NOTHING

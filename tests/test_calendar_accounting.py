@@ -1,0 +1,75 @@
+"""Start-up accounting over a calendar's day: its ticks are recorded SKIPPED, never MISSED or run.
+
+A gap (no replica running) that spans a calendar's day leaves its ticks with
+no row; the plan of the replica that comes back records each SKIPPED with
+the reason ``calendar:<name>`` at once, and its ``catch_up`` policy only
+ever picks a tick that runs.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from pgcrond.catchup import plan_job
+from pgcrond.config.loader import load_config
+from pgcrond.config.models import JobConfig
+from pgcrond.core.schedule import skip_reason
+
+WINDOW = timedelta(days=7)
+
+
+def job(tmp_path: Path, line: str) -> JobConfig:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "database: {url: 'postgresql://unused@127.0.0.1/x'}\n"
+        "calendars:\n"
+        "  holidays: {days: ['2026-12-25']}\n"
+        f"jobs:\n  j: {line}\n"
+    )
+    return load_config([path]).jobs["j"]
+
+
+def test_a_gap_over_a_calendar_day_records_its_ticks_skipped_and_runs_the_newest_other(
+    tmp_path: Path,
+) -> None:
+    daily = job(
+        tmp_path,
+        "{cron: '0 9 * * *', timezone: Europe/Berlin, skip_on: [holidays], catch_up: latest,"
+        " command: ['true']}",
+    )
+    last = datetime(2026, 12, 23, 8, tzinfo=UTC)  # 09:00 in Berlin: its newest row
+    now = datetime(2026, 12, 26, 12, tzinfo=UTC)
+    planned = plan_job(daily, last, now, window=WINDOW)
+    assert [
+        ("2026-12-24T08:00:00Z", "missed", "no_replica"),
+        ("2026-12-25T08:00:00Z", "skipped", "calendar:holidays"),
+        ("2026-12-26T08:00:00Z", "run", None),
+    ] == [(p.run_key, p.action, p.reason) for p in planned.ticks]
+
+
+def test_a_calendar_day_tick_inside_its_misfire_grace_is_recorded_skipped_not_fired(
+    tmp_path: Path,
+) -> None:
+    every = job(
+        tmp_path,
+        "{every: 10s, skip_on: [holidays], misfire_grace: 1m, lease: 20s, command: ['true']}",
+    )
+    last = datetime(2026, 12, 25, 11, 59, 30, tzinfo=UTC)
+    now = datetime(2026, 12, 25, 12, 0, 5, tzinfo=UTC)
+    planned = plan_job(every, last, now, window=WINDOW)
+    assert {("skipped", "calendar:holidays")} == {(p.action, p.reason) for p in planned.ticks}
+    assert 3 == len(planned.ticks)
+
+
+def test_a_tick_s_skip_reason_names_the_calendar_holding_its_local_day(tmp_path: Path) -> None:
+    berlin = job(
+        tmp_path, "{cron: '30 23 * * *', timezone: Europe/Berlin, skip_on: [holidays], sql: 'x'}"
+    )
+    # 23:30 on the 24th in UTC is 00:30 on the 25th in Berlin: the holiday.
+    assert "calendar:holidays" == skip_reason(
+        berlin.schedule, datetime(2026, 12, 24, 23, 30, tzinfo=UTC)
+    )
+    assert skip_reason(berlin.schedule, datetime(2026, 12, 25, 23, 30, tzinfo=UTC)) is None
+    plain = job(tmp_path, "{cron: '0 9 * * *', sql: 'x'}")
+    assert skip_reason(plain.schedule, datetime(2026, 12, 25, 9, tzinfo=UTC)) is None
