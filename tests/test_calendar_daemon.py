@@ -8,8 +8,10 @@ gap's such ticks SKIPPED alike, never MISSED.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+import urllib.request
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from pgcrond.cli import main
 from tests.daemon_harness import Cluster, cluster, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
@@ -58,8 +61,19 @@ def gaps(run_keys: list[str]) -> set[int]:
     return {int((b - a).total_seconds()) for a, b in pairwise(ticks)}
 
 
+def page_ticks(address: str, code: str) -> list[dict[str, object]]:
+    """The ticks a replica's status page shows for a job (its JSON)."""
+    with urllib.request.urlopen(f"http://{address}/status/jobs/{code}.json", timeout=10) as answer:
+        ticks: list[dict[str, object]] = json.load(answer)["ticks"]
+    return ticks
+
+
 def test_a_calendar_day_records_each_tick_skipped_once_across_three_replicas(
-    pg_dsn: str, schema: str, tmp_path: Path
+    pg_dsn: str,
+    schema: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with cluster(pg_dsn, schema, tmp_path) as running:
         path = running.write_config(holiday_config(schema))
@@ -69,7 +83,15 @@ def test_a_calendar_day_records_each_tick_skipped_once_across_three_replicas(
             30,
             "five ticks of the closed job to be recorded",
         )
+        shown = page_ticks(running.replicas[0].http_address(), "closed")
         stop(running)
+        # history and status, as an operator runs them.
+        monkeypatch.setenv("PGCROND_DATABASE_URL", pg_dsn)
+        capsys.readouterr()
+        assert 0 == main(["history", "-c", str(path), "--job", "closed", "-o", "json"])
+        history = json.loads(capsys.readouterr().out)
+        assert 0 == main(["status", "-c", str(path), "-o", "json"])
+        [status] = [e for e in json.loads(capsys.readouterr().out)["jobs"] if e["job"] == "closed"]
         closed = running.rows(
             "SELECT run_key, status, reason, attempt FROM {leases} WHERE code = 'closed'"
         )
@@ -93,6 +115,17 @@ def test_a_calendar_day_records_each_tick_skipped_once_across_three_replicas(
     # The replica whose claim recorded it says so; the others lost the claim.
     recorded = Counter(event["run_key"] for event in skipped_lines if event["recorded"])
     assert set(keys) == set(recorded) and {1} == set(recorded.values())
+    # Shown like any skipped tick: the page, history and status's last tick.
+    assert shown and {("SKIPPED", "calendar:holiday")} == {
+        (t["status"], t["reason"]) for t in shown
+    }
+    assert sorted(keys) == sorted(entry["run_key"] for entry in history)
+    assert {"calendar:holiday"} == {entry["reason"] for entry in history}
+    assert ("SKIPPED", "calendar:holiday") == (
+        status["last_tick"]["status"],
+        status["last_tick"]["reason"],
+    )
+    assert max(keys) == status["last_tick"]["run_key"]
 
 
 def test_accounting_after_a_gap_never_calls_a_calendar_day_tick_missed(

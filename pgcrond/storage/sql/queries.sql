@@ -659,6 +659,7 @@ WITH jobs AS (
 )
 SELECT jobs.code,
        tick.run_key AS last_tick, tick.status AS last_tick_status,
+       tick.reason AS last_tick_reason,
        ok.finished_at AS last_success_at, ok.run_key AS last_success_run_key,
        bad.finished_at AS last_failure_at, bad.run_key AS last_failure_run_key,
        (SELECT count(*) FROM {table} f
@@ -670,7 +671,7 @@ SELECT jobs.code,
        ) AS recent_misses
 FROM jobs
 LEFT JOIN LATERAL (
-    SELECT t.run_key, t.status FROM {table} t
+    SELECT t.run_key, t.status, t.reason FROM {table} t
     WHERE t.code = jobs.code AND t.type = 'SCHEDULE' AND t.run_key NOT LIKE 'manual:%%'
     ORDER BY t.acquired_at DESC, t.id DESC LIMIT 1
 ) tick ON true

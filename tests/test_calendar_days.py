@@ -1,9 +1,10 @@
-"""Start-up accounting over a calendar's day: its ticks are recorded SKIPPED, never MISSED or run.
+"""A calendar's day, without a database: which tick it skips, what accounting and `plan` say.
 
 A gap (no replica running) that spans a calendar's day leaves its ticks with
 no row; the plan of the replica that comes back records each SKIPPED with
 the reason ``calendar:<name>`` at once, and its ``catch_up`` policy only
-ever picks a tick that runs.
+ever picks a tick that runs. `pgcrond plan` says which fires a new calendar
+turns into SKIPPED records.
 """
 
 from __future__ import annotations
@@ -12,22 +13,28 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pgcrond.catchup import plan_job
+from pgcrond.config.definition import definition
 from pgcrond.config.loader import load_config
-from pgcrond.config.models import JobConfig
+from pgcrond.config.models import Config, JobConfig
+from pgcrond.config.plan import make_plan
 from pgcrond.core.schedule import skip_reason
 
 WINDOW = timedelta(days=7)
 
 
-def job(tmp_path: Path, line: str) -> JobConfig:
-    path = tmp_path / "jobs.yaml"
+def config_of(tmp_path: Path, line: str, name: str = "jobs.yaml") -> Config:
+    path = tmp_path / name
     path.write_text(
         "database: {url: 'postgresql://unused@127.0.0.1/x'}\n"
         "calendars:\n"
         "  holidays: {days: ['2026-12-25']}\n"
         f"jobs:\n  j: {line}\n"
     )
-    return load_config([path]).jobs["j"]
+    return load_config([path])
+
+
+def job(tmp_path: Path, line: str) -> JobConfig:
+    return config_of(tmp_path, line).jobs["j"]
 
 
 def test_a_gap_over_a_calendar_day_records_its_ticks_skipped_and_runs_the_newest_other(
@@ -73,3 +80,15 @@ def test_a_tick_s_skip_reason_names_the_calendar_holding_its_local_day(tmp_path:
     assert skip_reason(berlin.schedule, datetime(2026, 12, 25, 23, 30, tzinfo=UTC)) is None
     plain = job(tmp_path, "{cron: '0 9 * * *', sql: 'x'}")
     assert skip_reason(plain.schedule, datetime(2026, 12, 25, 9, tzinfo=UTC)) is None
+
+
+def test_plan_says_which_fires_a_new_calendar_records_skipped(tmp_path: Path) -> None:
+    before = config_of(tmp_path, "{cron: '0 9 * * *', command: ['true']}", "old.yaml")
+    after = config_of(
+        tmp_path, "{cron: '0 9 * * *', skip_on: [holidays], command: ['true']}", "new.yaml"
+    )
+    running = {code: [definition(j)] for code, j in before.jobs.items()}
+    found = make_plan(after, running, {}, datetime(2026, 12, 23, 12, tzinfo=UTC))
+    [change] = found.jobs
+    assert ["2026-12-25T09:00:00Z"] == change.fires_disappearing
+    assert {"2026-12-25T09:00:00Z": "calendar:holidays"} == change.fires_skipped
