@@ -18,6 +18,7 @@ from pgcrond.config.loader import load_config
 from pgcrond.config.models import Config, JobConfig
 from pgcrond.config.plan import make_plan
 from pgcrond.core.schedule import skip_reason
+from pgcrond.tickplan import plan_tick
 
 WINDOW = timedelta(days=7)
 
@@ -92,3 +93,15 @@ def test_plan_says_which_fires_a_new_calendar_records_skipped(tmp_path: Path) ->
     [change] = found.jobs
     assert ["2026-12-25T09:00:00Z"] == change.fires_disappearing
     assert {"2026-12-25T09:00:00Z": "calendar:holidays"} == change.fires_skipped
+
+
+def test_a_calendar_day_tick_is_fired_at_its_time_carrying_its_reason(tmp_path: Path) -> None:
+    """Nothing runs: a lease job's fire of it is handed on at the tick, with no claim ahead."""
+    daily = job(tmp_path, "{cron: '0 9 * * *', skip_on: [holidays], command: ['true']}")
+    tick = datetime(2026, 12, 25, 9, tzinfo=UTC)
+    [wave] = plan_tick([daily], tick, None, skip_reason(daily.schedule, tick))
+    assert tick == wave.hand_on
+    assert ["calendar:holidays"] == [fire.skip_reason for fire in wave.fires]
+    # A tick that runs is handed on ahead of it, for its claim to be answered by then.
+    [ahead] = plan_tick([daily], tick, None)
+    assert ahead.hand_on < tick and [None] == [fire.skip_reason for fire in ahead.fires]
