@@ -2,9 +2,10 @@
 
 A job's schedule is one base form (a cron expression or a list of them, an
 interval, one instant, run-once), optionally inside :class:`Between` (no tick
-outside a window) and :class:`Skipping` (no tick on a calendar's day). Each
-answers the daemon's one question, "the next tick after t", so a form flows
-through the daemon's timers unchanged.
+outside a window) and :class:`Skipping` (no tick runs on a calendar's day).
+Each answers the daemon's one question, "the next tick after t" (its
+occasion, marked when a calendar skips it), so a form flows through the
+daemon's timers unchanged.
 """
 
 from __future__ import annotations
