@@ -182,6 +182,7 @@ class Firing:
             return await asyncio.shield(current)
         done: asyncio.Future[FireOutcome] = asyncio.get_running_loop().create_future()
         self._in_flight[identity] = done
+        outcome: FireOutcome = "cancelled"
         try:
             outcome = await self._fire_once(fire)
         except BaseException:
@@ -189,6 +190,7 @@ class Firing:
             raise
         finally:
             del self._in_flight[identity]
+            self.events.fire_done(fire.job, identity, outcome)
         done.set_result(outcome)
         return outcome
 
@@ -251,6 +253,10 @@ class Firing:
         # followed without the misfire bound of a tick; so is a started tick.
         unbounded = identity.type == "INITIAL" or fire.started
         deadline = None if unbounded else tick + job.misfire_grace
+        if deadline is not None:
+            # A deferred fire (claim_at_once) comes here once its preferred replica let it pass.
+            preferred = not fire.claim_at_once and not guard.defers(identity)
+            self.events.first_start(job, identity, tick, preferred)
         outcome: FireOutcome | None = None  # set once this replica ran or lost the tick
         while not self.stopping.is_set():
             request = ClaimRequest(
@@ -266,7 +272,7 @@ class Firing:
             )
             resumes = self._resumes
             claim: Callable[[], Awaitable[Held | Refused | None]]
-            claim = functools.partial(guard.claim, request)
+            claim = functools.partial(self._send_claim, job, guard, request)
             if request.forbid_overlap:
                 # Asked before every try: a run of the job here may be
                 # abandoned while the claim retries through an outage.
@@ -366,6 +372,12 @@ class Firing:
                 return outcome
             await self._sleep(wait)
         return outcome or "lose"
+
+    async def _send_claim(
+        self, job: JobConfig, guard: Guard, request: ClaimRequest
+    ) -> Held | Refused:
+        self.events.claim_sent(job, request.identity)
+        return await guard.claim(request)
 
     def _in_force(self, job: JobConfig) -> JobConfig | None:
         """``job`` as the config in force defines it now; None once a reload removed it."""
@@ -481,6 +493,7 @@ class Firing:
         if result.outcome == "cancelled" and held.cancellation.reason in _LOST_REASONS:
             # Another replica may own the tick now: nothing is recorded, and
             # nothing must be, by a fenced owner.
+            self.events.unrecorded(job, held, "lease_lost")
             return "lease_lost", False
         kind: Outcome
         retry_after: timedelta | None = None
@@ -526,6 +539,7 @@ class Firing:
                 error=_describe(exc),
                 detail="followed until its lease lapses, then taken over",
             )
+            self.events.unrecorded(job, held, "not_recorded")
             return "lease_lost", False
         if recorded == "fenced":
             bound.warning(
@@ -533,13 +547,16 @@ class Firing:
                 outcome=result.outcome,
                 detail="another replica took this tick over meanwhile",
             )
+            self.events.unrecorded(job, held, "fenced")
             return "lease_lost", False
         # The alert gauges: the table's truth at start, kept current by what
         # this replica records; a row with no retry time is a final failure.
         self.events.recorded(job, kind, final=retry_after is None)
         # A run-once job out of retries is retried by the next start, not now.
         retry = recorded == "retry" and held.attempt <= job.retries
-        if kind in ("fail", "timeout") and not retry:
+        if kind == "success":
+            self.events.succeeded(job, held, result)
+        elif kind in ("fail", "timeout") and not retry:
             try:
                 self.events.failed_for_good(job, held, result)
             except Exception as exc:
