@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -48,10 +47,6 @@ class _Deadline:
     told: bool = False
 
 
-# The fire's own task: the start deadline of the tick it fires, if any.
-_deadline: ContextVar[_Deadline | None] = ContextVar("pgcrond_start_deadline", default=None)
-
-
 class Overdue(FireEvents):
     """Times each run of a job with ``max_duration`` and judges each start by ``start_deadline``."""
 
@@ -60,6 +55,10 @@ class Overdue(FireEvents):
         self.metrics = metrics
         # The attempts running here with a max_duration: their timers.
         self._timers: dict[int, asyncio.TimerHandle] = {}
+        # The first starts this replica fires and tells (start_deadline), by job
+        # code: claims of a tick's fires are made together, in one task, and a
+        # lost claim's event names the job only.
+        self._deadlines: dict[str, dict[Identity, _Deadline]] = {}
 
     def first_start(
         self, job: JobConfig, identity: Identity, tick: datetime, preferred: bool
@@ -71,17 +70,30 @@ class Overdue(FireEvents):
         deadline.timer = asyncio.get_running_loop().call_later(
             max(due, 0.0), self._not_started, job, identity, tick, deadline
         )
-        _deadline.set(deadline)
+        self._deadlines.setdefault(job.code, {})[identity] = deadline
 
     def claim_won(self, job: JobConfig, held: Held) -> None:
-        _stop_waiting()  # this replica starts it: judged at its start (run_started)
+        # This replica starts it: judged at its start (run_started).
+        deadline = self._deadlines.get(job.code, {}).get(held.identity)
+        if deadline is not None and deadline.timer is not None:
+            deadline.timer.cancel()
 
     def claim_lost(self, job: JobConfig, reason: str) -> None:
-        _stop_waiting()  # another replica claimed it: judged at its start there
+        # Another replica claimed it, and judges it at its start. The claim
+        # answered names no tick: the job's ticks this replica waits on were
+        # claimed together (or their database is back), so none is told.
+        for deadline in self._deadlines.get(job.code, {}).values():
+            if deadline.timer is not None:
+                deadline.timer.cancel()
 
     def fire_done(self, job: JobConfig, identity: Identity, outcome: str) -> None:
-        _stop_waiting()  # missed, skipped, or the replica stops
-        _deadline.set(None)
+        # Run, missed, skipped, or the replica stops.
+        waiting = self._deadlines.get(job.code)
+        deadline = None if waiting is None else waiting.pop(identity, None)
+        if deadline is not None and deadline.timer is not None:
+            deadline.timer.cancel()
+        if waiting is not None and not waiting:
+            del self._deadlines[job.code]
 
     def _not_started(
         self, job: JobConfig, identity: Identity, tick: datetime, deadline: _Deadline
@@ -106,7 +118,7 @@ class Overdue(FireEvents):
         attempt = current(job)
         if attempt is None:
             return
-        deadline = _deadline.get()
+        deadline = self._deadlines.get(job.code, {}).get(attempt.held.identity)
         if (
             job.start_deadline is not None
             and lateness_s > job.start_deadline.total_seconds()
@@ -158,9 +170,3 @@ class Overdue(FireEvents):
         shown = {k: told[k] for k in ("run_key", "attempt", "started") if k in told}
         log.warning(event, job=job.code, **shown, **facts)
         self.hooks.send(job, event, {**told, **facts})
-
-
-def _stop_waiting() -> None:
-    deadline = _deadline.get()
-    if deadline is not None and deadline.timer is not None:
-        deadline.timer.cancel()

@@ -52,8 +52,7 @@ class _Spans:
     record: Span | None = None
 
 
-# The fire's own task: when its last claim went out, and the attempt's spans.
-_claim_began: ContextVar[int | None] = ContextVar("pgcrond_claim_began", default=None)
+# The fire's own task: the attempt's spans.
 _spans: ContextVar[_Spans | None] = ContextVar("pgcrond_spans", default=None)
 
 
@@ -74,13 +73,19 @@ class Tracing(FireEvents):
     def __init__(self, provider: trace.TracerProvider, replica: str) -> None:
         self.tracer = provider.get_tracer("pgcrond", __version__)
         self.replica = replica
+        # When each identity's last claim went out (a tick's claims go
+        # together, from one task), until the claim is won or the fire ends.
+        self._claims: dict[Identity, int] = {}
 
     def claim_sent(self, job: JobConfig, identity: Identity) -> None:
-        _claim_began.set(time.time_ns())
+        self._claims[identity] = time.time_ns()
+
+    def fire_done(self, job: JobConfig, identity: Identity, outcome: str) -> None:
+        self._claims.pop(identity, None)
 
     def claim_won(self, job: JobConfig, held: Held) -> None:
         now = time.time_ns()
-        began = _claim_began.get() or now
+        began = self._claims.pop(held.identity, now)
         attempt = self.tracer.start_span(
             "pgcrond.attempt",
             start_time=began,
