@@ -33,8 +33,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgcrond.daemon.metrics import Metrics
-from tests.daemon_harness import ROOT, Replica, cluster, wait_until
-from tests.test_daemon import LEDGER, config
+from tests.helpers.daemon_harness import LEDGER, ROOT, Replica, cluster, config, wait_until
 
 RULES = ROOT / "deploy" / "prometheus" / "pgcrond-rules.yaml"
 OPERATOR = ROOT / "deploy" / "prometheus" / "prometheusrule.yaml"

@@ -42,9 +42,8 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.jobstate import pause
 from pgcrond.storage.leases import CLAIM_AHEAD_MAX, LeaseStore
 from pgcrond.storage.migrate import migrate
-from tests.daemon_harness import cluster, wait_until
-from tests.test_clock_skew import database_now
-from tests.test_daemon import LEDGER, config
+from tests.helpers.daemon_harness import LEDGER, cluster, config, wait_until
+from tests.helpers.store import database_now
 
 TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))
 # The store below wins claims this far ahead (the daemon's CLAIM_AHEAD is a

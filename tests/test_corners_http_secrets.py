@@ -32,8 +32,7 @@ import pytest
 from pgcrond.core.actions import HttpAction
 from pgcrond.run.attempt import RunRequest
 from pgcrond.run.http_action import HeaderValueRefused, request_headers
-from tests.daemon_harness import Replica, cluster, wait_until
-from tests.test_daemon import at, config
+from tests.helpers.daemon_harness import Replica, at, cluster, config, wait_until
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")

@@ -18,8 +18,7 @@ from pgcrond.config.loader import load_config
 from pgcrond.core.redaction import forget_all
 from pgcrond.run.context import RunContext
 from pgcrond.run.environment import job_environ
-from tests.daemon_harness import Replica, cluster, wait_until
-from tests.test_daemon import at
+from tests.helpers.daemon_harness import Replica, at, cluster, wait_until
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")

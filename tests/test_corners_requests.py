@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,6 +29,7 @@ from pgcrond.storage import requests as stored
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.pooling import Pooling
 from pgcrond.storage.requests import request_run, take_requests
+from tests.helpers.daemon_harness import until
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")
@@ -48,18 +49,6 @@ def configured(tmp_path: Path, pg_dsn: str, schema: str, jobs: str) -> Config:
 
 def starts(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-async def until(
-    condition: Callable[[], Any], within: float = 5.0, what: str = "the condition"
-) -> Any:
-    """Poll ``condition`` on the loop until it is truthy (and return it); fail after ``within``."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not (value := condition()):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
-    return value
 
 
 @dataclass

@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 from pgcrond.config.loader import load_config
 from pgcrond.daemon.page.routes import STYLESHEET, Route, route
 from pgcrond.daemon.status_page import StatusPage
-from tests.daemon_harness import cluster
-from tests.test_daemon import config
+from tests.helpers.daemon_harness import cluster, config
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")

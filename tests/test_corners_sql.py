@@ -40,7 +40,7 @@ from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
-from tests.daemon_harness import cluster, wait_until
+from tests.helpers.daemon_harness import cluster, wait_until
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")

@@ -16,8 +16,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgcrond.storage.embedded import LocalServer
-from tests.daemon_harness import PGCROND, clear_of_a_minute_edge, cluster, quiet_cron, wait_until
-from tests.test_daemon import LEDGER, at, config
+from tests.helpers.daemon_harness import (
+    LEDGER,
+    PGCROND,
+    at,
+    clear_of_a_minute_edge,
+    cluster,
+    config,
+    quiet_cron,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 

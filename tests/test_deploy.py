@@ -1,7 +1,7 @@
 """The deployment files agree with the daemon, and each passes its own tool.
 
 Dockerfile, systemd unit, Kubernetes manifests and Compose file are compared
-to ``tests/deploy_contract.py`` (ports, paths, signals, grace periods, names),
+to ``tests/helpers/deploy_contract.py`` (ports, paths, signals, grace periods, names),
 validated by the tool that will read them (systemd-analyze, the Kubernetes
 schemas, hadolint), and the least-privilege SQL is applied to a real server.
 A test skips only when its tool is not installed, naming what to install.
@@ -40,7 +40,7 @@ from pgcrond.config.loader import load_config
 from pgcrond.core.durations import format_duration
 from pgcrond.errors import PgcrondError
 from pgcrond.storage.embedded import find_bindir, free_port
-from tests import deploy_contract as contract
+from tests.helpers import deploy_contract as contract
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

@@ -44,7 +44,7 @@ from pgcrond.guard.base import (
 from pgcrond.guard.memory import MemoryGuard, Row
 from pgcrond.run import leftovers
 from tests import jobs_fixture
-from tests.test_corners_requests import until
+from tests.helpers.daemon_harness import until
 
 
 def job(tmp_path: Path, body: str) -> JobConfig:

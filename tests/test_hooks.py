@@ -1,7 +1,7 @@
 """Hooks for every state, and ping:, heard once per event across real replicas.
 
 Three real daemons against one database, a real local HTTP receiver
-(tests/hook_receiver.py) and real commands: each event reaches its hook once
+(tests/helpers/hook_receiver.py) and real commands: each event reaches its hook once
 across the cluster, a killed runner's tick taken over is not told twice, a
 recovery is told once, and a ping follows healthchecks.io's convention.
 """
@@ -26,9 +26,8 @@ from pgcrond.config.definition import definition
 from pgcrond.config.loader import load_config
 from pgcrond.core.hooks import Ping
 from pgcrond.errors import ConfigError
-from tests.daemon_harness import PGCROND, Cluster, cluster, wait_until
-from tests.hook_receiver import Receiver, receiving
-from tests.test_daemon import at, config
+from tests.helpers.daemon_harness import PGCROND, Cluster, at, cluster, config, wait_until
+from tests.helpers.hook_receiver import Receiver, receiving
 
 
 def hooks(receiver: Receiver, *names: str) -> str:

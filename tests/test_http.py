@@ -24,23 +24,8 @@ from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable, ValidationError
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer
-from tests.test_corners_requests import until
-
-
-async def fetch(port: int, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        f"{method} {path} HTTP/1.1\r\nHost: test\r\nAccept: */*\r\n"
-        "Connection: close\r\n\r\n".encode()
-    )
-    await writer.drain()
-    response = await reader.read()
-    writer.close()
-    await writer.wait_closed()
-    head, _, body = response.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode().split("\r\n")
-    headers = dict(line.split(": ", 1) for line in header_lines)
-    return int(status_line.split()[1]), headers, body
+from tests.helpers.daemon_harness import until
+from tests.helpers.http import fetch
 
 
 async def always(value: bool) -> bool:

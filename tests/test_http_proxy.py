@@ -24,8 +24,7 @@ from urllib.parse import urlencode
 import pytest
 
 from pgcrond.daemon.page.routes import job_path
-from tests.daemon_harness import cluster, wait_until
-from tests.test_daemon import config
+from tests.helpers.daemon_harness import cluster, config, wait_until
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 pytestmark = [

@@ -39,8 +39,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from pgcrond.storage.embedded import free_port
-from tests import deploy_contract as contract
-from tests.daemon_harness import wait_until
+from tests.helpers import deploy_contract as contract
+from tests.helpers.daemon_harness import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import PGCROND, ROOT, Replica, cluster
-from tests.test_daemon import config
-from tests.test_status_browser import self_signed
-from tests.test_status_page import basic, users_section
+from tests.helpers.browser import self_signed
+from tests.helpers.daemon_harness import PGCROND, ROOT, Replica, cluster, config
+from tests.helpers.status_page import basic, users_section
 
 pytestmark = pytest.mark.usefixtures("system_processes")
 

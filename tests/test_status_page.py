@@ -8,7 +8,6 @@ page is fetched over HTTP from the daemon's real HTTP server.
 from __future__ import annotations
 
 import asyncio
-import base64
 import io
 import json
 import re
@@ -18,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -32,10 +30,8 @@ import pgcrond
 from pgcrond.cli import main
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import Config
-from pgcrond.core.keys import Identity
 from pgcrond.core.passwords import hash_password, parse_hash
 from pgcrond.core.schedule import run_key_for
-from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.http import MAX_BODY, HealthServer
 from pgcrond.daemon.http import parse_listen as http_parse_listen
 from pgcrond.daemon.metrics import Metrics
@@ -46,214 +42,26 @@ from pgcrond.daemon.registry import entry_of
 from pgcrond.daemon.status_page import StatusPage
 from pgcrond.errors import ConfigError
 from pgcrond.storage import jobstate, registry
-from pgcrond.storage.claims import Acquired
 from pgcrond.storage.leases import LeaseStore
-from tests.daemon_harness import clear_of_a_minute_edge
-from tests.store_helpers import open_store
+from tests.helpers.daemon_harness import clear_of_a_minute_edge
+from tests.helpers.status_page import (
+    HOSTILE_DESCRIPTION,
+    HOSTILE_ERROR,
+    ODD_CODE,
+    OPERATOR,
+    OPERATOR_PASSWORD,
+    OTHER_REPLICA,
+    THIS_REPLICA,
+    History,
+    basic,
+    operator_hash,
+    seed,
+    users_section,
+    write_config,
+)
+from tests.helpers.store import open_store
 
-HOSTILE_DESCRIPTION = """<script>alert("description")</script> & it's 'quoted'"""
-HOSTILE_ERROR = """Traceback (most recent call last):
-  File "report.py", line 3
-<script>alert('error')</script> "double" & 'single'"""
-ODD_CODE = 'odd/<b>"code"'
-THIS_REPLICA = "replica-a:101"
 STATUS_ONLY_FIELDS = {"paused", "suspended", "stale", "misses_24h", "last_tick"}
-OTHER_REPLICA = "replica-b:202"
-
-
-def write_config(directory: Path, schema: str, http: str = "") -> Path:
-    """Five jobs: per-minute (UTC), daily (Berlin, hostile description), an odd code,
-    run-once, advisory; ``http``: an ``http:`` section, as YAML text."""
-    path = directory / "pgcrond.yaml"
-    description = HOSTILE_DESCRIPTION.replace("'", "''")
-    path.write_text(
-        f"""\
-database: {{schema: {schema}}}
-defaults:
-  timezone: Europe/Berlin
-jobs:
-  sync-invoices:
-    cron: "* * * * *"
-    timezone: UTC
-    command: ["/bin/true"]
-    description: Pushes yesterday's invoices to the ledger.
-  nightly-report:
-    cron: "30 2 * * *"
-    command: ["/bin/true"]
-    retries: 2
-    timeout: 30m
-    description: '{description}'
-  '{ODD_CODE}':
-    cron: "0 * * * *"
-    command: ["/bin/true"]
-  seed-settings:
-    once: true
-    command: ["/bin/true"]
-  cache-warm:
-    cron: "*/5 * * * *"
-    guard: advisory
-    command: ["/bin/true"]
-{http}"""
-    )
-    return path
-
-
-@dataclass
-class History:
-    """What was written, to assert on."""
-
-    now: datetime
-    minute: datetime
-    # sync-invoices: the minute with no row (a gap), the failed one, the skipped one.
-    gap: datetime
-    failed: datetime
-    skipped: datetime
-    running: Acquired
-    nightly_failed: Acquired
-    finished_sync: int
-
-
-def insert(
-    conn: psycopg.Connection[Any],
-    schema: str,
-    code: str,
-    run_key: str | None,
-    status: str,
-    *,
-    owner: str,
-    acquired: datetime,
-    took: timedelta = timedelta(seconds=1),
-    attempt: int = 1,
-    reason: str | None = None,
-    error: str | None = None,
-) -> None:
-    identity = Identity.initial(code) if run_key is None else Identity.schedule(code, run_key)
-    finished = None if status == "RUNNING" else acquired + took
-    conn.execute(
-        f"""INSERT INTO "{schema}".leases (lock_key, type, code, run_key, status, owner_token,
-            owner, attempt, fencing_token, lease_ms, created_at, acquired_at, heartbeat_at,
-            expires_at, finished_at, reason, error)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, nextval('"{schema}".leases_fencing_seq'), 60000,
-                %s, %s, %s, %s, %s, %s, %s)""",
-        (
-            identity.idempotency_key,
-            identity.type,
-            code,
-            run_key,
-            status,
-            uuid.uuid4(),
-            owner,
-            attempt,
-            acquired,
-            acquired,
-            acquired,
-            acquired + timedelta(minutes=1),
-            finished,
-            reason,
-            error,
-        ),
-    )
-
-
-async def seed(dsn: str, schema: str, store: LeaseStore, other: LeaseStore) -> History:
-    """A known history: twelve minutes of sync-invoices with a gap, a failure and a skip;
-    four nights of nightly-report, the last failed through the store with a hostile error;
-    three hours of the odd code; the run-once job done; a live claim by another replica."""
-    now = datetime.now(UTC)
-    minute = now.replace(second=0, microsecond=0)
-    gap, failed, skipped = (minute - timedelta(minutes=k) for k in (5, 7, 3))
-    finished_sync = 0
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for k in range(12, 0, -1):
-            tick = minute - timedelta(minutes=k)
-            if tick == gap:
-                continue
-            owner = THIS_REPLICA if k % 2 else OTHER_REPLICA
-            at = tick + timedelta(milliseconds=40)
-            if tick == failed:
-                insert(
-                    conn,
-                    schema,
-                    "sync-invoices",
-                    run_key_for(tick),
-                    "FAIL",
-                    owner=owner,
-                    acquired=at,
-                    took=timedelta(milliseconds=300),
-                    attempt=2,
-                    reason="error",
-                    error="exit status 3",
-                )
-            elif tick == skipped:
-                insert(
-                    conn,
-                    schema,
-                    "sync-invoices",
-                    run_key_for(tick),
-                    "SKIPPED",
-                    owner=owner,
-                    acquired=at,
-                    took=timedelta(0),
-                    reason="overlap",
-                )
-            else:
-                insert(
-                    conn,
-                    schema,
-                    "sync-invoices",
-                    run_key_for(tick),
-                    "SUCCESS",
-                    owner=owner,
-                    acquired=at,
-                    took=timedelta(milliseconds=400 + 150 * k),
-                )
-            finished_sync += tick != skipped
-        nights = []
-        day = now.astimezone(UTC).replace(hour=1, minute=30, second=0, microsecond=0)
-        for k in range(4, 0, -1):
-            nights.append(day - timedelta(days=k))
-        for night in nights[:-1]:
-            insert(
-                conn,
-                schema,
-                "nightly-report",
-                run_key_for(night),
-                "SUCCESS",
-                owner=THIS_REPLICA,
-                acquired=night,
-                took=timedelta(minutes=4, seconds=10),
-            )
-        hour = now.replace(minute=0, second=0, microsecond=0)
-        for k in range(3, 0, -1):
-            insert(
-                conn,
-                schema,
-                ODD_CODE,
-                run_key_for(hour - timedelta(hours=k)),
-                "SUCCESS",
-                owner=OTHER_REPLICA,
-                acquired=hour - timedelta(hours=k),
-            )
-        insert(
-            conn,
-            schema,
-            "seed-settings",
-            None,
-            "SUCCESS",
-            owner=THIS_REPLICA,
-            acquired=now - timedelta(days=3),
-        )
-    # Through the store: the newest night fails for good with a hostile error ...
-    claimed = await store.claim(Identity.schedule("nightly-report", run_key_for(nights[-1])))
-    assert isinstance(claimed, Acquired)
-    assert await store.fail(claimed, HOSTILE_ERROR, retry_after=None)
-    # ... and another replica holds this minute's tick of sync-invoices right now.
-    running = await other.claim(
-        Identity.schedule("sync-invoices", run_key_for(minute)),
-        LeaseTiming.build(timedelta(minutes=10)),
-    )
-    assert isinstance(running, Acquired)
-    return History(now, minute, gap, failed, skipped, running, claimed, finished_sync)
 
 
 @dataclass
@@ -764,22 +572,6 @@ def test_a_job_is_shown_stale_once_it_has_not_succeeded_for_its_alert_after(
 
 
 # -- access: sign-in, actions, CSRF ------------------------------------------------------------
-
-OPERATOR = "alice"
-OPERATOR_PASSWORD = "correct horse battery"
-
-
-@lru_cache(maxsize=1)
-def operator_hash() -> str:
-    return hash_password(OPERATOR_PASSWORD)
-
-
-def users_section() -> str:
-    return f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
-
-
-def basic(user: str = OPERATOR, password: str = OPERATOR_PASSWORD) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
 async def send(
