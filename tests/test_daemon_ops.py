@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,16 +24,14 @@ from tests.helpers.daemon_harness import (
     quiet_cron,
     wait_until,
 )
+from tests.helpers.http import answer
 
 pytestmark = pytest.mark.slow
 
 
 def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    response = answer(url, timeout=5)
+    return response.status_code, response.text
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

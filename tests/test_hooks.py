@@ -14,7 +14,6 @@ import json
 import signal
 import subprocess
 import time
-import urllib.request
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +27,7 @@ from pgcrond.core.hooks import Ping
 from pgcrond.errors import ConfigError
 from tests.helpers.daemon_harness import PGCROND, Cluster, at, cluster, config, wait_until
 from tests.helpers.hook_receiver import Receiver, receiving
+from tests.helpers.http import answer
 
 
 def hooks(receiver: Receiver, *names: str) -> str:
@@ -187,9 +187,7 @@ def test_the_configuration_docs_example_of_hooks_loads(tmp_path: Path) -> None:
 
 
 def get(address: str, path: str) -> str:
-    with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as response:
-        text: str = response.read().decode()
-        return text
+    return answer(f"http://{address}{path}").raise_for_status().text
 
 
 def pgcrond(running: Cluster, *args: str) -> subprocess.CompletedProcess[str]:

@@ -25,8 +25,6 @@ import struct
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ import pytest
 from pgcrond.daemon.page.routes import job_path
 from tests.helpers.browser import CHROMIUM, Browser, self_signed
 from tests.helpers.daemon_harness import ROOT, Replica, wait_until
+from tests.helpers.http import answer, status_of
 from tests.helpers.status_page import (
     OPERATOR,
     OTHER_REPLICA,
@@ -170,7 +169,7 @@ def serving(
     try:
         address = replica.http_address()
         base = f"{scheme}://{address}"
-        wait_until(lambda: _get(f"{base}/readyz") == 200, 20, "the replica to be ready")
+        wait_until(lambda: status_of(f"{base}/readyz") == 200, 20, "the replica to be ready")
         yield Served(base, config, replica)
     finally:
         replica.stop()
@@ -187,20 +186,6 @@ def daemon(pg_dsn: str, schema: str, tmp_path: Path) -> Iterator[str]:
     """A real replica serving the status page over the seeded history; yields its base URL."""
     with serving(pg_dsn, schema, tmp_path) as served:
         yield served.base
-
-
-def _get(url: str) -> int:
-    """The status of a GET; any certificate is good (the tests' own are self-signed)."""
-    unchecked = ssl.create_default_context()
-    unchecked.check_hostname = False
-    unchecked.verify_mode = ssl.CERT_NONE
-    try:
-        with urllib.request.urlopen(url, timeout=5, context=unchecked) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as refused:
-        return refused.code
-    except OSError:
-        return 0
 
 
 def test_the_status_pages_load_in_chromium_at_1280_and_phone_width_without_console_errors(
@@ -304,15 +289,8 @@ def test_a_forged_post_and_an_unsigned_one_change_nothing_on_a_real_replica(
     with serving(pg_dsn, schema, tmp_path, http) as served:
         action = served.base + job_path("nightly-report", "/pause")
         for headers, expected in ((basic(), 403), ({}, 401)):
-            request = urllib.request.Request(
-                action,
-                data=b"reason=forged&csrf=guess",
-                headers={**headers, "Content-Type": "application/x-www-form-urlencoded"},
-                method="POST",
-            )
-            with pytest.raises(urllib.error.HTTPError) as refused:
-                urllib.request.urlopen(request, timeout=10)
-            assert expected == refused.value.code
+            forged = {"reason": "forged", "csrf": "guess"}
+            assert expected == status_of(action, headers, method="POST", form=forged)
         assert None is cli_status(served, pg_dsn)["nightly-report"]["paused"]
 
 
@@ -320,8 +298,8 @@ def test_the_page_switched_off_is_a_404_and_metrics_stay(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     with serving(pg_dsn, schema, tmp_path, "http:\n  status_page: false\n") as served:
-        assert 404 == _get(served.base + "/status")
-        assert 200 == _get(served.base + "/metrics")
+        assert 404 == status_of(served.base + "/status")
+        assert 200 == status_of(served.base + "/metrics")
 
 
 def test_without_authentication_the_page_has_no_forms_and_refuses_a_post(
@@ -330,16 +308,11 @@ def test_without_authentication_the_page_has_no_forms_and_refuses_a_post(
     job = dump_dom(daemon + job_path("nightly-report"), tmp_path / "profile")
     assert "nightly-report" in job
     assert 'method="post"' not in job and "Read-only." in job
-    browser_free = urllib.request.Request(
-        daemon + job_path("nightly-report", "/pause"),
-        data=b"reason=x",
-        headers={"Content-Type": "application/x-www-form-urlencoded"},
-        method="POST",
+    refused = answer(
+        daemon + job_path("nightly-report", "/pause"), method="POST", form={"reason": "x"}
     )
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(browser_free, timeout=10)
-    assert 403 == refused.value.code
-    assert b"read-only" in refused.value.read()
+    assert 403 == refused.status_code
+    assert b"read-only" in refused.content
 
 
 def post_forms(browser: Browser) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import httpx
 import psycopg
 import pytest
 from structlog.testing import capture_logs
@@ -44,6 +45,7 @@ from pgcrond.errors import ConfigError
 from pgcrond.storage import jobstate, registry
 from pgcrond.storage.leases import LeaseStore
 from tests.helpers.daemon_harness import clear_of_a_minute_edge
+from tests.helpers.http import fetch
 from tests.helpers.status_page import (
     HOSTILE_DESCRIPTION,
     HOSTILE_ERROR,
@@ -75,23 +77,14 @@ class Site:
     store: LeaseStore
 
 
-async def fetch(port: int, path: str, accept: str = "text/html") -> tuple[int, dict[str, str], str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        f"GET {path} HTTP/1.1\r\nHost: t\r\nAccept: {accept}\r\nConnection: close\r\n\r\n".encode()
-    )
-    await writer.drain()
-    response = await reader.read()
-    writer.close()
-    await writer.wait_closed()
-    head, _, body = response.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode().split("\r\n")
-    headers = dict(line.split(": ", 1) for line in header_lines)
-    return int(status_line.split()[1]), headers, body.decode()
+async def fetch_text(
+    port: int, path: str, accept: str = "text/html"
+) -> tuple[int, httpx.Headers, str]:
+    return await send(port, "GET", path, {"Accept": accept})
 
 
 async def fetch_json(port: int, path: str) -> Any:
-    status, headers, body = await fetch(port, path, accept="application/json")
+    status, headers, body = await fetch_text(port, path, accept="application/json")
     assert (200, "application/json; charset=utf-8") == (status, headers["Content-Type"])
     return json.loads(body)
 
@@ -185,7 +178,7 @@ def assert_self_contained(html: str) -> None:
 async def test_the_overview_shows_every_job_running_now_and_replicas_with_job_text_escaped(
     served: Site,
 ) -> None:
-    status, headers, html = await fetch(served.port, "/status")
+    status, headers, html = await fetch_text(served.port, "/status")
     assert (200, "text/html; charset=utf-8") == (status, headers["Content-Type"])
     assert_self_contained(html)
     page = Page(html)
@@ -246,7 +239,7 @@ async def test_the_tick_strip_is_in_tick_order_and_shows_the_gap_the_failure_and
             expected.append(("SUCCESS", None, key))
     assert expected == [(t["status"], t["reason"], t["run_key"]) for t in sync["ticks"]]
     # The HTML strip says the same, one cell per entry, coloured by outcome.
-    _, _, html = await fetch(served.port, "/status")
+    _, _, html = await fetch_text(served.port, "/status")
     cells = Page(html).cells  # the legend's cells have no title, so are not counted
     # (An hourly job's trailing gap appears at hh:05 exactly: count before and after.)
     after = await fetch_json(served.port, "/status.json")
@@ -303,7 +296,7 @@ async def test_the_jobs_json_has_the_field_names_and_values_of_pgcrond_status_js
 async def test_a_jobs_page_lists_recent_ticks_with_keys_and_errors_and_charts_durations(
     served: Site,
 ) -> None:
-    status, _, html = await fetch(served.port, job_path("nightly-report"))
+    status, _, html = await fetch_text(served.port, job_path("nightly-report"))
     assert 200 == status
     assert_self_contained(html)
     page = Page(html)
@@ -362,14 +355,14 @@ async def test_a_jobs_page_lists_recent_ticks_with_keys_and_errors_and_charts_du
 
 
 async def test_a_job_with_an_odd_code_has_a_page_and_an_unknown_job_is_404(served: Site) -> None:
-    status, _, html = await fetch(served.port, job_path(ODD_CODE))
+    status, _, html = await fetch_text(served.port, job_path(ODD_CODE))
     assert 200 == status
     assert f"Job {ODD_CODE}" in Page(html).all_text
     assert 3 == len(Page(html).bars)
-    status, _, html = await fetch(served.port, job_path("no-such-job"))
+    status, _, html = await fetch_text(served.port, job_path("no-such-job"))
     assert 404 == status
     assert "no job &#39;no-such-job&#39; in this replica&#39;s config" in html
-    status, _, body = await fetch(served.port, job_path("no-such-job", ".json"))
+    status, _, body = await fetch_text(served.port, job_path("no-such-job", ".json"))
     assert (404, {"error": "no job 'no-such-job' in this replica's config"}) == (
         status,
         json.loads(body),
@@ -379,7 +372,7 @@ async def test_a_job_with_an_odd_code_has_a_page_and_an_unknown_job_is_404(serve
 async def test_the_running_view_shows_run_key_replica_attempt_since_expiry_and_fencing_token(
     served: Site,
 ) -> None:
-    status, _, html = await fetch(served.port, "/status/running")
+    status, _, html = await fetch_text(served.port, "/status/running")
     assert 200 == status
     assert_self_contained(html)
     running = served.history.running
@@ -422,7 +415,7 @@ async def test_the_running_view_shows_run_key_replica_attempt_since_expiry_and_f
 async def test_the_replicas_view_lists_the_registrys_live_replicas_with_their_recent_rows(
     served: Site,
 ) -> None:
-    status, _, html = await fetch(served.port, "/status/replicas")
+    status, _, html = await fetch_text(served.port, "/status/replicas")
     assert 200 == status
     assert_self_contained(html)
     text = Page(html).all_text
@@ -449,7 +442,7 @@ async def test_the_replicas_view_shows_drift_and_the_jobs_that_differ(served: Si
     config = load_config([str(changed)], database_url=served.dsn)
     await registry.join(served.store, entry_of("replica-c:303", uuid.uuid4(), config))
     data = await fetch_json(served.port, "/status/replicas.json")
-    _, _, html = await fetch(served.port, "/status/replicas")
+    _, _, html = await fetch_text(served.port, "/status/replicas")
     drift = data["drift"]
     assert {"nightly-report"} == set(drift["jobs"])
     assert [["replica-c:303"]] == [
@@ -470,33 +463,29 @@ async def test_the_page_changes_nothing_and_refuses_other_methods(served: Site) 
 
     before = count()
     for path in ("/status", "/status/running", "/status/replicas", job_path("sync-invoices")):
-        status, _, _ = await fetch(served.port, path)
+        status, _, _ = await fetch_text(served.port, path)
         assert 200 == status
     assert before == count()
     for method in ("POST", "PUT", "DELETE"):
-        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        writer.write(f"{method} /status HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        response = await reader.read()
-        writer.close()
+        status, headers, body = await send(served.port, method, "/status")
         if method == "POST":
             # Without authentication configured the page is read-only: a form POST is refused.
-            assert response.startswith(b"HTTP/1.1 403 Forbidden\r\n")
-            assert b"read-only" in response
+            assert 403 == status
+            assert "read-only" in body
         else:
-            assert response.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
-            assert b"Allow: GET, HEAD\r\n" in response
+            assert 405 == status
+            assert "GET, HEAD" == headers["Allow"]
     assert before == count()
 
 
 async def test_the_stylesheet_is_served_from_the_package_and_the_root_is_the_overview(
     served: Site,
 ) -> None:
-    status, headers, css = await fetch(served.port, "/status/status.css")
+    status, headers, css = await fetch_text(served.port, "/status/status.css")
     assert (200, "text/css; charset=utf-8") == (status, headers["Content-Type"])
     assert "@media (max-width: 760px)" in css
     assert "url(" not in css  # no fonts or images from anywhere
-    status, _, html = await fetch(served.port, "/")
+    status, _, html = await fetch_text(served.port, "/")
     assert 200 == status
     assert "sync-invoices" in html
 
@@ -542,11 +531,11 @@ async def test_a_paused_job_says_by_whom_and_why_and_its_json_matches_status(ser
     await jobstate.pause(
         served.store, ["nightly-report"], by="ops@host", reason='<b>"maintenance"</b>'
     )
-    _, _, html = await fetch(served.port, "/status")
+    _, _, html = await fetch_text(served.port, "/status")
     text = Page(html).all_text
     assert 'paused — by ops@host: <b>"maintenance"</b>' in text
     assert "&lt;b&gt;&#34;maintenance&#34;&lt;/b&gt;" in html
-    _, _, body = await fetch(served.port, "/status.json")
+    _, _, body = await fetch_text(served.port, "/status.json")
     entries = {entry["job"]: entry for entry in json.loads(body)["jobs"]}
     paused = entries["nightly-report"]["paused"]
     assert ("database", "ops@host") == (paused["source"], paused["by"])
@@ -580,26 +569,14 @@ async def send(
     path: str,
     headers: dict[str, str] | None = None,
     body: bytes = b"",
-) -> tuple[int, dict[str, str], str]:
-    """One raw request; the answer's status, headers (by lower-case name) and body."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    lines = [
-        f"{method} {path} HTTP/1.1",
-        "Host: t",
-        "Connection: close",
-        *(f"{k}: {v}" for k, v in (headers or {}).items()),
-    ]
-    if body or method == "POST":
-        lines.append(f"Content-Length: {len(body)}")
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
-    await writer.drain()
-    response = await reader.read()
-    writer.close()
-    await writer.wait_closed()
-    head, _, rest = response.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode().split("\r\n")
-    found = {k.lower(): v for k, v in (line.split(": ", 1) for line in header_lines)}
-    return int(status_line.split()[1]), found, rest.decode()
+) -> tuple[int, httpx.Headers, str]:
+    """One request; the answer's status, headers and body.
+
+    Its ``Host`` is ``t``, the host the forms' ``Origin`` headers name.
+    """
+    sent = {"Host": "t", **(headers or {})}
+    status, found, answer = await fetch(port, path, method=method, headers=sent, body=body)
+    return status, found, answer.decode()
 
 
 def token_of(html: str) -> str:
@@ -669,7 +646,7 @@ async def test_an_operator_pauses_resumes_and_runs_a_job_under_their_name(signed
     token = token_of(html)
     sent = {**basic(), "Content-Type": FORM, "Origin": "http://t", "Sec-Fetch-Site": "same-origin"}
 
-    async def post(action: str, fields: dict[str, str]) -> tuple[int, dict[str, str]]:
+    async def post(action: str, fields: dict[str, str]) -> tuple[int, httpx.Headers]:
         body = urlencode({"csrf": token, **fields}).encode()
         status, answer, _ = await send(signed.port, "POST", f"{path}/{action}", sent, body)
         return status, answer
