@@ -1,8 +1,8 @@
 """Any byte sequence under ``/status`` answers 4xx (or the page).
 
-``GET /status/page/²`` used to raise out of the handler (``'²'.isdigit()`` is
-true, ``int('²')`` is not): no response at all, and an unhandled-exception log
-line per request. The route parser is now total; a fuzz test drives it, and
+The route parser is total: ``GET /status/page/²`` must not raise out of the
+handler (``'²'.isdigit()`` is true, ``int('²')`` is not), which would answer
+nothing and log an unhandled exception per request. A fuzz test drives it, and
 the status page behind it, with arbitrary bytes, and a real daemon is sent raw
 byte paths over real sockets.
 """

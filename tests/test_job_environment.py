@@ -1,10 +1,10 @@
 """The database's DSN reaches no job's environment.
 
-Only ``PGCROND_*``, ``PGPASSWORD``, ``PGPASSFILE`` and ``DATABASE_URL`` used to
-be stripped: a config saying ``url: ${MY_DSN}`` handed ``MY_DSN`` (and any
-other variable holding the same DSN) to every job. Now every variable named in
-``database.url`` and every variable whose value holds the DSN or its password
-is stripped from every job environment: commands, shell, isolated and
+Stripping ``PGCROND_*``, ``PGPASSWORD``, ``PGPASSFILE`` and ``DATABASE_URL``
+is not enough: a config saying ``url: ${MY_DSN}`` would hand ``MY_DSN`` (and
+any other variable holding the same DSN) to every job. So every variable named
+in ``database.url`` and every variable whose value holds the DSN or its
+password is stripped from every job environment: commands, shell, isolated and
 in-process entrypoints, and ``on_failure`` commands.
 """
 
@@ -42,7 +42,7 @@ def dump_env(out: Path, name: str) -> str:
 def test_no_job_environment_holds_the_dsn(pg_dsn: str, schema: str, tmp_path: Path) -> None:
     out = tmp_path / "env"
     out.mkdir()
-    entry = "tests.test_corners_job_env:write_environ"
+    entry = "tests.test_job_environment:write_environ"
     jobs = (
         f"  command:\n"
         f'    at: "{at(4)}"\n'

@@ -1,4 +1,4 @@
-"""The fire's side of the corners: an unexpected error in one fire, and a pause.
+"""An unexpected error in one fire, and a fire that finds its job paused.
 
 Over the in-memory guard (``pgcrond/guard/memory.py``) with real runs: a guard
 double raises an error that is not a :class:`~pgcrond.errors.PgcrondError`
