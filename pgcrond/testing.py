@@ -10,6 +10,7 @@ away. Not used by the daemon itself; importing it costs nothing at run time.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from pgcrond.config.loader import load_document
 from pgcrond.config.models import JobConfig
@@ -23,7 +24,7 @@ _NO_DATABASE: Mapping[str, object] = {"url": "postgresql://unused@127.0.0.1/unus
 
 
 def job(
-    code: str = "job", *, defaults: Mapping[str, object] | None = None, **fields: object
+    code: str = "job", *, defaults: Mapping[str, object] | None = None, **fields: Any
 ) -> JobConfig:
     """The :class:`JobConfig` of ``jobs: {code: fields}`` (over ``defaults:``), without a file.
 
