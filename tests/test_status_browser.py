@@ -44,6 +44,7 @@ from tests.helpers.status_page import (
     basic,
     operator_hash,
     seed,
+    users_section,
     write_config,
 )
 from tests.helpers.store import open_store
@@ -219,6 +220,19 @@ def test_the_status_pages_load_in_chromium_at_1280_and_phone_width_without_conso
 # -- signed in: Chromium driven over the DevTools protocol ------------------------------------
 
 
+@contextmanager
+def in_chromium(
+    pg_dsn: str, schema: str, tmp_path: Path, http: str = ""
+) -> Iterator[tuple[Served, Browser]]:
+    """A replica serving the page with ``http`` and a Chromium to look at it, closed after."""
+    with serving(pg_dsn, schema, tmp_path, http) as served:
+        browser = Browser(tmp_path / "profile")
+        try:
+            yield served, browser
+        finally:
+            browser.close()
+
+
 def cli_status(served: Served, pg_dsn: str) -> dict[str, dict[str, Any]]:
     """``pgcrond status --json`` from the real CLI, by job."""
     done = subprocess.run(
@@ -236,56 +250,52 @@ def cli_status(served: Served, pg_dsn: str) -> dict[str, dict[str, Any]]:
 def test_a_signed_in_operator_pauses_resumes_and_runs_a_job_in_chromium(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
-    http = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    http = users_section()
     job = "nightly-report"
-    with serving(pg_dsn, schema, tmp_path, http) as served:
+    with in_chromium(pg_dsn, schema, tmp_path, http) as (served, browser):
         url = served.base + job_path(job)
-        browser = Browser(tmp_path / "profile")
-        try:
-            # Without credentials Chromium gets the Basic challenge and shows no job.
-            assert 401 == browser.load(url)
-            assert "nightly-report" not in browser.text()
-            browser.send_headers(basic())
-            assert 200 == browser.load(url)
-            assert f"Signed in as {OPERATOR}" in browser.text()
-            assert "Not paused" in browser.text()
+        # Without credentials Chromium gets the Basic challenge and shows no job.
+        assert 401 == browser.load(url)
+        assert "nightly-report" not in browser.text()
+        browser.send_headers(basic())
+        assert 200 == browser.load(url)
+        assert f"Signed in as {OPERATOR}" in browser.text()
+        assert "Not paused" in browser.text()
 
-            browser.submit("form.pause", {"reason": "ledger migration <tonight>"})
-            assert url == browser.evaluate("location.href")  # redirected back, a GET
-            assert f"Paused by {OPERATOR} at" in browser.text()
-            assert "ledger migration <tonight>" in browser.text()
-            paused = cli_status(served, pg_dsn)[job]["paused"]
-            assert (OPERATOR, "ledger migration <tonight>") == (paused["by"], paused["reason"])
+        browser.submit("form.pause", {"reason": "ledger migration <tonight>"})
+        assert url == browser.evaluate("location.href")  # redirected back, a GET
+        assert f"Paused by {OPERATOR} at" in browser.text()
+        assert "ledger migration <tonight>" in browser.text()
+        paused = cli_status(served, pg_dsn)[job]["paused"]
+        assert (OPERATOR, "ledger migration <tonight>") == (paused["by"], paused["reason"])
 
-            browser.submit("form.resume")
-            assert "Not paused" in browser.text()
-            assert None is cli_status(served, pg_dsn)[job]["paused"]
+        browser.submit("form.resume")
+        assert "Not paused" in browser.text()
+        assert None is cli_status(served, pg_dsn)[job]["paused"]
 
-            browser.submit("form.run")
-            assert url == browser.evaluate("location.href")
-            taken = served.replica.wait_event("request_done", where=lambda e: e["job"] == job)
-            assert "success" == taken["outcome"]
-            [requested] = served.replica.events("request_taken")
-            assert OPERATOR == requested["requested_by"]
-            assert 200 == browser.load(url)
-            [row] = browser.evaluate(
-                "[...document.querySelectorAll('table.requests tbody tr')]"
-                ".map(r => [...r.cells].map(c => c.innerText.trim()))"
-            )
-            run_key, by, _, taken_by, outcome = row
-            assert (requested["run_key"], OPERATOR, "success") == (run_key, by, outcome)
-            assert served.replica.wait_event("daemon_ready")["replica"] == taken_by
-            last = cli_status(served, pg_dsn)[job]["last_run"]
-            assert (requested["run_key"], "SUCCESS") == (last["run_key"], last["status"])
-        finally:
-            browser.close()
+        browser.submit("form.run")
+        assert url == browser.evaluate("location.href")
+        taken = served.replica.wait_event("request_done", where=lambda e: e["job"] == job)
+        assert "success" == taken["outcome"]
+        [requested] = served.replica.events("request_taken")
+        assert OPERATOR == requested["requested_by"]
+        assert 200 == browser.load(url)
+        [row] = browser.evaluate(
+            "[...document.querySelectorAll('table.requests tbody tr')]"
+            ".map(r => [...r.cells].map(c => c.innerText.trim()))"
+        )
+        run_key, by, _, taken_by, outcome = row
+        assert (requested["run_key"], OPERATOR, "success") == (run_key, by, outcome)
+        assert served.replica.wait_event("daemon_ready")["replica"] == taken_by
+        last = cli_status(served, pg_dsn)[job]["last_run"]
+        assert (requested["run_key"], "SUCCESS") == (last["run_key"], last["status"])
 
 
 def test_a_forged_post_and_an_unsigned_one_change_nothing_on_a_real_replica(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     """A made-up token is 403, a POST without credentials 401; nothing is paused."""
-    http = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    http = users_section()
     with serving(pg_dsn, schema, tmp_path, http) as served:
         action = served.base + job_path("nightly-report", "/pause")
         for headers, expected in ((basic(), 403), ({}, 401)):
@@ -337,48 +347,40 @@ def test_a_viewer_sees_no_buttons_and_a_forged_post_is_refused_in_chromium(
 ) -> None:
     http = f"http:\n  users:\n    vera: {{password: '{operator_hash()}', role: viewer}}\n"
     job = "nightly-report"
-    with serving(pg_dsn, schema, tmp_path, http) as served:
+    with in_chromium(pg_dsn, schema, tmp_path, http) as (served, browser):
         url = served.base + job_path(job)
-        browser = Browser(tmp_path / "profile")
-        try:
-            browser.send_headers(basic("vera"))
-            assert 200 == browser.load(url)
-            assert "Signed in as vera (viewer)" in browser.text()
-            assert 0 == post_forms(browser)
-            buttons = "document.querySelectorAll('button:not(form.filter button)').length"
-            assert 0 == browser.evaluate(buttons)
-            forge_form(browser, job_path(job, "/pause"), "0.forged")
-            assert 403 == browser.page_status()
-            assert None is cli_status(served, pg_dsn)[job]["paused"]
-        finally:
-            browser.close()
+        browser.send_headers(basic("vera"))
+        assert 200 == browser.load(url)
+        assert "Signed in as vera (viewer)" in browser.text()
+        assert 0 == post_forms(browser)
+        buttons = "document.querySelectorAll('button:not(form.filter button)').length"
+        assert 0 == browser.evaluate(buttons)
+        forge_form(browser, job_path(job, "/pause"), "0.forged")
+        assert 403 == browser.page_status()
+        assert None is cli_status(served, pg_dsn)[job]["paused"]
 
 
 def test_a_token_the_server_did_not_issue_is_refused_even_with_a_matching_cookie(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     """The double-submit forgery: a planted cookie and the same value in the form field."""
-    http = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    http = users_section()
     job = "nightly-report"
-    with serving(pg_dsn, schema, tmp_path, http) as served:
+    with in_chromium(pg_dsn, schema, tmp_path, http) as (served, browser):
         url = served.base + job_path(job)
         forged = "Z" * 43
-        browser = Browser(tmp_path / "profile")
-        try:
-            browser.send_headers(basic())
-            browser.call("Network.setCookie", session=True, name="pgcrond_csrf", value=forged,
-                         url=served.base + "/status", path="/status")  # fmt: skip
-            assert 200 == browser.load(url)
-            assert 1 <= post_forms(browser)
-            browser.evaluate(
-                f"document.querySelector('form.pause [name=csrf]').value = {json.dumps(forged)}"
-            )
-            browser.submit("form.pause", {"reason": "forged"})
-            assert 403 == browser.page_status()
-            assert None is cli_status(served, pg_dsn)[job]["paused"]
-            assert [] == served.replica.events("status_page_action")
-        finally:
-            browser.close()
+        browser.send_headers(basic())
+        browser.call("Network.setCookie", session=True, name="pgcrond_csrf", value=forged,
+                     url=served.base + "/status", path="/status")  # fmt: skip
+        assert 200 == browser.load(url)
+        assert 1 <= post_forms(browser)
+        browser.evaluate(
+            f"document.querySelector('form.pause [name=csrf]').value = {json.dumps(forged)}"
+        )
+        browser.submit("form.pause", {"reason": "forged"})
+        assert 403 == browser.page_status()
+        assert None is cli_status(served, pg_dsn)[job]["paused"]
+        assert [] == served.replica.events("status_page_action")
 
 
 class _Forger(http.server.SimpleHTTPRequestHandler):
@@ -391,10 +393,9 @@ def test_a_form_from_another_site_is_refused_even_with_a_good_token(
 ) -> None:
     """A page at http://localhost:PORT (another site than 127.0.0.1) posts the operator's
     own token, with the Basic credentials Chromium re-sends: refused by origin."""
-    http_section = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    http_section = users_section()
     job = "nightly-report"
-    with serving(pg_dsn, schema, tmp_path, http_section) as served:
-        browser = Browser(tmp_path / "profile")
+    with in_chromium(pg_dsn, schema, tmp_path, http_section) as (served, browser):
         site = tmp_path / "forger"
         site.mkdir()
         handler = functools.partial(_Forger, directory=str(site))
@@ -418,7 +419,6 @@ def test_a_form_from_another_site_is_refused_even_with_a_good_token(
             assert ("origin", "Sec-Fetch-Site: cross-site") == (denied["why"], denied["sent"])
         finally:
             forger.shutdown()
-            browser.close()
 
 
 def test_the_overview_refreshes_by_itself_and_shows_a_paused_job_as_paused(
@@ -428,28 +428,24 @@ def test_the_overview_refreshes_by_itself_and_shows_a_paused_job_as_paused(
         "[...document.querySelectorAll('table.jobs tbody tr')]"
         ".find(r => r.innerText.includes('nightly-report'))"
     )
-    with serving(pg_dsn, schema, tmp_path) as served:
-        browser = Browser(tmp_path / "profile")
-        try:
-            assert 200 == browser.load(served.base + "/status?refresh=5")
-            assert "paused" not in browser.evaluate(f"{row}.cells[2].innerText")
-            done = subprocess.run(
-                [str(ROOT / ".venv" / "bin" / "pgcrond"), "pause", "-c", str(served.config),
-                 "nightly-report", "--reason", "ledger migration", "--by", "ops"],
-                capture_output=True, text=True, timeout=60, env=daemon_env(pg_dsn), check=False,
-            )  # fmt: skip
-            assert 0 == done.returncode, done.stderr
-            # No one reloads: the page does, within its 5 s.
-            browser.wait_for("Page.loadEventFired", timeout=15)
-            assert 200 == browser.page_status()
-            next_fire = browser.evaluate(f"{row}.cells[2].innerText")
-            assert re.fullmatch(r"paused — by ops( \(.+\))?: ledger migration", next_fire.strip())
-            # Switched off, it stays put.
-            assert 200 == browser.load(served.base + "/status?refresh=off")
-            refreshing = "document.querySelectorAll('meta[http-equiv=refresh]').length"
-            assert 0 == browser.evaluate(refreshing)
-        finally:
-            browser.close()
+    with in_chromium(pg_dsn, schema, tmp_path) as (served, browser):
+        assert 200 == browser.load(served.base + "/status?refresh=5")
+        assert "paused" not in browser.evaluate(f"{row}.cells[2].innerText")
+        done = subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "pgcrond"), "pause", "-c", str(served.config),
+             "nightly-report", "--reason", "ledger migration", "--by", "ops"],
+            capture_output=True, text=True, timeout=60, env=daemon_env(pg_dsn), check=False,
+        )  # fmt: skip
+        assert 0 == done.returncode, done.stderr
+        # No one reloads: the page does, within its 5 s.
+        browser.wait_for("Page.loadEventFired", timeout=15)
+        assert 200 == browser.page_status()
+        next_fire = browser.evaluate(f"{row}.cells[2].innerText")
+        assert re.fullmatch(r"paused — by ops( \(.+\))?: ledger migration", next_fire.strip())
+        # Switched off, it stays put.
+        assert 200 == browser.load(served.base + "/status?refresh=off")
+        refreshing = "document.querySelectorAll('meta[http-equiv=refresh]').length"
+        assert 0 == browser.evaluate(refreshing)
 
 
 def test_https_with_a_self_signed_certificate_in_chromium_and_a_new_one_after_sighup(
