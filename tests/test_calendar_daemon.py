@@ -20,11 +20,10 @@ from pathlib import Path
 import pytest
 
 from pgcrond.cli import main
-from tests.daemon_harness import Cluster, cluster, wait_until
+from tests.helpers.daemon_harness import LEDGER, Cluster, cluster, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
-LEDGER = "tests.ledger_jobs:record"
 EVERY_S = 2
 
 
