@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import yaml
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.passwords import hash_password
@@ -32,36 +33,29 @@ def write_config(directory: Path, schema: str, http: str = "") -> Path:
     """Five jobs: per-minute (UTC), daily (Berlin, hostile description), an odd code,
     run-once, advisory; ``http``: an ``http:`` section, as YAML text."""
     path = directory / "pgcrond.yaml"
-    description = HOSTILE_DESCRIPTION.replace("'", "''")
-    path.write_text(
-        f"""\
-database: {{schema: {schema}}}
-defaults:
-  timezone: Europe/Berlin
-jobs:
-  sync-invoices:
-    cron: "* * * * *"
-    timezone: UTC
-    command: ["/bin/true"]
-    description: Pushes yesterday's invoices to the ledger.
-  nightly-report:
-    cron: "30 2 * * *"
-    command: ["/bin/true"]
-    retries: 2
-    timeout: 30m
-    description: '{description}'
-  '{ODD_CODE}':
-    cron: "0 * * * *"
-    command: ["/bin/true"]
-  seed-settings:
-    once: true
-    command: ["/bin/true"]
-  cache-warm:
-    cron: "*/5 * * * *"
-    guard: advisory
-    command: ["/bin/true"]
-{http}"""
-    )
+    document = {
+        "database": {"schema": schema},
+        "defaults": {"timezone": "Europe/Berlin"},
+        "jobs": {
+            "sync-invoices": {
+                "cron": "* * * * *",
+                "timezone": "UTC",
+                "command": ["/bin/true"],
+                "description": "Pushes yesterday's invoices to the ledger.",
+            },
+            "nightly-report": {
+                "cron": "30 2 * * *",
+                "command": ["/bin/true"],
+                "retries": 2,
+                "timeout": "30m",
+                "description": HOSTILE_DESCRIPTION,
+            },
+            ODD_CODE: {"cron": "0 * * * *", "command": ["/bin/true"]},
+            "seed-settings": {"once": True, "command": ["/bin/true"]},
+            "cache-warm": {"cron": "*/5 * * * *", "guard": "advisory", "command": ["/bin/true"]},
+        },
+    }
+    path.write_text(yaml.safe_dump(document, sort_keys=False) + http)
     return path
 
 
