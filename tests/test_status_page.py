@@ -25,6 +25,7 @@ from urllib.parse import quote, urlencode
 import httpx
 import psycopg
 import pytest
+import yaml
 from structlog.testing import capture_logs
 
 import pgcrond
@@ -436,9 +437,9 @@ async def test_the_replicas_view_lists_the_registrys_live_replicas_with_their_re
 
 async def test_the_replicas_view_shows_drift_and_the_jobs_that_differ(served: Site) -> None:
     changed = served.config_path.parent / "changed.yaml"
-    changed.write_text(
-        served.config_path.read_text().replace('cron: "30 2 * * *"', 'cron: "45 2 * * *"')
-    )
+    document = yaml.safe_load(served.config_path.read_text())
+    document["jobs"]["nightly-report"]["cron"] = "45 2 * * *"
+    changed.write_text(yaml.safe_dump(document))
     config = load_config([str(changed)], database_url=served.dsn)
     await registry.join(served.store, entry_of("replica-c:303", uuid.uuid4(), config))
     data = await fetch_json(served.port, "/status/replicas.json")
