@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pgcrond.config.loader import load_config
 from pgcrond.core.redaction import forget_all
@@ -93,10 +94,9 @@ def test_no_job_environment_holds_the_dsn(pg_dsn: str, schema: str, tmp_path: Pa
 
 def test_a_variable_holding_the_password_is_stripped_and_others_kept(tmp_path: Path) -> None:
     path = tmp_path / "jobs.yaml"
-    path.write_text(
-        "database: {url: 'postgresql://app:${DB_PASSWORD}@${DB_HOST}/x'}\n"
-        "jobs: {j: {cron: '* * * * *', command: ['true']}}\n"
-    )
+    database = {"url": "postgresql://app:${DB_PASSWORD}@${DB_HOST}/x"}
+    j = {"cron": "* * * * *", "command": ["true"]}
+    path.write_text(yaml.safe_dump({"database": database, "jobs": {"j": j}}))
     forget_all()
     try:
         load_config([path], environ={"DB_PASSWORD": "pw-4e9c1a77", "DB_HOST": "db.internal"})

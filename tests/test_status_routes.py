@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -86,10 +87,11 @@ def test_routes_name_their_views(path: str, expected: Route | None) -> None:
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory) -> StatusPage:
     path = tmp_path_factory.mktemp("routes") / "jobs.yaml"
+    nightly = {"cron": "0 3 * * *", "command": ["true"]}
     path.write_text(
-        "database: {url: 'postgresql://u@127.0.0.1/x'}\n"
-        "jobs:\n"
-        "  nightly: {cron: '0 3 * * *', command: ['true']}\n"
+        yaml.safe_dump(
+            {"database": {"url": "postgresql://u@127.0.0.1/x"}, "jobs": {"nightly": nightly}}
+        )
     )
     loaded = load_config([path])
     # No store: every view that would read the database answers 503.
