@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 import structlog
@@ -81,7 +81,7 @@ class Watched(FanOut):
             super().fired(job)
 
     def first_start(
-        self, job: JobConfig, identity: Identity, tick: datetime, preferred: bool
+        self, job: JobConfig, identity: Identity, tick: datetime, preferred: Callable[[], bool]
     ) -> None:
         if job.observed:
             super().first_start(job, identity, tick, preferred)
