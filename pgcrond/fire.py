@@ -80,6 +80,9 @@ class Fire:
     # Awaited once this replica won the claim, before the first attempt runs
     # (a request's own record that its run started).
     on_start: Callable[[], Awaitable[None]] | None = None
+    # Why the tick is not run at all (``calendar:<name>``): the claim records
+    # it SKIPPED with this reason, once for the cluster; never late, never missed.
+    skip_reason: str | None = None
 
     def claim_request(self, *, started: bool) -> ClaimRequest:
         """This fire's claim; ``started``: the tick started already (no misfire bound)."""
@@ -94,6 +97,7 @@ class Fire:
             deadline=deadline,
             superseded_at=None if started else self.superseded_at,
             suspended=f"suspended: true in {job.source}" if job.suspended else None,
+            skip_reason=self.skip_reason,
         )
 
 
@@ -264,7 +268,12 @@ class Firing:
         """Hand one answer of a chunk on: a task if it runs or follows, else the fire ends here."""
         if isinstance(answer, Refused) and answer.reason == "paused":
             self.events.paused(fire.job, True)
-        state = State(fire.job, follow=fire.follow, stopping=self.stopping.is_set())
+        state = State(
+            fire.job,
+            follow=fire.follow,
+            stopping=self.stopping.is_set(),
+            skip_reason=fire.skip_reason,
+        )
         step = decide(answer, state)
         if step.kind in ("run", "release", "follow", "resume"):
             carry = functools.partial(
@@ -370,8 +379,9 @@ class Firing:
         job, tick, superseded_at = fire.job, fire.tick, fire.superseded_at
         # A guard that remembers judges both in its claim, by the database's
         # clock, and records the miss itself: this replica's clock (stepped
-        # forward, or running ahead) must not decide for the cluster.
-        if self.guards(job).remembers:
+        # forward, or running ahead) must not decide for the cluster. A tick
+        # that never runs is never late: its claim says it is skipped.
+        if self.guards(job).remembers or fire.skip_reason is not None:
             return None
         now = self.clock()
         if now - tick > job.misfire_grace:
@@ -415,7 +425,7 @@ class Firing:
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
         started = fire.identity.type == "INITIAL" or fire.started
-        state = State(job, follow=fire.follow)
+        state = State(job, follow=fire.follow, skip_reason=fire.skip_reason)
         answer: Answer = None
         while True:
             if self.stopping.is_set() and first == "claim":
@@ -472,8 +482,7 @@ class Firing:
             assert step.cause is not None
             return self._misfire(job, bound, fire, step.cause, recorded=step.recorded)
         if step.kind == "skip":
-            assert isinstance(answer, Refused) and step.cause is not None
-            self._skipped(job, bound, answer, step.cause)
+            self._skipped(job, bound, answer, step)
         return step.outcome or "lose"
 
     async def _claim(
@@ -527,17 +536,21 @@ class Firing:
         self,
         job: JobConfig,
         bound: structlog.typing.FilteringBoundLogger,
-        refused: Refused,
-        reason: str,
+        answer: Answer,
+        step: Step,
     ) -> None:
+        reason = step.cause
+        assert reason is not None
         self.events.skipped(job, reason)
-        bound.info(
-            "tick_skipped",
-            reason=reason,
-            detail=refused.detail
-            if reason == "paused"
-            else "the previous tick of this job is still running",
-        )
+        if reason == "paused":
+            assert isinstance(answer, Refused)
+            bound.info("tick_skipped", reason=reason, detail=answer.detail)
+        elif reason == "overlap":
+            detail = "the previous tick of this job is still running"
+            bound.info("tick_skipped", reason=reason, detail=detail)
+        else:
+            # The fire's own reason (calendar:<name>); recorded: the guard stored it.
+            bound.info("tick_skipped", reason=reason, recorded=step.recorded)
 
     def _in_force(self, job: JobConfig) -> JobConfig | None:
         """``job`` as the config in force defines it now; None once a reload removed it."""

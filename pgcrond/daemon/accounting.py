@@ -111,18 +111,19 @@ async def find_plan(
 
 
 async def record_plan(store: LeaseStore, config: Config, plans: list[JobPlan]) -> list[Miss]:
-    """Record the plan's missed ticks; the ones recorded now (not by someone else first)."""
+    """Record the plan's missed and skipped ticks; those recorded now (by no one else first)."""
     misses = [
         Miss(
             p.code,
             p.tick,
             p.reason or "no_replica",
             p.why or "",
-            config.jobs[p.code].misfire_grace,
+            # A tick on a calendar's day never runs: no window to wait out.
+            timedelta(0) if p.action == "skipped" else config.jobs[p.code].misfire_grace,
         )
         for job_plan in plans
         for p in job_plan.ticks
-        if p.action == "missed"
+        if p.action in ("missed", "skipped")
     ]
     recorded: list[Miss] = []
     for start in range(0, len(misses), 500):
@@ -247,6 +248,8 @@ class Accounting(FireEvents):
         and told to the fire's subscribers (the job's ``on_missed``)."""
         jobs = self.config().jobs
         for miss in recorded:
+            if miss.status != "MISSED":
+                continue
             self.metrics.missed_recorded.labels(miss.code, miss.reason).inc()
             job = jobs.get(miss.code)
             if job is not None:
@@ -350,16 +353,18 @@ class Accounting(FireEvents):
         async for job_plan in _paced(plans):
             counts = {a: sum(p.action == a for p in job_plan.ticks) for a in ("run", "due")}
             # Only what this scan recorded: a later scan finds the same gap already filled.
-            counts["missed"] = sum(
-                p.action == "missed" and (job_plan.code, p.run_key) in recorded
-                for p in job_plan.ticks
-            )
+            for kind in ("missed", "skipped"):
+                counts[kind] = sum(
+                    p.action == kind and (job_plan.code, p.run_key) in recorded
+                    for p in job_plan.ticks
+                )
             if any(counts.values()) or job_plan.dropped:
                 log.info(
                     "ticks_accounted",
                     job=job_plan.code,
                     record_ended=None if job_plan.last is None else job_plan.last.isoformat(),
                     missed=counts["missed"],
+                    skipped=counts["skipped"],
                     catch_up=counts["run"],
                     due=counts["due"],
                     beyond_window=job_plan.dropped,
