@@ -6,8 +6,8 @@ as a test scripts it, or, for the paths a guard's bug takes, as a small
 subclass here breaks it (a claim, a keep-alive or a record that raises).
 Subscribers of the fire's events (``Events``) see what it told the replica.
 
-``scripts/test`` checks that this file alone covers every line and branch of
-``pgcrond/fire.py`` (``coverage --branch``, 100 %).
+The decisions themselves are the decide table's (``tests/test_decide.py``
+holds it to 100 % of its branches); here the fire carries them out.
 """
 
 from __future__ import annotations
