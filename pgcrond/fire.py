@@ -206,6 +206,7 @@ class Firing:
                 self._leave(fire, self._misfire(fire.job, _bound(fire), fire, cause))
                 continue
             guard = self.guards(fire.job)
+            self._first_start(guard, fire)
             groups.setdefault(id(guard), (guard, []))[1].append(fire)
         await asyncio.gather(
             *(
@@ -230,7 +231,10 @@ class Firing:
         deadline = min(request.deadline or request.tick for request in requests)
         try:
             answers = await self._with_outage_retry(
-                together[0].job, "claim", functools.partial(guard.claim_many, requests), deadline
+                together[0].job,
+                "claim",
+                functools.partial(self._send_claims, guard, together, requests),
+                deadline,
             )
         except Exception as exc:
             for fire in together:
@@ -293,6 +297,7 @@ class Firing:
             done.cancel()
         else:
             done.set_result(outcome)
+        self.events.fire_done(fire.job, fire.identity, outcome or "cancelled")
 
     def _spawn_fire(self, fire: Fire, carry: Coroutine[Any, Any, FireOutcome]) -> None:
         if self.spawn is not None:
@@ -339,6 +344,8 @@ class Firing:
                 if cause is not None:
                     return self._misfire(job, bound, fire, cause)
         guard = self.guards(job)
+        if not counted and identity.type == "SCHEDULE" and not fire.started:
+            self._first_start(guard, fire)
         try:
             return await self._fire(fire, guard, bound, first, resumes)
         except Exception as exc:
@@ -347,6 +354,22 @@ class Firing:
             return "crashed"
         finally:
             await guard.forget(identity)
+
+    def _first_start(self, guard: Guard, fire: Fire) -> None:
+        # A fire another replica is preferred for comes here once that one let it pass.
+        preferred = not guard.defers(fire.identity)
+        self.events.first_start(fire.job, fire.identity, fire.tick, preferred)
+
+    async def _send_claims(
+        self, guard: Guard, fires: list[Fire], requests: list[ClaimRequest]
+    ) -> list[Held | Refused]:
+        for fire in fires:
+            self.events.claim_sent(fire.job, fire.identity)
+        return await guard.claim_many(requests)
+
+    async def _send_claim(self, guard: Guard, fire: Fire, request: ClaimRequest) -> Held | Refused:
+        self.events.claim_sent(fire.job, fire.identity)
+        return await guard.claim(request)
 
     def _given_up_here(self, fire: Fire) -> str | None:
         """Why a guard without history gives a tick up before claiming it: late, coalesced."""
@@ -471,7 +494,7 @@ class Firing:
         job = fire.job
         request = fire.claim_request(started=started)
         claim: Callable[[], Awaitable[Held | Refused | None]]
-        claim = functools.partial(guard.claim, request)
+        claim = functools.partial(self._send_claim, guard, fire, request)
         if request.forbid_overlap:
             # Asked before every try: a run of the job here may be
             # abandoned while the claim retries through an outage.
@@ -620,6 +643,7 @@ class Firing:
         if result.outcome == "cancelled" and held.cancellation.reason in _LOST_REASONS:
             # Another replica may own the tick now: nothing is recorded, and
             # nothing must be, by a fenced owner.
+            self.events.unrecorded(job, held, "lease_lost")
             return "lease_lost", False
         kind: Outcome
         retry_after: timedelta | None = None
@@ -665,6 +689,7 @@ class Firing:
                 error=_describe(exc),
                 detail="followed until its lease lapses, then taken over",
             )
+            self.events.unrecorded(job, held, "not_recorded")
             return "lease_lost", False
         if recorded == "fenced":
             bound.warning(
@@ -672,13 +697,16 @@ class Firing:
                 outcome=result.outcome,
                 detail="another replica took this tick over meanwhile",
             )
+            self.events.unrecorded(job, held, "fenced")
             return "lease_lost", False
         # The alert gauges: the table's truth at start, kept current by what
         # this replica records; a row with no retry time is a final failure.
         self.events.recorded(job, kind, final=retry_after is None)
         # A run-once job out of retries is retried by the next start, not now.
         retry = recorded == "retry" and held.attempt <= job.retries
-        if kind in ("fail", "timeout") and not retry:
+        if kind == "success":
+            self.events.succeeded(job, held, result)
+        elif kind in ("fail", "timeout") and not retry:
             try:
                 self.events.failed_for_good(job, held, result)
             except Exception as exc:

@@ -225,7 +225,7 @@ class Accounting(FireEvents):
         except PgcrondError as exc:
             log.warning("missed_not_recorded", ticks=len(misses), error=str(exc))
             return
-        self._count(recorded)
+        self._found(recorded)
         for miss in recorded:
             log.info(
                 "tick_recorded_missed",
@@ -243,12 +243,19 @@ class Accounting(FireEvents):
         # The claims that found the database back must not hide the outage's gap.
         await self.scan(outage=outage, before=outage[0])
 
-    def _count(self, recorded: list[Miss]) -> None:
-        """pgcrond_missed_recorded_total: the MISSED rows this replica wrote."""
+    def _found(self, recorded: list[Miss]) -> None:
+        """The MISSED rows this replica wrote: counted (pgcrond_missed_recorded_total)
+        and told to the fire's subscribers (the job's ``on_missed``)."""
+        jobs = self.config().jobs
         for miss in recorded:
             if miss.status != "MISSED":
                 continue
             self.metrics.missed_recorded.labels(miss.code, miss.reason).inc()
+            job = jobs.get(miss.code)
+            if job is not None:
+                self.firing.events.missed_found(
+                    job, miss.identity, miss.tick, miss.reason, miss.why
+                )
 
     # -- start -------------------------------------------------------------------------
 
@@ -340,7 +347,7 @@ class Accounting(FireEvents):
                 await asyncio.wait_for(self.firing.stopping.wait(), wait.total_seconds())
             if self.firing.stopping.is_set():
                 return
-        self._count(done)
+        self._found(done)
         log.info("catch_up_scan_done", jobs=len(plans), missed_recorded=len(done))
         recorded = {(miss.code, miss.identity.run_key) for miss in done}
         async for job_plan in _paced(plans):
