@@ -1,12 +1,14 @@
 """What a fire tells the rest of the replica: the events protocol of :mod:`pgcrond.fire`.
 
 The fire decides and records; what it decided is counted (metrics), accounted
-for (MISSED rows, the outage window) and announced (failure hooks) by
+for (MISSED rows, the outage window) and announced (hooks, pings, traces) by
 subscribers of the daemon, which the fire layer must not import. A subscriber
 overrides the events it cares about; every event here is a no-op.
 
 The contract for every subscriber: called on the loop, in the fire's own
-task, so it returns at once (it may start a task of its own) and never
+task (a tick's first claims, and the answers that end a fire, in the one
+task that claims the tick's fires together: what an event names is what it
+is about), so it returns at once (it may start a task of its own) and never
 raises (an exception would end the fire; a subscriber catches its own).
 """
 
@@ -29,10 +31,11 @@ class FireEvents:
         """This replica's timer went off for a tick of ``job`` (or a run was asked for)."""
 
     def first_start(
-        self, job: JobConfig, identity: Identity, tick: datetime, preferred: bool
+        self, job: JobConfig, identity: Identity, tick: datetime, preferred: Callable[[], bool]
     ) -> None:
         """This replica fires a tick's first start (no retry, takeover or catch-up);
-        ``preferred``: the tick prefers this replica (spread), or no replica."""
+        ``preferred()``: whether the tick prefers this replica (spread), or no replica
+        (asked only by a subscriber that needs it: a hash per live replica)."""
 
     def claim_sent(self, job: JobConfig, identity: Identity) -> None:
         """A claim of ``identity`` goes out now (every try of it, through an outage too)."""

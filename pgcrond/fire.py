@@ -357,8 +357,8 @@ class Firing:
 
     def _first_start(self, guard: Guard, fire: Fire) -> None:
         # A fire another replica is preferred for comes here once that one let it pass.
-        preferred = not guard.defers(fire.identity)
-        self.events.first_start(fire.job, fire.identity, fire.tick, preferred)
+        identity = fire.identity
+        self.events.first_start(fire.job, identity, fire.tick, lambda: not guard.defers(identity))
 
     async def _send_claims(
         self, guard: Guard, fires: list[Fire], requests: list[ClaimRequest]
