@@ -140,6 +140,17 @@ def _add_output(parser: argparse.ArgumentParser, wide: str = "as text") -> None:
     )
 
 
+def _add_env(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a parameter: an environment variable for this run only (repeatable); recorded "
+        "with the request and shown by history and logs (*** if the name looks secret); the "
+        "job's params: lists the names it accepts",
+    )
+
+
 def _add_logging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-format",
@@ -368,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="default: manual:<current UTC minute>, so shells triggering at once run it once",
     )
+    _add_env(trigger)
     where = trigger.add_mutually_exclusive_group()
     where.add_argument(
         "--no-wait",

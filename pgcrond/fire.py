@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal, TypeVar
@@ -47,6 +47,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
+from pgcrond.core.trigger import TriggerKind, attempt_trigger
 from pgcrond.core.wheel import wake, wheel
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.events import FireEvents
@@ -89,6 +90,10 @@ class Fire:
     # Awaited once this replica won the claim, before the first attempt runs
     # (a request's own record that its run started).
     on_start: Callable[[], Awaitable[None]] | None = None
+    # Why it fires (PGCRON_TRIGGER; a won claim may make it a retry or takeover).
+    trigger: TriggerKind = "schedule"
+    # A request's parameters: extra environment variables for its runs only.
+    params: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
 # How often a forbid job's claim looks again whether an abandoned run of it
@@ -263,6 +268,8 @@ class Firing:
                 superseded_at=fire.superseded_at if deadline is not None else None,
                 suspended=f"suspended: true in {job.source}" if job.suspended else None,
                 spreadable=not fire.claim_at_once and outcome is None and deadline is not None,
+                # Once it ran here, what follows is its retry.
+                trigger=fire.trigger if outcome is None else "retry",
             )
             resumes = self._resumes
             claim: Callable[[], Awaitable[Held | Refused | None]]
@@ -293,7 +300,8 @@ class Firing:
                     self.events.paused(job, False)  # a tick ran: not paused
                 if fire.on_start is not None and outcome is None:
                     await fire.on_start()
-                outcome, retry = await self._run(job, guard, tick, answer)
+                kind = attempt_trigger(request.trigger, answer.claimed_from)
+                outcome, retry = await self._run(job, guard, fire, answer, kind)
                 # The tick started: from now on it is followed until it is
                 # done (retries, takeovers, a give-back); misfire_grace bounds
                 # only a tick's first start.
@@ -447,14 +455,14 @@ class Firing:
         return (refusal.wait + FOLLOW_MARGIN).total_seconds()
 
     async def _run(
-        self, job: JobConfig, guard: Guard, tick: datetime, held: Held
+        self, job: JobConfig, guard: Guard, fire: Fire, held: Held, kind: TriggerKind
     ) -> tuple[FireOutcome, bool]:
         """Run a won claim and record it; (what came of it, whether a retry follows)."""
         self.events.claim_won(job, held)
         result: RunResult | None = None
         try:
             async with guard.hold(held):
-                result = await self._execute(job, tick, held, guard)
+                result = await self._execute(job, fire, held, guard, kind)
         except Exception as exc:
             # A bug on the run path (keep-alive, runner, executor): the run won
             # its claim, so it is recorded as this run's failure, never left
@@ -633,7 +641,10 @@ class Firing:
             resume.cancel()
             stop.cancel()
 
-    async def _execute(self, job: JobConfig, tick: datetime, held: Held, guard: Guard) -> RunResult:
+    async def _execute(
+        self, job: JobConfig, fire: Fire, held: Held, guard: Guard, kind: TriggerKind
+    ) -> RunResult:
+        tick = fire.tick
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation
         fencing_token, claimed_from = held.fencing_token, held.claimed_from
         run_key = identity.run_key or ""
@@ -643,6 +654,7 @@ class Firing:
             idempotency_key=identity.idempotency_key,
             attempt=attempt,
             replica=self.replica,
+            trigger=kind,
         )
         begun = False
 
@@ -671,7 +683,9 @@ class Firing:
             idempotency_key=identity.idempotency_key,
             idempotency_key_hex=identity.idempotency_key_hex,
             fencing_token=fencing_token,
-            env=job.env,
+            trigger=kind,
+            # A request's parameters after the job's own env: named by the operator.
+            env={**job.env, **fire.params} if fire.params else job.env,
             cwd=job.cwd,
             box=job.box,
             timeout=job.timeout,

@@ -63,6 +63,7 @@ from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
 from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
+from pgcrond.core.trigger import TriggerKind
 from pgcrond.errors import Unsupported
 from pgcrond.storage.claims import Standing
 
@@ -134,6 +135,8 @@ class ClaimRequest:
     # A tick's first claim inside its misfire window: a guard may hold it back
     # briefly for the replica the tick prefers (:mod:`pgcrond.guard.spread`).
     spreadable: bool = False
+    # Why the fire runs: recorded with the attempt a won claim starts.
+    trigger: TriggerKind = "schedule"
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,7 @@ class LeaseGuard(Guard):
                     late_after=request.deadline,
                     superseded_at=request.superseded_at,
                     suspended=request.suspended,
+                    trigger=request.trigger,
                 ),
                 bound,
                 "claim",

@@ -25,6 +25,7 @@ from pgcrond.core.actions import SqlWork
 from pgcrond.core.keys import Identity
 from pgcrond.core.replica import this_process
 from pgcrond.core.timing import LeaseTiming, to_ms
+from pgcrond.core.trigger import TriggerKind
 from pgcrond.errors import LeaseLost, PgcrondError
 from pgcrond.storage import sqljob
 from pgcrond.storage.attempt_end import AttemptEnd, columns, finalize_columns
@@ -121,6 +122,7 @@ class LeaseStore:
         late_after: datetime | None = None,
         superseded_at: datetime | None = None,
         suspended: str | None = None,
+        trigger: TriggerKind = "schedule",
     ) -> asyncio.Future[Acquired | NotAcquired]:
         """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row.
 
@@ -141,6 +143,7 @@ class LeaseStore:
         A tick of a paused job (``pgcrond pause``), or of a ``suspended`` one
         (the text says where it is suspended), is recorded SKIPPED and refused
         ``paused``; a manual run key (not a tick's) is never paused.
+        ``trigger``: why the fire runs, for the attempt record the won claim starts.
         """
         request = PendingClaim(
             identity,
@@ -151,6 +154,7 @@ class LeaseStore:
             late_after,
             superseded_at,
             suspended,
+            trigger,
         )
         return self._claims.submit(request)
 
@@ -179,6 +183,7 @@ class LeaseStore:
                 "superseded_at": [r.superseded_at for r in batch],
                 "pausable": [r.identity.pausable for r in batch],
                 "suspended": [r.suspended if r.identity.pausable else None for r in batch],
+                "triggers": [r.trigger for r in batch],
                 "owner": self.owner,
                 "claim_ahead_ms": self._claim_ahead_ms,
             }

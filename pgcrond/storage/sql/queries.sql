@@ -51,9 +51,10 @@ WITH request AS (
         %(lock_keys)b::text[], %(types)b::text[], %(codes)b::text[], %(run_keys)b::text[],
         %(owner_tokens)b::uuid[], %(lease_ms)b::bigint[], %(forbid_overlap)b::boolean[],
         %(fire_times)b::timestamptz[], %(late_after)b::timestamptz[],
-        %(superseded_at)b::timestamptz[], %(pausable)b::boolean[], %(suspended)b::text[]
+        %(superseded_at)b::timestamptz[], %(pausable)b::boolean[], %(suspended)b::text[],
+        %(triggers)b::text[]
     ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap,
-            fire_time, late_after, superseded_at, pausable, suspended)
+            fire_time, late_after, superseded_at, pausable, suspended, trigger)
 ), mine AS MATERIALIZED (
     -- The existing rows, locked without waiting: a row another transaction
     -- holds (an sql: job's own, while its statements run) is refused as held
@@ -181,9 +182,18 @@ WITH request AS (
 ), started AS (
     -- Every won claim starts an attempt record (closed by its finalize), in
     -- this round trip: a replica killed mid-attempt leaves one that says so.
-    INSERT INTO {attempts} AS a (lease_id, fencing_token, attempt, replica, started_at, status)
-    SELECT c.id, c.fencing_token, c.attempt, c.owner, c.acquired_at, 'running'
+    -- Its trigger kind: what the fire asked for, unless the won row makes it a
+    -- takeover or a retry (the rule of pgcrond.core.trigger.attempt_trigger,
+    -- which tells the job the same).
+    INSERT INTO {attempts} AS a (
+        lease_id, fencing_token, attempt, replica, started_at, status, trigger
+    )
+    SELECT c.id, c.fencing_token, c.attempt, c.owner, c.acquired_at, 'running',
+           CASE WHEN c.reason = 'takeover' THEN 'takeover'
+                WHEN c.reason = 'retry' AND r.trigger IN ('schedule', 'catch_up') THEN 'retry'
+                ELSE r.trigger END
     FROM claim c
+    JOIN request r ON r.lock_key = c.lock_key
     WHERE c.status = 'RUNNING'
 ), superseded AS (
     -- A reclaimed row's attempt still 'running' had an owner that never
@@ -448,15 +458,18 @@ ORDER BY array_position(%(codes)b::text[], jobs.code)
 
 -- name: history
 -- Past runs, newest first; every filter is optional (NULL = any). Without
--- %(internal)s, pgcrond's own rows (codes 'pgcrond:...') are left out.
-SELECT id, type, code, run_key, status, reason, attempt, owner, fencing_token,
-       acquired_at, finished_at, expires_at, retry_at, error
-FROM {table}
-WHERE (%(code)s::text IS NULL OR code = %(code)s)
-  AND (%(internal)s OR code NOT LIKE 'pgcrond:%%')
-  AND (%(since)s::timestamptz IS NULL OR acquired_at >= %(since)s)
-  AND (%(status)s::text IS NULL OR status = %(status)s)
-ORDER BY acquired_at DESC, id DESC
+-- %(internal)s, pgcrond's own rows (codes 'pgcrond:...') are left out. A run
+-- that a request asked for shows the request's parameters (its unique key).
+SELECT l.id, l.type, l.code, l.run_key, l.status, l.reason, l.attempt, l.owner,
+       l.fencing_token, l.acquired_at, l.finished_at, l.expires_at, l.retry_at, l.error,
+       r.params
+FROM {table} l
+LEFT JOIN {requests} r ON r.code = l.code AND r.run_key = l.run_key
+WHERE (%(code)s::text IS NULL OR l.code = %(code)s)
+  AND (%(internal)s OR l.code NOT LIKE 'pgcrond:%%')
+  AND (%(since)s::timestamptz IS NULL OR l.acquired_at >= %(since)s)
+  AND (%(status)s::text IS NULL OR l.status = %(status)s)
+ORDER BY l.acquired_at DESC, l.id DESC
 LIMIT %(limit)s
 
 -- name: unlock_show
@@ -934,14 +947,16 @@ ORDER BY j.ord
 -- one statement (one transaction: the notification is delivered at commit, with
 -- the row already visible). Shells requesting the same run key make one row; a
 -- request whose earlier one is done is opened again (the lease still decides
--- whether anything runs). Returns the row as it was before (NULL when new),
--- whether this statement opened the request, and the run key's lease row.
+-- whether anything runs), as a manual run with these parameters (a backfill's
+-- done request leaves its backfill). Returns the row as it was before (NULL
+-- when new), whether this statement opened the request, and the run key's lease row.
 WITH opened AS (
-    INSERT INTO {requests} AS r (code, run_key, requested_by, requested_at)
-    VALUES (%(code)s, %(run_key)s, %(by)s, now())
+    INSERT INTO {requests} AS r (code, run_key, requested_by, requested_at, trigger, params)
+    VALUES (%(code)s, %(run_key)s, %(by)s, now(), 'manual', %(params)s)
     ON CONFLICT (code, run_key) DO UPDATE
     SET requested_by = EXCLUDED.requested_by, requested_at = EXCLUDED.requested_at,
-        taken_by = NULL, taken_at = NULL, done_at = NULL, outcome = NULL
+        taken_by = NULL, taken_at = NULL, done_at = NULL, outcome = NULL,
+        trigger = EXCLUDED.trigger, params = EXCLUDED.params, backfill_id = NULL, seq = NULL
     WHERE r.done_at IS NOT NULL
     RETURNING r.id
 ), woken AS (
@@ -949,7 +964,7 @@ WITH opened AS (
 )
 SELECT (opened.id IS NOT NULL) AS opened,
        earlier.requested_by, earlier.requested_at, earlier.taken_by, earlier.taken_at,
-       earlier.done_at, earlier.outcome,
+       earlier.done_at, earlier.outcome, earlier.trigger, earlier.params,
        lease.status AS lease_status, lease.reason AS lease_reason, lease.owner AS lease_owner,
        lease.retry_at AS lease_retry_at
 FROM woken
@@ -980,6 +995,12 @@ LEFT JOIN {table} lease
 -- open (the last row, id NULL): while one is, the replica takes again on a
 -- slow timer. SKIP LOCKED: replicas woken together take disjoint rows.
 -- Bounded, down the partial pending index.
+-- A backfill's request is taken only while fewer than its max_parallel
+-- requests before it (by seq) are not done: those taken and not done are then
+-- always among the first max_parallel not done, so at most max_parallel of its
+-- ticks run at once, in tick order, whichever replicas take them (a snapshot
+-- that has not seen a request end only makes a take wait). It is not bound by
+-- the window: a long backfill's last ticks are filed long before they run.
 WITH kept AS (
     UPDATE {requests}
     SET taken_at = now()
@@ -989,26 +1010,39 @@ WITH kept AS (
     UPDATE {requests} r
     SET taken_by = %(by)s, taken_at = now()
     FROM (
-        SELECT id
-        FROM {requests}
-        WHERE done_at IS NULL AND code = ANY(%(codes)b::text[])
-          AND NOT (id = ANY(%(running)b::bigint[]))
-          AND requested_at > now() - %(within_ms)s * interval '1 millisecond'
-          AND (taken_at IS NULL OR taken_at < now() - %(retake_ms)s * interval '1 millisecond')
-        ORDER BY requested_at
+        SELECT p.id
+        FROM {requests} p
+        LEFT JOIN {backfills} b ON b.id = p.backfill_id
+        WHERE p.done_at IS NULL AND p.code = ANY(%(codes)b::text[])
+          AND NOT (p.id = ANY(%(running)b::bigint[]))
+          AND (p.backfill_id IS NOT NULL
+               OR p.requested_at > now() - %(within_ms)s * interval '1 millisecond')
+          AND (p.taken_at IS NULL
+               OR p.taken_at < now() - %(retake_ms)s * interval '1 millisecond')
+          AND (b.id IS NULL OR b.max_parallel > (
+              SELECT count(*) FROM (
+                  SELECT 1 FROM {requests} e
+                  WHERE e.backfill_id = p.backfill_id AND e.seq < p.seq AND e.done_at IS NULL
+                  LIMIT b.max_parallel
+              ) earlier
+          ))
+        ORDER BY p.requested_at, p.seq
         LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF p SKIP LOCKED
     ) pending
     WHERE r.id = pending.id
-    RETURNING r.id, r.code, r.run_key, r.requested_by, r.requested_at, r.taken_at, r.started_at
+    RETURNING r.id, r.code, r.run_key, r.requested_by, r.requested_at, r.taken_at, r.started_at,
+              r.trigger, r.params, r.backfill_id
 )
-SELECT id, code, run_key, requested_by, requested_at, taken_at, started_at, NULL::boolean AS open
+SELECT id, code, run_key, requested_by, requested_at, taken_at, started_at, trigger, params,
+       backfill_id, NULL::boolean AS open
 FROM taken
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, EXISTS (
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, EXISTS (
     SELECT 1 FROM {requests} o
     WHERE o.done_at IS NULL AND o.code = ANY(%(codes)b::text[])
-      AND o.requested_at > now() - %(within_ms)s * interval '1 millisecond'
+      AND (o.backfill_id IS NOT NULL
+           OR o.requested_at > now() - %(within_ms)s * interval '1 millisecond')
 )
 
 -- name: start_request
@@ -1030,9 +1064,16 @@ WHERE id IN (
 
 -- name: finish_request
 -- The taker's fire came to an end: what it came to here (history has the run).
-UPDATE {requests}
-SET done_at = now(), outcome = %(outcome)s
-WHERE id = %(id)s AND taken_by = %(by)s AND done_at IS NULL
+-- A backfill's wakes the replicas: its next tick may be taken now.
+WITH done AS (
+    UPDATE {requests}
+    SET done_at = now(), outcome = %(outcome)s
+    WHERE id = %(id)s AND taken_by = %(by)s AND done_at IS NULL
+    RETURNING code, backfill_id
+), woken AS (
+    SELECT pg_notify(%(channel)s, code) AS sent FROM done WHERE backfill_id IS NOT NULL
+)
+SELECT count(*) AS finished, (SELECT count(*) FROM woken) AS woken FROM done
 
 -- name: release_request
 -- A taker that stops before it ran the request gives it back and wakes the
@@ -1234,12 +1275,13 @@ WHERE lease_id = %(id)s AND fencing_token = %(fencing_token)s
 SELECT l.code, l.type, l.run_key, l.status AS tick_status, a.lease_id, a.fencing_token,
        a.attempt, a.replica, a.started_at, a.finished_at, a.status, a.error, a.exit_code,
        a.duration_ms, a.stdout_head, a.stdout_tail, a.stdout_dropped, a.stderr_head,
-       a.stderr_tail, a.stderr_dropped
+       a.stderr_tail, a.stderr_dropped, a.trigger, q.params
 FROM {table} l
 JOIN LATERAL (
     SELECT * FROM {attempts} r
     WHERE r.lease_id = l.id AND (%(attempt)s::integer IS NULL OR r.attempt = %(attempt)s)
 ) a ON true
+LEFT JOIN {requests} q ON q.code = l.code AND q.run_key = l.run_key
 WHERE l.code = %(code)s
   AND (%(run_key)s::text IS NULL OR l.run_key = %(run_key)s)
 ORDER BY l.acquired_at DESC, l.id DESC, a.fencing_token DESC
@@ -1249,7 +1291,7 @@ LIMIT %(limit)s
 -- The attempt records of these lease rows, oldest first per row (history, the
 -- status page); the output columns only with %(output)s.
 SELECT a.lease_id, a.fencing_token, a.attempt, a.replica, a.started_at, a.finished_at,
-       a.status, a.error, a.exit_code, a.duration_ms,
+       a.status, a.error, a.exit_code, a.duration_ms, a.trigger,
        CASE WHEN %(output)s THEN a.stdout_head END AS stdout_head,
        CASE WHEN %(output)s THEN a.stdout_tail END AS stdout_tail,
        a.stdout_dropped,
