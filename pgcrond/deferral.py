@@ -44,8 +44,9 @@ import structlog
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.wheel import wheel
+from pgcrond.decide import FOLLOW_MARGIN
 from pgcrond.errors import PgcrondError
-from pgcrond.fire import FOLLOW_MARGIN, Fire, Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.base import Guard
 from pgcrond.storage.claims import Standing
 

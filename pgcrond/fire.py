@@ -35,9 +35,9 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import structlog
 
@@ -49,6 +49,7 @@ from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.trigger import TriggerKind, attempt_trigger
 from pgcrond.core.wheel import wake, wheel
+from pgcrond.decide import Answer, FireOutcome, Ran, State, decide
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
@@ -58,13 +59,6 @@ from pgcrond.run.runner import execute
 
 T = TypeVar("T")
 log = structlog.get_logger("pgcrond.fire")
-
-# What one fire came to on this replica. "lose": its claim lost (another replica
-# runs or ran the tick); "lease_lost": it won, but lost the lease while running;
-# "crashed": an unexpected error ended it (logged as fire_crashed).
-FireOutcome = Literal[
-    "success", "fail", "timeout", "cancelled", "lease_lost", "lose", "skip", "misfire", "crashed"
-]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +89,28 @@ class Fire:
     # A request's parameters: extra environment variables for its runs only.
     params: Mapping[str, str] = field(default_factory=dict, compare=False)
 
+    def asks(self, *, first: bool) -> TriggerKind:
+        """The trigger kind its claim asks for: once it ran here, what follows is a retry."""
+        return self.trigger if first else "retry"
+
+    def claim_request(self, *, started: bool, first: bool = True) -> ClaimRequest:
+        """This fire's claim; ``started``: the tick started already (no misfire bound);
+        ``first``: nothing ran here yet."""
+        job = self.job
+        # Like the misfire bound, coalescing bounds a tick's first start only.
+        deadline = None if started else self.tick + job.misfire_grace
+        return ClaimRequest(
+            self.identity,
+            self.tick,
+            job.timing,
+            forbid_overlap=job.concurrency == "forbid",
+            deadline=deadline,
+            superseded_at=None if started else self.superseded_at,
+            suspended=f"suspended: true in {job.source}" if job.suspended else None,
+            spreadable=not self.claim_at_once and not started,
+            trigger=self.asks(first=first),
+        )
+
 
 # How often a forbid job's claim looks again whether an abandoned run of it
 # ended (a thread gives no signal when it ends).
@@ -103,15 +119,7 @@ LEFTOVER_POLL_S = 0.05
 # answering again, slow enough not to hammer a struggling server.
 _BACKOFF_FIRST = 0.2
 _BACKOFF_MAX = 1.0
-# Re-check a held lease (claim, or look at, it again) a little after it could
-# have expired, so the holder's last heartbeat and clock jitter do not make
-# the check land just before it.
-FOLLOW_MARGIN = timedelta(milliseconds=100)
 _LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
-# How often a retry that a newer running tick of its forbid job blocks is
-# claimed again (at most; a shorter lease, sooner): the run it waits for ends,
-# or its owner's lease lapses, within a lease.
-_BLOCKED_RETRY_RECHECK = timedelta(seconds=10)
 # A guard call that raises an error which is not a PgcrondError (a bug, say a
 # batch answering a request given up on) is retried like an outage, since
 # every guard call is safe to repeat (the contract); this many times in a row.
@@ -251,129 +259,121 @@ class Firing:
     async def _fire(
         self, fire: Fire, guard: Guard, bound: structlog.typing.FilteringBoundLogger
     ) -> FireOutcome:
+        """Claim, and carry out each step the decide table gives, until one ends the fire."""
         job, tick, identity = fire.job, fire.tick, fire.identity
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
-        unbounded = identity.type == "INITIAL" or fire.started
-        deadline = None if unbounded else tick + job.misfire_grace
-        outcome: FireOutcome | None = None  # set once this replica ran or lost the tick
-        while not self.stopping.is_set():
-            request = ClaimRequest(
-                identity,
-                tick,
-                job.timing,
-                forbid_overlap=job.concurrency == "forbid",
-                deadline=deadline,
-                # Like the misfire bound, coalescing bounds a tick's first start only.
-                superseded_at=fire.superseded_at if deadline is not None else None,
-                suspended=f"suspended: true in {job.source}" if job.suspended else None,
-                spreadable=not fire.claim_at_once and outcome is None and deadline is not None,
-                # Once it ran here, what follows is its retry.
-                trigger=fire.trigger if outcome is None else "retry",
-            )
+        started = identity.type == "INITIAL" or fire.started
+        state = State(job, follow=fire.follow)
+        answer: Answer = None
+        while True:
+            if self.stopping.is_set():
+                return state.outcome or "lose"
             resumes = self._resumes
-            claim: Callable[[], Awaitable[Held | Refused | None]]
-            claim = functools.partial(guard.claim, request)
-            if request.forbid_overlap:
-                # Asked before every try: a run of the job here may be
-                # abandoned while the claim retries through an outage.
-                claim = functools.partial(self._claim_alone, job, bound, deadline, claim)
-            answer = await self._with_outage_retry(job, "claim", claim, deadline)
-            if answer is None:
-                if self.stopping.is_set():
-                    # The replica stops with no answer (none asked for, or the
-                    # database unreachable): the tick is the live replicas' to
-                    # run, or to record missed, not this one's to call missed.
-                    return outcome or "lose"
-                # Still unreachable at the end of the misfire window, which
-                # only a tick's first start has (a tick this replica ran or
-                # follows has none): the first claim never got through.
-                return self._misfire(job, bound, identity, tick, "database_unavailable")
-            if isinstance(answer, Held):
-                # Won, maybe ahead of the tick, and the tick has come: it runs
-                # as the config in force now says, and never once halted.
-                in_force = self._in_force(job)
-                if in_force is None or self._halted:
-                    return await self._release_unstarted(job, guard, answer, bound, outcome)
-                job = in_force
-                if answer.identity.type == "INITIAL" or tick_of(answer.identity.run_key or ""):
-                    self.events.paused(job, False)  # a tick ran: not paused
-                if fire.on_start is not None and outcome is None:
-                    await fire.on_start()
-                kind = attempt_trigger(request.trigger, answer.claimed_from)
-                outcome, retry = await self._run(job, guard, fire, answer, kind)
-                # The tick started: from now on it is followed until it is
-                # done (retries, takeovers, a give-back); misfire_grace bounds
-                # only a tick's first start.
-                deadline = None
-                if retry or outcome == "lease_lost":
-                    # Followed like any replica follows it: the next claim says
-                    # how long until the retry, or who holds the tick now.
-                    continue
-                return outcome
-            if answer.reason == "not_due":
-                # This replica's clock runs ahead of the database's, or a
-                # claim made ahead of the tick is to be judged at the tick
-                # (an overlap, a pause): claimed again then, on the wheel.
-                await self._sleep((answer.wait or timedelta()).total_seconds())
-                continue
-            if answer.reason in ("late", "coalesced"):
-                if outcome is None:
-                    # A guard with history stored the tick (MISSED/late or
-                    # /coalesced, or FAIL/late).
-                    recorded = answer.status is not None
-                    return self._misfire(
-                        job, bound, identity, tick, answer.reason, recorded=recorded
-                    )
-                return outcome
-            if answer.reason == "paused":
+            answer = await self._claim(
+                fire, guard, bound, started=started, first=state.outcome is None
+            )
+            if isinstance(answer, Refused) and answer.reason == "paused":
                 self.events.paused(job, True)
-                if fire.follow and answer.status != "SKIPPED" and not job.suspended:
-                    # A started tick (a takeover or retry due) or a run-once job:
-                    # it waits for `pgcrond resume`, not for a replica's restart.
-                    # (A new tick was recorded SKIPPED; a YAML suspension ends
-                    # with a reload, which fires run-once jobs again.)
-                    deadline = None
-                    await self._wait_for_resume(bound, answer, resumes)
-                    continue
-            if answer.reason == "overlap" and answer.status == "FAIL":
-                # A started tick's retry (or a claim given back), due while a
-                # newer tick of this forbid job runs: it waits for that run to
-                # end, not dropped — no replica would ever claim it again.
-                deadline = None
-                await self._sleep(min(job.timing.lease, _BLOCKED_RETRY_RECHECK).total_seconds())
-                continue
-            if answer.reason in ("overlap", "paused"):
-                self.events.skipped(job, answer.reason)
-                bound.info(
-                    "tick_skipped",
-                    reason=answer.reason,
-                    detail=answer.detail
-                    if answer.reason == "paused"
-                    else "the previous tick of this job is still running",
-                )
-                return outcome or "skip"
-            if outcome is None:
-                outcome = "lose"
-                self.events.claim_lost(job, answer.reason)
-                bound.debug(
-                    "claim_lost",
-                    reason=answer.reason,
-                    status=answer.status,
-                    owner=answer.owner,
-                    cause=answer.cause,
-                    recheck_in_s=None if answer.wait is None else answer.wait.total_seconds(),
-                )
-            if answer.reason in ("held", "retry_pending"):
-                # Some replica started the tick: followed until it is done.
-                deadline = None
-            # Without follow (`pgcrond trigger`) only this replica's own retries
-            # are followed: a tick it lost is left to the daemons.
-            wait = self._follow(job, answer)
-            if wait is None or (outcome == "lose" and not fire.follow):
-                return outcome
-            await self._sleep(wait)
-        return outcome or "lose"
+            in_force = self._in_force(job) if isinstance(answer, Held) else job
+            state = replace(
+                state,
+                stopping=self.stopping.is_set(),
+                halted=self._halted,
+                in_force=in_force is not None,
+            )
+            step = decide(answer, state)
+            if isinstance(answer, Held) and step.kind == "run" and in_force is not None:
+                job = in_force
+                answer = await self._run_won(fire, job, guard, answer, first=state.outcome is None)
+                step = decide(answer, state)
+            if step.lost:
+                self._lost(job, bound, answer)
+            state = replace(state, outcome=step.outcome)
+            started = started or step.started
+            if step.kind == "follow":
+                await self._sleep(step.wait.total_seconds())
+            elif step.kind == "resume":
+                assert isinstance(answer, Refused)
+                await self._wait_for_resume(bound, answer, resumes)
+            elif step.kind == "release":
+                assert isinstance(answer, Held) and step.cause is not None
+                await self._release_unstarted(job, guard, answer, bound, step.cause)
+                return step.outcome or "lose"
+            elif step.kind == "miss":
+                assert step.cause is not None
+                return self._misfire(job, bound, identity, tick, step.cause, recorded=step.recorded)
+            elif step.kind == "skip":
+                assert isinstance(answer, Refused) and step.cause is not None
+                self._skipped(job, bound, answer, step.cause)
+                return step.outcome or "skip"
+            else:
+                return step.outcome or "lose"
+
+    async def _claim(
+        self,
+        fire: Fire,
+        guard: Guard,
+        bound: structlog.typing.FilteringBoundLogger,
+        *,
+        started: bool,
+        first: bool,
+    ) -> Held | Refused | None:
+        """One claim of ``fire``, retried through an outage; None: no answer came."""
+        job = fire.job
+        request = fire.claim_request(started=started, first=first)
+        claim: Callable[[], Awaitable[Held | Refused | None]]
+        claim = functools.partial(guard.claim, request)
+        if request.forbid_overlap:
+            # Asked before every try: a run of the job here may be
+            # abandoned while the claim retries through an outage.
+            claim = functools.partial(self._claim_alone, job, bound, request.deadline, claim)
+        return await self._with_outage_retry(job, "claim", claim, request.deadline)
+
+    async def _run_won(
+        self, fire: Fire, job: JobConfig, guard: Guard, held: Held, *, first: bool
+    ) -> Ran:
+        """Run a won claim as ``job`` (the config in force) and record it."""
+        if held.identity.type == "INITIAL" or tick_of(held.identity.run_key or ""):
+            self.events.paused(job, False)  # a tick ran: not paused
+        if fire.on_start is not None and first:
+            await fire.on_start()
+        kind = attempt_trigger(fire.asks(first=first), held.claimed_from)
+        outcome, retry = await self._run(job, guard, fire, held, kind)
+        return Ran(outcome, retry)
+
+    def _lost(
+        self,
+        job: JobConfig,
+        bound: structlog.typing.FilteringBoundLogger,
+        answer: Answer,
+    ) -> None:
+        assert isinstance(answer, Refused)
+        self.events.claim_lost(job, answer.reason)
+        bound.debug(
+            "claim_lost",
+            reason=answer.reason,
+            status=answer.status,
+            owner=answer.owner,
+            cause=answer.cause,
+            recheck_in_s=None if answer.wait is None else answer.wait.total_seconds(),
+        )
+
+    def _skipped(
+        self,
+        job: JobConfig,
+        bound: structlog.typing.FilteringBoundLogger,
+        refused: Refused,
+        reason: str,
+    ) -> None:
+        self.events.skipped(job, reason)
+        bound.info(
+            "tick_skipped",
+            reason=reason,
+            detail=refused.detail
+            if reason == "paused"
+            else "the previous tick of this job is still running",
+        )
 
     def _in_force(self, job: JobConfig) -> JobConfig | None:
         """``job`` as the config in force defines it now; None once a reload removed it."""
@@ -385,20 +385,18 @@ class Firing:
         guard: Guard,
         held: Held,
         bound: structlog.typing.FilteringBoundLogger,
-        outcome: FireOutcome | None,
-    ) -> FireOutcome:
+        why: str,
+    ) -> None:
         """Give back a claim that must not start: the replica is halted, or its job is gone.
 
         A claim won ahead of its tick waits for the tick; a forced stop or a
         reload may come meanwhile. Released (not run, not left RUNNING until
         its lease lapses), a live replica whose config still has the job takes it over.
         """
-        why = "stopping" if self._halted else "job_removed"
         bound.info("claim_released", reason=why, attempt=held.attempt)
         await self._with_outage_retry(
             job, "finalize", lambda: guard.record(held, Verdict("released", why)), None
         )
-        return outcome or ("lose" if why == "stopping" else "skip")
 
     async def _claim_alone(
         self,
@@ -435,24 +433,6 @@ class Firing:
             if deadline is not None and self.clock() >= deadline:
                 return
             await asyncio.sleep(LEFTOVER_POLL_S)
-
-    def _follow(self, job: JobConfig, refusal: Refused) -> float | None:
-        """Seconds to wait before claiming again, or None to stop following.
-
-        Only a started tick is followed (held, or a retry pending), and with
-        no misfire bound: its window bounded its first start only.
-        """
-        if refusal.reason not in ("held", "retry_pending") or refusal.wait is None:
-            return None
-        if (
-            refusal.reason == "retry_pending"
-            and refusal.identity.type == "INITIAL"
-            and (refusal.attempt or 0) > job.retries
-        ):
-            # Out of retries for this start: the next start of a replica tries
-            # the run-once job again, not every follower now.
-            return None
-        return (refusal.wait + FOLLOW_MARGIN).total_seconds()
 
     async def _run(
         self, job: JobConfig, guard: Guard, fire: Fire, held: Held, kind: TriggerKind

@@ -33,7 +33,8 @@ from pgcrond.daemon.scheduling import (
     Scheduling,
     lead_for,
 )
-from pgcrond.fire import Fire, FireOutcome, Firing
+from pgcrond.decide import FireOutcome
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.base import ClaimRequest, Held
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.guard.spread import Spread

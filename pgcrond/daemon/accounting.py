@@ -39,9 +39,10 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.metrics import Metrics
+from pgcrond.decide import FireOutcome
 from pgcrond.errors import PgcrondError
 from pgcrond.events import FireEvents
-from pgcrond.fire import Fire, FireOutcome, Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.storage.claims import NotAcquired
 from pgcrond.storage.jobstate import pause_of, paused
 from pgcrond.storage.leases import LeaseStore

@@ -45,10 +45,11 @@ from pgcrond.daemon.scheduling import Scheduling
 from pgcrond.daemon.stall import StallProbe
 from pgcrond.daemon.status_page import StatusPage
 from pgcrond.daemon.watch import ConfigWatcher
+from pgcrond.decide import FireOutcome
 from pgcrond.deferral import Deferral
 from pgcrond.errors import ConfigError, DatabaseUnavailable, ExitCode, PgcrondError
 from pgcrond.events import FanOut
-from pgcrond.fire import Fire, FireOutcome, Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard import Guards
 from pgcrond.guard.spread import Spread
 from pgcrond.run import box

@@ -18,6 +18,9 @@ Every guard fulfils these rules; the implementations only say how.
   is inside its misfire window (by the database clock when there is one).
   ``Refused`` says why and, where waiting could change the answer, for how long
   (``wait``, by the database clock): the fire then claims again after it.
+* **claim_many** is ``claim`` for a chunk of a tick's fires at once, answered
+  in their order: the lease guard sends one statement and waits once for the
+  fire time; the others claim one after another.
 * **hold** sets ``held.cancellation`` (reason ``lease_lost``, ``lease_expired``
   or ``lock_lost``) early enough that the run's whole stop sequence is over
   before anyone else may claim the identity. It never extends a claim that has
@@ -183,6 +186,15 @@ class Guard(abc.ABC):
     @abc.abstractmethod
     async def claim(self, request: ClaimRequest) -> Held | Refused:
         """Try to win ``request.identity``; see the module docstring."""
+
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Held | Refused]:
+        """:meth:`claim` each of ``requests`` (a chunk of one tick's fires), answered in order.
+
+        A guard with a database claims them in one statement; this default
+        claims them one after another. An outage is raised for the whole
+        chunk (every claim is safe to repeat).
+        """
+        return [await self.claim(request) for request in requests]
 
     @abc.abstractmethod
     def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:

@@ -41,6 +41,7 @@ from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.attempt_end import AttemptEnd
+from pgcrond.storage.claim_answers import PendingClaim
 from pgcrond.storage.claims import Acquired, NotAcquired, Standing
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.leases import LeaseStore
@@ -97,33 +98,9 @@ class LeaseGuard(Guard):
         at_once = False
         if spread is not None and identity not in self._tokens:
             at_once = await spread.hold_back(identity, request.tick)
-        token = self._tokens.get(identity)
-        if token is None:
-            # Drawn from the system each time: a count seeded once per process
-            # repeats in a forked or restored copy of it, and a claim answered
-            # with its own token counts as won, so two claimants would both win.
-            token = self._tokens[identity] = uuid.uuid4()
-        timing = request.timing
-        bound = CLAIM_TIMEOUT_S
-        if request.deadline is not None:
-            # A claim is worth nothing after the misfire window: it is bounded by it.
-            left = (request.deadline - self._wall()).total_seconds()
-            bound = min(bound, max(left, 0.05))
         try:
             answer = await _bounded(
-                self.store.claim(
-                    identity,
-                    timing,
-                    forbid_overlap=request.forbid_overlap,
-                    owner_token=token,
-                    fire_time=request.tick if identity.type == "SCHEDULE" else None,
-                    late_after=request.deadline,
-                    superseded_at=request.superseded_at,
-                    suspended=request.suspended,
-                    trigger=request.trigger,
-                ),
-                bound,
-                "claim",
+                self.store.claim_one(self._pending(request)), self._bound(request), "claim"
             )
         finally:
             if at_once and spread is not None:
@@ -131,27 +108,108 @@ class LeaseGuard(Guard):
         # An answer came: the next claim of this identity is a new one.
         self._tokens.pop(identity, None)
         if isinstance(answer, NotAcquired):
-            if spread is not None and answer.status is not None:
-                spread.saw(answer.owner)  # the row of a current tick: its owner lives
-            return Refused(
-                identity,
-                answer.reason,
-                answer.status,
-                answer.owner,
-                answer.wait,
-                answer.attempt,
-                answer.detail,
-                answer.cause,
-            )
+            return self._refused(answer)
         if identity.type == "SCHEDULE":
             # Won ahead of its tick: what follows judges the lease as it is then.
             await self._reached(request.tick)
+        return self._ready(request, answer) or await self._arrived(request, answer)
+
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Held | Refused]:
+        """One claim statement for ``requests`` (the store's :meth:`~LeaseStore.claim_many`).
+
+        The won claims wait once, together, until the database's clock has
+        surely reached the latest of their fire times; each is then judged on
+        arrival as :meth:`claim` judges one. Claims are never held back here:
+        the caller has decided which of a tick's fires to claim now.
+        """
+        pendings = [self._pending(request) for request in requests]
+        bound = min(self._bound(request) for request in requests)
+        # Retried through an outage with the same owner tokens: a try that
+        # committed but lost its answer still counts as won.
+        answers = await _bounded(self.store.claim_many(pendings), bound, "claim")
+        for request in requests:
+            self._tokens.pop(request.identity, None)
+        won = [r.tick for r, a in zip(requests, answers, strict=True) if isinstance(a, Acquired)]
+        scheduled = [r.tick for r in requests if r.identity.type == "SCHEDULE"]
+        if won and scheduled:
+            await self._reached(max(scheduled))
+        results: list[Held | Refused | None] = []
+        later: list[tuple[int, ClaimRequest, Acquired]] = []
+        for request, answer in zip(requests, answers, strict=True):
+            if isinstance(answer, NotAcquired):
+                results.append(self._refused(answer))
+                continue
+            ready = self._ready(request, answer)
+            if ready is None:
+                later.append((len(results), request, answer))
+            results.append(ready)
+        if later:
+            # The few that need a statement first (a re-check, a give-back) go together.
+            judged = await asyncio.gather(*(self._arrived(r, a) for _, r, a in later))
+            for (i, _, _), result in zip(later, judged, strict=True):
+                results[i] = result
+        return [result for result in results if result is not None]
+
+    def _pending(self, request: ClaimRequest) -> PendingClaim:
+        identity = request.identity
+        token = self._tokens.get(identity)
+        if token is None:
+            # Drawn from the system each time: a count seeded once per process
+            # repeats in a forked or restored copy of it, and a claim answered
+            # with its own token counts as won, so two claimants would both win.
+            token = self._tokens[identity] = uuid.uuid4()
+        return PendingClaim(
+            identity,
+            request.timing,
+            token,
+            request.forbid_overlap and identity.type == "SCHEDULE",
+            request.tick if identity.type == "SCHEDULE" else None,
+            request.deadline,
+            request.superseded_at,
+            request.suspended,
+            request.trigger,
+        )
+
+    def _bound(self, request: ClaimRequest) -> float:
+        """How long the claim's answer is waited for."""
+        if request.deadline is None:
+            return CLAIM_TIMEOUT_S
+        # A claim is worth nothing after the misfire window: it is bounded by it.
+        left = (request.deadline - self._wall()).total_seconds()
+        return min(CLAIM_TIMEOUT_S, max(left, 0.05))
+
+    def _refused(self, answer: NotAcquired) -> Refused:
+        if self.spread is not None and answer.status is not None:
+            self.spread.saw(answer.owner)  # the row of a current tick: its owner lives
+        return Refused(
+            answer.identity,
+            answer.reason,
+            answer.status,
+            answer.owner,
+            answer.wait,
+            answer.attempt,
+            answer.detail,
+            answer.cause,
+        )
+
+    def _ready(self, request: ClaimRequest, lease: Acquired) -> Held | None:
+        """``Held`` at once when the answer decides with no statement (most do); else None."""
+        fast = lease.received_at - lease.sent_at <= SLOW_ANSWER_S or self._clear(request, lease)
+        inside = request.deadline is None or (
+            (lease.db_now_at_latest() or request.deadline) <= request.deadline
+        )
+        if not (fast and inside) or self._clock() >= lease.stop_at:
+            return None
+        return self._opened(request, lease)
+
+    async def _arrived(self, request: ClaimRequest, answer: Acquired) -> Held | Refused:
+        """Judge a won claim whose answer was slow, late or too late to run as it is."""
         precise = True
         if answer.received_at - answer.sent_at > SLOW_ANSWER_S and not self._clear(request, answer):
             fresh = await self._recheck(answer)
             if fresh is None:
                 # Lapsed or taken over while the answer was on its way.
-                return Refused(identity, "held", "RUNNING", wait=timedelta(0))
+                return Refused(request.identity, "held", "RUNNING", wait=timedelta(0))
             precise = fresh is not answer
             answer = fresh
         return await self._on_arrival(request, answer, precise=precise)
@@ -254,6 +312,9 @@ class LeaseGuard(Guard):
             )
             await self._quietly(self.store.release(lease), lease)
             return Refused(request.identity, "retry_pending", "FAIL", wait=timedelta(0))
+        return self._opened(request, lease)
+
+    def _opened(self, request: ClaimRequest, lease: Acquired) -> Held:
         held = Held(
             identity=request.identity,
             attempt=lease.attempt,

@@ -156,7 +156,37 @@ class LeaseStore:
             suspended,
             trigger,
         )
+        return self.claim_one(request)
+
+    def claim_one(self, request: PendingClaim) -> asyncio.Future[Acquired | NotAcquired]:
+        """:meth:`claim` of a claim made already (its owner token drawn)."""
         return self._claims.submit(request)
+
+    async def claim_many(self, requests: Sequence[PendingClaim]) -> list[Acquired | NotAcquired]:
+        """Claim every one of ``requests`` in one statement, answered in their order.
+
+        As :meth:`claim` does one. A statement touches a row at most once,
+        and cannot see the rows it inserts itself: a request that shares a
+        key with an earlier one (the same identity, a second tick of the same
+        forbid job) goes in a statement sent after the earlier one's answer.
+        """
+        answers: dict[int, Acquired | NotAcquired] = {}
+        left = list(enumerate(requests))
+        while left:
+            seen: set[str] = set()
+            now: list[tuple[int, PendingClaim]] = []
+            later: list[tuple[int, PendingClaim]] = []
+            for index, request in left:
+                keys = claim_keys(request)
+                if seen.intersection(keys):
+                    later.append((index, request))
+                else:
+                    seen.update(keys)
+                    now.append((index, request))
+            answer = await self._claim([request for _, request in now])
+            answers.update((index, answer(request)) for index, request in now)
+            left = later
+        return [answers[index] for index in range(len(requests))]
 
     async def _claim(
         self, batch: list[PendingClaim]
