@@ -224,6 +224,11 @@ async def prune_requests(
         deleted = await store.db.execute(store.queries.get("prune_requests"), params)
         total += deleted
         if deleted < batch_size:
+            # A backfill goes once its last request went.
+            await store.db.execute(
+                store.queries.get("prune_backfills"),
+                {"older_than_ms": params["older_than_ms"]},
+            )
             return total
 
 

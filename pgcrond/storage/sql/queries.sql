@@ -1316,3 +1316,111 @@ WHERE f.code = %(code)s AND f.status = 'FAIL' AND f.retry_at IS NULL
         AND NOT (s.type = %(type)s AND s.run_key IS NOT DISTINCT FROM %(run_key)s::text)
       ORDER BY s.acquired_at DESC, s.id DESC LIMIT 1
   ), '-infinity')
+
+-- name: backfill_rows
+-- What a backfill finds for each tick of its range: the tick's lease row (if
+-- any) and a request of its run key not done yet (if any). Unique-index reads.
+SELECT t.run_key, l.status, l.reason, l.owner, l.retry_at, l.error,
+       r.requested_by AS pending_by, r.trigger AS pending_trigger
+FROM unnest(%(run_keys)b::text[]) AS t (run_key)
+LEFT JOIN {table} l ON l.code = %(code)s AND l.type = 'SCHEDULE' AND l.run_key = t.run_key
+LEFT JOIN {requests} r ON r.code = %(code)s AND r.run_key = t.run_key AND r.done_at IS NULL
+
+-- name: backfill_file
+-- `pgcrond backfill`: file a backfill in one statement (one transaction; the
+-- notification goes out at commit). Each tick to run gets a lease row FAIL/
+-- backfill that is due now (a tick with no row gets one, sorting at its tick;
+-- a MISSED row or a final FAIL is opened again, its old state kept in the
+-- error text): the request's fire claims it like any retry, so pause and the
+-- overlap policy apply, it has no misfire bound, and a takeover of it after a
+-- kill is an ordinary takeover. A row that is anything else by now (SUCCESS,
+-- RUNNING, a retry pending, SKIPPED) is left alone and its tick not filed;
+-- the statement decides, not the command's earlier read. Then one request per
+-- opened tick, in tick order (seq), with the backfill's parameters.
+WITH backfill AS (
+    INSERT INTO {backfills} (code, range_from, range_to, requested_by, requested_at, max_parallel)
+    VALUES (%(code)s, %(range_from)s, %(range_to)s, %(by)s, now(), %(max_parallel)s)
+    RETURNING id, requested_at
+), ticks AS (
+    SELECT *
+    FROM unnest(%(lock_keys)b::text[], %(run_keys)b::text[], %(ticks)b::timestamptz[])
+         WITH ORDINALITY AS t (lock_key, run_key, tick, seq)
+), opened AS (
+    INSERT INTO {table} AS l (
+        lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
+        lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, retry_at,
+        reason, error
+    )
+    SELECT t.lock_key, 'SCHEDULE', %(code)s, t.run_key, 'FAIL', gen_random_uuid(), %(by)s, 0,
+           nextval({fencing_seq_name}), %(lease_ms)s, clock_timestamp(), t.tick,
+           clock_timestamp(), clock_timestamp(), clock_timestamp(), clock_timestamp(),
+           'backfill', 'filed by backfill ' || b.id || ' (' || %(by)s || ')'
+    FROM ticks t CROSS JOIN backfill b
+    ORDER BY t.lock_key
+    ON CONFLICT (lock_key) DO UPDATE SET
+        status = 'FAIL',
+        owner_token = EXCLUDED.owner_token,
+        owner = EXCLUDED.owner,
+        finished_at = EXCLUDED.finished_at,
+        retry_at = EXCLUDED.retry_at,
+        reason = 'backfill',
+        error = left(EXCLUDED.error || '; it was ' || l.status || coalesce('/' || l.reason, '')
+                     || coalesce(': ' || l.error, ''), 4000)
+    WHERE l.status = 'MISSED' OR (l.status = 'FAIL' AND l.retry_at IS NULL)
+    RETURNING l.lock_key
+), filed AS (
+    INSERT INTO {requests} AS r (
+        code, run_key, requested_by, requested_at, trigger, params, backfill_id, seq
+    )
+    SELECT %(code)s, t.run_key, %(by)s, b.requested_at, 'backfill', %(params)s, b.id, t.seq
+    FROM ticks t JOIN opened o ON o.lock_key = t.lock_key CROSS JOIN backfill b
+    ON CONFLICT (code, run_key) DO UPDATE SET
+        requested_by = EXCLUDED.requested_by, requested_at = EXCLUDED.requested_at,
+        taken_by = NULL, taken_at = NULL, done_at = NULL, outcome = NULL, started_at = NULL,
+        trigger = EXCLUDED.trigger, params = EXCLUDED.params,
+        backfill_id = EXCLUDED.backfill_id, seq = EXCLUDED.seq
+    WHERE r.done_at IS NOT NULL
+    RETURNING r.run_key
+), woken AS (
+    SELECT pg_notify(%(channel)s, %(code)s) AS sent
+)
+SELECT b.id, b.requested_at, ARRAY(SELECT run_key FROM filed) AS filed
+FROM backfill b, woken
+
+-- name: backfill_progress
+-- Where each tick of a backfill stands: its request (taken, done, with what)
+-- and its lease row (status, attempt, owner) with the newest attempt's trigger
+-- kind. In tick order, down the (backfill_id, seq) index.
+SELECT r.run_key, r.seq, r.taken_by, r.done_at, r.outcome,
+       l.status AS lease_status, l.owner AS lease_owner, l.attempt AS lease_attempt,
+       l.error AS lease_error,
+       (SELECT a.trigger FROM {attempts} a WHERE a.lease_id = l.id
+        ORDER BY a.fencing_token DESC LIMIT 1) AS trigger
+FROM {requests} r
+LEFT JOIN {table} l ON l.code = r.code AND l.type = 'SCHEDULE' AND l.run_key = r.run_key
+WHERE r.backfill_id = %(id)s
+ORDER BY r.seq
+
+-- name: running_backfills
+-- The backfills with a tick still to run, with their counts (the status
+-- page): done, running (taken), left (not taken). Backfills are few; each
+-- one's requests are read down the (backfill_id, seq) index.
+SELECT b.id, b.code, b.range_from, b.range_to, b.requested_by, b.requested_at,
+       b.max_parallel, c.done, c.running, c.left_
+FROM {backfills} b
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE r.done_at IS NOT NULL) AS done,
+           count(*) FILTER (WHERE r.done_at IS NULL AND r.taken_by IS NOT NULL) AS running,
+           count(*) FILTER (WHERE r.done_at IS NULL AND r.taken_by IS NULL) AS left_
+    FROM {requests} r
+    WHERE r.backfill_id = b.id
+) c
+WHERE c.running + c.left_ > 0
+  AND (%(code)s::text IS NULL OR b.code = %(code)s)
+ORDER BY b.id
+
+-- name: prune_backfills
+-- Backfills whose every request was pruned (history pruning's age).
+DELETE FROM {backfills} b
+WHERE b.requested_at < now() - %(older_than_ms)s * interval '1 millisecond'
+  AND NOT EXISTS (SELECT 1 FROM {requests} r WHERE r.backfill_id = b.id)
