@@ -233,18 +233,24 @@ def test_a_backfill_of_seven_days_runs_the_four_not_succeeded_once_each_through_
         # Mid-way: once one backfill tick ended, kill -9 a replica running another.
         backfilled = set(keys) - {keys[0], keys[2], keys[4]}
         wait_until(
-            lambda: any(
-                e["run_key"] in backfilled for r in replicas for e in r.events("request_done")
+            lambda: running.rows(
+                f'SELECT 1 FROM "{schema}".leases_requests '
+                "WHERE backfill_id IS NOT NULL AND done_at IS NOT NULL"
             ),
             60,
             "a backfill tick's end",
         )
 
         def runner() -> Any:
-            done = {e["run_key"] for r in replicas for e in r.events("request_done")}
+            now_running = {
+                (row["run_key"], row["attempt"])
+                for row in running.rows(
+                    "SELECT run_key, attempt FROM {leases} WHERE status = 'RUNNING'"
+                )
+            }
             for replica in replicas:
                 for e in replica.events("run_started"):
-                    if e["run_key"] in backfilled - done:
+                    if (e["run_key"], e["attempt"]) in now_running:
                         return replica, e["run_key"]
             return None
 
