@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 
 import structlog
 
@@ -49,7 +49,7 @@ from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.trigger import TriggerKind, attempt_trigger
 from pgcrond.core.wheel import wake, wheel
-from pgcrond.decide import Answer, FireOutcome, Ran, State, decide
+from pgcrond.decide import Answer, FireOutcome, Ran, State, Step, decide
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
@@ -72,9 +72,6 @@ class Fire:
     # The tick already ran (a retry or takeover pending, seen at start or by a
     # look): followed with no misfire bound, which bounds a tick's first start only.
     started: bool = False
-    # The hold-back for another preferred replica is over already (a deferred
-    # fire, pgcrond.deferral): its claim goes out at once.
-    claim_at_once: bool = False
     # When the job's next tick fires (late_ticks: coalesce): a first claim
     # answered after it gives the tick up as coalesced.
     superseded_at: datetime | None = None
@@ -88,6 +85,9 @@ class Fire:
     trigger: TriggerKind = "schedule"
     # A request's parameters: extra environment variables for its runs only.
     params: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # Why the tick is not run at all (``calendar:<name>``): the claim records
+    # it SKIPPED with this reason, once for the cluster; never late, never missed.
+    skip_reason: str | None = None
 
     def asks(self, *, first: bool) -> TriggerKind:
         """The trigger kind its claim asks for: once it ran here, what follows is a retry."""
@@ -107,11 +107,14 @@ class Fire:
             deadline=deadline,
             superseded_at=None if started else self.superseded_at,
             suspended=f"suspended: true in {job.source}" if job.suspended else None,
-            spreadable=not self.claim_at_once and not started,
+            skip_reason=self.skip_reason,
             trigger=self.asks(first=first),
         )
 
 
+# First claims of a tick's fires sent together, at most: a statement and its
+# answers stay bounded at 10,000 co-firing jobs (several chunks go side by side).
+CHUNK = 500
 # How often a forbid job's claim looks again whether an abandoned run of it
 # ended (a thread gives no signal when it ends).
 LEFTOVER_POLL_S = 0.05
@@ -143,6 +146,9 @@ class Firing:
     # The config in force: a job by its code, None once a reload removed it.
     # A won claim runs the job as defined when its tick comes (None here: as fired).
     jobs: Callable[[str], JobConfig | None] | None = None
+    # Runs a fire as a task of its own (the daemon tracks it for the drain);
+    # None: a task kept here.
+    spawn: Callable[[Fire, Coroutine[Any, Any, FireOutcome]], object] | None = None
     # Fires asleep on the wheel until they claim again: stop() wakes them.
     _asleep: set[asyncio.Future[None]] = field(default_factory=set, repr=False)
     # The one place that knows which identities this replica fires now: a
@@ -156,6 +162,7 @@ class Firing:
     _resume: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _resumes: int = 0
     _halted: bool = False
+    _tasks: set[asyncio.Future[FireOutcome]] = field(default_factory=set, repr=False)
 
     def stop(self) -> None:
         """Shutdown: no new claims, and every fire asleep until a claim wakes and gives up."""
@@ -188,34 +195,173 @@ class Firing:
         An identity this replica fires already is not fired twice: the call
         returns what that fire comes to.
         """
-        identity = fire.identity
-        current = self._in_flight.get(identity)
+        current = self._in_flight.get(fire.identity)
         if current is not None:
-            log.info("fire_joined", job=fire.job.code, run_key=identity.run_key)
+            log.info("fire_joined", job=fire.job.code, run_key=fire.identity.run_key)
             return await asyncio.shield(current)
-        done: asyncio.Future[FireOutcome] = asyncio.get_running_loop().create_future()
-        self._in_flight[identity] = done
-        try:
-            outcome = await self._fire_once(fire)
-        except BaseException:
-            done.cancel()
-            raise
-        finally:
-            del self._in_flight[identity]
-        done.set_result(outcome)
-        return outcome
+        self._enter(fire)
+        return await self._carry(fire)
 
-    async def _fire_once(self, fire: Fire) -> FireOutcome:
-        job, identity = fire.job, fire.identity
-        self.events.fired(job)
-        bound = log.bind(job=job.code, run_key=identity.run_key)
-        if identity.type == "SCHEDULE" and not fire.started:
+    async def fire_tick(self, fires: Sequence[Fire]) -> None:
+        """Claim a tick's fires together; a task only for a fire that runs or follows.
+
+        The first claims of one guard's fires go a chunk (:data:`CHUNK`) a
+        call (``Guard.claim_many``: the lease guard sends one statement and
+        waits once for the fire time). Each answer is decided at once: one
+        that ends the fire (lost, missed, skipped) costs no task; a won claim
+        starts its run on the wheel, a share a loop turn; one to follow goes
+        on as a fire of its own. A fire whose tick started already, a
+        run-once job's, and one this replica fires already (it is left to
+        that fire) are not claimed here.
+        """
+        groups: dict[int, tuple[Guard, list[Fire]]] = {}
+        for fire in fires:
+            if fire.identity in self._in_flight:
+                continue
+            self._enter(fire)
+            if fire.started or fire.identity.type != "SCHEDULE":
+                self._spawn_fire(fire, self._carry(fire))
+                continue
+            self.events.fired(fire.job)
             cause = self._given_up_here(fire)
             if cause is not None:
-                return self._misfire(job, bound, identity, fire.tick, cause)
-        guard = self.guards(job)
+                self._leave(fire, self._misfire(fire.job, _bound(fire), fire, cause))
+                continue
+            guard = self.guards(fire.job)
+            self._first_start(guard, fire)
+            groups.setdefault(id(guard), (guard, []))[1].append(fire)
+        await asyncio.gather(
+            *(
+                self._claim_chunk(guard, group[start : start + CHUNK])
+                for guard, group in groups.values()
+                for start in range(0, len(group), CHUNK)
+            )
+        )
+
+    async def _claim_chunk(self, guard: Guard, fires: list[Fire]) -> None:
+        """First claims of a chunk of a tick's fires, in one call; each answer handed on."""
+        resumes = self._resumes
+        alone = [f for f in fires if _forbid(f.job) and leftovers.still_running(f.job.code)]
+        for fire in alone:
+            # A run of the job abandoned here still runs: claimed once it ended.
+            self._spawn_fire(fire, self._carry(fire, counted=True))
+        together = [fire for fire in fires if fire not in alone] if alone else fires
+        if not together:
+            return
+        requests = [fire.claim_request(started=False) for fire in together]
+        # Given up on at the first window's end; a fire with a longer one claims on alone.
+        deadline = min(request.deadline or request.tick for request in requests)
         try:
-            return await self._fire(fire, guard, bound)
+            answers = await self._with_outage_retry(
+                together[0].job,
+                "claim",
+                functools.partial(self._send_claims, guard, together, requests),
+                deadline,
+            )
+        except Exception as exc:
+            for fire in together:
+                # Past every retry: said once per fire, with the error, and the fire ends.
+                _bound(fire).exception("fire_crashed", error=_describe(exc))
+                await guard.forget(fire.identity)
+                self._leave(fire, "crashed")
+            return
+        for index, fire in enumerate(together):
+            if answers is not None:
+                await self._answered(guard, fire, answers[index], resumes)
+            elif not self.stopping.is_set() and (requests[index].deadline or deadline) > deadline:
+                self._spawn_fire(fire, self._carry(fire, counted=True))
+            else:
+                await self._answered(guard, fire, None, resumes)
+
+    async def _answered(
+        self, guard: Guard, fire: Fire, answer: Held | Refused | None, resumes: int
+    ) -> None:
+        """Hand one answer of a chunk on: a task if it runs or follows, else the fire ends here."""
+        if isinstance(answer, Refused) and answer.reason == "paused":
+            self.events.paused(fire.job, True)
+        state = State(
+            fire.job,
+            follow=fire.follow,
+            stopping=self.stopping.is_set(),
+            skip_reason=fire.skip_reason,
+        )
+        step = decide(answer, state)
+        if step.kind in ("run", "release", "follow", "resume"):
+            carry = functools.partial(
+                self._carry, fire, counted=True, first=answer, resumes=resumes
+            )
+            if step.kind in ("run", "release"):
+                # Started a share a loop turn: thousands at once would hold the loop.
+                wheel().call_soon(lambda: self._spawn_fire(fire, carry()))
+            else:
+                self._spawn_fire(fire, carry())
+            return
+        outcome = self._end(fire, fire.job, _bound(fire), answer, step)
+        await guard.forget(fire.identity)
+        self._leave(fire, outcome)
+
+    def _enter(self, fire: Fire) -> None:
+        """``fire`` is this replica's fire of its identity until :meth:`_leave`."""
+        self._in_flight[fire.identity] = asyncio.get_running_loop().create_future()
+
+    def _leave(self, fire: Fire, outcome: FireOutcome | None) -> None:
+        """The fire is over (``outcome``; None: cancelled): a second fire of it joins no more."""
+        done = self._in_flight.pop(fire.identity)
+        if outcome is None:
+            done.cancel()
+        else:
+            done.set_result(outcome)
+        self.events.fire_done(fire.job, fire.identity, outcome or "cancelled")
+
+    def _spawn_fire(self, fire: Fire, carry: Coroutine[Any, Any, FireOutcome]) -> None:
+        if self.spawn is not None:
+            self.spawn(fire, carry)
+            return
+        task = asyncio.ensure_future(carry)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _carry(
+        self,
+        fire: Fire,
+        *,
+        counted: bool = False,
+        first: Answer | Literal["claim"] = "claim",
+        resumes: int | None = None,
+    ) -> FireOutcome:
+        """``fire`` from its claim (or ``first``, its answer) to its end.
+
+        ``counted``: told and judged already (by :meth:`fire_tick`).
+        """
+        try:
+            outcome = await self._fire_once(fire, counted=counted, first=first, resumes=resumes)
+        except BaseException:
+            self._leave(fire, None)
+            raise
+        self._leave(fire, outcome)
+        return outcome
+
+    async def _fire_once(
+        self,
+        fire: Fire,
+        *,
+        counted: bool,
+        first: Answer | Literal["claim"],
+        resumes: int | None,
+    ) -> FireOutcome:
+        job, identity = fire.job, fire.identity
+        bound = _bound(fire)
+        if not counted:
+            self.events.fired(job)
+            if identity.type == "SCHEDULE" and not fire.started:
+                cause = self._given_up_here(fire)
+                if cause is not None:
+                    return self._misfire(job, bound, fire, cause)
+        guard = self.guards(job)
+        if not counted and identity.type == "SCHEDULE" and not fire.started:
+            self._first_start(guard, fire)
+        try:
+            return await self._fire(fire, guard, bound, first, resumes)
         except Exception as exc:
             # Past every retry: said once, with the error, and the fire ends.
             bound.exception("fire_crashed", error=_describe(exc))
@@ -223,13 +369,30 @@ class Firing:
         finally:
             await guard.forget(identity)
 
+    def _first_start(self, guard: Guard, fire: Fire) -> None:
+        # A fire another replica is preferred for comes here once that one let it pass.
+        preferred = not guard.defers(fire.identity)
+        self.events.first_start(fire.job, fire.identity, fire.tick, preferred)
+
+    async def _send_claims(
+        self, guard: Guard, fires: list[Fire], requests: list[ClaimRequest]
+    ) -> list[Held | Refused]:
+        for fire in fires:
+            self.events.claim_sent(fire.job, fire.identity)
+        return await guard.claim_many(requests)
+
+    async def _send_claim(self, guard: Guard, fire: Fire, request: ClaimRequest) -> Held | Refused:
+        self.events.claim_sent(fire.job, fire.identity)
+        return await guard.claim(request)
+
     def _given_up_here(self, fire: Fire) -> str | None:
         """Why a guard without history gives a tick up before claiming it: late, coalesced."""
         job, tick, superseded_at = fire.job, fire.tick, fire.superseded_at
         # A guard that remembers judges both in its claim, by the database's
         # clock, and records the miss itself: this replica's clock (stepped
-        # forward, or running ahead) must not decide for the cluster.
-        if self.guards(job).remembers:
+        # forward, or running ahead) must not decide for the cluster. A tick
+        # that never runs is never late: its claim says it is skipped.
+        if self.guards(job).remembers or fire.skip_reason is not None:
             return None
         now = self.clock()
         if now - tick > job.misfire_grace:
@@ -240,13 +403,13 @@ class Firing:
         self,
         job: JobConfig,
         bound: structlog.typing.FilteringBoundLogger,
-        identity: Identity,
-        tick: datetime,
+        fire: Fire,
         cause: str,
         *,
         recorded: bool = False,
     ) -> FireOutcome:
-        self.events.missed(job, identity, tick, cause, recorded)
+        tick = fire.tick
+        self.events.missed(job, fire.identity, tick, cause, recorded)
         bound.warning(
             "tick_missed",
             cause=cause,
@@ -257,24 +420,38 @@ class Firing:
         return "misfire"
 
     async def _fire(
-        self, fire: Fire, guard: Guard, bound: structlog.typing.FilteringBoundLogger
+        self,
+        fire: Fire,
+        guard: Guard,
+        bound: structlog.typing.FilteringBoundLogger,
+        first: Answer | Literal["claim"],
+        resumes: int | None,
     ) -> FireOutcome:
-        """Claim, and carry out each step the decide table gives, until one ends the fire."""
-        job, tick, identity = fire.job, fire.tick, fire.identity
+        """Claim, and carry out each step the decide table gives, until one ends the fire.
+
+        ``first``: the answer of a claim made already (with ``resumes``, the
+        resume count before it), acted on before any claim of its own.
+        """
+        job = fire.job
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
-        started = identity.type == "INITIAL" or fire.started
-        state = State(job, follow=fire.follow)
+        started = fire.identity.type == "INITIAL" or fire.started
+        state = State(job, follow=fire.follow, skip_reason=fire.skip_reason)
         answer: Answer = None
         while True:
-            if self.stopping.is_set():
+            if self.stopping.is_set() and first == "claim":
                 return state.outcome or "lose"
-            resumes = self._resumes
-            answer = await self._claim(
-                fire, guard, bound, started=started, first=state.outcome is None
-            )
-            if isinstance(answer, Refused) and answer.reason == "paused":
-                self.events.paused(job, True)
+            if first == "claim":
+                resumes = self._resumes
+                answer = await self._claim(
+                    fire, guard, bound, started=started, first=state.outcome is None
+                )
+                if isinstance(answer, Refused) and answer.reason == "paused":
+                    self.events.paused(job, True)
+            else:
+                # Claimed by the tick's chunk, which told the events already.
+                answer, first = first, "claim"
+                resumes = self._resumes if resumes is None else resumes
             in_force = self._in_force(job) if isinstance(answer, Held) else job
             state = replace(
                 state,
@@ -287,11 +464,11 @@ class Firing:
                 job = in_force
                 answer = await self._run_won(fire, job, guard, answer, first=state.outcome is None)
                 step = decide(answer, state)
-            if step.lost:
-                self._lost(job, bound, answer)
             state = replace(state, outcome=step.outcome)
             started = started or step.started
             if step.kind == "follow":
+                if step.lost:
+                    self._lost(job, bound, answer)
                 await self._sleep(step.wait.total_seconds())
             elif step.kind == "resume":
                 assert isinstance(answer, Refused)
@@ -300,15 +477,26 @@ class Firing:
                 assert isinstance(answer, Held) and step.cause is not None
                 await self._release_unstarted(job, guard, answer, bound, step.cause)
                 return step.outcome or "lose"
-            elif step.kind == "miss":
-                assert step.cause is not None
-                return self._misfire(job, bound, identity, tick, step.cause, recorded=step.recorded)
-            elif step.kind == "skip":
-                assert isinstance(answer, Refused) and step.cause is not None
-                self._skipped(job, bound, answer, step.cause)
-                return step.outcome or "skip"
             else:
-                return step.outcome or "lose"
+                return self._end(fire, job, bound, answer, step)
+
+    def _end(
+        self,
+        fire: Fire,
+        job: JobConfig,
+        bound: structlog.typing.FilteringBoundLogger,
+        answer: Answer,
+        step: Step,
+    ) -> FireOutcome:
+        """Carry out a step that ends the fire (miss, skip, done); what the fire came to."""
+        if step.lost:
+            self._lost(job, bound, answer)
+        if step.kind == "miss":
+            assert step.cause is not None
+            return self._misfire(job, bound, fire, step.cause, recorded=step.recorded)
+        if step.kind == "skip":
+            self._skipped(job, bound, answer, step)
+        return step.outcome or "lose"
 
     async def _claim(
         self,
@@ -323,7 +511,7 @@ class Firing:
         job = fire.job
         request = fire.claim_request(started=started, first=first)
         claim: Callable[[], Awaitable[Held | Refused | None]]
-        claim = functools.partial(guard.claim, request)
+        claim = functools.partial(self._send_claim, guard, fire, request)
         if request.forbid_overlap:
             # Asked before every try: a run of the job here may be
             # abandoned while the claim retries through an outage.
@@ -363,17 +551,21 @@ class Firing:
         self,
         job: JobConfig,
         bound: structlog.typing.FilteringBoundLogger,
-        refused: Refused,
-        reason: str,
+        answer: Answer,
+        step: Step,
     ) -> None:
+        reason = step.cause
+        assert reason is not None
         self.events.skipped(job, reason)
-        bound.info(
-            "tick_skipped",
-            reason=reason,
-            detail=refused.detail
-            if reason == "paused"
-            else "the previous tick of this job is still running",
-        )
+        if reason == "paused":
+            assert isinstance(answer, Refused)
+            bound.info("tick_skipped", reason=reason, detail=answer.detail)
+        elif reason == "overlap":
+            detail = "the previous tick of this job is still running"
+            bound.info("tick_skipped", reason=reason, detail=detail)
+        else:
+            # The fire's own reason (calendar:<name>); recorded: the guard stored it.
+            bound.info("tick_skipped", reason=reason, recorded=step.recorded)
 
     def _in_force(self, job: JobConfig) -> JobConfig | None:
         """``job`` as the config in force defines it now; None once a reload removed it."""
@@ -469,6 +661,7 @@ class Firing:
         if result.outcome == "cancelled" and held.cancellation.reason in _LOST_REASONS:
             # Another replica may own the tick now: nothing is recorded, and
             # nothing must be, by a fenced owner.
+            self.events.unrecorded(job, held, "lease_lost")
             return "lease_lost", False
         kind: Outcome
         retry_after: timedelta | None = None
@@ -514,6 +707,7 @@ class Firing:
                 error=_describe(exc),
                 detail="followed until its lease lapses, then taken over",
             )
+            self.events.unrecorded(job, held, "not_recorded")
             return "lease_lost", False
         if recorded == "fenced":
             bound.warning(
@@ -521,13 +715,16 @@ class Firing:
                 outcome=result.outcome,
                 detail="another replica took this tick over meanwhile",
             )
+            self.events.unrecorded(job, held, "fenced")
             return "lease_lost", False
         # The alert gauges: the table's truth at start, kept current by what
         # this replica records; a row with no retry time is a final failure.
         self.events.recorded(job, kind, final=retry_after is None)
         # A run-once job out of retries is retried by the next start, not now.
         retry = recorded == "retry" and held.attempt <= job.retries
-        if kind in ("fail", "timeout") and not retry:
+        if kind == "success":
+            self.events.succeeded(job, held, result)
+        elif kind in ("fail", "timeout") and not retry:
             try:
                 self.events.failed_for_good(job, held, result)
             except Exception as exc:
@@ -697,6 +894,17 @@ class Firing:
             exit_code=result.exit_code,
         )
         return result
+
+
+def _bound(fire: Fire) -> structlog.typing.FilteringBoundLogger:
+    bound: structlog.typing.FilteringBoundLogger = log.bind(
+        job=fire.job.code, run_key=fire.identity.run_key
+    )
+    return bound
+
+
+def _forbid(job: JobConfig) -> bool:
+    return job.concurrency == "forbid"
 
 
 def _describe(exc: BaseException) -> str:

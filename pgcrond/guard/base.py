@@ -35,11 +35,10 @@ Every guard fulfils these rules; the implementations only say how.
   held for retries is released); it is called once per fire, always.
 * **defers** / **standings** (optional; guards that spread a tick's runs):
   ``defers(identity)`` says another live replica is preferred for it, so
-  its fire may wait for the hold-back and be looked at in one batch with the
+  its fire waits for the hold-back and is looked at in one batch with the
   tick's other such fires; ``standings`` reads where those ticks stand
   (settled, or how long until a claim could take them) without claiming.
-  A settled tick needs nothing more from this replica; any other is fired
-  as usual, its hold-back over (``ClaimRequest.spreadable`` False).
+  A settled tick needs nothing more from this replica; any other is claimed.
 * **commit_with** (optional; for ``sql:`` jobs) runs the job's database work
   and records SUCCESS in one transaction, after checking under a row lock that
   ``held`` is still the current holder: ``"done"`` both committed, ``"fenced"``
@@ -92,6 +91,10 @@ RefusalReason = Literal[
     # The job is paused (`pgcrond pause`) or suspended (YAML): a guard that
     # keeps history records the tick SKIPPED; detail says who, when, why.
     "paused",
+    # The fire carried a reason not to run the tick (``skip_reason``: a
+    # calendar's day): a guard that keeps history records it SKIPPED with
+    # that reason (cause says it), once for the cluster.
+    "skipped",
 ]
 # What recording an outcome came to.
 Recorded = Literal["done", "retry", "fenced"]
@@ -135,9 +138,10 @@ class ClaimRequest:
     # suspended: true in the YAML (the text says where): refused "paused" like
     # a pause in the database. Manual run keys are never paused.
     suspended: str | None = None
-    # A tick's first claim inside its misfire window: a guard may hold it back
-    # briefly for the replica the tick prefers (:mod:`pgcrond.guard.spread`).
-    spreadable: bool = False
+    # Why the tick is not to run at all (``calendar:<name>``): refused
+    # "skipped", before any pause, at any lateness (a tick that never runs is
+    # never missed). Manual run keys never carry one.
+    skip_reason: str | None = None
     # Why the fire runs: recorded with the attempt a won claim starts.
     trigger: TriggerKind = "schedule"
 
@@ -207,9 +211,6 @@ class Guard(abc.ABC):
     def defers(self, identity: Identity) -> bool:
         """Whether another live replica is preferred for ``identity`` (see the module docstring)."""
         return False
-
-    async def held_back(self, tick: datetime) -> None:  # noqa: B027 - optional hook
-        """Until the hold-back of ``tick``'s deferred fires is over."""
 
     async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
         """Where each of ``identities`` stands; one with no record is left out."""

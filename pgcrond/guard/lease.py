@@ -8,8 +8,8 @@ holds the decisions the Guard contract asks for at the edges of a claim:
   lease began;
 * a claim answered so late that its lease is already going, or that the tick
   is past its misfire window by the database clock, is not run;
-* a tick's claim may be won up to ``CLAIM_AHEAD_MAX`` before its fire time
-  (the daemon fires that early, so that the round trip is over by then): the
+* a tick's claim may be won ahead of its fire time (the tick plan's lead,
+  :mod:`pgcrond.tickplan`, so that the round trip is over by then): the
   claim waits until the database clock has surely reached the fire time
   (the store's :class:`~pgcrond.storage.dbclock.ClockFloor`, on the
   replica's :mod:`~pgcrond.core.wheel`), and only then judges the lease as above
@@ -93,34 +93,15 @@ class LeaseGuard(Guard):
         self._open: dict[Identity, _Open] = {}
 
     async def claim(self, request: ClaimRequest) -> Held | Refused:
-        identity = request.identity
-        spread = self.spread if request.spreadable else None
-        at_once = False
-        if spread is not None and identity not in self._tokens:
-            at_once = await spread.hold_back(identity, request.tick)
-        try:
-            answer = await _bounded(
-                self.store.claim_one(self._pending(request)), self._bound(request), "claim"
-            )
-        finally:
-            if at_once and spread is not None:
-                spread.answered(request.tick)
-        # An answer came: the next claim of this identity is a new one.
-        self._tokens.pop(identity, None)
-        if isinstance(answer, NotAcquired):
-            return self._refused(answer)
-        if identity.type == "SCHEDULE":
-            # Won ahead of its tick: what follows judges the lease as it is then.
-            await self._reached(request.tick)
-        return self._ready(request, answer) or await self._arrived(request, answer)
+        return (await self.claim_many([request]))[0]
 
     async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Held | Refused]:
         """One claim statement for ``requests`` (the store's :meth:`~LeaseStore.claim_many`).
 
         The won claims wait once, together, until the database's clock has
         surely reached the latest of their fire times; each is then judged on
-        arrival as :meth:`claim` judges one. Claims are never held back here:
-        the caller has decided which of a tick's fires to claim now.
+        arrival: most answers decide with no statement; the few that need one
+        (a re-check of a slow answer, a give-back) go together.
         """
         pendings = [self._pending(request) for request in requests]
         bound = min(self._bound(request) for request in requests)
@@ -167,6 +148,7 @@ class LeaseGuard(Guard):
             request.deadline,
             request.superseded_at,
             request.suspended,
+            request.skip_reason,
             request.trigger,
         )
 
@@ -359,7 +341,7 @@ class LeaseGuard(Guard):
             return Refused(request.identity, "late", "FAIL", attempt=lease.attempt)
         if given is None:
             return Refused(request.identity, "held", "RUNNING", wait=timedelta(0))
-        return await self.claim(dataclasses.replace(request, spreadable=False))
+        return await self.claim(request)
 
     async def _quietly(
         self, write: Awaitable[object], lease: Acquired, event: str = "claim_not_returned"
@@ -459,10 +441,6 @@ class LeaseGuard(Guard):
 
     def defers(self, identity: Identity) -> bool:
         return self.spread is not None and self.spread.defers(identity)
-
-    async def held_back(self, tick: datetime) -> None:
-        if self.spread is not None:
-            await self.spread.held_back(tick)
 
     async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
         return await _bounded(self.store.standings(identities), CLAIM_TIMEOUT_S, "standings")

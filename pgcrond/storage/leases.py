@@ -46,12 +46,6 @@ MAX_ERROR_LENGTH = 4000
 # share one statement; sent at once when no other run is open. It delays only
 # the record, never a run, and is small beside any lease.
 FINALIZE_LINGER_S = 0.02
-# How far ahead of its fire time (by the database clock) the claim statement
-# may win a tick: the daemon fires its scheduled lease ticks up to that early
-# (pgcrond.daemon.scheduling), so that a big tick's claims are all answered by
-# the tick. The lease counts from the fire time, so a claim ahead costs the
-# run none of its lease; the guard holds the run until the fire time.
-CLAIM_AHEAD_MAX = timedelta(seconds=2)
 
 
 def storable(text: str) -> str:
@@ -82,17 +76,18 @@ class LeaseStore:
         table: str = "leases",
         owner: str | None = None,
         sql_db: Database | None = None,
-        claim_ahead: timedelta = CLAIM_AHEAD_MAX,
+        claim_ahead: timedelta = timedelta(0),
     ) -> None:
         """``sql_db``: where sql: jobs' transactions run (``Database.for_sql_jobs``); ``db``
         when not given, for tools that run one job on one connection. ``claim_ahead``:
-        how long before its fire time a claim may be won (:data:`CLAIM_AHEAD_MAX`)."""
+        how long before its fire time (by the database clock) a claim may be won: the lease
+        counts from the fire time, and the guard holds the run until then (the
+        daemon's lead is the tick plan's, :mod:`pgcrond.tickplan`)."""
         self.db = db
         self._claim_ahead_ms = claim_ahead // timedelta(milliseconds=1)
         self.sql_db = db if sql_db is None else sql_db
         self.queries = Queries(schema, table)
         self.owner = owner or default_owner()
-        self._claims: TurnBatch[Acquired | NotAcquired] = TurnBatch(self._claim, keys=claim_keys)
         # The database's clock from the claims' and heartbeats' answers.
         self.clock_floor = ClockFloor()
         # Leases won and not yet finalized: a hint only (a fenced lease is never
@@ -111,7 +106,7 @@ class LeaseStore:
             functools.partial(self._heartbeat_batch, revive=True), keys=_lease_id
         )
 
-    def claim(
+    async def claim(
         self,
         identity: Identity,
         timing: LeaseTiming | None = None,
@@ -122,12 +117,12 @@ class LeaseStore:
         late_after: datetime | None = None,
         superseded_at: datetime | None = None,
         suspended: str | None = None,
+        skip_reason: str | None = None,
         trigger: TriggerKind = "schedule",
-    ) -> asyncio.Future[Acquired | NotAcquired]:
+    ) -> Acquired | NotAcquired:
         """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row.
 
-        Claims made in the same turn of the event loop (the co-firing jobs of
-        one tick) are sent together, as one statement. Pass the same
+        Pass the same
         ``owner_token`` when retrying a claim whose answer was lost: a claim
         that did commit is then recognised as won, not as held by a stranger.
         ``fire_time`` / ``late_after``: by the database clock, a claim more
@@ -143,6 +138,10 @@ class LeaseStore:
         A tick of a paused job (``pgcrond pause``), or of a ``suspended`` one
         (the text says where it is suspended), is recorded SKIPPED and refused
         ``paused``; a manual run key (not a tick's) is never paused.
+        A tick with a ``skip_reason`` (``calendar:<name>``) is recorded
+        SKIPPED with it, before any pause and at any lateness (never MISSED),
+        and refused ``skipped``; one that has a row already is refused
+        ``done`` (a replica whose config runs it follows it, not this one).
         ``trigger``: why the fire runs, for the attempt record the won claim starts.
         """
         request = PendingClaim(
@@ -154,13 +153,10 @@ class LeaseStore:
             late_after,
             superseded_at,
             suspended,
+            skip_reason,
             trigger,
         )
-        return self.claim_one(request)
-
-    def claim_one(self, request: PendingClaim) -> asyncio.Future[Acquired | NotAcquired]:
-        """:meth:`claim` of a claim made already (its owner token drawn)."""
-        return self._claims.submit(request)
+        return (await self.claim_many([request]))[0]
 
     async def claim_many(self, requests: Sequence[PendingClaim]) -> list[Acquired | NotAcquired]:
         """Claim every one of ``requests`` in one statement, answered in their order.
@@ -213,6 +209,7 @@ class LeaseStore:
                 "superseded_at": [r.superseded_at for r in batch],
                 "pausable": [r.identity.pausable for r in batch],
                 "suspended": [r.suspended if r.identity.pausable else None for r in batch],
+                "skip_reasons": [r.skip_reason for r in batch],
                 "triggers": [r.trigger for r in batch],
                 "owner": self.owner,
                 "claim_ahead_ms": self._claim_ahead_ms,
