@@ -16,6 +16,7 @@ import json
 import signal
 import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -257,6 +258,14 @@ def test_a_backfill_of_seven_days_runs_the_four_not_succeeded_once_each_through_
         victim, cut = wait_until(runner, 60, "a backfill tick running")
         victim.signal(signal.SIGKILL)
         victim.wait_exit(10)
+        # The killed replica's ticks are not done until a survivor takes them
+        # again (a minute on): meanwhile the page shows the backfill running.
+        survivor = next(r for r in replicas if r is not victim)
+        page = f"http://{survivor.http_address()}/status/running"
+        with urllib.request.urlopen(page + ".json", timeout=10) as answer:
+            shown = json.load(answer)
+        with urllib.request.urlopen(page, timeout=10) as answer:
+            html = answer.read().decode()
         out, err = shell.communicate(timeout=240)
         sys.stdout.write(f"$ pgcrond backfill daily ... --max-parallel 2\n{err}{out}")
         starts = [r for r in ledger(running, "start") if r["at"] >= began]
@@ -305,3 +314,8 @@ def test_a_backfill_of_seven_days_runs_the_four_not_succeeded_once_each_through_
         k: ("success" if k in backfilled else "skipped") for k in keys
     }
     assert " backfill " in history.stdout and " takeover " in history.stdout
+    (filling,) = shown["backfills"]
+    assert ("daily", 2) == (filling["job"], filling["max_parallel"])
+    assert 4 == filling["done"] + filling["running"] + filling["left"] and filling["done"] < 4
+    assert {"backfill"} == {row["trigger"] for row in shown["running"] if row["job"] == "daily"}
+    assert "Backfills running" in html
