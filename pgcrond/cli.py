@@ -27,6 +27,8 @@ examples:
   pgcrond history --job nightly --status FAIL   past failures of one job
   pgcrond logs nightly                          what its newest attempt printed
   pgcrond trigger nightly                       run it now on the cluster, wait for it
+  pgcrond backfill nightly --from 2026-11-24 --to 2026-11-30 --dry-run
+                                                what re-running last week's ticks would run
   pgcrond init && pgcrond check pgcrond.yaml    start a config from a commented template
 
 output:
@@ -35,7 +37,7 @@ output:
 
 exit codes:
   0 done, 1 ran but not done, 2 error (one line on stderr), 3 not run here
-  (trigger, catch-up), 130 run stopped by a second SIGINT, 141 stdout closed
+  (trigger, backfill, catch-up), 130 run stopped by a second SIGINT, 141 stdout closed
 
 environment:
   PGCROND_CONFIG         the config when no -c is given (PATH[:PATH...]); without
@@ -59,6 +61,7 @@ HANDLERS: dict[str, str] = {
     "history": "pgcrond.ops.commands:history_command",
     "logs": "pgcrond.ops.attempts:logs_command",
     "trigger": "pgcrond.ops.trigger:trigger_command",
+    "backfill": "pgcrond.ops.backfill:backfill_command",
     "unlock": "pgcrond.ops.unlock:unlock_command",
     "prune": "pgcrond.ops.prune:prune_command",
     "pause": "pgcrond.ops.accounting:pause_command",
@@ -74,7 +77,7 @@ HANDLERS: dict[str, str] = {
 # Commands that cannot work without the jobs; the others fall back to a
 # database URL when no config is named.
 NEEDS_CONFIG = frozenset(
-    {"check", "next", "calendars", "run", "status", "plan", "trigger", "catch-up"}
+    {"check", "next", "calendars", "run", "status", "plan", "trigger", "backfill", "catch-up"}
 )
 
 
@@ -137,6 +140,17 @@ def _add_output(parser: argparse.ArgumentParser, wide: str = "as text") -> None:
     )
     parser.add_argument(
         "--json", dest="output", action="store_const", const="json", help="the same as -o json"
+    )
+
+
+def _add_env(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a parameter: an environment variable for this run only (repeatable); recorded "
+        "with the request and shown by history and logs (*** if the name looks secret); the "
+        "job's params: lists the names it accepts",
     )
 
 
@@ -368,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="default: manual:<current UTC minute>, so shells triggering at once run it once",
     )
+    _add_env(trigger)
     where = trigger.add_mutually_exclusive_group()
     where.add_argument(
         "--no-wait",
@@ -385,6 +400,61 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_output(trigger)
     _add_logging(trigger)
+
+    backfill = sub.add_parser(
+        "backfill",
+        help="run a job's past ticks in a range again on the cluster, skipping what succeeded",
+        description="Run the job's scheduled ticks from --from to --to (both included) again "
+        "on the cluster, each under its own run key: a tick that succeeded is not run again, "
+        "one that failed for good, was missed or has no record is. --dry-run lists each tick "
+        "with what would be done and why, and files nothing. Otherwise the ticks are filed as "
+        "requests the daemon replicas take, at most --max-parallel at a time, in tick order, "
+        "through the job's guard (pause and the overlap policy apply); the command says on "
+        "stderr how many are done, running and left, then prints what each tick came to. "
+        "Exit 0: every tick it ran succeeded (or there was nothing to run); 1: one failed; "
+        "3: one was not run (or no live replica runs the job). --no-wait: exit 0 once filed.",
+    )
+    _add_config(backfill)
+    _add_database(backfill)
+    backfill.add_argument("code", metavar="CODE")
+    backfill.add_argument(
+        "--from",
+        dest="start",
+        required=True,
+        metavar="T1",
+        help="the first instant of the range: an ISO-8601 date or instant, UTC unless it "
+        "has an offset (2026-11-24, 2026-11-24T03:00:00+01:00)",
+    )
+    backfill.add_argument(
+        "--to",
+        dest="end",
+        required=True,
+        metavar="T2",
+        help="the last instant of the range (included; not in the future)",
+    )
+    backfill.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list each tick of the range: run or skip, and why; file nothing",
+    )
+    backfill.add_argument(
+        "--max-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="at most N of its ticks run at once across the cluster (default: 1, one after "
+        "the other)",
+    )
+    _add_env(backfill)
+    backfill.add_argument(
+        "--no-wait",
+        "--detach",
+        dest="no_wait",
+        action="store_true",
+        help="file the backfill and exit 0 (it goes on: see `pgcrond status`)",
+    )
+    _add_output(backfill)
+    _add_logging(backfill)
 
     unlock = sub.add_parser(
         "unlock",

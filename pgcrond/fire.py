@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -36,6 +36,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
+from pgcrond.core.trigger import TriggerKind, attempt_trigger
 from pgcrond.core.wheel import wake, wheel
 from pgcrond.decide import Answer, FireOutcome, Ran, State, Step, decide
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
@@ -69,12 +70,21 @@ class Fire:
     # Awaited once this replica won the claim, before the first attempt runs
     # (a request's own record that its run started).
     on_start: Callable[[], Awaitable[None]] | None = None
+    # Why it fires (PGCRON_TRIGGER; a won claim may make it a retry or takeover).
+    trigger: TriggerKind = "schedule"
+    # A request's parameters: extra environment variables for its runs only.
+    params: Mapping[str, str] = field(default_factory=dict, compare=False)
     # Why the tick is not run at all (``calendar:<name>``): the claim records
     # it SKIPPED with this reason, once for the cluster; never late, never missed.
     skip_reason: str | None = None
 
-    def claim_request(self, *, started: bool) -> ClaimRequest:
-        """This fire's claim; ``started``: the tick started already (no misfire bound)."""
+    def asks(self, *, first: bool) -> TriggerKind:
+        """The trigger kind its claim asks for: once it ran here, what follows is a retry."""
+        return self.trigger if first else "retry"
+
+    def claim_request(self, *, started: bool, first: bool = True) -> ClaimRequest:
+        """This fire's claim; ``started``: the tick started already (no misfire bound);
+        ``first``: nothing ran here yet."""
         job = self.job
         # Like the misfire bound, coalescing bounds a tick's first start only.
         deadline = None if started else self.tick + job.misfire_grace
@@ -87,6 +97,7 @@ class Fire:
             superseded_at=None if started else self.superseded_at,
             suspended=f"suspended: true in {job.source}" if job.suspended else None,
             skip_reason=self.skip_reason,
+            trigger=self.asks(first=first),
         )
 
 
@@ -429,7 +440,9 @@ class Firing:
                 return state.outcome or "lose"
             if first == "claim":
                 resumes = self._resumes
-                answer = await self._claim(fire, guard, bound, started=started)
+                answer = await self._claim(
+                    fire, guard, bound, started=started, first=state.outcome is None
+                )
                 if isinstance(answer, Refused) and answer.reason == "paused":
                     self.events.paused(job, True)
             else:
@@ -489,10 +502,11 @@ class Firing:
         bound: structlog.typing.FilteringBoundLogger,
         *,
         started: bool,
+        first: bool,
     ) -> Held | Refused | None:
         """One claim of ``fire``, retried through an outage; None: no answer came."""
         job = fire.job
-        request = fire.claim_request(started=started)
+        request = fire.claim_request(started=started, first=first)
         claim: Callable[[], Awaitable[Held | Refused | None]]
         claim = functools.partial(self._send_claim, guard, fire, request)
         if request.forbid_overlap:
@@ -509,7 +523,8 @@ class Firing:
             self.events.paused(job, False)  # a tick ran: not paused
         if fire.on_start is not None and first:
             await fire.on_start()
-        outcome, retry = await self._run(job, guard, fire.tick, held)
+        kind = attempt_trigger(fire.asks(first=first), held.claimed_from)
+        outcome, retry = await self._run(job, guard, fire, held, kind)
         return Ran(outcome, retry)
 
     def _lost(
@@ -609,14 +624,14 @@ class Firing:
             await asyncio.sleep(LEFTOVER_POLL_S)
 
     async def _run(
-        self, job: JobConfig, guard: Guard, tick: datetime, held: Held
+        self, job: JobConfig, guard: Guard, fire: Fire, held: Held, kind: TriggerKind
     ) -> tuple[FireOutcome, bool]:
         """Run a won claim and record it; (what came of it, whether a retry follows)."""
         self.events.claim_won(job, held)
         result: RunResult | None = None
         try:
             async with guard.hold(held):
-                result = await self._execute(job, tick, held, guard)
+                result = await self._execute(job, fire, held, guard, kind)
         except Exception as exc:
             # A bug on the run path (keep-alive, runner, executor): the run won
             # its claim, so it is recorded as this run's failure, never left
@@ -800,7 +815,10 @@ class Firing:
             resume.cancel()
             stop.cancel()
 
-    async def _execute(self, job: JobConfig, tick: datetime, held: Held, guard: Guard) -> RunResult:
+    async def _execute(
+        self, job: JobConfig, fire: Fire, held: Held, guard: Guard, kind: TriggerKind
+    ) -> RunResult:
+        tick = fire.tick
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation
         fencing_token, claimed_from = held.fencing_token, held.claimed_from
         run_key = identity.run_key or ""
@@ -810,6 +828,7 @@ class Firing:
             idempotency_key=identity.idempotency_key,
             attempt=attempt,
             replica=self.replica,
+            trigger=kind,
         )
         begun = False
 
@@ -838,7 +857,9 @@ class Firing:
             idempotency_key=identity.idempotency_key,
             idempotency_key_hex=identity.idempotency_key_hex,
             fencing_token=fencing_token,
-            env=job.env,
+            trigger=kind,
+            # A request's parameters after the job's own env: named by the operator.
+            env={**job.env, **fire.params} if fire.params else job.env,
             cwd=job.cwd,
             box=job.box,
             timeout=job.timeout,

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pgcrond.config.models import JobConfig
+from pgcrond.core import params
 from pgcrond.core.durations import format_duration
 from pgcrond.core.output import safe
 from pgcrond.core.schedule import AtSchedule, OnceSchedule, written
@@ -164,7 +165,13 @@ def history_entry(row: Mapping[str, Any]) -> dict[str, Any]:
         "retry_at": row["retry_at"],
         "duration_s": None if finished is None else seconds(finished - row["acquired_at"]),
         "error": row["error"],
+        "params": params_entry(row.get("params")),
     }
+
+
+def params_entry(given: Mapping[str, str] | None) -> dict[str, str]:
+    """A run's parameters fit to print: secret-looking ones as ``***``, the rest escaped."""
+    return {safe(name): safe(value) for name, value in params.shown(given).items()}
 
 
 def attempt_entry(row: Mapping[str, Any], *, output: bool = False) -> dict[str, Any]:
@@ -189,6 +196,7 @@ def attempt_entry(row: Mapping[str, Any], *, output: bool = False) -> dict[str, 
         "duration_s": duration,
         "exit_code": row["exit_code"],
         "error": None if row["error"] is None else safe(row["error"]),
+        "trigger": row.get("trigger"),
     }
     if output:
         entry["output"] = attempts.output_of(row).as_json()

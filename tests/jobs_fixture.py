@@ -43,6 +43,7 @@ def _snapshot(ctx: RunContext) -> dict[str, object]:
         "idempotency_key": ctx.idempotency_key,
         "idempotency_key_hex": ctx.idempotency_key_hex,
         "fencing_token": ctx.fencing_token,
+        "trigger": ctx.trigger,
         "deadline": None if ctx.deadline is None else ctx.deadline.isoformat(),
         "env": dict(ctx.env),
         "cwd": None if ctx.cwd is None else str(ctx.cwd),

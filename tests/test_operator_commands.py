@@ -34,6 +34,7 @@ CONFIG_COMMANDS = {
     "history": [],
     "logs": ["hello"],
     "trigger": ["hello"],
+    "backfill": ["hello", "--from", "2026-01-01", "--to", "2026-01-02", "--dry-run"],
     "unlock": ["hello", "--run-key", "manual:x", "--yes"],
     "prune": [],
     "pause": ["--all"],

@@ -23,6 +23,7 @@ import yaml
 
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.yamlnodes import construct, kind
+from pgcrond.core import params
 from pgcrond.core.access import ROLES, PageUser, Role, TlsFiles
 from pgcrond.core.actions import HttpAction
 from pgcrond.core.box import Limits
@@ -817,6 +818,33 @@ paths = Converter(
 variable_globs = Converter(
     _variable_globs,
     {"type": "array", "items": {"type": "string", "pattern": _VARIABLE_GLOB.pattern}},
+)
+
+
+def _param_names(node: yaml.Node) -> tuple[str, ...]:
+    if not isinstance(node, yaml.SequenceNode):
+        raise ValueError(f"must be a list of variable names like [DAY, DRY_RUN], got {kind(node)}")
+    names: list[str] = []
+    for index, item in enumerate(node.value):
+        value = scalar(item)
+        if not isinstance(value, str):
+            raise ValueError(f"entry {index} must be a variable name, got {kind(item)}")
+        problem = params.name_problem(value)
+        if problem is not None:
+            raise ValueError(f"entry {index}: {problem}")
+        if value in names:
+            raise ValueError(f"entry {index}: {value!r} is listed twice")
+        names.append(value)
+    return tuple(names)
+
+
+param_names = Converter(
+    _param_names,
+    {
+        "type": "array",
+        "items": {"type": "string", "pattern": params.NAME.pattern, "not": {"pattern": "^PGCRON_"}},
+        "uniqueItems": True,
+    },
 )
 
 

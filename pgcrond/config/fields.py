@@ -404,6 +404,13 @@ JOB = _table(
         True,
     ),
     Field(
+        "params",
+        c.param_names,
+        None,
+        "the parameters a manual run or backfill may hand it (`--env NAME=VALUE`); any "
+        "other name is refused. Unset: any variable name (not PGCRON_*) is accepted",
+    ),
+    Field(
         "user",
         c.account,
         None,

@@ -64,6 +64,7 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
     description = reading.read(section, "description", JOB["description"].convert)
     ping = reading.read(section, "ping", JOB["ping"].convert)
     suspended = reading.read(section, "suspended", JOB["suspended"].convert)
+    params = cast(tuple[str, ...] | None, reading.read(section, "params", JOB["params"].convert))
     renamed_from = reading.read(section, "renamed_from", JOB["renamed_from"].convert) or ()
     if renamed_from:
         reading.renames[code] = (section, renamed_from)
@@ -154,6 +155,7 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
         concurrency=cast(Concurrency, merged.get("concurrency", JOB["concurrency"].default)),
         env=MappingProxyType(env),
         cwd=cast(Path | None, merged.get("cwd", JOB["cwd"].default)),
+        params=params,
         box=box,
         env_file=cast(tuple[Path, ...], merged.get("env_file", ())),
         key_hash=cast(KeyHash, key_hash or JOB["key_hash"].default),

@@ -117,6 +117,8 @@ class JobConfig:
     concurrency: Concurrency = default(JOB, "concurrency")
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     cwd: Path | None = default(JOB, "cwd")
+    # The parameter names a manual run or backfill may pass; None: any valid name.
+    params: tuple[str, ...] | None = default(JOB, "params")
     # Whom its child processes run as, their limits, what they inherit; its
     # env_file values are in `env` already (the paths are kept to be shown).
     box: Box = field(default_factory=Box)

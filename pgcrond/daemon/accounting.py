@@ -143,7 +143,9 @@ async def run_catch_up(
         log.info("tick_catch_up", job=item.code, run_key=item.run_key, policy=job.catch_up)
         # started=True: no misfire bound; the claim still decides, once per tick.
         identity = Identity.schedule(item.code, item.run_key)
-        outcome = await firing.fire(Fire(job, item.tick, identity, started=True))
+        outcome = await firing.fire(
+            Fire(job, item.tick, identity, started=True, trigger="catch_up")
+        )
         done.append((item, outcome))
     return done
 

@@ -32,7 +32,8 @@ from typing import Any
 
 import structlog
 
-from pgcrond.config.models import Config
+from pgcrond.config.models import Config, JobConfig
+from pgcrond.core import params
 from pgcrond.core.keys import Identity
 from pgcrond.errors import PgcrondError
 from pgcrond.fire import Fire, Firing
@@ -228,7 +229,16 @@ class Requests:
             requested_by=request.requested_by,
             requested_at=request.requested_at.isoformat(),
             waited_s=round(request.waited.total_seconds(), 3),
+            trigger=request.trigger,
+            backfill=request.backfill_id,
+            params=params.shown(request.params),
         )
+        refused = _refused_params(job, request)
+        if refused is not None:
+            # Made against another config (or not by pgcrond): nothing runs.
+            bound.warning("request_refused", detail=refused)
+            await self._finish(request, "refused", bound)
+            return
         # A guard that remembers nothing (advisory) leaves the request row the
         # only record that its run started, and one that started is not run again.
         advisory = not self.firing.guards(job).remembers
@@ -254,7 +264,17 @@ class Requests:
         # An unexpected error is Firing's to record and log ("crashed").
         with structlog.contextvars.bound_contextvars(job=job.code, run_key=identity.run_key):
             outcome = await self.firing.fire(
-                Fire(job, datetime.now(UTC), identity, on_start=started if advisory else None)
+                Fire(
+                    job,
+                    datetime.now(UTC),
+                    identity,
+                    # A backfill's tick has its row already (filed FAIL, due
+                    # now): a retry of it, with no misfire bound.
+                    started=request.backfill_id is not None,
+                    on_start=started if advisory else None,
+                    trigger=request.trigger,
+                    params=request.params,
+                )
             )
         if self.firing.stopping.is_set() and not await self._final(identity, outcome, advisory):
             # Stopped before it ran here, while it ran (its lease is released
@@ -301,3 +321,14 @@ class Requests:
             bound.warning("request_not_released", error=str(exc))
             return
         bound.info("request_released", detail="another replica takes it")
+
+
+def _refused_params(job: JobConfig, request: Request) -> str | None:
+    """Why ``request``'s parameters may not reach ``job``'s run, or None."""
+    for name in request.params:
+        problem = params.name_problem(name)
+        if problem is None and job.params is not None and name not in job.params:
+            problem = f"{name!r} is not among the job's params ({', '.join(job.params) or 'none'})"
+        if problem is not None:
+            return f"parameter {problem}"
+    return None

@@ -65,6 +65,7 @@ from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
 from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
+from pgcrond.core.trigger import TriggerKind
 from pgcrond.errors import Unsupported
 from pgcrond.storage.claims import Standing
 
@@ -141,6 +142,8 @@ class ClaimRequest:
     # "skipped", before any pause, at any lateness (a tick that never runs is
     # never missed). Manual run keys never carry one.
     skip_reason: str | None = None
+    # Why the fire runs: recorded with the attempt a won claim starts.
+    trigger: TriggerKind = "schedule"
 
 
 @dataclass(frozen=True)

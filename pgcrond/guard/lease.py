@@ -148,6 +148,7 @@ class LeaseGuard(Guard):
             request.superseded_at,
             request.suspended,
             request.skip_reason,
+            request.trigger,
         )
 
     def _bound(self, request: ClaimRequest) -> float:

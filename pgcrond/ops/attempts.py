@@ -95,6 +95,7 @@ def logs_entry(job: str, row: dict[str, Any]) -> dict[str, Any]:
         "run_key": row["run_key"],
         "tick_status": row["tick_status"],
         **report.attempt_entry(row, output=True),
+        "params": report.params_entry(row.get("params")),
     }
 
 
@@ -105,6 +106,12 @@ def logs_text(entry: dict[str, Any]) -> str:
     lines = [
         f"{entry['job']} {entry['run_key'] or '(initial)'} attempt {entry['attempt']} "
         f"on {entry['replica']}: {outcome}",
+        f"trigger {entry['trigger'] or report.NONE}"
+        + (
+            ", params " + " ".join(f"{k}={v}" for k, v in entry["params"].items())
+            if entry["params"]
+            else ""
+        ),
         f"started {report.when(entry['started_at'])}, "
         + (
             f"ended {report.when(entry['finished_at'])} ({report.took(entry['duration_s'])})"

@@ -302,7 +302,18 @@ async def _history(args: argparse.Namespace, target: Target, store: LeaseStore) 
         return EXIT_OK
     print(
         report.table(
-            ["JOB", "RUN KEY", "STATUS", "REASON", "ATTEMPT", "OWNER", "ACQUIRED", "TOOK", "ERROR"],
+            [
+                "JOB",
+                "RUN KEY",
+                "STATUS",
+                "REASON",
+                "ATTEMPT",
+                "TRIGGER",
+                "OWNER",
+                "ACQUIRED",
+                "TOOK",
+                "ERROR",
+            ],
             [row for entry in entries for row in _history_rows(entry)],
         )
     )
@@ -312,7 +323,10 @@ async def _history(args: argparse.Namespace, target: Target, store: LeaseStore) 
 def _history_rows(entry: dict[str, Any]) -> list[list[str]]:
     """A tick's row; under it, when it took more than one attempt or did not succeed, a row
     per attempt record: how it ended and the last line it printed (``pgcrond logs`` has
-    the whole kept output)."""
+    the whole kept output); under those, the parameters its request handed it."""
+    kept_attempts = entry["attempts"]
+    # The tick's newest attempt says why it ran last.
+    newest = kept_attempts[-1]["trigger"] if kept_attempts else None
     rows = [
         [
             entry["job"],
@@ -320,15 +334,17 @@ def _history_rows(entry: dict[str, Any]) -> list[list[str]]:
             entry["status"],
             entry["reason"] or report.NONE,
             str(entry["attempt"]),
+            newest or report.NONE,
             entry["owner"],
             report.when(entry["acquired_at"]),
             report.took(entry["duration_s"]),
             report.first_line(entry["error"], ERROR_WIDTH),
         ]
     ]
-    kept_attempts = entry["attempts"]
+    given = entry["params"]
+    note = ["", "", "└ params", " ".join(f"{k}={v}" for k, v in given.items())] if given else None
     if len(kept_attempts) == 1 and kept_attempts[0]["status"] in ("success", "running"):
-        return rows
+        return rows + ([note + [""] * 6] if note else [])
     for kept in kept_attempts:
         exit_code = kept["exit_code"]
         rows.append(
@@ -338,13 +354,14 @@ def _history_rows(entry: dict[str, Any]) -> list[list[str]]:
                 f"└ {kept['status']}",
                 report.NONE if exit_code is None else f"exit {exit_code}",
                 str(kept["attempt"]),
+                kept["trigger"] or report.NONE,
                 kept["replica"],
                 report.when(kept["started_at"]),
                 report.took(kept["duration_s"]),
                 report.first_line(_attempt_note(kept), ERROR_WIDTH),
             ]
         )
-    return rows
+    return rows + ([note + [""] * 6] if note else [])
 
 
 def _attempt_note(kept: dict[str, Any]) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pgcrond import report
 from pgcrond.config.models import JobConfig
+from pgcrond.core import params
 from pgcrond.core.keys import Identity
 from pgcrond.errors import ExitCode
 from pgcrond.ops.attempts import logs_entry, logs_text
@@ -32,13 +33,19 @@ _RAN_AND_FAILED = frozenset({"fail", "timeout", "cancelled", "lease_lost", "cras
 
 
 async def on_the_cluster(
-    job: JobConfig, run_key: str, store: LeaseStore, *, as_json: bool, wait: bool
+    job: JobConfig,
+    run_key: str,
+    store: LeaseStore,
+    given: dict[str, str],
+    *,
+    as_json: bool,
+    wait: bool,
 ) -> int:
-    """Record the request and, with ``wait``, follow it to its end (:func:`follow`); else
-    print what was done and where to look, and exit 0."""
+    """Record the request (with its parameters ``given``) and, with ``wait``, follow it to
+    its end (:func:`follow`); else print what was done and where to look, and exit 0."""
     identity = Identity.schedule(job.code, run_key)  # refuses a malformed run key
     assert identity.run_key is not None
-    done = await request_run(store, identity.code, identity.run_key, by=store.owner)
+    done = await request_run(store, identity.code, identity.run_key, by=store.owner, params=given)
     if wait:
         return await follow(job, identity.run_key, store, done, as_json=as_json)
     note = _lease_note(done, identity)
@@ -50,6 +57,7 @@ async def on_the_cluster(
             "ran_here": False,
             "detail": _said(done),
             "note": note,
+            "params": params.shown(given),
         }
         print(report.to_json(document))
         return ExitCode.OK
@@ -185,6 +193,10 @@ def _said(done: Requested) -> str:
             else ""
         )
         return f"requested{again}; one daemon replica runs it, within about a second"
+    if done.earlier_params and not done.earlier_done_at:
+        pending = f" with its own parameters {params.text(done.earlier_params)}"
+    else:
+        pending = ""
     if done.earlier_by is None:
         # Another shell's request committed while this statement ran: its
         # snapshot does not show that row, but the conflict was with it.
@@ -195,8 +207,8 @@ def _said(done: Requested) -> str:
         else "pending: it runs once a replica takes it"
     )
     return (
-        f"already requested by {done.earlier_by} at {report.when(done.earlier_at)} ({where}); "
-        "not requested twice"
+        f"already requested by {done.earlier_by} at {report.when(done.earlier_at)} ({where})"
+        f"{pending}; not requested twice"
     )
 
 

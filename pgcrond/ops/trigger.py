@@ -8,6 +8,8 @@ import sys
 from datetime import UTC, datetime
 
 from pgcrond import report
+from pgcrond.config.models import JobConfig
+from pgcrond.core import params
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import manual_run_key
 from pgcrond.errors import CommandError, ExitCode
@@ -24,6 +26,14 @@ EXIT_NOT_RUN_HERE = ExitCode.NOT_RUN_HERE
 
 # Outcomes of a fire that ran nothing in this process (exit 3).
 NOT_RUN_HERE = ("lose", "skip", "misfire")
+
+
+def job_params(job: JobConfig, assignments: list[str] | None) -> dict[str, str]:
+    """``--env NAME=VALUE`` as the run's parameters, checked against the job's ``params:``."""
+    try:
+        return params.parse(assignments or (), code=job.code, declared=job.params)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def trigger_command(args: argparse.Namespace) -> int:
@@ -49,6 +59,7 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
     if job is None:
         known = ", ".join(sorted(target.config.jobs)) or "none"
         raise CommandError(f"no job {args.code!r} in the config (jobs: {known})")
+    given = job_params(job, args.env)
     await migrate(store)
     now = datetime.now(UTC)
     if not args.here:
@@ -59,6 +70,7 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
             job,
             args.run_key or manual_run_key(now),
             store,
+            given,
             as_json=args.output == "json",
             wait=not args.no_wait,
         )
@@ -67,7 +79,9 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
     # run does not move this process into a v2 leaf.
     box.configure(target.config.cgroups, prepare=False)
     firing = Firing(guards=Guards(store, store.db).for_job, replica=store.owner)
-    outcome = await firing.fire(Fire(job, now, identity, follow=False))
+    outcome = await firing.fire(
+        Fire(job, now, identity, follow=False, trigger="manual", params=given)
+    )
     detail = TRIGGER_OUTCOMES.get(outcome, outcome)
     ran_here = outcome not in NOT_RUN_HERE
     if args.output == "json":

@@ -33,6 +33,7 @@ from pgcrond.core.actions import Action, Committed, SqlWork
 from pgcrond.core.box import Box
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.outcome import Outcome
+from pgcrond.core.trigger import TriggerKind
 from pgcrond.run.context import RunContext, Writer
 from pgcrond.run.output import Capture
 
@@ -64,6 +65,8 @@ class RunRequest:
     idempotency_key: str
     idempotency_key_hex: str
     fencing_token: int | None
+    # Why this attempt runs (PGCRON_TRIGGER).
+    trigger: TriggerKind = "schedule"
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     timeout: timedelta | None = None
@@ -124,6 +127,7 @@ class Attempt:
             idempotency_key=request.idempotency_key,
             idempotency_key_hex=request.idempotency_key_hex,
             fencing_token=request.fencing_token,
+            trigger=request.trigger,
             deadline=self.deadline,
             env=self.environ,
             cwd=request.cwd,

@@ -22,6 +22,7 @@ import structlog
 from structlog.typing import FilteringBoundLogger
 
 from pgcrond.core.cancel import Cancellation
+from pgcrond.core.trigger import TRIGGER_KINDS, TriggerKind
 
 ENV_PREFIX = "PGCRON_"
 # The W3C trace context of the attempt this task runs, set by the daemon's
@@ -62,6 +63,8 @@ class RunFacts(Protocol):
     def idempotency_key_hex(self) -> str: ...
     @property
     def fencing_token(self) -> int | None: ...
+    @property
+    def trigger(self) -> TriggerKind: ...
 
 
 def run_variables(run: RunFacts, deadline: datetime | None) -> dict[str, str]:
@@ -73,6 +76,7 @@ def run_variables(run: RunFacts, deadline: datetime | None) -> dict[str, str]:
         "PGCRON_RUN_KEY": run.run_key,
         "PGCRON_FIRE_TIME": iso_utc(run.fire_time),
         "PGCRON_ATTEMPT": str(run.attempt),
+        "PGCRON_TRIGGER": run.trigger,
     }
     if run.fencing_token is not None:
         variables["PGCRON_FENCING_TOKEN"] = str(run.fencing_token)
@@ -105,6 +109,8 @@ class RunContext:
     idempotency_key: str
     idempotency_key_hex: str
     fencing_token: int | None
+    # Why this attempt runs: schedule, manual, backfill, catch_up, retry, takeover.
+    trigger: TriggerKind
     deadline: datetime | None
     env: Mapping[str, str]
     cwd: Path | None
@@ -140,8 +146,17 @@ class RunContext:
             idempotency_key=environ["PGCRON_IDEMPOTENCY_KEY"],
             idempotency_key_hex=environ["PGCRON_IDEMPOTENCY_KEY_HEX"],
             fencing_token=None if token is None else int(token),
+            trigger=_trigger(environ.get("PGCRON_TRIGGER")),
             deadline=None if deadline is None else datetime.fromisoformat(deadline),
             env=MappingProxyType(dict(environ)),
             cwd=cwd,
             cancelled=cancelled,
         )
+
+
+def _trigger(value: str | None) -> TriggerKind:
+    """``PGCRON_TRIGGER`` as the runner set it (a child started by this runner always has it)."""
+    for kind in TRIGGER_KINDS:
+        if kind == value:
+            return kind
+    raise ValueError(f"PGCRON_TRIGGER {value!r} is not one of {', '.join(TRIGGER_KINDS)}")

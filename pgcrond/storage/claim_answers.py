@@ -15,6 +15,7 @@ from typing import Any
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
+from pgcrond.core.trigger import TriggerKind
 from pgcrond.storage.claims import Acquired, NotAcquired, NotAcquiredReason
 
 
@@ -39,6 +40,9 @@ class PendingClaim:
     superseded_at: datetime | None = None
     suspended: str | None = None
     skip_reason: str | None = None
+    # Why the fire runs (the attempt record's trigger kind, unless the won row
+    # makes it a takeover or a retry).
+    trigger: TriggerKind = "schedule"
 
     def outcome(
         self, row: dict[str, Any] | None, sent_at: float, received_at: float

@@ -25,6 +25,7 @@ from pgcrond.core.actions import SqlWork
 from pgcrond.core.keys import Identity
 from pgcrond.core.replica import this_process
 from pgcrond.core.timing import LeaseTiming, to_ms
+from pgcrond.core.trigger import TriggerKind
 from pgcrond.errors import LeaseLost, PgcrondError
 from pgcrond.storage import sqljob
 from pgcrond.storage.attempt_end import AttemptEnd, columns, finalize_columns
@@ -117,6 +118,7 @@ class LeaseStore:
         superseded_at: datetime | None = None,
         suspended: str | None = None,
         skip_reason: str | None = None,
+        trigger: TriggerKind = "schedule",
     ) -> Acquired | NotAcquired:
         """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row.
 
@@ -140,6 +142,7 @@ class LeaseStore:
         SKIPPED with it, before any pause and at any lateness (never MISSED),
         and refused ``skipped``; one that has a row already is refused
         ``done`` (a replica whose config runs it follows it, not this one).
+        ``trigger``: why the fire runs, for the attempt record the won claim starts.
         """
         request = PendingClaim(
             identity,
@@ -151,6 +154,7 @@ class LeaseStore:
             superseded_at,
             suspended,
             skip_reason,
+            trigger,
         )
         return (await self.claim_many([request]))[0]
 
@@ -206,6 +210,7 @@ class LeaseStore:
                 "pausable": [r.identity.pausable for r in batch],
                 "suspended": [r.suspended if r.identity.pausable else None for r in batch],
                 "skip_reasons": [r.skip_reason for r in batch],
+                "triggers": [r.trigger for r in batch],
                 "owner": self.owner,
                 "claim_ahead_ms": self._claim_ahead_ms,
             }

@@ -24,13 +24,15 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Literal
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
 
 from pgcrond.errors import PgcrondError
 from pgcrond.storage.db import connection_settings, translate
@@ -64,6 +66,8 @@ class Requested:
     earlier_taken_by: str | None
     earlier_done_at: datetime | None
     earlier_outcome: str | None
+    # The pending request's parameters (a request already pending runs with its own).
+    earlier_params: dict[str, str] | None
     # The run key's lease row, if any: SUCCESS means nothing will run again.
     lease_status: str | None
     lease_reason: str | None
@@ -83,6 +87,11 @@ class Request:
     taken_at: datetime
     # When a taker's run of it started (recorded for advisory jobs only).
     started_at: datetime | None = None
+    # What asked for it (manual, backfill), and the parameters its run gets.
+    trigger: Literal["manual", "backfill"] = "manual"
+    params: dict[str, str] = field(default_factory=dict)
+    # The backfill it belongs to, if any.
+    backfill_id: int | None = None
 
     @property
     def waited(self) -> timedelta:
@@ -90,11 +99,27 @@ class Request:
         return self.taken_at - self.requested_at
 
 
-async def request_run(store: LeaseStore, code: str, run_key: str, *, by: str) -> Requested:
-    """Record a request for ``(code, run_key)`` and wake every listening replica."""
+async def request_run(
+    store: LeaseStore,
+    code: str,
+    run_key: str,
+    *,
+    by: str,
+    params: Mapping[str, str] | None = None,
+) -> Requested:
+    """Record a request for ``(code, run_key)`` and wake every listening replica.
+
+    ``params``: extra environment variables for that run only.
+    """
     row = await store.db.fetchone(
         store.queries.get("request_run"),
-        {"code": code, "run_key": run_key, "by": by, "channel": channel(store)},
+        {
+            "code": code,
+            "run_key": run_key,
+            "by": by,
+            "channel": channel(store),
+            "params": Jsonb(dict(params)) if params else None,
+        },
     )
     if row is None:  # pragma: no cover - the statement selects one row from `woken`
         raise PgcrondError("the request statement returned no row")
@@ -105,6 +130,7 @@ async def request_run(store: LeaseStore, code: str, run_key: str, *, by: str) ->
         earlier_taken_by=row["taken_by"],
         earlier_done_at=row["done_at"],
         earlier_outcome=row["outcome"],
+        earlier_params=row["params"],
         lease_status=row["lease_status"],
         lease_reason=row["lease_reason"],
         lease_owner=row["lease_owner"],
@@ -198,15 +224,24 @@ async def prune_requests(
         deleted = await store.db.execute(store.queries.get("prune_requests"), params)
         total += deleted
         if deleted < batch_size:
+            # A backfill goes once its last request went.
+            await store.db.execute(
+                store.queries.get("prune_backfills"),
+                {"older_than_ms": params["older_than_ms"]},
+            )
             return total
 
 
 async def finish_request(store: LeaseStore, request: Request, *, by: str, outcome: str) -> bool:
-    """Mark ``request`` done with what its fire came to here; False if it was not ours."""
-    touched = await store.db.execute(
-        store.queries.get("finish_request"), {"id": request.id, "by": by, "outcome": outcome}
+    """Mark ``request`` done with what its fire came to here; False if it was not ours.
+
+    A backfill's request wakes the replicas too: the backfill's next tick may be taken.
+    """
+    row = await store.db.fetchone(
+        store.queries.get("finish_request"),
+        {"id": request.id, "by": by, "outcome": outcome, "channel": channel(store)},
     )
-    return touched == 1
+    return row is not None and row["finished"] == 1
 
 
 async def release_request(store: LeaseStore, request: Request, *, by: str) -> bool:
@@ -227,6 +262,9 @@ def _request(row: DictRow) -> Request:
         requested_at=row["requested_at"],
         taken_at=row["taken_at"],
         started_at=row["started_at"],
+        trigger="backfill" if row["trigger"] == "backfill" else "manual",
+        params=dict(row["params"] or {}),
+        backfill_id=row["backfill_id"],
     )
 
 

@@ -30,6 +30,23 @@ def running_entry(row: Mapping[str, Any]) -> dict[str, Any]:
         "stale": row["stale"],
         "fencing_token": row["fencing_token"],
         "idempotency_key": row["lock_key"],
+        "trigger": row["trigger"],
+    }
+
+
+def backfill_entry(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A backfill with a tick still to run: its range, who filed it, where its ticks stand."""
+    return {
+        "backfill": row["id"],
+        "job": row["code"],
+        "from": row["range_from"],
+        "to": row["range_to"],
+        "requested_by": row["requested_by"],
+        "requested_at": row["requested_at"],
+        "max_parallel": row["max_parallel"],
+        "done": row["done"],
+        "running": row["running"],
+        "left": row["left_"],
     }
 
 
@@ -43,6 +60,8 @@ def request_entry(row: Mapping[str, Any]) -> dict[str, Any]:
         "taken_at": row["taken_at"],
         "done_at": row["done_at"],
         "outcome": row["outcome"],
+        "trigger": row["trigger"],
+        "params": report.params_entry(row["params"]),
     }
 
 

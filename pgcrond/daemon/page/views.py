@@ -19,6 +19,7 @@ from pgcrond.core.durations import format_duration
 from pgcrond.daemon.page.chart import duration_chart
 from pgcrond.daemon.page.entries import (
     attempt_entry,
+    backfill_entry,
     job_entry,
     request_entry,
     running_entry,
@@ -27,7 +28,7 @@ from pgcrond.daemon.page.entries import (
 from pgcrond.daemon.page.memo import ScheduleMemo
 from pgcrond.daemon.page.render import ERROR_WIDTH
 from pgcrond.daemon.page.routes import PREFIX, job_path
-from pgcrond.storage import attempts, jobstate, registry
+from pgcrond.storage import attempts, backfills, jobstate, registry
 from pgcrond.storage import status as reads
 from pgcrond.storage.leases import LeaseStore
 
@@ -155,6 +156,7 @@ class Views:
         jobs = matched[(page - 1) * self.page_size : page * self.page_size]
         entries = await self._job_entries(store, jobs, now, next_fires=1, pauses=pauses)
         running = [running_entry(row) for row in await reads.running(store)]
+        filling = [backfill_entry(row) for row in await backfills.running(store)]
         replicas, _ = await self._replica_entries(store)
         data = {
             "generated_at": now,
@@ -165,6 +167,7 @@ class Views:
             "jobs": entries,
             "failing": failing,
             "running": running,
+            "backfills": filling,
             "replicas": replicas,
         }
         json_path = f"{PREFIX}.json" if page == 1 else f"{PREFIX}/page/{page}.json"
@@ -175,6 +178,7 @@ class Views:
             "failing": failing,
             "failing_shown": FAILING_SHOWN,
             "running": running,
+            "backfills": filling,
             "replicas": replicas,
             "page": page,
             "pages": pages,
@@ -185,7 +189,13 @@ class Views:
 
     async def running(self, store: LeaseStore, config: Config, now: datetime) -> View:
         running = [running_entry(row) for row in await reads.running(store)]
-        data = {"generated_at": now, "replica": self.replica, "running": running}
+        filling = [backfill_entry(row) for row in await backfills.running(store)]
+        data = {
+            "generated_at": now,
+            "replica": self.replica,
+            "running": running,
+            "backfills": filling,
+        }
         return View("Running now", f"{PREFIX}/running.json", data, "running.html", data)
 
     async def replicas(self, store: LeaseStore, now: datetime) -> View:
@@ -215,6 +225,7 @@ class Views:
         found = await reads.ticks(store, job.code, since=history.since, until=history.until)
         rows = [tick_entry(row) for row in found]
         asked = [request_entry(row) for row in await reads.requests(store, job.code)]
+        filling = [backfill_entry(row) for row in await backfills.running(store, job.code)]
         kept = [
             attempt_entry(row)
             for row in await attempts.of_job(store, job.code, limit=ATTEMPTS_SHOWN)
@@ -225,6 +236,7 @@ class Views:
             "job": entry,
             "ticks": rows,
             "requests": asked,
+            "backfills": filling,
             "attempts": kept,
         }
         facts = [
@@ -256,6 +268,7 @@ class Views:
             "attempts": kept,
             "attempt_classes": ATTEMPT_CLASSES,
             "requests": asked,
+            "backfills": filling,
             "error_width": ERROR_WIDTH,
         }
         return View(f"Job {job.code}", job_path(job.code, ".json"), data, "job.html", context)

@@ -56,9 +56,9 @@ WITH request AS (
         %(owner_tokens)b::uuid[], %(lease_ms)b::bigint[], %(forbid_overlap)b::boolean[],
         %(fire_times)b::timestamptz[], %(late_after)b::timestamptz[],
         %(superseded_at)b::timestamptz[], %(pausable)b::boolean[], %(suspended)b::text[],
-        %(skip_reasons)b::text[]
+        %(skip_reasons)b::text[], %(triggers)b::text[]
     ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap,
-            fire_time, late_after, superseded_at, pausable, suspended, skip_reason)
+            fire_time, late_after, superseded_at, pausable, suspended, skip_reason, trigger)
 ), mine AS MATERIALIZED (
     -- The existing rows, locked without waiting: a row another transaction
     -- holds (an sql: job's own, while its statements run) is refused as held
@@ -190,9 +190,18 @@ WITH request AS (
 ), started AS (
     -- Every won claim starts an attempt record (closed by its finalize), in
     -- this round trip: a replica killed mid-attempt leaves one that says so.
-    INSERT INTO {attempts} AS a (lease_id, fencing_token, attempt, replica, started_at, status)
-    SELECT c.id, c.fencing_token, c.attempt, c.owner, c.acquired_at, 'running'
+    -- Its trigger kind: what the fire asked for, unless the won row makes it a
+    -- takeover or a retry (the rule of pgcrond.core.trigger.attempt_trigger,
+    -- which tells the job the same).
+    INSERT INTO {attempts} AS a (
+        lease_id, fencing_token, attempt, replica, started_at, status, trigger
+    )
+    SELECT c.id, c.fencing_token, c.attempt, c.owner, c.acquired_at, 'running',
+           CASE WHEN c.reason = 'takeover' THEN 'takeover'
+                WHEN c.reason = 'retry' AND r.trigger IN ('schedule', 'catch_up') THEN 'retry'
+                ELSE r.trigger END
     FROM claim c
+    JOIN request r ON r.lock_key = c.lock_key
     WHERE c.status = 'RUNNING'
 ), superseded AS (
     -- A reclaimed row's attempt still 'running' had an owner that never
@@ -457,15 +466,18 @@ ORDER BY array_position(%(codes)b::text[], jobs.code)
 
 -- name: history
 -- Past runs, newest first; every filter is optional (NULL = any). Without
--- %(internal)s, pgcrond's own rows (codes 'pgcrond:...') are left out.
-SELECT id, type, code, run_key, status, reason, attempt, owner, fencing_token,
-       acquired_at, finished_at, expires_at, retry_at, error
-FROM {table}
-WHERE (%(code)s::text IS NULL OR code = %(code)s)
-  AND (%(internal)s OR code NOT LIKE 'pgcrond:%%')
-  AND (%(since)s::timestamptz IS NULL OR acquired_at >= %(since)s)
-  AND (%(status)s::text IS NULL OR status = %(status)s)
-ORDER BY acquired_at DESC, id DESC
+-- %(internal)s, pgcrond's own rows (codes 'pgcrond:...') are left out. A run
+-- that a request asked for shows the request's parameters (its unique key).
+SELECT l.id, l.type, l.code, l.run_key, l.status, l.reason, l.attempt, l.owner,
+       l.fencing_token, l.acquired_at, l.finished_at, l.expires_at, l.retry_at, l.error,
+       r.params
+FROM {table} l
+LEFT JOIN {requests} r ON r.code = l.code AND r.run_key = l.run_key
+WHERE (%(code)s::text IS NULL OR l.code = %(code)s)
+  AND (%(internal)s OR l.code NOT LIKE 'pgcrond:%%')
+  AND (%(since)s::timestamptz IS NULL OR l.acquired_at >= %(since)s)
+  AND (%(status)s::text IS NULL OR l.status = %(status)s)
+ORDER BY l.acquired_at DESC, l.id DESC
 LIMIT %(limit)s
 
 -- name: unlock_show
@@ -756,12 +768,15 @@ ORDER BY jobs.ord
 
 -- name: status_page_running
 -- Every RUNNING row (live, or stale: its owner stopped heartbeating), oldest
--- first, bounded. The partial running index holds only these rows.
-SELECT code, type, run_key, lock_key, owner, attempt, fencing_token, acquired_at,
-       heartbeat_at, expires_at, expires_at <= clock_timestamp() AS stale
-FROM {table}
-WHERE status = 'RUNNING'
-ORDER BY acquired_at
+-- first, bounded. The partial running index holds only these rows; each
+-- one's running attempt record (its primary key) says why it runs.
+SELECT l.code, l.type, l.run_key, l.lock_key, l.owner, l.attempt, l.fencing_token,
+       l.acquired_at, l.heartbeat_at, l.expires_at, l.expires_at <= clock_timestamp() AS stale,
+       a.trigger
+FROM {table} l
+LEFT JOIN {attempts} a ON a.lease_id = l.id AND a.fencing_token = l.fencing_token
+WHERE l.status = 'RUNNING'
+ORDER BY l.acquired_at
 LIMIT %(limit)s
 
 -- name: status_page_ticks
@@ -782,7 +797,8 @@ LIMIT %(limit)s
 -- One job's newest requests (detached manual runs) for its status page, newest
 -- first: who asked, when, which replica took it, how its fire ended. Through
 -- the (code, run_key) unique index; a job's requests are few (pruned with history).
-SELECT run_key, requested_by, requested_at, taken_by, taken_at, done_at, outcome
+SELECT run_key, requested_by, requested_at, taken_by, taken_at, done_at, outcome, trigger,
+       params
 FROM {requests}
 WHERE code = %(code)s
 ORDER BY requested_at DESC
@@ -945,14 +961,16 @@ ORDER BY j.ord
 -- one statement (one transaction: the notification is delivered at commit, with
 -- the row already visible). Shells requesting the same run key make one row; a
 -- request whose earlier one is done is opened again (the lease still decides
--- whether anything runs). Returns the row as it was before (NULL when new),
--- whether this statement opened the request, and the run key's lease row.
+-- whether anything runs), as a manual run with these parameters (a backfill's
+-- done request leaves its backfill). Returns the row as it was before (NULL
+-- when new), whether this statement opened the request, and the run key's lease row.
 WITH opened AS (
-    INSERT INTO {requests} AS r (code, run_key, requested_by, requested_at)
-    VALUES (%(code)s, %(run_key)s, %(by)s, now())
+    INSERT INTO {requests} AS r (code, run_key, requested_by, requested_at, trigger, params)
+    VALUES (%(code)s, %(run_key)s, %(by)s, now(), 'manual', %(params)s)
     ON CONFLICT (code, run_key) DO UPDATE
     SET requested_by = EXCLUDED.requested_by, requested_at = EXCLUDED.requested_at,
-        taken_by = NULL, taken_at = NULL, done_at = NULL, outcome = NULL
+        taken_by = NULL, taken_at = NULL, done_at = NULL, outcome = NULL,
+        trigger = EXCLUDED.trigger, params = EXCLUDED.params, backfill_id = NULL, seq = NULL
     WHERE r.done_at IS NOT NULL
     RETURNING r.id
 ), woken AS (
@@ -960,7 +978,7 @@ WITH opened AS (
 )
 SELECT (opened.id IS NOT NULL) AS opened,
        earlier.requested_by, earlier.requested_at, earlier.taken_by, earlier.taken_at,
-       earlier.done_at, earlier.outcome,
+       earlier.done_at, earlier.outcome, earlier.trigger, earlier.params,
        lease.status AS lease_status, lease.reason AS lease_reason, lease.owner AS lease_owner,
        lease.retry_at AS lease_retry_at
 FROM woken
@@ -991,6 +1009,12 @@ LEFT JOIN {table} lease
 -- open (the last row, id NULL): while one is, the replica takes again on a
 -- slow timer. SKIP LOCKED: replicas woken together take disjoint rows.
 -- Bounded, down the partial pending index.
+-- A backfill's request is taken only while fewer than its max_parallel
+-- requests before it (by seq) are not done: those taken and not done are then
+-- always among the first max_parallel not done, so at most max_parallel of its
+-- ticks run at once, in tick order, whichever replicas take them (a snapshot
+-- that has not seen a request end only makes a take wait). It is not bound by
+-- the window: a long backfill's last ticks are filed long before they run.
 WITH kept AS (
     UPDATE {requests}
     SET taken_at = now()
@@ -1000,26 +1024,39 @@ WITH kept AS (
     UPDATE {requests} r
     SET taken_by = %(by)s, taken_at = now()
     FROM (
-        SELECT id
-        FROM {requests}
-        WHERE done_at IS NULL AND code = ANY(%(codes)b::text[])
-          AND NOT (id = ANY(%(running)b::bigint[]))
-          AND requested_at > now() - %(within_ms)s * interval '1 millisecond'
-          AND (taken_at IS NULL OR taken_at < now() - %(retake_ms)s * interval '1 millisecond')
-        ORDER BY requested_at
+        SELECT p.id
+        FROM {requests} p
+        LEFT JOIN {backfills} b ON b.id = p.backfill_id
+        WHERE p.done_at IS NULL AND p.code = ANY(%(codes)b::text[])
+          AND NOT (p.id = ANY(%(running)b::bigint[]))
+          AND (p.backfill_id IS NOT NULL
+               OR p.requested_at > now() - %(within_ms)s * interval '1 millisecond')
+          AND (p.taken_at IS NULL
+               OR p.taken_at < now() - %(retake_ms)s * interval '1 millisecond')
+          AND (b.id IS NULL OR b.max_parallel > (
+              SELECT count(*) FROM (
+                  SELECT 1 FROM {requests} e
+                  WHERE e.backfill_id = p.backfill_id AND e.seq < p.seq AND e.done_at IS NULL
+                  LIMIT b.max_parallel
+              ) earlier
+          ))
+        ORDER BY p.requested_at, p.seq
         LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF p SKIP LOCKED
     ) pending
     WHERE r.id = pending.id
-    RETURNING r.id, r.code, r.run_key, r.requested_by, r.requested_at, r.taken_at, r.started_at
+    RETURNING r.id, r.code, r.run_key, r.requested_by, r.requested_at, r.taken_at, r.started_at,
+              r.trigger, r.params, r.backfill_id
 )
-SELECT id, code, run_key, requested_by, requested_at, taken_at, started_at, NULL::boolean AS open
+SELECT id, code, run_key, requested_by, requested_at, taken_at, started_at, trigger, params,
+       backfill_id, NULL::boolean AS open
 FROM taken
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, EXISTS (
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, EXISTS (
     SELECT 1 FROM {requests} o
     WHERE o.done_at IS NULL AND o.code = ANY(%(codes)b::text[])
-      AND o.requested_at > now() - %(within_ms)s * interval '1 millisecond'
+      AND (o.backfill_id IS NOT NULL
+           OR o.requested_at > now() - %(within_ms)s * interval '1 millisecond')
 )
 
 -- name: start_request
@@ -1041,9 +1078,16 @@ WHERE id IN (
 
 -- name: finish_request
 -- The taker's fire came to an end: what it came to here (history has the run).
-UPDATE {requests}
-SET done_at = now(), outcome = %(outcome)s
-WHERE id = %(id)s AND taken_by = %(by)s AND done_at IS NULL
+-- A backfill's wakes the replicas: its next tick may be taken now.
+WITH done AS (
+    UPDATE {requests}
+    SET done_at = now(), outcome = %(outcome)s
+    WHERE id = %(id)s AND taken_by = %(by)s AND done_at IS NULL
+    RETURNING code, backfill_id
+), woken AS (
+    SELECT pg_notify(%(channel)s, code) AS sent FROM done WHERE backfill_id IS NOT NULL
+)
+SELECT count(*) AS finished, (SELECT count(*) FROM woken) AS woken FROM done
 
 -- name: release_request
 -- A taker that stops before it ran the request gives it back and wakes the
@@ -1245,12 +1289,13 @@ WHERE lease_id = %(id)s AND fencing_token = %(fencing_token)s
 SELECT l.code, l.type, l.run_key, l.status AS tick_status, a.lease_id, a.fencing_token,
        a.attempt, a.replica, a.started_at, a.finished_at, a.status, a.error, a.exit_code,
        a.duration_ms, a.stdout_head, a.stdout_tail, a.stdout_dropped, a.stderr_head,
-       a.stderr_tail, a.stderr_dropped
+       a.stderr_tail, a.stderr_dropped, a.trigger, q.params
 FROM {table} l
 JOIN LATERAL (
     SELECT * FROM {attempts} r
     WHERE r.lease_id = l.id AND (%(attempt)s::integer IS NULL OR r.attempt = %(attempt)s)
 ) a ON true
+LEFT JOIN {requests} q ON q.code = l.code AND q.run_key = l.run_key
 WHERE l.code = %(code)s
   AND (%(run_key)s::text IS NULL OR l.run_key = %(run_key)s)
 ORDER BY l.acquired_at DESC, l.id DESC, a.fencing_token DESC
@@ -1260,7 +1305,7 @@ LIMIT %(limit)s
 -- The attempt records of these lease rows, oldest first per row (history, the
 -- status page); the output columns only with %(output)s.
 SELECT a.lease_id, a.fencing_token, a.attempt, a.replica, a.started_at, a.finished_at,
-       a.status, a.error, a.exit_code, a.duration_ms,
+       a.status, a.error, a.exit_code, a.duration_ms, a.trigger,
        CASE WHEN %(output)s THEN a.stdout_head END AS stdout_head,
        CASE WHEN %(output)s THEN a.stdout_tail END AS stdout_tail,
        a.stdout_dropped,
@@ -1285,3 +1330,111 @@ WHERE f.code = %(code)s AND f.status = 'FAIL' AND f.retry_at IS NULL
         AND NOT (s.type = %(type)s AND s.run_key IS NOT DISTINCT FROM %(run_key)s::text)
       ORDER BY s.acquired_at DESC, s.id DESC LIMIT 1
   ), '-infinity')
+
+-- name: backfill_rows
+-- What a backfill finds for each tick of its range: the tick's lease row (if
+-- any) and a request of its run key not done yet (if any). Unique-index reads.
+SELECT t.run_key, l.status, l.reason, l.owner, l.retry_at, l.error,
+       r.requested_by AS pending_by, r.trigger AS pending_trigger
+FROM unnest(%(run_keys)b::text[]) AS t (run_key)
+LEFT JOIN {table} l ON l.code = %(code)s AND l.type = 'SCHEDULE' AND l.run_key = t.run_key
+LEFT JOIN {requests} r ON r.code = %(code)s AND r.run_key = t.run_key AND r.done_at IS NULL
+
+-- name: backfill_file
+-- `pgcrond backfill`: file a backfill in one statement (one transaction; the
+-- notification goes out at commit). Each tick to run gets a lease row FAIL/
+-- backfill that is due now (a tick with no row gets one, sorting at its tick;
+-- a MISSED row or a final FAIL is opened again, its old state kept in the
+-- error text): the request's fire claims it like any retry, so pause and the
+-- overlap policy apply, it has no misfire bound, and a takeover of it after a
+-- kill is an ordinary takeover. A row that is anything else by now (SUCCESS,
+-- RUNNING, a retry pending, SKIPPED) is left alone and its tick not filed;
+-- the statement decides, not the command's earlier read. Then one request per
+-- opened tick, in tick order (seq), with the backfill's parameters.
+WITH backfill AS (
+    INSERT INTO {backfills} (code, range_from, range_to, requested_by, requested_at, max_parallel)
+    VALUES (%(code)s, %(range_from)s, %(range_to)s, %(by)s, now(), %(max_parallel)s)
+    RETURNING id, requested_at
+), ticks AS (
+    SELECT *
+    FROM unnest(%(lock_keys)b::text[], %(run_keys)b::text[], %(ticks)b::timestamptz[])
+         WITH ORDINALITY AS t (lock_key, run_key, tick, seq)
+), opened AS (
+    INSERT INTO {table} AS l (
+        lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
+        lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, retry_at,
+        reason, error
+    )
+    SELECT t.lock_key, 'SCHEDULE', %(code)s, t.run_key, 'FAIL', gen_random_uuid(), %(by)s, 0,
+           nextval({fencing_seq_name}), %(lease_ms)s, clock_timestamp(), t.tick,
+           clock_timestamp(), clock_timestamp(), clock_timestamp(), clock_timestamp(),
+           'backfill', 'filed by backfill ' || b.id || ' (' || %(by)s || ')'
+    FROM ticks t CROSS JOIN backfill b
+    ORDER BY t.lock_key
+    ON CONFLICT (lock_key) DO UPDATE SET
+        status = 'FAIL',
+        owner_token = EXCLUDED.owner_token,
+        owner = EXCLUDED.owner,
+        finished_at = EXCLUDED.finished_at,
+        retry_at = EXCLUDED.retry_at,
+        reason = 'backfill',
+        error = left(EXCLUDED.error || '; it was ' || l.status || coalesce('/' || l.reason, '')
+                     || coalesce(': ' || l.error, ''), 4000)
+    WHERE l.status = 'MISSED' OR (l.status = 'FAIL' AND l.retry_at IS NULL)
+    RETURNING l.lock_key
+), filed AS (
+    INSERT INTO {requests} AS r (
+        code, run_key, requested_by, requested_at, trigger, params, backfill_id, seq
+    )
+    SELECT %(code)s, t.run_key, %(by)s, b.requested_at, 'backfill', %(params)s, b.id, t.seq
+    FROM ticks t JOIN opened o ON o.lock_key = t.lock_key CROSS JOIN backfill b
+    ON CONFLICT (code, run_key) DO UPDATE SET
+        requested_by = EXCLUDED.requested_by, requested_at = EXCLUDED.requested_at,
+        taken_by = NULL, taken_at = NULL, done_at = NULL, outcome = NULL, started_at = NULL,
+        trigger = EXCLUDED.trigger, params = EXCLUDED.params,
+        backfill_id = EXCLUDED.backfill_id, seq = EXCLUDED.seq
+    WHERE r.done_at IS NOT NULL
+    RETURNING r.run_key
+), woken AS (
+    SELECT pg_notify(%(channel)s, %(code)s) AS sent
+)
+SELECT b.id, b.requested_at, ARRAY(SELECT run_key FROM filed) AS filed
+FROM backfill b, woken
+
+-- name: backfill_progress
+-- Where each tick of a backfill stands: its request (taken, done, with what)
+-- and its lease row (status, attempt, owner) with the newest attempt's trigger
+-- kind. In tick order, down the (backfill_id, seq) index.
+SELECT r.run_key, r.seq, r.taken_by, r.done_at, r.outcome,
+       l.status AS lease_status, l.owner AS lease_owner, l.attempt AS lease_attempt,
+       l.error AS lease_error,
+       (SELECT a.trigger FROM {attempts} a WHERE a.lease_id = l.id
+        ORDER BY a.fencing_token DESC LIMIT 1) AS trigger
+FROM {requests} r
+LEFT JOIN {table} l ON l.code = r.code AND l.type = 'SCHEDULE' AND l.run_key = r.run_key
+WHERE r.backfill_id = %(id)s
+ORDER BY r.seq
+
+-- name: running_backfills
+-- The backfills with a tick still to run, with their counts (the status
+-- page): done, running (taken), left (not taken). Backfills are few; each
+-- one's requests are read down the (backfill_id, seq) index.
+SELECT b.id, b.code, b.range_from, b.range_to, b.requested_by, b.requested_at,
+       b.max_parallel, c.done, c.running, c.left_
+FROM {backfills} b
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE r.done_at IS NOT NULL) AS done,
+           count(*) FILTER (WHERE r.done_at IS NULL AND r.taken_by IS NOT NULL) AS running,
+           count(*) FILTER (WHERE r.done_at IS NULL AND r.taken_by IS NULL) AS left_
+    FROM {requests} r
+    WHERE r.backfill_id = b.id
+) c
+WHERE c.running + c.left_ > 0
+  AND (%(code)s::text IS NULL OR b.code = %(code)s)
+ORDER BY b.id
+
+-- name: prune_backfills
+-- Backfills whose every request was pruned (history pruning's age).
+DELETE FROM {backfills} b
+WHERE b.requested_at < now() - %(older_than_ms)s * interval '1 millisecond'
+  AND NOT EXISTS (SELECT 1 FROM {requests} r WHERE r.backfill_id = b.id)

@@ -49,7 +49,28 @@ CREATE TABLE pgcrond.leases_attempts (
     stderr_head bytea,
     stderr_tail bytea,
     stderr_dropped bigint,
+    trigger text,
     CONSTRAINT leases_attempts_status_check CHECK ((status = ANY (ARRAY['running'::text, 'success'::text, 'fail'::text, 'timeout'::text, 'released'::text, 'lost'::text])))
+);
+
+CREATE TABLE pgcrond.leases_backfills (
+    id bigint NOT NULL,
+    code text NOT NULL,
+    range_from timestamp with time zone NOT NULL,
+    range_to timestamp with time zone NOT NULL,
+    requested_by text NOT NULL,
+    requested_at timestamp with time zone NOT NULL,
+    max_parallel integer NOT NULL,
+    CONSTRAINT leases_backfills_max_parallel_check CHECK ((max_parallel > 0))
+);
+
+ALTER TABLE pgcrond.leases_backfills ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME pgcrond.leases_backfills_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
 );
 
 CREATE SEQUENCE pgcrond.leases_fencing_seq
@@ -107,7 +128,12 @@ CREATE TABLE pgcrond.leases_requests (
     taken_at timestamp with time zone,
     done_at timestamp with time zone,
     outcome text,
-    started_at timestamp with time zone
+    started_at timestamp with time zone,
+    trigger text DEFAULT 'manual'::text NOT NULL,
+    params jsonb,
+    backfill_id bigint,
+    seq integer,
+    CONSTRAINT leases_requests_trigger_check CHECK ((trigger = ANY (ARRAY['manual'::text, 'backfill'::text])))
 );
 
 CREATE SEQUENCE pgcrond.leases_requests_id_seq
@@ -123,6 +149,9 @@ ALTER TABLE ONLY pgcrond.leases_requests ALTER COLUMN id SET DEFAULT nextval('pg
 
 ALTER TABLE ONLY pgcrond.leases_attempts
     ADD CONSTRAINT leases_attempts_pkey PRIMARY KEY (lease_id, fencing_token);
+
+ALTER TABLE ONLY pgcrond.leases_backfills
+    ADD CONSTRAINT leases_backfills_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY pgcrond.leases_forbid
     ADD CONSTRAINT leases_forbid_pkey PRIMARY KEY (code);
@@ -152,9 +181,14 @@ CREATE INDEX leases_code_acquired_idx ON pgcrond.leases USING btree (code, acqui
 
 CREATE INDEX leases_finished_idx ON pgcrond.leases USING btree (finished_at) WHERE (type = 'SCHEDULE'::text);
 
+CREATE INDEX leases_requests_backfill_idx ON pgcrond.leases_requests USING btree (backfill_id, seq) WHERE (backfill_id IS NOT NULL);
+
 CREATE INDEX leases_requests_pending_idx ON pgcrond.leases_requests USING btree (requested_at) WHERE (done_at IS NULL);
 
 CREATE INDEX leases_running_idx ON pgcrond.leases USING btree (code) WHERE (status = 'RUNNING'::text);
 
 ALTER TABLE ONLY pgcrond.leases_attempts
     ADD CONSTRAINT leases_attempts_lease_id_fkey FOREIGN KEY (lease_id) REFERENCES pgcrond.leases(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY pgcrond.leases_requests
+    ADD CONSTRAINT leases_requests_backfill_id_fkey FOREIGN KEY (backfill_id) REFERENCES pgcrond.leases_backfills(id) ON DELETE CASCADE;
