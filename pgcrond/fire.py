@@ -103,10 +103,10 @@ _BACKOFF_MAX = 1.0
 # the check land just before it.
 FOLLOW_MARGIN = timedelta(milliseconds=100)
 _LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
-# How often a retry that a newer running tick of its forbid job blocks is
-# claimed again (at most; a shorter lease, sooner): the run it waits for ends,
-# or its owner's lease lapses, within a lease.
-_BLOCKED_RETRY_RECHECK = timedelta(seconds=10)
+# How often a tick that waits for the job's slot is claimed again (a retry a
+# newer running tick blocks; a buffer_one or replace tick): it starts within
+# this of the running tick's end, at one claim per waiting tick and replica.
+_BLOCKED_RETRY_RECHECK = timedelta(seconds=1)
 # A guard call that raises an error which is not a PgcrondError (a bug, say a
 # batch answering a request given up on) is retried like an outage, since
 # every guard call is safe to repeat (the contract); this many times in a row.
@@ -257,7 +257,7 @@ class Firing:
                 identity,
                 tick,
                 job.timing,
-                forbid_overlap=job.concurrency == "forbid",
+                overlap=job.overlap,
                 deadline=deadline,
                 # Like the misfire bound, coalescing bounds a tick's first start only.
                 superseded_at=fire.superseded_at if deadline is not None else None,
@@ -267,7 +267,7 @@ class Firing:
             resumes = self._resumes
             claim: Callable[[], Awaitable[Held | Refused | None]]
             claim = functools.partial(guard.claim, request)
-            if request.forbid_overlap:
+            if request.overlap.bounded:
                 # Asked before every try: a run of the job here may be
                 # abandoned while the claim retries through an outage.
                 claim = functools.partial(self._claim_alone, job, bound, deadline, claim)
@@ -330,8 +330,9 @@ class Firing:
                     continue
             if answer.reason == "overlap" and answer.status == "FAIL":
                 # A started tick's retry (or a claim given back), due while a
-                # newer tick of this forbid job runs: it waits for that run to
-                # end, not dropped — no replica would ever claim it again.
+                # newer tick of the job runs, or a tick its overlap policy
+                # keeps waiting (buffer_one, replace): it waits for the job's
+                # slot, not dropped — no replica would ever claim it again.
                 deadline = None
                 await self._sleep(min(job.timing.lease, _BLOCKED_RETRY_RECHECK).total_seconds())
                 continue
@@ -488,7 +489,9 @@ class Firing:
             kind = "success"
         elif result.outcome == "cancelled":
             # Shutdown: give the tick back so that a survivor can take it over.
-            kind = "released"
+            # Replaced (concurrency: replace): record the stop, which frees
+            # the job's slot for the newer tick waiting on it.
+            kind = "replaced" if held.cancellation.reason == "replaced" else "released"
         else:
             kind = "timeout" if result.outcome == "timeout" else "fail"
             if held.attempt <= job.retries and not result.permanent:

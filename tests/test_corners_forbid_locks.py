@@ -16,6 +16,7 @@ from datetime import timedelta
 import psycopg
 
 from pgcrond.core.keys import Identity
+from pgcrond.core.overlap import FORBID
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.embedded import LocalServer
@@ -48,7 +49,7 @@ async def claim_all(store: LeaseStore, replica: int) -> list[Acquired | NotAcqui
     return list(
         await asyncio.gather(
             *(
-                store.claim(Identity.schedule(f"r{replica}-{n}", TICK), TIMING, forbid_overlap=True)
+                store.claim(Identity.schedule(f"r{replica}-{n}", TICK), TIMING, overlap=FORBID)
                 for n in range(JOBS)
             )
         )
@@ -94,10 +95,10 @@ async def test_four_replicas_claiming_3000_forbid_jobs_each_at_once_fit_default_
 async def test_forbid_still_refuses_a_tick_while_another_tick_of_the_job_runs(
     store: LeaseStore,
 ) -> None:
-    first = await store.claim(Identity.schedule("nightly", TICK), TIMING, forbid_overlap=True)
+    first = await store.claim(Identity.schedule("nightly", TICK), TIMING, overlap=FORBID)
     assert isinstance(first, Acquired)
     again = await store.claim(
-        Identity.schedule("nightly", "2026-01-01T00:01:00Z"), TIMING, forbid_overlap=True
+        Identity.schedule("nightly", "2026-01-01T00:01:00Z"), TIMING, overlap=FORBID
     )
     assert isinstance(again, NotAcquired) and "overlap" == again.reason
 
@@ -110,9 +111,9 @@ async def test_forbid_claims_of_two_ticks_racing_on_two_replicas_run_one(
         async with open_store(pg_dsn, schema, owner="other", migrate=False) as other:
             code = f"job-{attempt}"
             answers = await asyncio.gather(
-                store.claim(Identity.schedule(code, TICK), TIMING, forbid_overlap=True),
+                store.claim(Identity.schedule(code, TICK), TIMING, overlap=FORBID),
                 other.claim(
-                    Identity.schedule(code, "2026-01-01T00:01:00Z"), TIMING, forbid_overlap=True
+                    Identity.schedule(code, "2026-01-01T00:01:00Z"), TIMING, overlap=FORBID
                 ),
             )
         assert 1 == sum(isinstance(answer, Acquired) for answer in answers)

@@ -43,6 +43,7 @@ _LEFT_OUT_UNSET = frozenset(
         "max_duration",
         "start_deadline",
         "pause_after_failures",
+        "max_concurrent",
     }
 )
 # Values shown only as a digest: they are where tokens and passwords live.

@@ -36,6 +36,7 @@ from pgcrond.catchup import JobPlan, Planned, plan, superseded_at
 from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
+from pgcrond.core.overlap import FORBID
 from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.metrics import Metrics
@@ -313,7 +314,7 @@ class Accounting(FireEvents):
                         scan_identity(self.clock()),
                         account,
                         timing=SCAN_TIMING,
-                        forbid_overlap=True,
+                        overlap=FORBID,
                         retry_after=None,
                     )
             except PgcrondError as exc:

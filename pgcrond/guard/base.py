@@ -62,6 +62,7 @@ from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
+from pgcrond.core.overlap import ALLOW, Overlap
 from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
 from pgcrond.errors import Unsupported
 from pgcrond.storage.claims import Standing
@@ -74,7 +75,9 @@ RefusalReason = Literal[
     "failed",
     # A failure with a retry time (wait: until then).
     "retry_pending",
-    # concurrency: forbid and another tick of the job runs.
+    # The job's overlap policy holds this tick back: SKIPPED/overlap (status
+    # SKIPPED), or a tick that waits for a running one to end (status FAIL:
+    # a blocked retry, a buffer_one or replace tick; wait: until that could be).
     "overlap",
     # The tick is not due yet by the database clock (wait: until it is).
     "not_due",
@@ -92,8 +95,9 @@ RefusalReason = Literal[
 # What recording an outcome came to.
 Recorded = Literal["done", "retry", "fenced"]
 # How a run ended, as the guard records it. "released": given back at
-# shutdown so a survivor may take it over.
-Outcome = Literal["success", "fail", "timeout", "released"]
+# shutdown so a survivor may take it over; "replaced": stopped because a
+# newer tick replaced it (concurrency: replace; its cancellation says so).
+Outcome = Literal["success", "fail", "timeout", "released", "replaced"]
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,8 @@ class ClaimRequest:
     tick: datetime
     # The job's validated lease and heartbeat (config built it once).
     timing: LeaseTiming
-    forbid_overlap: bool = False
+    # The job's overlap policy (the claim statement applies it).
+    overlap: Overlap = ALLOW
     # The end of the misfire window, or None (run-once jobs, retries).
     deadline: datetime | None = None
     # When the job's next tick fires, for a first claim of a job with

@@ -114,7 +114,7 @@ class LeaseGuard(Guard):
                 self.store.claim(
                     identity,
                     timing,
-                    forbid_overlap=request.forbid_overlap,
+                    overlap=request.overlap,
                     owner_token=token,
                     fire_time=request.tick if identity.type == "SCHEDULE" else None,
                     late_after=request.deadline,
@@ -346,6 +346,8 @@ class LeaseGuard(Guard):
             pending = self.store.complete(lease, end)
         elif outcome == "released":
             pending = self.store.release(lease, end)
+        elif outcome == "replaced":
+            pending = self.store.replaced(lease, end)
         else:
             reason = "timeout" if outcome == "timeout" else "error"
             pending = self.store.fail(
@@ -364,7 +366,7 @@ class LeaseGuard(Guard):
                 run_key=held.identity.run_key,
                 error=str(exc),
             )
-            if outcome in ("success", "released"):
+            if outcome in ("success", "released", "replaced"):
                 raise DatabaseUnavailable(str(exc)) from exc
             recorded = await _bounded(
                 self.store.fail(lease, UNSTORABLE_ERROR, reason="error", retry_after=retry_after),

@@ -6,7 +6,8 @@
 -- A name has one format per statement, comments included (psycopg parses them too).
 
 -- name: forbid_lock
--- Serialise the claims of concurrency: forbid jobs across replicas: sent in the
+-- Serialise the claims of jobs whose running ticks are counted (a bounded
+-- overlap policy: forbid, replace, buffer_one, max_concurrent) across replicas: sent in the
 -- same message as the claim, before it, so the claim (a statement of its own in
 -- the same implicit transaction) reads a snapshot taken after the lock. One row
 -- lock per job (its row inserted on the first claim; DO UPDATE … WHERE false
@@ -22,9 +23,17 @@ ON CONFLICT (code) DO UPDATE SET code = EXCLUDED.code WHERE false
 -- owner: insert each, or reclaim a FAIL row whose retry time has come or a
 -- RUNNING row whose lease expired (by the database clock, against the expiry
 -- stored from the holder's own lease). For each refused claim the current row
--- is returned instead, to say why. With forbid_overlap, while another tick of
--- the job holds a live lease, a new tick is recorded SKIPPED and a retry or
--- takeover of an older one is refused (busy says so). The database clock also
+-- is returned instead, to say why. Under a bounded overlap policy (the job's
+-- running ticks counted under its lock, forbid_lock), while overlap_limit
+-- other ticks of the job hold a live lease (busy) a new tick is recorded
+-- SKIPPED/overlap and a retry or takeover of an older one is refused; under
+-- buffer_one the new tick waits instead, as a FAIL/waiting row due at once
+-- that every replica follows and the first claim after the running tick ends
+-- starts (a tick that finds one waiting already is SKIPPED/overlap); under
+-- replace the new tick marks the running ones replaced (their owners see it
+-- at their next heartbeat, stop, and record SKIPPED/replaced; a dead owner's
+-- is closed so when its lease lapses), closes an older waiting one
+-- SKIPPED/replaced, and waits until the replaced ones stopped. The database clock also
 -- decides when a tick is due: a claim before its fire time touches no row and
 -- comes back as NOT_DUE (expires_at then carries the fire time, so the caller
 -- knows how long to wait); one after its misfire deadline records the tick
@@ -49,11 +58,12 @@ WITH request AS (
     SELECT *
     FROM unnest(
         %(lock_keys)b::text[], %(types)b::text[], %(codes)b::text[], %(run_keys)b::text[],
-        %(owner_tokens)b::uuid[], %(lease_ms)b::bigint[], %(forbid_overlap)b::boolean[],
-        %(fire_times)b::timestamptz[], %(late_after)b::timestamptz[],
-        %(superseded_at)b::timestamptz[], %(pausable)b::boolean[], %(suspended)b::text[]
-    ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap,
-            fire_time, late_after, superseded_at, pausable, suspended)
+        %(owner_tokens)b::uuid[], %(lease_ms)b::bigint[], %(overlap_policies)b::text[],
+        %(overlap_limits)b::integer[], %(fire_times)b::timestamptz[],
+        %(late_after)b::timestamptz[], %(superseded_at)b::timestamptz[],
+        %(pausable)b::boolean[], %(suspended)b::text[]
+    ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, overlap_policy,
+            overlap_limit, fire_time, late_after, superseded_at, pausable, suspended)
 ), mine AS MATERIALIZED (
     -- The existing rows, locked without waiting: a row another transaction
     -- holds (an sql: job's own, while its statements run) is refused as held
@@ -72,12 +82,29 @@ WITH request AS (
     SELECT r.*, EXISTS (
         SELECT 1 FROM {table} e
         WHERE e.lock_key = r.lock_key AND e.lock_key NOT IN (SELECT lock_key FROM mine)
-    ) AS locked, EXISTS (
-        SELECT 1 FROM {table} o
-        WHERE r.forbid_overlap AND o.code = r.code AND o.type = 'SCHEDULE'
+    ) AS locked,
+    -- The job's slots: its other ticks with a live lease (a replaced one
+    -- still stopping counts: its owner has not reported the stop).
+    CASE WHEN r.overlap_limit IS NULL THEN false ELSE r.overlap_limit <= (
+        SELECT count(*) FROM {table} o
+        WHERE o.code = r.code AND o.type = 'SCHEDULE'
           AND o.status = 'RUNNING' AND o.expires_at > clock_timestamp()
           AND o.lock_key <> r.lock_key
-    ) AS busy,
+    ) END AS busy,
+    -- Another tick of the job waits for a slot (buffer_one, replace).
+    CASE WHEN r.overlap_policy IN ('buffer_one', 'replace') THEN EXISTS (
+        SELECT 1 FROM {table} w
+        WHERE w.code = r.code AND w.status = 'FAIL' AND w.reason = 'waiting'
+          AND w.lock_key <> r.lock_key
+    ) ELSE false END AS queued,
+    -- This tick's own row: none, or a waiting one, is a first start; a
+    -- replaced tick whose owner's lease lapsed is closed, never taken over.
+    r.type = 'SCHEDULE' AND (own.status IS NULL
+                             OR (own.status = 'FAIL' AND own.reason IS NOT DISTINCT FROM 'waiting'))
+      AS first_start,
+    own.status IS NULL AS unrecorded,
+    own.status IS NOT DISTINCT FROM 'RUNNING' AND own.reason IS NOT DISTINCT FROM 'replaced'
+      AS stopping,
     (r.fire_time IS NULL
        OR r.fire_time <= clock_timestamp() + %(claim_ahead_ms)s * interval '1 millisecond')
       AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after)
@@ -93,6 +120,7 @@ WITH request AS (
              || to_char(p.paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
              || coalesce(': ' || p.reason, '') END AS pause_detail
     FROM due r
+    LEFT JOIN {table} own ON own.lock_key = r.lock_key
     -- The primary key holds at most two rows here: the job's and '*'.
     LEFT JOIN LATERAL (
         SELECT s.code, s.paused_by, s.paused_at, s.reason
@@ -105,18 +133,63 @@ WITH request AS (
     -- Each clock reading above made once per row: the answer below agrees
     -- with the claim about whether the tick was early, due or late.
     SELECT c.*,
-           c.due_now AND NOT (c.early AND (c.busy OR c.pause_reason IS NOT NULL)) AS timely
+           c.due_now AND NOT (c.early AND (c.busy OR c.queued OR c.pause_reason IS NOT NULL))
+             AS timely,
+           -- The overlap policy's answer for a first start while the job's
+           -- slots are taken, or another tick waits: wait, or be skipped.
+           c.first_start AND c.busy
+             AND (c.overlap_policy = 'replace' OR (c.overlap_policy = 'buffer_one' AND NOT c.queued))
+             AS waits,
+           c.overlap_policy = 'buffer_one' AND c.unrecorded AND c.queued AS behind,
+           c.overlap_policy = 'replace' AND c.first_start AND (c.busy OR c.queued) AS replaces
     FROM checked c
+), fence AS MATERIALIZED (
+    -- concurrency: replace: the running ticks the new one replaces (those
+    -- started before it), marked so that their owners' next heartbeats stop
+    -- them. A row another transaction holds just now (its heartbeat, its
+    -- finalize) is not waited for: the waiting tick's next claim marks it.
+    SELECT o.id, c.run_key AS replaced_by
+    FROM decided c
+    JOIN {table} o ON o.code = c.code AND o.type = 'SCHEDULE' AND o.status = 'RUNNING'
+    WHERE c.replaces AND c.timely AND NOT c.locked AND c.missed IS NOT TRUE
+      AND c.pause_reason IS NULL
+      AND o.lock_key <> c.lock_key AND o.expires_at > clock_timestamp()
+      AND o.reason IS DISTINCT FROM 'replaced'
+      AND o.acquired_at <= coalesce(c.fire_time, clock_timestamp())
+    ORDER BY o.lock_key
+    FOR UPDATE OF o SKIP LOCKED
+), fenced AS (
+    UPDATE {table} AS o
+    SET reason = 'replaced',
+        error = 'replaced by the tick ' || f.replaced_by
+                || ' (concurrency: replace): stopped at its owner''s next heartbeat'
+    FROM fence f
+    WHERE o.id = f.id
+), unqueued AS (
+    -- concurrency: replace: an older tick still waiting is replaced before it started.
+    UPDATE {table} AS w
+    SET status = 'SKIPPED', reason = 'replaced', retry_at = NULL,
+        finished_at = clock_timestamp(), expires_at = clock_timestamp(),
+        error = 'replaced before it started by the tick ' || c.run_key || ' (concurrency: replace)'
+    FROM decided c
+    WHERE c.replaces AND c.timely AND NOT c.locked AND c.missed IS NOT TRUE
+      AND c.pause_reason IS NULL
+      AND w.code = c.code AND w.status = 'FAIL' AND w.reason = 'waiting'
+      AND w.lock_key <> c.lock_key
 ), claim AS (
     INSERT INTO {table} AS l (
         lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
-        lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, reason, error
+        lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, retry_at,
+        reason, error
     )
     SELECT c.lock_key, c.type, c.code, c.run_key,
            CASE WHEN c.missed THEN 'MISSED'
-                WHEN c.pause_reason IS NOT NULL OR c.busy THEN 'SKIPPED'
+                WHEN c.pause_reason IS NOT NULL OR c.stopping THEN 'SKIPPED'
+                WHEN c.waits THEN 'FAIL'
+                WHEN c.busy OR c.behind THEN 'SKIPPED'
                 ELSE 'RUNNING' END,
-           c.owner_token, %(owner)s, CASE WHEN c.missed THEN 0 ELSE 1 END,
+           -- A waiting tick has made no attempt yet: its start counts the first.
+           c.owner_token, %(owner)s, CASE WHEN c.missed OR c.waits THEN 0 ELSE 1 END,
            nextval({fencing_seq_name}), c.lease_ms,
            clock_timestamp(),
            -- A MISSED row was never acquired: it sorts at its tick. An early
@@ -125,13 +198,20 @@ WITH request AS (
            clock_timestamp(),
            -- A lease counts from the later of the claim and the fire time: a
            -- claim won ahead never shortens its run's lease.
-           CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp()
+           CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy OR c.behind
+                     OR c.stopping THEN clock_timestamp()
                 ELSE greatest(clock_timestamp(), c.fire_time)
                      + c.lease_ms * interval '1 millisecond' END,
-           CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp() END,
+           CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.stopping THEN clock_timestamp()
+                WHEN c.waits THEN NULL
+                WHEN c.busy OR c.behind THEN clock_timestamp() END,
+           CASE WHEN c.waits AND c.missed IS NOT TRUE AND c.pause_reason IS NULL
+                THEN clock_timestamp() END,
            CASE WHEN c.coalesced THEN 'coalesced' WHEN c.missed THEN 'late'
                 WHEN c.pause_reason IS NOT NULL THEN c.pause_reason
-                WHEN c.busy THEN 'overlap' END,
+                WHEN c.stopping THEN 'replaced'
+                WHEN c.waits THEN 'waiting'
+                WHEN c.busy OR c.behind THEN 'overlap' END,
            CASE WHEN c.coalesced THEN
                     'coalesced: ' || %(owner)s || ' claimed it '
                     || date_trunc('milliseconds', clock_timestamp() - c.fire_time)
@@ -143,7 +223,12 @@ WITH request AS (
                     || date_trunc('milliseconds', clock_timestamp() - c.fire_time)
                     || ' after the tick, past misfire_grace '
                     || (c.late_after - c.fire_time)
-                WHEN c.pause_reason IS NOT NULL THEN c.pause_detail END
+                WHEN c.pause_reason IS NOT NULL THEN c.pause_detail
+                WHEN c.waits THEN
+                    'waits for the running tick of the job to end (concurrency: '
+                    || c.overlap_policy || ')'
+                WHEN c.behind THEN
+                    'another tick of the job waits already (concurrency: buffer_one)' END
     FROM decided c
     WHERE ((c.timely AND NOT (c.pause_reason IS NOT NULL AND c.type = 'INITIAL')) OR c.missed)
       AND NOT c.locked
@@ -162,19 +247,23 @@ WITH request AS (
         expires_at = EXCLUDED.expires_at,
         finished_at = EXCLUDED.finished_at,
         retry_at = NULL,
-        reason = CASE WHEN EXCLUDED.status = 'SKIPPED' THEN 'overlap'
-                      WHEN l.status = 'RUNNING' THEN 'takeover' ELSE 'retry' END,
-        error = CASE WHEN EXCLUDED.status = 'SKIPPED' THEN
+        -- A waiting tick's start is its first: neither a retry nor a takeover.
+        reason = CASE WHEN EXCLUDED.status = 'SKIPPED' THEN EXCLUDED.reason
+                      WHEN l.status = 'RUNNING' THEN 'takeover'
+                      WHEN l.reason = 'waiting' THEN NULL ELSE 'retry' END,
+        error = CASE WHEN EXCLUDED.reason = 'replaced' THEN l.error
+                     WHEN EXCLUDED.status = 'SKIPPED' THEN
                     'its owner ' || l.owner || ' stopped and a newer tick of the job runs: '
-                    || 'not taken over (concurrency: forbid)' END
+                    || 'not taken over (its overlap policy)' END
     WHERE ((l.status = 'FAIL' AND l.retry_at <= clock_timestamp())
            OR (l.status = 'RUNNING' AND l.expires_at <= clock_timestamp()))
-      -- EXCLUDED.status is RUNNING exactly when no other tick is busy, the job
-      -- is not paused and the claim is inside its window. A dead owner's tick
-      -- that a newer running tick makes an overlap is closed SKIPPED (fenced),
+      -- EXCLUDED.status is RUNNING exactly when the job has a free slot, no
+      -- tick waits ahead of it, the job is not paused and the claim is
+      -- inside its window. A dead owner's tick that a newer running tick
+      -- makes an overlap, or that was replaced, is closed SKIPPED (fenced),
       -- rather than left RUNNING for nobody to finish.
       AND (EXCLUDED.status = 'RUNNING'
-           OR (EXCLUDED.status = 'SKIPPED' AND EXCLUDED.reason = 'overlap'
+           OR (EXCLUDED.status = 'SKIPPED' AND EXCLUDED.reason IN ('overlap', 'replaced')
                AND l.status = 'RUNNING'))
     RETURNING l.lock_key, l.id, l.status, l.owner, l.owner_token, l.attempt, l.fencing_token,
               l.expires_at, l.retry_at, l.reason, l.error, l.acquired_at
@@ -194,14 +283,18 @@ WITH request AS (
         error = CASE WHEN c.status = 'RUNNING' THEN
                     'lost: its replica stopped renewing the lease before the attempt ended; '
                     || c.owner || ' took the tick over (attempt ' || c.attempt || ')'
+                WHEN c.reason = 'replaced' THEN
+                    'lost: replaced by a newer tick (concurrency: replace), and its replica '
+                    || 'stopped renewing the lease before it reported the stop'
                 ELSE
                     'lost: its replica stopped renewing the lease before the attempt ended; '
-                    || 'not taken over (concurrency: forbid)' END
+                    || 'not taken over (its overlap policy)' END
     FROM claim c
     WHERE a.lease_id = c.id AND a.status = 'running' AND a.fencing_token < c.fencing_token
 )
+-- A claimed row that is FAIL waits for the job's slot (busy).
 SELECT true AS claimed, lock_key, id, status, owner, owner_token, attempt, fencing_token,
-       expires_at, retry_at, reason, false AS busy, NULL::text AS paused, error AS detail,
+       expires_at, retry_at, reason, status = 'FAIL' AS busy, NULL::text AS paused, error AS detail,
        false AS locked, clock_timestamp() AS db_now
 FROM claim
 UNION ALL
@@ -250,6 +343,9 @@ WHERE lock_key = ANY(%(lock_keys)b::text[])
 -- waited for, so it stalls no other lease of the batch: it is answered live
 -- and not renewed, with the expiry it has, which holds (no claim takes a
 -- locked row, and the sql: job's statement timeout ends inside its lease).
+-- A lease that a newer tick replaced (concurrency: replace) is not renewed
+-- either: it is answered replaced, and its owner stops the run and records
+-- the stop (finalize, SKIPPED/replaced), which frees the job's slot.
 WITH beat AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(owner_tokens)b::uuid[]) AS h (id, owner_token)
 ), mine AS MATERIALIZED (
@@ -262,15 +358,17 @@ WITH beat AS (
         expires_at = clock_timestamp() + l.lease_ms * interval '1 millisecond'
     FROM mine
     WHERE l.id = mine.id AND l.status = 'RUNNING'
+      AND l.reason IS DISTINCT FROM 'replaced'
       AND (l.expires_at > clock_timestamp() OR %(revive)s::boolean)
     RETURNING l.id, l.expires_at
 )
-SELECT id, expires_at, clock_timestamp() AS db_now FROM renewed
+SELECT id, expires_at, clock_timestamp() AS db_now, false AS replaced FROM renewed
 UNION ALL
-SELECT l.id, l.expires_at, clock_timestamp()
+SELECT l.id, l.expires_at, clock_timestamp(), l.reason IS NOT DISTINCT FROM 'replaced'
 FROM {table} l JOIN beat h ON l.id = h.id AND l.owner_token = h.owner_token
-WHERE l.status = 'RUNNING' AND l.expires_at > clock_timestamp()
-  AND l.id NOT IN (SELECT id FROM mine)
+WHERE l.status = 'RUNNING'
+  AND ((l.expires_at > clock_timestamp() AND l.id NOT IN (SELECT id FROM mine))
+       OR l.reason IS NOT DISTINCT FROM 'replaced')
 
 -- name: finalize
 -- Record SUCCESS or FAIL for a batch of runs (co-finishing runs share the
@@ -280,6 +378,8 @@ WHERE l.status = 'RUNNING' AND l.expires_at > clock_timestamp()
 -- only changes on a claim, so this stays fenced. Locked in lock-key order.
 -- Each recorded outcome closes its attempt record too (the claim's fencing
 -- token names it), with the exit code, duration and output the run left.
+-- SKIPPED/replaced is the stop of a replaced run (concurrency: replace): only
+-- for a row a newer tick marked replaced, whose text (naming that tick) stays.
 WITH outcome AS (
     SELECT *
     FROM unnest(
@@ -300,16 +400,17 @@ WITH outcome AS (
     SET status = f.status,
         finished_at = clock_timestamp(),
         reason = f.reason,
-        error = left(f.error, 4000),
+        error = CASE WHEN f.reason = 'replaced' THEN l.error ELSE left(f.error, 4000) END,
         retry_at = clock_timestamp() + f.retry_ms * interval '1 millisecond'
     FROM outcome f
     WHERE l.id = f.id AND l.id IN (SELECT id FROM mine)
       AND (l.status = 'RUNNING' OR (l.status = f.status AND l.finished_at IS NOT NULL))
+      AND (f.reason IS DISTINCT FROM 'replaced' OR l.reason = 'replaced')
     RETURNING l.id
 ), closed AS (
     UPDATE {attempts} AS a
     SET status = CASE WHEN f.status = 'SUCCESS' THEN 'success'
-                      WHEN f.reason IN ('timeout', 'released') THEN f.reason
+                      WHEN f.reason IN ('timeout', 'released', 'replaced') THEN f.reason
                       ELSE 'fail' END,
         finished_at = coalesce(a.finished_at, clock_timestamp()),
         error = left(f.error, 4000),
