@@ -61,8 +61,8 @@ from bench.side_by_side import (
 from bench.statements import READER, as_reader, count_statements, enable, made, split, statements
 from pgcrond.core.schedule import run_key_for
 from pgcrond.daemon.registry import SETTLE_S
-from pgcrond.storage.leases import CLAIM_AHEAD_MAX
 from pgcrond.testing import LocalServer, throwaway
+from pgcrond.tickplan import CLAIM_AHEAD_MAX
 
 # What Prometheus 2.x and 3.x send in a scrape's Accept header.
 PROMETHEUS_ACCEPT = (

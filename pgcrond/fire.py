@@ -26,18 +26,22 @@ In short:
   joins the first's outcome;
 * a takeover, a retry or a run-once job refused ``paused`` waits for
   :meth:`Firing.resumed` (``pgcrond resume``), then claims again.
-* a started tick's retry refused ``overlap`` (a newer tick of its forbid job
-  runs) is claimed again once that run could be over, never dropped.
+* a started tick's retry refused ``overlap`` (a newer tick of the job runs
+  and its overlap policy bounds the job) is claimed again once that run
+  could be over, never dropped; so is a tick refused ``waiting`` (buffer_one,
+  replace), sooner;
+* a run stopped because a newer tick replaced it (concurrency: replace) is
+  recorded replaced, which frees the job's slot for that tick.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import structlog
 
@@ -48,6 +52,7 @@ from pgcrond.core.outcome import RunResult
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.wheel import wake, wheel
+from pgcrond.decide import Answer, FireOutcome, Ran, State, Step, decide
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Outcome, Refused, Verdict
@@ -57,13 +62,6 @@ from pgcrond.run.runner import execute
 
 T = TypeVar("T")
 log = structlog.get_logger("pgcrond.fire")
-
-# What one fire came to on this replica. "lose": its claim lost (another replica
-# runs or ran the tick); "lease_lost": it won, but lost the lease while running;
-# "crashed": an unexpected error ended it (logged as fire_crashed).
-FireOutcome = Literal[
-    "success", "fail", "timeout", "cancelled", "lease_lost", "lose", "skip", "misfire", "crashed"
-]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +75,6 @@ class Fire:
     # The tick already ran (a retry or takeover pending, seen at start or by a
     # look): followed with no misfire bound, which bounds a tick's first start only.
     started: bool = False
-    # The hold-back for another preferred replica is over already (a deferred
-    # fire, pgcrond.deferral): its claim goes out at once.
-    claim_at_once: bool = False
     # When the job's next tick fires (late_ticks: coalesce): a first claim
     # answered after it gives the tick up as coalesced.
     superseded_at: datetime | None = None
@@ -90,7 +85,25 @@ class Fire:
     # (a request's own record that its run started).
     on_start: Callable[[], Awaitable[None]] | None = None
 
+    def claim_request(self, *, started: bool) -> ClaimRequest:
+        """This fire's claim; ``started``: the tick started already (no misfire bound)."""
+        job = self.job
+        # Like the misfire bound, coalescing bounds a tick's first start only.
+        deadline = None if started else self.tick + job.misfire_grace
+        return ClaimRequest(
+            self.identity,
+            self.tick,
+            job.timing,
+            overlap=job.overlap,
+            deadline=deadline,
+            superseded_at=None if started else self.superseded_at,
+            suspended=f"suspended: true in {job.source}" if job.suspended else None,
+        )
 
+
+# First claims of a tick's fires sent together, at most: a statement and its
+# answers stay bounded at 10,000 co-firing jobs (several chunks go side by side).
+CHUNK = 500
 # How often a forbid job's claim looks again whether an abandoned run of it
 # ended (a thread gives no signal when it ends).
 LEFTOVER_POLL_S = 0.05
@@ -98,15 +111,7 @@ LEFTOVER_POLL_S = 0.05
 # answering again, slow enough not to hammer a struggling server.
 _BACKOFF_FIRST = 0.2
 _BACKOFF_MAX = 1.0
-# Re-check a held lease (claim, or look at, it again) a little after it could
-# have expired, so the holder's last heartbeat and clock jitter do not make
-# the check land just before it.
-FOLLOW_MARGIN = timedelta(milliseconds=100)
 _LOST_REASONS = frozenset({"lease_lost", "lease_expired", "lock_lost"})
-# How often a tick that waits for the job's slot is claimed again (a retry a
-# newer running tick blocks; a buffer_one or replace tick): it starts within
-# this of the running tick's end, at one claim per waiting tick and replica.
-_BLOCKED_RETRY_RECHECK = timedelta(seconds=1)
 # A guard call that raises an error which is not a PgcrondError (a bug, say a
 # batch answering a request given up on) is retried like an outage, since
 # every guard call is safe to repeat (the contract); this many times in a row.
@@ -130,6 +135,9 @@ class Firing:
     # The config in force: a job by its code, None once a reload removed it.
     # A won claim runs the job as defined when its tick comes (None here: as fired).
     jobs: Callable[[str], JobConfig | None] | None = None
+    # Runs a fire as a task of its own (the daemon tracks it for the drain);
+    # None: a task kept here.
+    spawn: Callable[[Fire, Coroutine[Any, Any, FireOutcome]], object] | None = None
     # Fires asleep on the wheel until they claim again: stop() wakes them.
     _asleep: set[asyncio.Future[None]] = field(default_factory=set, repr=False)
     # The one place that knows which identities this replica fires now: a
@@ -143,6 +151,7 @@ class Firing:
     _resume: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _resumes: int = 0
     _halted: bool = False
+    _tasks: set[asyncio.Future[FireOutcome]] = field(default_factory=set, repr=False)
 
     def stop(self) -> None:
         """Shutdown: no new claims, and every fire asleep until a claim wakes and gives up."""
@@ -175,34 +184,161 @@ class Firing:
         An identity this replica fires already is not fired twice: the call
         returns what that fire comes to.
         """
-        identity = fire.identity
-        current = self._in_flight.get(identity)
+        current = self._in_flight.get(fire.identity)
         if current is not None:
-            log.info("fire_joined", job=fire.job.code, run_key=identity.run_key)
+            log.info("fire_joined", job=fire.job.code, run_key=fire.identity.run_key)
             return await asyncio.shield(current)
-        done: asyncio.Future[FireOutcome] = asyncio.get_running_loop().create_future()
-        self._in_flight[identity] = done
-        try:
-            outcome = await self._fire_once(fire)
-        except BaseException:
-            done.cancel()
-            raise
-        finally:
-            del self._in_flight[identity]
-        done.set_result(outcome)
-        return outcome
+        self._enter(fire)
+        return await self._carry(fire)
 
-    async def _fire_once(self, fire: Fire) -> FireOutcome:
-        job, identity = fire.job, fire.identity
-        self.events.fired(job)
-        bound = log.bind(job=job.code, run_key=identity.run_key)
-        if identity.type == "SCHEDULE" and not fire.started:
+    async def fire_tick(self, fires: Sequence[Fire]) -> None:
+        """Claim a tick's fires together; a task only for a fire that runs or follows.
+
+        The first claims of one guard's fires go a chunk (:data:`CHUNK`) a
+        call (``Guard.claim_many``: the lease guard sends one statement and
+        waits once for the fire time). Each answer is decided at once: one
+        that ends the fire (lost, missed, skipped) costs no task; a won claim
+        starts its run on the wheel, a share a loop turn; one to follow goes
+        on as a fire of its own. A fire whose tick started already, a
+        run-once job's, and one this replica fires already (it is left to
+        that fire) are not claimed here.
+        """
+        groups: dict[int, tuple[Guard, list[Fire]]] = {}
+        for fire in fires:
+            if fire.identity in self._in_flight:
+                continue
+            self._enter(fire)
+            if fire.started or fire.identity.type != "SCHEDULE":
+                self._spawn_fire(fire, self._carry(fire))
+                continue
+            self.events.fired(fire.job)
             cause = self._given_up_here(fire)
             if cause is not None:
-                return self._misfire(job, bound, identity, fire.tick, cause)
+                self._leave(fire, self._misfire(fire.job, _bound(fire), fire, cause))
+                continue
+            guard = self.guards(fire.job)
+            groups.setdefault(id(guard), (guard, []))[1].append(fire)
+        await asyncio.gather(
+            *(
+                self._claim_chunk(guard, group[start : start + CHUNK])
+                for guard, group in groups.values()
+                for start in range(0, len(group), CHUNK)
+            )
+        )
+
+    async def _claim_chunk(self, guard: Guard, fires: list[Fire]) -> None:
+        """First claims of a chunk of a tick's fires, in one call; each answer handed on."""
+        resumes = self._resumes
+        alone = [f for f in fires if f.job.overlap.bounded and leftovers.still_running(f.job.code)]
+        for fire in alone:
+            # A run of the job abandoned here still runs: claimed once it ended.
+            self._spawn_fire(fire, self._carry(fire, counted=True))
+        together = [fire for fire in fires if fire not in alone] if alone else fires
+        if not together:
+            return
+        requests = [fire.claim_request(started=False) for fire in together]
+        # Given up on at the first window's end; a fire with a longer one claims on alone.
+        deadline = min(request.deadline or request.tick for request in requests)
+        try:
+            answers = await self._with_outage_retry(
+                together[0].job, "claim", functools.partial(guard.claim_many, requests), deadline
+            )
+        except Exception as exc:
+            for fire in together:
+                # Past every retry: said once per fire, with the error, and the fire ends.
+                _bound(fire).exception("fire_crashed", error=_describe(exc))
+                await guard.forget(fire.identity)
+                self._leave(fire, "crashed")
+            return
+        for index, fire in enumerate(together):
+            if answers is not None:
+                await self._answered(guard, fire, answers[index], resumes)
+            elif not self.stopping.is_set() and (requests[index].deadline or deadline) > deadline:
+                self._spawn_fire(fire, self._carry(fire, counted=True))
+            else:
+                await self._answered(guard, fire, None, resumes)
+
+    async def _answered(
+        self, guard: Guard, fire: Fire, answer: Held | Refused | None, resumes: int
+    ) -> None:
+        """Hand one answer of a chunk on: a task if it runs or follows, else the fire ends here."""
+        if isinstance(answer, Refused) and answer.reason == "paused":
+            self.events.paused(fire.job, True)
+        state = State(fire.job, follow=fire.follow, stopping=self.stopping.is_set())
+        step = decide(answer, state)
+        if step.kind in ("run", "release", "follow", "resume"):
+            carry = functools.partial(
+                self._carry, fire, counted=True, first=answer, resumes=resumes
+            )
+            if step.kind in ("run", "release"):
+                # Started a share a loop turn: thousands at once would hold the loop.
+                wheel().call_soon(lambda: self._spawn_fire(fire, carry()))
+            else:
+                self._spawn_fire(fire, carry())
+            return
+        outcome = self._end(fire, fire.job, _bound(fire), answer, step)
+        await guard.forget(fire.identity)
+        self._leave(fire, outcome)
+
+    def _enter(self, fire: Fire) -> None:
+        """``fire`` is this replica's fire of its identity until :meth:`_leave`."""
+        self._in_flight[fire.identity] = asyncio.get_running_loop().create_future()
+
+    def _leave(self, fire: Fire, outcome: FireOutcome | None) -> None:
+        """The fire is over (``outcome``; None: cancelled): a second fire of it joins no more."""
+        done = self._in_flight.pop(fire.identity)
+        if outcome is None:
+            done.cancel()
+        else:
+            done.set_result(outcome)
+
+    def _spawn_fire(self, fire: Fire, carry: Coroutine[Any, Any, FireOutcome]) -> None:
+        if self.spawn is not None:
+            self.spawn(fire, carry)
+            return
+        task = asyncio.ensure_future(carry)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _carry(
+        self,
+        fire: Fire,
+        *,
+        counted: bool = False,
+        first: Answer | Literal["claim"] = "claim",
+        resumes: int | None = None,
+    ) -> FireOutcome:
+        """``fire`` from its claim (or ``first``, its answer) to its end.
+
+        ``counted``: told and judged already (by :meth:`fire_tick`).
+        """
+        try:
+            outcome = await self._fire_once(fire, counted=counted, first=first, resumes=resumes)
+        except BaseException:
+            self._leave(fire, None)
+            raise
+        self._leave(fire, outcome)
+        return outcome
+
+    async def _fire_once(
+        self,
+        fire: Fire,
+        *,
+        counted: bool,
+        first: Answer | Literal["claim"],
+        resumes: int | None,
+    ) -> FireOutcome:
+        job, identity = fire.job, fire.identity
+        bound = _bound(fire)
+        if not counted:
+            self.events.fired(job)
+            if identity.type == "SCHEDULE" and not fire.started:
+                cause = self._given_up_here(fire)
+                if cause is not None:
+                    return self._misfire(job, bound, fire, cause)
         guard = self.guards(job)
         try:
-            return await self._fire(fire, guard, bound)
+            return await self._fire(fire, guard, bound, first, resumes)
         except Exception as exc:
             # Past every retry: said once, with the error, and the fire ends.
             bound.exception("fire_crashed", error=_describe(exc))
@@ -227,13 +363,13 @@ class Firing:
         self,
         job: JobConfig,
         bound: structlog.typing.FilteringBoundLogger,
-        identity: Identity,
-        tick: datetime,
+        fire: Fire,
         cause: str,
         *,
         recorded: bool = False,
     ) -> FireOutcome:
-        self.events.missed(job, identity, tick, cause, recorded)
+        tick = fire.tick
+        self.events.missed(job, fire.identity, tick, cause, recorded)
         bound.warning(
             "tick_missed",
             cause=cause,
@@ -244,129 +380,145 @@ class Firing:
         return "misfire"
 
     async def _fire(
-        self, fire: Fire, guard: Guard, bound: structlog.typing.FilteringBoundLogger
+        self,
+        fire: Fire,
+        guard: Guard,
+        bound: structlog.typing.FilteringBoundLogger,
+        first: Answer | Literal["claim"],
+        resumes: int | None,
     ) -> FireOutcome:
-        job, tick, identity = fire.job, fire.tick, fire.identity
+        """Claim, and carry out each step the decide table gives, until one ends the fire.
+
+        ``first``: the answer of a claim made already (with ``resumes``, the
+        resume count before it), acted on before any claim of its own.
+        """
+        job = fire.job
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
-        unbounded = identity.type == "INITIAL" or fire.started
-        deadline = None if unbounded else tick + job.misfire_grace
-        outcome: FireOutcome | None = None  # set once this replica ran or lost the tick
-        while not self.stopping.is_set():
-            request = ClaimRequest(
-                identity,
-                tick,
-                job.timing,
-                overlap=job.overlap,
-                deadline=deadline,
-                # Like the misfire bound, coalescing bounds a tick's first start only.
-                superseded_at=fire.superseded_at if deadline is not None else None,
-                suspended=f"suspended: true in {job.source}" if job.suspended else None,
-                spreadable=not fire.claim_at_once and outcome is None and deadline is not None,
+        started = fire.identity.type == "INITIAL" or fire.started
+        state = State(job, follow=fire.follow)
+        answer: Answer = None
+        while True:
+            if self.stopping.is_set() and first == "claim":
+                return state.outcome or "lose"
+            if first == "claim":
+                resumes = self._resumes
+                answer = await self._claim(fire, guard, bound, started=started)
+                if isinstance(answer, Refused) and answer.reason == "paused":
+                    self.events.paused(job, True)
+            else:
+                # Claimed by the tick's chunk, which told the events already.
+                answer, first = first, "claim"
+                resumes = self._resumes if resumes is None else resumes
+            in_force = self._in_force(job) if isinstance(answer, Held) else job
+            state = replace(
+                state,
+                stopping=self.stopping.is_set(),
+                halted=self._halted,
+                in_force=in_force is not None,
             )
-            resumes = self._resumes
-            claim: Callable[[], Awaitable[Held | Refused | None]]
-            claim = functools.partial(guard.claim, request)
-            if request.overlap.bounded:
-                # Asked before every try: a run of the job here may be
-                # abandoned while the claim retries through an outage.
-                claim = functools.partial(self._claim_alone, job, bound, deadline, claim)
-            answer = await self._with_outage_retry(job, "claim", claim, deadline)
-            if answer is None:
-                if self.stopping.is_set():
-                    # The replica stops with no answer (none asked for, or the
-                    # database unreachable): the tick is the live replicas' to
-                    # run, or to record missed, not this one's to call missed.
-                    return outcome or "lose"
-                # Still unreachable at the end of the misfire window, which
-                # only a tick's first start has (a tick this replica ran or
-                # follows has none): the first claim never got through.
-                return self._misfire(job, bound, identity, tick, "database_unavailable")
-            if isinstance(answer, Held):
-                # Won, maybe ahead of the tick, and the tick has come: it runs
-                # as the config in force now says, and never once halted.
-                in_force = self._in_force(job)
-                if in_force is None or self._halted:
-                    return await self._release_unstarted(job, guard, answer, bound, outcome)
+            step = decide(answer, state)
+            if isinstance(answer, Held) and step.kind == "run" and in_force is not None:
                 job = in_force
-                if answer.identity.type == "INITIAL" or tick_of(answer.identity.run_key or ""):
-                    self.events.paused(job, False)  # a tick ran: not paused
-                if fire.on_start is not None and outcome is None:
-                    await fire.on_start()
-                outcome, retry = await self._run(job, guard, tick, answer)
-                # The tick started: from now on it is followed until it is
-                # done (retries, takeovers, a give-back); misfire_grace bounds
-                # only a tick's first start.
-                deadline = None
-                if retry or outcome == "lease_lost":
-                    # Followed like any replica follows it: the next claim says
-                    # how long until the retry, or who holds the tick now.
-                    continue
-                return outcome
-            if answer.reason == "not_due":
-                # This replica's clock runs ahead of the database's, or a
-                # claim made ahead of the tick is to be judged at the tick
-                # (an overlap, a pause): claimed again then, on the wheel.
-                await self._sleep((answer.wait or timedelta()).total_seconds())
-                continue
-            if answer.reason in ("late", "coalesced"):
-                if outcome is None:
-                    # A guard with history stored the tick (MISSED/late or
-                    # /coalesced, or FAIL/late).
-                    recorded = answer.status is not None
-                    return self._misfire(
-                        job, bound, identity, tick, answer.reason, recorded=recorded
-                    )
-                return outcome
-            if answer.reason == "paused":
-                self.events.paused(job, True)
-                if fire.follow and answer.status != "SKIPPED" and not job.suspended:
-                    # A started tick (a takeover or retry due) or a run-once job:
-                    # it waits for `pgcrond resume`, not for a replica's restart.
-                    # (A new tick was recorded SKIPPED; a YAML suspension ends
-                    # with a reload, which fires run-once jobs again.)
-                    deadline = None
-                    await self._wait_for_resume(bound, answer, resumes)
-                    continue
-            if answer.reason == "overlap" and answer.status == "FAIL":
-                # A started tick's retry (or a claim given back), due while a
-                # newer tick of the job runs, or a tick its overlap policy
-                # keeps waiting (buffer_one, replace): it waits for the job's
-                # slot, not dropped — no replica would ever claim it again.
-                deadline = None
-                await self._sleep(min(job.timing.lease, _BLOCKED_RETRY_RECHECK).total_seconds())
-                continue
-            if answer.reason in ("overlap", "paused"):
-                self.events.skipped(job, answer.reason)
-                bound.info(
-                    "tick_skipped",
-                    reason=answer.reason,
-                    detail=answer.detail
-                    if answer.reason == "paused"
-                    else "the previous tick of this job is still running",
-                )
-                return outcome or "skip"
-            if outcome is None:
-                outcome = "lose"
-                self.events.claim_lost(job, answer.reason)
-                bound.debug(
-                    "claim_lost",
-                    reason=answer.reason,
-                    status=answer.status,
-                    owner=answer.owner,
-                    cause=answer.cause,
-                    recheck_in_s=None if answer.wait is None else answer.wait.total_seconds(),
-                )
-            if answer.reason in ("held", "retry_pending"):
-                # Some replica started the tick: followed until it is done.
-                deadline = None
-            # Without follow (`pgcrond trigger`) only this replica's own retries
-            # are followed: a tick it lost is left to the daemons.
-            wait = self._follow(job, answer)
-            if wait is None or (outcome == "lose" and not fire.follow):
-                return outcome
-            await self._sleep(wait)
-        return outcome or "lose"
+                answer = await self._run_won(fire, job, guard, answer, first=state.outcome is None)
+                step = decide(answer, state)
+            state = replace(state, outcome=step.outcome)
+            started = started or step.started
+            if step.kind == "follow":
+                if step.lost:
+                    self._lost(job, bound, answer)
+                await self._sleep(step.wait.total_seconds())
+            elif step.kind == "resume":
+                assert isinstance(answer, Refused)
+                await self._wait_for_resume(bound, answer, resumes)
+            elif step.kind == "release":
+                assert isinstance(answer, Held) and step.cause is not None
+                await self._release_unstarted(job, guard, answer, bound, step.cause)
+                return step.outcome or "lose"
+            else:
+                return self._end(fire, job, bound, answer, step)
+
+    def _end(
+        self,
+        fire: Fire,
+        job: JobConfig,
+        bound: structlog.typing.FilteringBoundLogger,
+        answer: Answer,
+        step: Step,
+    ) -> FireOutcome:
+        """Carry out a step that ends the fire (miss, skip, done); what the fire came to."""
+        if step.lost:
+            self._lost(job, bound, answer)
+        if step.kind == "miss":
+            assert step.cause is not None
+            return self._misfire(job, bound, fire, step.cause, recorded=step.recorded)
+        if step.kind == "skip":
+            assert isinstance(answer, Refused) and step.cause is not None
+            self._skipped(job, bound, answer, step.cause)
+        return step.outcome or "lose"
+
+    async def _claim(
+        self,
+        fire: Fire,
+        guard: Guard,
+        bound: structlog.typing.FilteringBoundLogger,
+        *,
+        started: bool,
+    ) -> Held | Refused | None:
+        """One claim of ``fire``, retried through an outage; None: no answer came."""
+        job = fire.job
+        request = fire.claim_request(started=started)
+        claim: Callable[[], Awaitable[Held | Refused | None]]
+        claim = functools.partial(guard.claim, request)
+        if request.overlap.bounded:
+            # Asked before every try: a run of the job here may be
+            # abandoned while the claim retries through an outage.
+            claim = functools.partial(self._claim_alone, job, bound, request.deadline, claim)
+        return await self._with_outage_retry(job, "claim", claim, request.deadline)
+
+    async def _run_won(
+        self, fire: Fire, job: JobConfig, guard: Guard, held: Held, *, first: bool
+    ) -> Ran:
+        """Run a won claim as ``job`` (the config in force) and record it."""
+        if held.identity.type == "INITIAL" or tick_of(held.identity.run_key or ""):
+            self.events.paused(job, False)  # a tick ran: not paused
+        if fire.on_start is not None and first:
+            await fire.on_start()
+        outcome, retry = await self._run(job, guard, fire.tick, held)
+        return Ran(outcome, retry)
+
+    def _lost(
+        self,
+        job: JobConfig,
+        bound: structlog.typing.FilteringBoundLogger,
+        answer: Answer,
+    ) -> None:
+        assert isinstance(answer, Refused)
+        self.events.claim_lost(job, answer.reason)
+        bound.debug(
+            "claim_lost",
+            reason=answer.reason,
+            status=answer.status,
+            owner=answer.owner,
+            cause=answer.cause,
+            recheck_in_s=None if answer.wait is None else answer.wait.total_seconds(),
+        )
+
+    def _skipped(
+        self,
+        job: JobConfig,
+        bound: structlog.typing.FilteringBoundLogger,
+        refused: Refused,
+        reason: str,
+    ) -> None:
+        self.events.skipped(job, reason)
+        bound.info(
+            "tick_skipped",
+            reason=reason,
+            detail=refused.detail
+            if reason == "paused"
+            else "the previous tick of this job is still running",
+        )
 
     def _in_force(self, job: JobConfig) -> JobConfig | None:
         """``job`` as the config in force defines it now; None once a reload removed it."""
@@ -378,20 +530,18 @@ class Firing:
         guard: Guard,
         held: Held,
         bound: structlog.typing.FilteringBoundLogger,
-        outcome: FireOutcome | None,
-    ) -> FireOutcome:
+        why: str,
+    ) -> None:
         """Give back a claim that must not start: the replica is halted, or its job is gone.
 
         A claim won ahead of its tick waits for the tick; a forced stop or a
         reload may come meanwhile. Released (not run, not left RUNNING until
         its lease lapses), a live replica whose config still has the job takes it over.
         """
-        why = "stopping" if self._halted else "job_removed"
         bound.info("claim_released", reason=why, attempt=held.attempt)
         await self._with_outage_retry(
             job, "finalize", lambda: guard.record(held, Verdict("released", why)), None
         )
-        return outcome or ("lose" if why == "stopping" else "skip")
 
     async def _claim_alone(
         self,
@@ -428,24 +578,6 @@ class Firing:
             if deadline is not None and self.clock() >= deadline:
                 return
             await asyncio.sleep(LEFTOVER_POLL_S)
-
-    def _follow(self, job: JobConfig, refusal: Refused) -> float | None:
-        """Seconds to wait before claiming again, or None to stop following.
-
-        Only a started tick is followed (held, or a retry pending), and with
-        no misfire bound: its window bounded its first start only.
-        """
-        if refusal.reason not in ("held", "retry_pending") or refusal.wait is None:
-            return None
-        if (
-            refusal.reason == "retry_pending"
-            and refusal.identity.type == "INITIAL"
-            and (refusal.attempt or 0) > job.retries
-        ):
-            # Out of retries for this start: the next start of a replica tries
-            # the run-once job again, not every follower now.
-            return None
-        return (refusal.wait + FOLLOW_MARGIN).total_seconds()
 
     async def _run(
         self, job: JobConfig, guard: Guard, tick: datetime, held: Held
@@ -706,6 +838,13 @@ class Firing:
             exit_code=result.exit_code,
         )
         return result
+
+
+def _bound(fire: Fire) -> structlog.typing.FilteringBoundLogger:
+    bound: structlog.typing.FilteringBoundLogger = log.bind(
+        job=fire.job.code, run_key=fire.identity.run_key
+    )
+    return bound
 
 
 def _describe(exc: BaseException) -> str:

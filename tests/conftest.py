@@ -33,6 +33,7 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer, throwaway
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
+from pgcrond.tickplan import CLAIM_AHEAD_MAX
 from tests import idle
 from tests.daemon_harness import wait_until
 
@@ -234,7 +235,8 @@ async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
     """A migrated lease store in this test's schema, owner ``test:1``."""
     db = Database(pg_dsn)
     await db.open()
-    leases = LeaseStore(db, schema=schema, owner="test:1")
+    # Claims win a tick as early as the daemon's (the tick plan's bound).
+    leases = LeaseStore(db, schema=schema, owner="test:1", claim_ahead=CLAIM_AHEAD_MAX)
     try:
         await migrate(leases)
         yield leases

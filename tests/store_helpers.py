@@ -16,6 +16,7 @@ from pgcrond.fire import Firing
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate as migrate_store
+from pgcrond.tickplan import CLAIM_AHEAD_MAX
 
 
 @asynccontextmanager
@@ -25,7 +26,7 @@ async def open_store(
     db = Database(dsn, min_size=1, max_size=max_size)
     await db.open()
     try:
-        store = LeaseStore(db, schema=schema, owner=owner)
+        store = LeaseStore(db, schema=schema, owner=owner, claim_ahead=CLAIM_AHEAD_MAX)
         if migrate:
             await migrate_store(store)
         yield store

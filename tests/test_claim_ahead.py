@@ -11,7 +11,8 @@ at the tick. Against a real PostgreSQL, by its clock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,22 +28,19 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.overlap import FORBID
 from pgcrond.core.schedule import CronSchedule, run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.daemon.scheduling import (
-    CLAIM_AHEAD,
-    LEAD_PER_JOB,
-    ScheduleTrigger,
-    Scheduling,
-    lead_for,
-)
-from pgcrond.fire import Fire, FireOutcome, Firing
+from pgcrond.daemon.scheduling import ScheduleTrigger, Scheduling
+from pgcrond.decide import FireOutcome
+from pgcrond.deferral import Deferral
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.base import ClaimRequest, Held
 from pgcrond.guard.lease import LeaseGuard
-from pgcrond.guard.spread import Spread
-from pgcrond.storage.claims import Acquired, NotAcquired
+from pgcrond.guard.memory import MemoryGuard
+from pgcrond.storage.claims import Acquired, NotAcquired, Standing
 from pgcrond.storage.db import Database
 from pgcrond.storage.jobstate import pause
-from pgcrond.storage.leases import CLAIM_AHEAD_MAX, LeaseStore
+from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
+from pgcrond.tickplan import CLAIM_AHEAD, CLAIM_AHEAD_MAX, LEAD_PER_JOB, lead_for
 from tests.daemon_harness import cluster, wait_until
 from tests.test_clock_skew import database_now
 from tests.test_daemon import LEDGER, config
@@ -343,16 +341,12 @@ async def test_a_big_tick_is_handed_on_its_lead_before_it_and_only_once(tmp_path
     fired: list[tuple[str, float]] = []
     all_fired = asyncio.Event()
 
-    def fire(fire: Fire) -> None:
-        fired.append((fire.identity.run_key or "", loop.time()))
+    def fire(fires: list[Fire]) -> None:
+        fired.extend((fire.identity.run_key or "", loop.time()) for fire in fires)
         if len(fired) == jobs:
             all_fired.set()
 
-    scheduling = Scheduling(
-        config=lambda: loaded,
-        fire=fire,
-        stopping=asyncio.Event(),
-    )
+    scheduling = Scheduling(config=lambda: loaded, fire=fire, stopping=lambda: False)
     scheduling.start()
     try:
         [key] = {repr(job.schedule) for job in loaded.jobs.values()}
@@ -377,19 +371,48 @@ async def test_a_big_tick_is_handed_on_its_lead_before_it_and_only_once(tmp_path
     assert due - lead.total_seconds() - 0.01 <= first < due - 3 * CLAIM_AHEAD.total_seconds()
 
 
-async def test_a_held_back_claim_of_a_tick_not_yet_come_waits_the_delay_from_the_tick() -> None:
+async def test_a_deferred_fire_of_a_tick_not_yet_come_is_looked_at_the_delay_after_the_tick(
+    tmp_path: Path,
+) -> None:
     """Fired ahead, the hold-back still ends ``delay`` after the tick, when the preferred ran."""
     delay = timedelta(milliseconds=50)
-    spread = Spread("me", delay)
-    spread.members(["me", "peer"])
     tick = datetime.now(UTC) + timedelta(milliseconds=150)
-    identity = next(
-        Identity.schedule(f"job-{n}", run_key_for(tick))
-        for n in range(100)
-        if spread.defers(Identity.schedule(f"job-{n}", run_key_for(tick)))
+    guard = DefersAll()
+    looked: asyncio.Future[datetime] = asyncio.get_running_loop().create_future()
+
+    def fire_tick(fires: list[Fire]) -> None:
+        looked.set_result(datetime.now(UTC))
+
+    deferral = Deferral(
+        Firing(guards=lambda _: guard, replica="me"),
+        fire_tick,
+        asyncio.ensure_future,
+        lambda: delay,
     )
-    await spread.hold_back(identity, tick)
-    assert datetime.now(UTC) >= tick + delay
+    identity = Identity.schedule("job", run_key_for(tick))
+    the_job = load_config_text(tmp_path)
+    assert deferral.offer(Fire(the_job, tick, identity))
+    assert await asyncio.wait_for(looked, 5) >= tick + delay
+
+
+@dataclass
+class DefersAll(MemoryGuard):
+    """Another replica is preferred for every tick, and none has a row yet."""
+
+    def defers(self, identity: Identity) -> bool:
+        return True
+
+    async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
+        return {}
+
+
+def load_config_text(tmp_path: Path) -> JobConfig:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "database: {url: 'postgresql://unused@127.0.0.1/x'}\n"
+        "jobs:\n  job: {cron: '* * * * *', command: ['true']}\n"
+    )
+    return load_config([path]).jobs["job"]
 
 
 def runs_claimed_ahead(

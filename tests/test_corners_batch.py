@@ -85,7 +85,7 @@ async def claim(store: LeaseStore, code: str) -> Acquired:
     return lease
 
 
-async def test_a_claim_given_up_on_in_flight_leaves_the_others_of_its_batch_their_wins(
+async def test_a_claim_given_up_on_in_flight_leaves_the_other_claims_their_wins(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
     """The others win, are run and recorded; before the fix they raised InvalidStateError."""

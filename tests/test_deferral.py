@@ -8,7 +8,6 @@ daemon's spawn, recorded) and tells its events is checked.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -21,11 +20,10 @@ from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.core.wheel import PER_TURN
 from pgcrond.deferral import Deferral
 from pgcrond.errors import DatabaseUnavailable
 from pgcrond.events import FireEvents
-from pgcrond.fire import Fire, Firing
+from pgcrond.fire import CHUNK, Fire, Firing
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.guard.memory import MemoryGuard
 from pgcrond.guard.spread import Spread
@@ -55,16 +53,16 @@ class Told(FireEvents):
 class Spawned:
     """The daemon's side: what the deferral fired, and when (loop time)."""
 
-    fires: dict[str, tuple[bool, bool, float]] = field(default_factory=dict)
+    fires: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    calls: list[int] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
-    def fire(self, fire: Fire) -> None:
-        self.fires[fire.identity.code] = (
-            fire.started,
-            fire.claim_at_once,
-            asyncio.get_running_loop().time(),
-        )
+    def fire(self, fires: list[Fire]) -> None:
+        """Fires claimed together (``Firing.fire_tick``): one call per look."""
+        self.calls.append(len(fires))
+        for fire in fires:
+            self.fires[fire.identity.code] = (fire.started, asyncio.get_running_loop().time())
         self.arrived.set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -112,7 +110,7 @@ async def test_a_deferred_tick_is_left_settled_claimed_when_orphaned_and_followe
         told = Told()
         firing = Firing(guards=lambda _: guard, replica=B, events=told)
         spawned = Spawned()
-        deferral = Deferral(firing, spawned.fire, spawned.spawn)
+        deferral = Deferral(firing, spawned.fire, spawned.spawn, lambda: DELAY)
         with trace.open("w") as wire:
             async with store_b.db.connection() as conn:
                 conn.pgconn.trace(wire.fileno())
@@ -129,22 +127,21 @@ async def test_a_deferred_tick_is_left_settled_claimed_when_orphaned_and_followe
                 conn.pgconn.untrace()
         first_look = count_round_trips(trace.read_text())
         assert {orphan.code: False, retry.code: True} == {
-            code: started for code, (started, _, _) in spawned.fires.items()
+            code: started for code, (started, _) in spawned.fires.items()
         }
-        assert all(held_back for _, held_back, _ in spawned.fires.values())
-        assert spawned.fires[orphan.code][2] - began >= DELAY.total_seconds() * 0.9
+        # Claimed together, in one call.
+        assert [2] == spawned.calls
+        assert spawned.fires[orphan.code][1] - began >= DELAY.total_seconds() * 0.9
         # The held tick: followed, and fired as started once its lease lapsed
         # (a's lease was 1 s; a never renews it), by a look of its own.
-        assert 1 == len(deferral)
         while held.code not in spawned.fires:
             spawned.arrived.clear()
             await asyncio.wait_for(spawned.arrived.wait(), 5)
-        started, _, at = spawned.fires[held.code]
+        started, at = spawned.fires[held.code]
         # Counted from a's claim of it, not from the offers: a's later
         # statements and the set-up came between (fresh-clone CI run 111:
         # 0.983 s after the offers, on a lease that began before them).
         assert started and at - sent[held.code] >= SHORT.lease.total_seconds()
-        assert 0 == len(deferral)
     # Five ticks, one read; the settled ones never fired.
     assert 1 == first_look
     assert {retry.code, orphan.code, held.code} == set(spawned.fires)
@@ -173,69 +170,40 @@ async def test_a_look_that_fails_fires_every_tick_of_it_as_usual(
     tick = datetime.now(UTC)
     guard = Unanswered(error=error)
     spawned = Spawned()
-    deferral = Deferral(Firing(guards=lambda _: guard, replica=B), spawned.fire, spawned.spawn)
+    firing = Firing(guards=lambda _: guard, replica=B)
+    deferral = Deferral(firing, spawned.fire, spawned.spawn, lambda: timedelta(0))
     ticks = [Identity.schedule(f"job-{n}", run_key_for(tick)) for n in range(3)]
     for identity in ticks:
         assert deferral.offer(Fire(job(tmp_path, "command: ['true']"), tick, identity))
     while len(spawned.fires) < len(ticks):
         spawned.arrived.clear()
         await asyncio.wait_for(spawned.arrived.wait(), 5)
-    # Never seen started: claimed inside the misfire window, the hold-back over.
-    assert {i.code: (False, True) for i in ticks} == {
-        code: (started, held_back) for code, (started, held_back, _) in spawned.fires.items()
+    # Never seen started: claimed inside the misfire window, together.
+    assert {i.code: False for i in ticks} == {
+        code: started for code, (started, _) in spawned.fires.items()
     }
-    assert 0 == len(deferral)
+    assert [3] == spawned.calls
 
 
-class Turns:
-    """Counts the loop's turns: a callback that puts itself back each turn."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._handle = asyncio.get_running_loop().call_soon(self._next)
-
-    def _next(self) -> None:
-        self.count += 1
-        self._handle = asyncio.get_running_loop().call_soon(self._next)
-
-    def stop(self) -> None:
-        self._handle.cancel()
-
-
-@pytest.mark.parametrize("stop_after_first", [False, True])
-async def test_a_big_look_acts_a_wheel_s_share_a_turn_and_fires_nothing_once_stopping(
-    tmp_path: Path, stop_after_first: bool
+@pytest.mark.parametrize("stopping", [False, True])
+async def test_a_big_look_claims_its_ticks_in_one_call_and_none_once_stopping(
+    tmp_path: Path, stopping: bool
 ) -> None:
     tick = datetime.now(UTC)
     guard = Unanswered()
     firing = Firing(guards=lambda _: guard, replica=B)
     spawned = Spawned()
-    turns = Turns()
-    fired_in: list[int] = []
-
-    def fire(fire: Fire) -> None:
-        fired_in.append(turns.count)
-        if stop_after_first:
-            firing.stop()
-        spawned.fire(fire)
-
-    deferral = Deferral(firing, fire, spawned.spawn)
-    count = 2 * PER_TURN + 50
+    deferral = Deferral(firing, spawned.fire, spawned.spawn, lambda: DELAY)
+    count = 2 * CHUNK + 50
     the_job = job(tmp_path, "command: ['true']")
     for n in range(count):
         identity = Identity.schedule(f"job-{n}", run_key_for(tick))
         assert deferral.offer(Fire(the_job, tick, identity))
-    await asyncio.wait_for(spawned.arrived.wait(), 5)
-    for _ in range(10):
-        await asyncio.sleep(0)
-    turns.stop()
-    per_turn = Counter(fired_in)
-    if stop_after_first:
-        # Nothing more is fired from the look once the replica stops.
-        assert [1] == list(per_turn.values())
+    if stopping:
+        firing.stop()
+        await asyncio.sleep(3 * DELAY.total_seconds())
+        # Nothing is fired from a look once the replica stops.
+        assert ([], {}) == (spawned.calls, spawned.fires)
     else:
-        while len(spawned.fires) < count:
-            spawned.arrived.clear()
-            await asyncio.wait_for(spawned.arrived.wait(), 5)
-        assert count == len(spawned.fires)
-        assert [PER_TURN, PER_TURN, 50] == [per_turn[t] for t in sorted(per_turn)]
+        await asyncio.wait_for(spawned.arrived.wait(), 5)
+        assert [count] == spawned.calls

@@ -23,9 +23,10 @@ from pgcrond.guard.lease import LeaseGuard
 from pgcrond.storage.claims import Acquired, NotAcquired, Renewal
 from pgcrond.storage.db import Database
 from pgcrond.storage.keepalive import holding
-from pgcrond.storage.leases import CLAIM_AHEAD_MAX, LeaseStore
+from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
 from pgcrond.storage.sync_store import SyncLeaseStore
+from pgcrond.tickplan import CLAIM_AHEAD_MAX
 from tests.faults.proxy import proxied
 
 TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))

@@ -121,10 +121,10 @@ async def test_buffer_one_keeps_one_tick_waiting_and_skips_the_rest(
         running = await store.claim(tick("b", 0), TIMING, overlap=BUFFER_ONE)
         assert isinstance(running, Acquired)
         # The next tick waits (a FAIL/waiting row), on every replica that fires it.
-        assert ("overlap", "FAIL") == shape(
+        assert ("waiting", "FAIL") == shape(
             await store.claim(tick("b", 1), TIMING, overlap=BUFFER_ONE)
         )
-        assert ("overlap", "FAIL") == shape(
+        assert ("waiting", "FAIL") == shape(
             await other.claim(tick("b", 1), TIMING, overlap=BUFFER_ONE)
         )
         # One waits already: the one after is skipped.
@@ -143,7 +143,7 @@ async def test_buffer_one_keeps_one_tick_waiting_and_skips_the_rest(
             started.identity.run_key,
         )
         # Now it runs: the next tick waits in its turn.
-        assert ("overlap", "FAIL") == shape(
+        assert ("waiting", "FAIL") == shape(
             await store.claim(tick("b", 3), TIMING, overlap=BUFFER_ONE)
         )
 
@@ -158,14 +158,14 @@ async def test_replace_stops_the_running_tick_through_its_heartbeat_and_records_
         old = await store.claim(tick("r", 0), TIMING, overlap=REPLACE)
         assert isinstance(old, Acquired)
         # The new tick marks the old one replaced and waits for its stop.
-        assert ("overlap", "FAIL") == shape(
+        assert ("waiting", "FAIL") == shape(
             await other.claim(tick("r", 1), TIMING, overlap=REPLACE)
         )
         assert not old.cancellation.is_set()
         assert await store.heartbeat(old) is None
         assert "replaced" == old.cancellation.reason
         # Still stopping: it holds the job's slot until its owner records the stop.
-        assert ("overlap", "FAIL") == shape(
+        assert ("waiting", "FAIL") == shape(
             await other.claim(tick("r", 1), TIMING, overlap=REPLACE)
         )
         assert await store.replaced(old)
@@ -189,10 +189,10 @@ async def test_replace_also_replaces_a_tick_still_waiting_and_closes_a_dead_owne
     async with open_store(pg_dsn, schema) as store:
         old = await store.claim(tick("r", 0), TIMING, overlap=REPLACE)
         assert isinstance(old, Acquired)
-        assert ("overlap", "FAIL") == shape(
+        assert ("waiting", "FAIL") == shape(
             await store.claim(tick("r", 1), TIMING, overlap=REPLACE)
         )
-        assert ("overlap", "FAIL") == shape(
+        assert ("waiting", "FAIL") == shape(
             await store.claim(tick("r", 2), TIMING, overlap=REPLACE)
         )
         # The owner of the old tick died before it saw the mark: its lease lapses.
@@ -227,7 +227,7 @@ async def test_a_replaced_runs_own_outcome_stands_when_it_ended_before_it_saw_th
     async with open_store(pg_dsn, schema) as store:
         old = await store.claim(tick("r", 0), TIMING, overlap=REPLACE)
         assert isinstance(old, Acquired)
-        assert ("overlap", "FAIL") == shape(
+        assert ("waiting", "FAIL") == shape(
             await store.claim(tick("r", 1), TIMING, overlap=REPLACE)
         )
         assert await store.complete(old)

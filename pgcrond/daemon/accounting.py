@@ -40,9 +40,10 @@ from pgcrond.core.overlap import FORBID
 from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.metrics import Metrics
+from pgcrond.decide import FireOutcome
 from pgcrond.errors import PgcrondError
 from pgcrond.events import FireEvents
-from pgcrond.fire import Fire, FireOutcome, Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.storage.claims import NotAcquired
 from pgcrond.storage.jobstate import pause_of, paused
 from pgcrond.storage.leases import LeaseStore
@@ -73,7 +74,7 @@ YIELD_EVERY_S = 0.005
 
 
 def scan_identity(now: datetime) -> Identity:
-    """One scan row per start; scans are claimed with forbid_overlap, so one runs at a time.
+    """One scan row per start; scans are claimed under concurrency: forbid, so one runs at a time.
 
     A scan that starts after another finished finds nothing left to record
     (recording is idempotent), so it only costs its queries.

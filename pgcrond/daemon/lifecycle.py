@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -45,10 +45,11 @@ from pgcrond.daemon.scheduling import Scheduling
 from pgcrond.daemon.stall import StallProbe
 from pgcrond.daemon.status_page import StatusPage
 from pgcrond.daemon.watch import ConfigWatcher
+from pgcrond.decide import FireOutcome
 from pgcrond.deferral import Deferral
 from pgcrond.errors import ConfigError, DatabaseUnavailable, ExitCode, PgcrondError
 from pgcrond.events import FanOut
-from pgcrond.fire import Fire, FireOutcome, Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard import Guards
 from pgcrond.guard.spread import Spread
 from pgcrond.run import box
@@ -60,6 +61,7 @@ from pgcrond.storage.migrate import migrate
 from pgcrond.storage.pooling import log_pooling
 from pgcrond.storage.renames import apply_renames
 from pgcrond.storage.ticks import job_ticks
+from pgcrond.tickplan import CLAIM_AHEAD_MAX
 
 log = structlog.get_logger("pgcrond.daemon.lifecycle")
 
@@ -193,6 +195,7 @@ class Daemon:
             table=self.config.database.table,
             owner=self.replica,
             sql_db=self._sql_db,
+            claim_ahead=CLAIM_AHEAD_MAX,
         )
         self._store = store
         self._firing = Firing(
@@ -205,8 +208,11 @@ class Daemon:
             replica=self.replica,
             # Late-bound: a reload replaces self.config.
             jobs=lambda code: self.config.jobs.get(code),  # noqa: PLW0108
+            spawn=self._spawn_run,
         )
-        self._deferral = Deferral(self._firing, self._spawn_fire, self._spawn)
+        self._deferral = Deferral(
+            self._firing, self._claim_tick, self._spawn, lambda: self._spread.delay
+        )
         accounting = self._accounting = Accounting(
             store=store,
             config=lambda: self.config,
@@ -322,28 +328,45 @@ class Daemon:
     def _start_scheduler(self, store: LeaseStore) -> None:
         scheduling = self._scheduling = Scheduling(
             config=lambda: self.config,
-            fire=self._spawn_fire,
-            stopping=self.stop_requested,
+            fire=self._fire_tick,
+            stopping=self.stop_requested.is_set,
         )
         scheduling.start()
         self.metrics.next_fires.follow(scheduling.next_ticks)
 
     def _spawn_fire(self, fire: Fire) -> None:
+        """One fire (catch-up, an open tick at start), claimed on its own."""
         assert self._firing is not None
-        assert self._deferral is not None
         if self._firing.in_flight(fire.identity):
             # This replica already follows the tick (say, the scheduler's fire
             # still retrying through an outage when start-up or catch-up finds
             # the same tick): Firing would join it; no task is needed for that.
             return
-        if (
-            not (fire.started or fire.claim_at_once)
-            and fire.identity.type == "SCHEDULE"
-            and self._deferral.offer(fire)
-        ):
-            return  # another live replica is preferred: looked at after the hold-back
+        self._spawn_run(fire, self._firing.fire(fire))
+
+    def _fire_tick(self, fires: list[Fire]) -> None:
+        """A wave of a tick: deferred where another live replica is preferred, else claimed."""
+        assert self._firing is not None and self._deferral is not None
+        firing, deferral = self._firing, self._deferral
+        claimed = [
+            fire
+            for fire in fires
+            if not firing.in_flight(fire.identity)
+            and (fire.identity.type != "SCHEDULE" or not deferral.offer(fire))
+        ]
+        self._claim_tick(claimed)
+
+    def _claim_tick(self, fires: list[Fire]) -> None:
+        """Fires of a tick claimed together: one task, whose runs are tasks of their own."""
+        assert self._firing is not None
+        if fires:
+            self._track(asyncio.create_task(self._firing.fire_tick(fires)))
+
+    def _spawn_run(self, fire: Fire, carry: Coroutine[Any, Any, FireOutcome]) -> None:
         # No task name: formatting one per fire cost more than the task.
-        task = asyncio.create_task(self._fire(fire))
+        self._track(asyncio.create_task(self._fire(fire, carry)))
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
         self.fire_tasks.add(task)
         self._bursts.fires(len(self.fire_tasks))
         task.add_done_callback(self._fire_done)
@@ -361,13 +384,12 @@ class Daemon:
         """A tick another replica started and nobody finished (resumed at start)."""
         self._spawn_fire(Fire(job, tick, identity, started=True))
 
-    async def _fire(self, fire: Fire) -> None:
-        assert self._firing is not None
+    async def _fire(self, fire: Fire, carry: Coroutine[Any, Any, FireOutcome]) -> None:
         assert self._pruning is not None
         # An unexpected error is Firing's to record and log (fire_crashed).
         # Its lines name the job and run key themselves: binding them as
         # context variables for every fire cost more than the lines.
-        outcome: FireOutcome = await self._firing.fire(fire)
+        outcome = await carry
         if fire.identity.type == "INITIAL":
             # Says, on every replica and at every start, what became of the
             # run-once job here ("lose" once another replica has it done).

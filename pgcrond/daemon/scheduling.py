@@ -1,62 +1,36 @@
-"""APScheduler's part: one entry per distinct schedule, and the hand-on of its fires.
+"""APScheduler's part: one entry per distinct schedule, and the hand-on of its ticks.
 
 APScheduler keeps the timers; :class:`ScheduleTrigger` gives it our schedule
 (cron(8) semantics, DST rule) and :class:`FireExecutor` hands each intended
 fire time on, so the tick's run key never comes from the clock at run time.
-A schedule's fire fans out to the jobs on it, each at its jittered fire time.
-A tick is handed on ahead of it, by a lead that grows with the jobs on its
-schedule (:func:`lead_for`, from ``CLAIM_AHEAD`` to ``CLAIM_AHEAD_MAX``): a
-lease job's claim is sent then, so that the claims' round trips, and the
-replica's work of handing on and claiming thousands of fires, are over by
-the fire time (the lease guard holds each run until then, by the database
-clock, and the lease counts from the fire time). APScheduler wakes
-``CLAIM_AHEAD_MAX`` before every tick, and the hand-on waits out the rest of
-the lead. An advisory job's fire waits for the fire time.
+A schedule's tick becomes its jobs' fires by the tick plan
+(:mod:`pgcrond.tickplan`), handed on a wave at a time: APScheduler wakes
+``CLAIM_AHEAD_MAX`` before every tick, and each wave waits on the wheel for
+its hand-on (its fire time less the tick's lead for lease jobs).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.executors.base import BaseExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 
-from pgcrond import catchup
 from pgcrond.config.models import Config, JobConfig
-from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
-from pgcrond.core.schedule import OnceSchedule, Schedule, run_key_for
+from pgcrond.core.schedule import OnceSchedule, Schedule
 from pgcrond.core.wheel import wheel
-from pgcrond.daemon.accounting import FireNow
 from pgcrond.fire import Fire
-from pgcrond.storage.leases import CLAIM_AHEAD_MAX
+from pgcrond.tickplan import CLAIM_AHEAD_MAX, Wave, plan_tick
 
-# The least lead of a tick: a claim's round trip on a loaded replica is
-# 5-30 ms, so a tick's claims sent this early are answered by the tick.
-CLAIM_AHEAD = timedelta(milliseconds=100)
-# A tick's lead grows by this per job on its schedule: what handing on a fire
-# and claiming it costs a loaded replica's loop, with room to spare (a
-# 10,000-job tick: 1.6 s; its claims then all land before the tick).
-LEAD_PER_JOB = timedelta(microseconds=150)
-
-
-def lead_for(jobs: int, gap: timedelta | None) -> timedelta:
-    """How long before a tick its ``jobs`` are handed on; ``gap``: to the schedule's next tick.
-
-    Never more than half the gap: a per-second tick claimed before the one
-    before it has run would find that one's forbid runs still going, and be
-    claimed again at its time.
-    """
-    lead = min(CLAIM_AHEAD + jobs * LEAD_PER_JOB, CLAIM_AHEAD_MAX)
-    return lead if gap is None else min(lead, max(gap / 2, CLAIM_AHEAD))
+# Hands a tick's fires on (the daemon claims them together).
+FireTick = Callable[[list[Fire]], None]
 
 
 class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
@@ -97,16 +71,6 @@ class FireExecutor(BaseExecutor):  # type: ignore[misc]
         self._run_job_success(job.id, [])
 
 
-@dataclass(frozen=True, slots=True)
-class _Fired:
-    """One tick of a schedule, as each job on it is fired: made once per schedule."""
-
-    tick: datetime  # in UTC
-    run_key: str
-    following: datetime | None  # the schedule's next tick: when this one is superseded
-    lead: timedelta  # how long before the tick its lease jobs are claimed (at most)
-
-
 def _tick(fired_at: datetime) -> datetime:
     """The tick (in UTC) of an APScheduler fire time (see :class:`ScheduleTrigger`)."""
     return (fired_at + CLAIM_AHEAD_MAX).astimezone(UTC)
@@ -123,10 +87,10 @@ class Scheduling:
         self,
         *,
         config: Callable[[], Config],
-        fire: FireNow,
-        stopping: asyncio.Event,
+        fire: FireTick,
+        stopping: Callable[[], bool],
     ) -> None:
-        """``fire``: hands a fire on (the daemon tracks it for the drain)."""
+        """``fire``: hands a tick's fires on (the daemon tracks them for the drain)."""
         self._config = config
         self._fire = fire
         self._stopping = stopping
@@ -204,65 +168,35 @@ class Scheduling:
         self._leading = {key: ticks for key, ticks in self._leading.items() if key in groups}
         for job in started:
             if isinstance(job.schedule, OnceSchedule):
-                self._fire(Fire(job, datetime.now(UTC), Identity.initial(job.code)))
+                self._fire([Fire(job, datetime.now(UTC), Identity.initial(job.code))])
 
     def _on_fire_group(self, key: str, fired_at: datetime) -> None:
         codes = self._groups.get(key, ())
-        if not codes:
-            return
-        # Once per schedule, not per job: the tick in UTC, its run key, when
-        # it is superseded, and its lead.
-        tick = _tick(fired_at)
-        following = self._config().jobs[codes[0]].schedule.next_after(tick)
-        lead = lead_for(len(codes), None if following is None else following - tick)
-        fired = _Fired(tick, run_key_for(tick), following, lead)
-        delay = (tick - lead - datetime.now(UTC)).total_seconds()
-        if delay > 0:
-            self._leading.setdefault(key, deque()).append(tick)
-            wheel().call_later(delay, functools.partial(self._hand_on, key, fired))
-        else:
-            self._hand_on(key, fired)
-
-    def _hand_on(self, key: str, fired: _Fired) -> None:
-        """Hand ``fired`` on to the jobs on its schedule as they are now (after any reload)."""
-        leading = self._leading.get(key)
-        if leading and leading[0] == fired.tick:
-            leading.popleft()
-        codes = self._groups.get(key, ())
         last = self._handed_on.get(key)
-        if not codes or (last is not None and last >= fired.tick):
+        tick = _tick(fired_at)
+        if not codes or (last is not None and last >= tick):
             return
-        self._handed_on[key] = fired.tick
-        for code in codes:
-            self._on_fire(code, fired)
+        self._handed_on[key] = tick
+        jobs = self._config().jobs
+        following = jobs[codes[0]].schedule.next_after(tick)
+        waves = plan_tick((jobs[code] for code in codes), tick, following)
+        leading = self._leading.setdefault(key, deque())
+        leading.append(tick)
+        now = datetime.now(UTC)
+        for wave in waves:
+            delay = (wave.hand_on - now).total_seconds()
+            wheel().call_later(delay, functools.partial(self._hand_on, key, tick, wave))
 
-    def _on_fire(self, code: str, fired: _Fired) -> None:
-        job = self._config().jobs.get(code)
-        if job is None or self._stopping.is_set():
+    def _hand_on(self, key: str, tick: datetime, wave: Wave) -> None:
+        """Hand ``wave`` on to the jobs on its schedule as they are now (after any reload)."""
+        leading = self._leading.get(key)
+        if leading and leading[0] <= tick:
+            leading.popleft()
+        if self._stopping():
             return
-        # jitter: APScheduler keeps firing at the ticks (one monotonic next
-        # fire per job, even when the jitter exceeds the gap between ticks);
-        # the fire is handed on at tick + its stable shift, the same instant
-        # on every replica. Misfire and lateness count from that instant.
-        at = fire_time(code, fired.tick, job.jitter)
-        lease = job.guard == "lease"
-        # A lease counts from the fire time: any lease job may be claimed ahead.
-        ahead = fired.lead if lease else timedelta(0)
-        # On the wheel even when due already: it hands a big tick's fires on a
-        # share a loop turn, so a turn stays short and its claims share a statement.
-        delay = (at - ahead - datetime.now(UTC)).total_seconds()
-        wheel().call_later(delay, functools.partial(self._fire_at, code, fired, at))
-
-    def _fire_at(self, code: str, fired: _Fired, at: datetime) -> None:
-        """Fire ``fired``'s tick of ``code`` as due at ``at`` (its jittered fire time)."""
-        job = self._config().jobs.get(code)
-        if job is None or self._stopping.is_set():
-            return  # removed by a reload while its shift ran, or stopping
-        self._fire(
-            Fire(
-                job,
-                at,
-                Identity.schedule(code, fired.run_key),
-                superseded_at=catchup.superseded_at(job, fired.following),
-            )
-        )
+        jobs = self._config().jobs
+        # A job removed by a reload during the lead is not fired; a changed one
+        # is claimed as planned, and runs as the config in force defines it.
+        fires = [fire for fire in wave.fires if fire.job.code in jobs]
+        if fires:
+            self._fire(fires)

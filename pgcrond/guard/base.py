@@ -18,6 +18,9 @@ Every guard fulfils these rules; the implementations only say how.
   is inside its misfire window (by the database clock when there is one).
   ``Refused`` says why and, where waiting could change the answer, for how long
   (``wait``, by the database clock): the fire then claims again after it.
+* **claim_many** is ``claim`` for a chunk of a tick's fires at once, answered
+  in their order: the lease guard sends one statement and waits once for the
+  fire time; the others claim one after another.
 * **hold** sets ``held.cancellation`` (reason ``lease_lost``, ``lease_expired``
   or ``lock_lost``) early enough that the run's whole stop sequence is over
   before anyone else may claim the identity. It never extends a claim that has
@@ -32,11 +35,10 @@ Every guard fulfils these rules; the implementations only say how.
   held for retries is released); it is called once per fire, always.
 * **defers** / **standings** (optional; guards that spread a tick's runs):
   ``defers(identity)`` says another live replica is preferred for it, so
-  its fire may wait for the hold-back and be looked at in one batch with the
+  its fire waits for the hold-back and is looked at in one batch with the
   tick's other such fires; ``standings`` reads where those ticks stand
   (settled, or how long until a claim could take them) without claiming.
-  A settled tick needs nothing more from this replica; any other is fired
-  as usual, its hold-back over (``ClaimRequest.spreadable`` False).
+  A settled tick needs nothing more from this replica; any other is claimed.
 * **commit_with** (optional; for ``sql:`` jobs) runs the job's database work
   and records SUCCESS in one transaction, after checking under a row lock that
   ``held`` is still the current holder: ``"done"`` both committed, ``"fenced"``
@@ -75,10 +77,14 @@ RefusalReason = Literal[
     "failed",
     # A failure with a retry time (wait: until then).
     "retry_pending",
-    # The job's overlap policy holds this tick back: SKIPPED/overlap (status
-    # SKIPPED), or a tick that waits for a running one to end (status FAIL:
-    # a blocked retry, a buffer_one or replace tick; wait: until that could be).
+    # The job's overlap policy bounds its running ticks and the bound is
+    # reached: a new tick is recorded SKIPPED/overlap (status SKIPPED); a
+    # started tick's retry or takeover is blocked (status FAIL or RUNNING).
     "overlap",
+    # A tick its overlap policy keeps waiting for the running one to end
+    # (buffer_one; replace, while the replaced run stops): FAIL/waiting, due
+    # whenever the job's slot is free, which any replica following it claims.
+    "waiting",
     # The tick is not due yet by the database clock (wait: until it is).
     "not_due",
     # The claim arrived, or would start, later than the tick's misfire window
@@ -136,9 +142,6 @@ class ClaimRequest:
     # suspended: true in the YAML (the text says where): refused "paused" like
     # a pause in the database. Manual run keys are never paused.
     suspended: str | None = None
-    # A tick's first claim inside its misfire window: a guard may hold it back
-    # briefly for the replica the tick prefers (:mod:`pgcrond.guard.spread`).
-    spreadable: bool = False
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,15 @@ class Guard(abc.ABC):
     async def claim(self, request: ClaimRequest) -> Held | Refused:
         """Try to win ``request.identity``; see the module docstring."""
 
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Held | Refused]:
+        """:meth:`claim` each of ``requests`` (a chunk of one tick's fires), answered in order.
+
+        A guard with a database claims them in one statement; this default
+        claims them one after another. An outage is raised for the whole
+        chunk (every claim is safe to repeat).
+        """
+        return [await self.claim(request) for request in requests]
+
     @abc.abstractmethod
     def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
         """Keep ``held`` alive while the block runs; set its cancellation when going."""
@@ -197,9 +209,6 @@ class Guard(abc.ABC):
     def defers(self, identity: Identity) -> bool:
         """Whether another live replica is preferred for ``identity`` (see the module docstring)."""
         return False
-
-    async def held_back(self, tick: datetime) -> None:  # noqa: B027 - optional hook
-        """Until the hold-back of ``tick``'s deferred fires is over."""
 
     async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
         """Where each of ``identities`` stands; one with no record is left out."""

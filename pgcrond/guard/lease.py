@@ -8,8 +8,8 @@ holds the decisions the Guard contract asks for at the edges of a claim:
   lease began;
 * a claim answered so late that its lease is already going, or that the tick
   is past its misfire window by the database clock, is not run;
-* a tick's claim may be won up to ``CLAIM_AHEAD_MAX`` before its fire time
-  (the daemon fires that early, so that the round trip is over by then): the
+* a tick's claim may be won ahead of its fire time (the tick plan's lead,
+  :mod:`pgcrond.tickplan`, so that the round trip is over by then): the
   claim waits until the database clock has surely reached the fire time
   (the store's :class:`~pgcrond.storage.dbclock.ClockFloor`, on the
   replica's :mod:`~pgcrond.core.wheel`), and only then judges the lease as above
@@ -41,6 +41,7 @@ from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.guard.base import ClaimRequest, Guard, Held, Recorded, Refused, Verdict
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.attempt_end import AttemptEnd
+from pgcrond.storage.claim_answers import PendingClaim
 from pgcrond.storage.claims import Acquired, NotAcquired, Standing
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.leases import LeaseStore
@@ -92,65 +93,103 @@ class LeaseGuard(Guard):
         self._open: dict[Identity, _Open] = {}
 
     async def claim(self, request: ClaimRequest) -> Held | Refused:
+        return (await self.claim_many([request]))[0]
+
+    async def claim_many(self, requests: Sequence[ClaimRequest]) -> list[Held | Refused]:
+        """One claim statement for ``requests`` (the store's :meth:`~LeaseStore.claim_many`).
+
+        The won claims wait once, together, until the database's clock has
+        surely reached the latest of their fire times; each is then judged on
+        arrival: most answers decide with no statement; the few that need one
+        (a re-check of a slow answer, a give-back) go together.
+        """
+        pendings = [self._pending(request) for request in requests]
+        bound = min(self._bound(request) for request in requests)
+        # Retried through an outage with the same owner tokens: a try that
+        # committed but lost its answer still counts as won.
+        answers = await _bounded(self.store.claim_many(pendings), bound, "claim")
+        for request in requests:
+            self._tokens.pop(request.identity, None)
+        won = [r.tick for r, a in zip(requests, answers, strict=True) if isinstance(a, Acquired)]
+        scheduled = [r.tick for r in requests if r.identity.type == "SCHEDULE"]
+        if won and scheduled:
+            await self._reached(max(scheduled))
+        results: list[Held | Refused | None] = []
+        later: list[tuple[int, ClaimRequest, Acquired]] = []
+        for request, answer in zip(requests, answers, strict=True):
+            if isinstance(answer, NotAcquired):
+                results.append(self._refused(answer))
+                continue
+            ready = self._ready(request, answer)
+            if ready is None:
+                later.append((len(results), request, answer))
+            results.append(ready)
+        if later:
+            # The few that need a statement first (a re-check, a give-back) go together.
+            judged = await asyncio.gather(*(self._arrived(r, a) for _, r, a in later))
+            for (i, _, _), result in zip(later, judged, strict=True):
+                results[i] = result
+        return [result for result in results if result is not None]
+
+    def _pending(self, request: ClaimRequest) -> PendingClaim:
         identity = request.identity
-        spread = self.spread if request.spreadable else None
-        at_once = False
-        if spread is not None and identity not in self._tokens:
-            at_once = await spread.hold_back(identity, request.tick)
         token = self._tokens.get(identity)
         if token is None:
             # Drawn from the system each time: a count seeded once per process
             # repeats in a forked or restored copy of it, and a claim answered
             # with its own token counts as won, so two claimants would both win.
             token = self._tokens[identity] = uuid.uuid4()
-        timing = request.timing
-        bound = CLAIM_TIMEOUT_S
-        if request.deadline is not None:
-            # A claim is worth nothing after the misfire window: it is bounded by it.
-            left = (request.deadline - self._wall()).total_seconds()
-            bound = min(bound, max(left, 0.05))
-        try:
-            answer = await _bounded(
-                self.store.claim(
-                    identity,
-                    timing,
-                    overlap=request.overlap,
-                    owner_token=token,
-                    fire_time=request.tick if identity.type == "SCHEDULE" else None,
-                    late_after=request.deadline,
-                    superseded_at=request.superseded_at,
-                    suspended=request.suspended,
-                ),
-                bound,
-                "claim",
-            )
-        finally:
-            if at_once and spread is not None:
-                spread.answered(request.tick)
-        # An answer came: the next claim of this identity is a new one.
-        self._tokens.pop(identity, None)
-        if isinstance(answer, NotAcquired):
-            if spread is not None and answer.status is not None:
-                spread.saw(answer.owner)  # the row of a current tick: its owner lives
-            return Refused(
-                identity,
-                answer.reason,
-                answer.status,
-                answer.owner,
-                answer.wait,
-                answer.attempt,
-                answer.detail,
-                answer.cause,
-            )
-        if identity.type == "SCHEDULE":
-            # Won ahead of its tick: what follows judges the lease as it is then.
-            await self._reached(request.tick)
+        return PendingClaim(
+            identity,
+            request.timing,
+            token,
+            request.overlap if request.overlap.bounded and identity.type == "SCHEDULE" else None,
+            request.tick if identity.type == "SCHEDULE" else None,
+            request.deadline,
+            request.superseded_at,
+            request.suspended,
+        )
+
+    def _bound(self, request: ClaimRequest) -> float:
+        """How long the claim's answer is waited for."""
+        if request.deadline is None:
+            return CLAIM_TIMEOUT_S
+        # A claim is worth nothing after the misfire window: it is bounded by it.
+        left = (request.deadline - self._wall()).total_seconds()
+        return min(CLAIM_TIMEOUT_S, max(left, 0.05))
+
+    def _refused(self, answer: NotAcquired) -> Refused:
+        if self.spread is not None and answer.status is not None:
+            self.spread.saw(answer.owner)  # the row of a current tick: its owner lives
+        return Refused(
+            answer.identity,
+            answer.reason,
+            answer.status,
+            answer.owner,
+            answer.wait,
+            answer.attempt,
+            answer.detail,
+            answer.cause,
+        )
+
+    def _ready(self, request: ClaimRequest, lease: Acquired) -> Held | None:
+        """``Held`` at once when the answer decides with no statement (most do); else None."""
+        fast = lease.received_at - lease.sent_at <= SLOW_ANSWER_S or self._clear(request, lease)
+        inside = request.deadline is None or (
+            (lease.db_now_at_latest() or request.deadline) <= request.deadline
+        )
+        if not (fast and inside) or self._clock() >= lease.stop_at:
+            return None
+        return self._opened(request, lease)
+
+    async def _arrived(self, request: ClaimRequest, answer: Acquired) -> Held | Refused:
+        """Judge a won claim whose answer was slow, late or too late to run as it is."""
         precise = True
         if answer.received_at - answer.sent_at > SLOW_ANSWER_S and not self._clear(request, answer):
             fresh = await self._recheck(answer)
             if fresh is None:
                 # Lapsed or taken over while the answer was on its way.
-                return Refused(identity, "held", "RUNNING", wait=timedelta(0))
+                return Refused(request.identity, "held", "RUNNING", wait=timedelta(0))
             precise = fresh is not answer
             answer = fresh
         return await self._on_arrival(request, answer, precise=precise)
@@ -253,6 +292,9 @@ class LeaseGuard(Guard):
             )
             await self._quietly(self.store.release(lease), lease)
             return Refused(request.identity, "retry_pending", "FAIL", wait=timedelta(0))
+        return self._opened(request, lease)
+
+    def _opened(self, request: ClaimRequest, lease: Acquired) -> Held:
         held = Held(
             identity=request.identity,
             attempt=lease.attempt,
@@ -297,7 +339,7 @@ class LeaseGuard(Guard):
             return Refused(request.identity, "late", "FAIL", attempt=lease.attempt)
         if given is None:
             return Refused(request.identity, "held", "RUNNING", wait=timedelta(0))
-        return await self.claim(dataclasses.replace(request, spreadable=False))
+        return await self.claim(request)
 
     async def _quietly(
         self, write: Awaitable[object], lease: Acquired, event: str = "claim_not_returned"
@@ -399,10 +441,6 @@ class LeaseGuard(Guard):
 
     def defers(self, identity: Identity) -> bool:
         return self.spread is not None and self.spread.defers(identity)
-
-    async def held_back(self, tick: datetime) -> None:
-        if self.spread is not None:
-            await self.spread.held_back(tick)
 
     async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
         return await _bounded(self.store.standings(identities), CLAIM_TIMEOUT_S, "standings")

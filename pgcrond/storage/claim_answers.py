@@ -116,9 +116,10 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
             # Due for a retry, but the job is paused: the retry waits for resume.
             return NotAcquired(identity, "paused", status, owner, attempt=attempt)
         if row["busy"] and not wait:
-            # Due for a retry, or waiting (buffer_one, replace), but the job's
-            # slots are taken: it waits for them (the overlap policy).
-            return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
+            # Due, but the job's slots are taken: a tick its overlap policy
+            # keeps waiting (buffer_one, replace) waits on; a retry is blocked.
+            blocked: NotAcquiredReason = "waiting" if row["reason"] == "waiting" else "overlap"
+            return NotAcquired(identity, blocked, status, owner, attempt=attempt)
         return NotAcquired(
             identity, "retry_pending", status, owner, wait, attempt, cause=row["reason"]
         )

@@ -18,7 +18,16 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 
 NotAcquiredReason = Literal[
-    "held", "done", "failed", "retry_pending", "overlap", "not_due", "late", "coalesced", "paused"
+    "held",
+    "done",
+    "failed",
+    "retry_pending",
+    "overlap",
+    "waiting",
+    "not_due",
+    "late",
+    "coalesced",
+    "paused",
 ]
 
 

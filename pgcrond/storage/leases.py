@@ -46,12 +46,6 @@ MAX_ERROR_LENGTH = 4000
 # share one statement; sent at once when no other run is open. It delays only
 # the record, never a run, and is small beside any lease.
 FINALIZE_LINGER_S = 0.02
-# How far ahead of its fire time (by the database clock) the claim statement
-# may win a tick: the daemon fires its scheduled lease ticks up to that early
-# (pgcrond.daemon.scheduling), so that a big tick's claims are all answered by
-# the tick. The lease counts from the fire time, so a claim ahead costs the
-# run none of its lease; the guard holds the run until the fire time.
-CLAIM_AHEAD_MAX = timedelta(seconds=2)
 
 
 def storable(text: str) -> str:
@@ -82,17 +76,18 @@ class LeaseStore:
         table: str = "leases",
         owner: str | None = None,
         sql_db: Database | None = None,
-        claim_ahead: timedelta = CLAIM_AHEAD_MAX,
+        claim_ahead: timedelta = timedelta(0),
     ) -> None:
         """``sql_db``: where sql: jobs' transactions run (``Database.for_sql_jobs``); ``db``
         when not given, for tools that run one job on one connection. ``claim_ahead``:
-        how long before its fire time a claim may be won (:data:`CLAIM_AHEAD_MAX`)."""
+        how long before its fire time (by the database clock) a claim may be won: the lease
+        counts from the fire time, and the guard holds the run until then (the
+        daemon's lead is the tick plan's, :mod:`pgcrond.tickplan`)."""
         self.db = db
         self._claim_ahead_ms = claim_ahead // timedelta(milliseconds=1)
         self.sql_db = db if sql_db is None else sql_db
         self.queries = Queries(schema, table)
         self.owner = owner or default_owner()
-        self._claims: TurnBatch[Acquired | NotAcquired] = TurnBatch(self._claim, keys=claim_keys)
         # The database's clock from the claims' and heartbeats' answers.
         self.clock_floor = ClockFloor()
         # Leases won and not yet finalized: a hint only (a fenced lease is never
@@ -111,7 +106,7 @@ class LeaseStore:
             functools.partial(self._heartbeat_batch, revive=True), keys=_lease_id
         )
 
-    def claim(
+    async def claim(
         self,
         identity: Identity,
         timing: LeaseTiming | None = None,
@@ -122,11 +117,10 @@ class LeaseStore:
         late_after: datetime | None = None,
         superseded_at: datetime | None = None,
         suspended: str | None = None,
-    ) -> asyncio.Future[Acquired | NotAcquired]:
+    ) -> Acquired | NotAcquired:
         """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row.
 
-        Claims made in the same turn of the event loop (the co-firing jobs of
-        one tick) are sent together, as one statement. Pass the same
+        Pass the same
         ``owner_token`` when retrying a claim whose answer was lost: a claim
         that did commit is then recognised as won, not as held by a stranger.
         ``fire_time`` / ``late_after``: by the database clock, a claim more
@@ -153,7 +147,33 @@ class LeaseStore:
             superseded_at,
             suspended,
         )
-        return self._claims.submit(request)
+        return (await self.claim_many([request]))[0]
+
+    async def claim_many(self, requests: Sequence[PendingClaim]) -> list[Acquired | NotAcquired]:
+        """Claim every one of ``requests`` in one statement, answered in their order.
+
+        As :meth:`claim` does one. A statement touches a row at most once,
+        and cannot see the rows it inserts itself: a request that shares a
+        key with an earlier one (the same identity, a second tick of the same
+        forbid job) goes in a statement sent after the earlier one's answer.
+        """
+        answers: dict[int, Acquired | NotAcquired] = {}
+        left = list(enumerate(requests))
+        while left:
+            seen: set[str] = set()
+            now: list[tuple[int, PendingClaim]] = []
+            later: list[tuple[int, PendingClaim]] = []
+            for index, request in left:
+                keys = claim_keys(request)
+                if seen.intersection(keys):
+                    later.append((index, request))
+                else:
+                    seen.update(keys)
+                    now.append((index, request))
+            answer = await self._claim([request for _, request in now])
+            answers.update((index, answer(request)) for index, request in now)
+            left = later
+        return [answers[index] for index in range(len(requests))]
 
     async def _claim(
         self, batch: list[PendingClaim]

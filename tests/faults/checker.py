@@ -138,7 +138,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pgcrond.storage.leases import CLAIM_AHEAD_MAX
+from pgcrond.tickplan import CLAIM_AHEAD_MAX
 
 KINDS = (
     "lost_tick",

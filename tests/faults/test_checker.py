@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pgcrond.storage.leases import CLAIM_AHEAD_MAX
+from pgcrond.tickplan import CLAIM_AHEAD_MAX
 from tests.faults.checker import (
     INHERENT,
     Abandon,
