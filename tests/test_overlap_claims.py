@@ -17,6 +17,7 @@ import psycopg.rows
 from pgcrond.core.keys import Identity
 from pgcrond.core.overlap import Overlap
 from pgcrond.core.timing import LeaseTiming
+from pgcrond.storage import status
 from pgcrond.storage.claims import Acquired, NotAcquired
 from tests.store_helpers import open_store
 
@@ -237,6 +238,36 @@ async def test_a_replaced_runs_own_outcome_stands_when_it_ended_before_it_saw_th
         assert isinstance(fresh, Acquired)
         assert not await store.replaced(fresh)
     assert "SUCCESS" == rows(pg_dsn, schema, "r")["2026-01-01T00:00:00Z"]["status"]
+
+
+async def test_a_waiting_tick_is_no_failure_in_status_or_on_the_page(
+    pg_dsn: str, schema: str
+) -> None:
+    async with open_store(pg_dsn, schema) as store:
+        done = await store.claim(tick("b", 0), TIMING, overlap=BUFFER_ONE)
+        assert isinstance(done, Acquired) and await store.complete(done)
+        running = await store.claim(tick("b", 1), TIMING, overlap=BUFFER_ONE)
+        assert isinstance(running, Acquired)
+        assert ("waiting", "FAIL") == shape(
+            await store.claim(tick("b", 2), TIMING, overlap=BUFFER_ONE)
+        )
+
+        async def seen() -> tuple[list[str], str, int, object]:
+            (row,) = await status.job_status(store, ["b"])
+            (ticks,) = await status.job_ticks(store, ["b"])
+            return (
+                await status.failing(store, ["b"]),
+                row["last_status"],
+                row["consecutive_failures"],
+                ticks.last_failure,
+            )
+
+        assert ([], "SUCCESS", 0, None) == await seen()
+        # A real failure shows, beside the waiting tick.
+        assert await store.fail(running, "boom", retry_after=None)
+        failing, last, failures, failure = await seen()
+        assert (["b"], "FAIL", 1) == (failing, last, failures)
+        assert failure is not None
 
 
 def _count(found: dict[str, dict[str, object]]) -> dict[str, int]:

@@ -142,7 +142,7 @@ async def follow(
 
 _not_run = {
     "lose": "not run: this run key is running or done elsewhere (pass --run-key to run again)",
-    "skip": "not run: the previous run of this job is still going (concurrency: forbid)",
+    "skip": "not run: a previous run of this job still goes on, and its concurrency skips it",
     "misfire": "not run: the taking replica could not reach the database in time",
     "unknown": "not known: the advisory-guarded run started on a replica that did not record "
     "its end",

@@ -89,7 +89,7 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
 TRIGGER_OUTCOMES = {
     "success": "ran here: success",
     "lose": "not run here: this run key is running or done elsewhere (pass --run-key to run again)",
-    "skip": "not run: the previous run of this job is still going (concurrency: forbid)",
+    "skip": "not run: a previous run of this job still goes on, and its concurrency skips it",
     "misfire": "not run: the database could not be reached",
     "fail": "ran here: failed (see the log above; retried here if the job has retries)",
     "timeout": "ran here: stopped at its timeout",

@@ -526,6 +526,7 @@ LEFT JOIN LATERAL (
            l.finished_at, l.retry_at, l.error
     FROM {table} l
     WHERE l.code = jobs.code AND l.status IN ('SUCCESS', 'FAIL')
+      AND l.reason IS DISTINCT FROM 'waiting'
     ORDER BY l.acquired_at DESC, l.id DESC
     LIMIT 1
 ) last ON true
@@ -539,7 +540,7 @@ LEFT JOIN LATERAL (
 LEFT JOIN LATERAL (
     SELECT count(*) AS count
     FROM {table} f
-    WHERE f.code = jobs.code AND f.status = 'FAIL'
+    WHERE f.code = jobs.code AND f.status = 'FAIL' AND f.reason IS DISTINCT FROM 'waiting'
       AND f.acquired_at > coalesce(
           (SELECT max(s.acquired_at) FROM {table} s
            WHERE s.code = jobs.code AND s.status = 'SUCCESS'),
@@ -772,7 +773,7 @@ LEFT JOIN LATERAL (
 ) ok ON true
 LEFT JOIN LATERAL (
     SELECT b.run_key, b.finished_at FROM {table} b
-    WHERE b.code = jobs.code AND b.status = 'FAIL' AND b.reason NOT IN ('released')
+    WHERE b.code = jobs.code AND b.status = 'FAIL' AND b.reason NOT IN ('released', 'waiting')
     ORDER BY b.acquired_at DESC, b.id DESC LIMIT 1
 ) bad ON true
 ORDER BY jobs.ord
@@ -838,7 +839,7 @@ LEFT JOIN LATERAL (
         ORDER BY t.acquired_at DESC
         LIMIT %(scan)s
     ) recent
-    WHERE recent.status = 'FAIL'
+    WHERE recent.status = 'FAIL' AND recent.reason IS DISTINCT FROM 'waiting'
     ORDER BY recent.acquired_at DESC
     LIMIT 1
 ) bad ON true
@@ -1024,6 +1025,7 @@ CROSS JOIN LATERAL (
     SELECT t.status
     FROM {table} t
     WHERE t.code = j.code AND t.status IN ('SUCCESS', 'FAIL')
+      AND t.reason IS DISTINCT FROM 'waiting'
     ORDER BY t.acquired_at DESC
     LIMIT 1
 ) last
