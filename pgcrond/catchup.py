@@ -10,7 +10,10 @@ newest tick that has a row. Every tick after it, up to now and at most
 * ``run``: run late by the job's ``catch_up`` policy (``latest``: the newest
   one; ``all``: the newest ``max_catch_up``, oldest first), under its own run
   key and idempotency key;
-* ``missed``: recorded MISSED, with why.
+* ``missed``: recorded MISSED, with why;
+* ``skipped``: on a day of one of the job's calendars (``skip_on:``):
+  recorded SKIPPED/``calendar:<name>`` at once, whatever its lateness, never
+  run and never missed, as a replica's own claim of it would record it.
 
 A job with no row at all has no record to continue: nothing before its
 record is recorded MISSED or caught up, and a ``cron:`` job's record starts
@@ -30,13 +33,13 @@ from typing import Literal
 
 from pgcrond.config.models import JobConfig
 from pgcrond.core.jitter import fire_time
-from pgcrond.core.schedule import AtSchedule, Schedule, run_key_for
+from pgcrond.core.schedule import AtSchedule, Occasion, Schedule, run_key_for
 
 # At most this many ticks per job and scan (a per-second job down for a day
 # would otherwise be 86,400 rows); older ones are counted, not recorded.
 ROW_CAP = 1000
 
-Action = Literal["due", "run", "missed"]
+Action = Literal["due", "run", "missed", "skipped"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class Planned:
     code: str
     tick: datetime
     action: Action
-    # For missed: the row's reason and text.
+    # For missed: the row's reason and text; for skipped, its reason (calendar:<name>).
     reason: str | None = None
     why: str | None = None
 
@@ -80,28 +83,35 @@ def superseded_at(job: JobConfig, following: datetime | None) -> datetime | None
     return fire_time(job.code, following, job.jitter)
 
 
+def _tick_after(schedule: Schedule, t: datetime) -> datetime | None:
+    """The next tick after ``t``, one on a calendar's day included (it is accounted for too)."""
+    found = schedule.occasion_after(t)
+    return None if found is None else found.tick
+
+
 def newest_ticks(
     schedule: Schedule, after: datetime, until: datetime, cap: int
-) -> tuple[list[datetime], bool]:
+) -> tuple[list[Occasion], bool]:
     """The newest ``cap`` ticks in (after, until], oldest first, and whether there were more.
 
-    Walks forward from a start only as far back as ``cap`` ticks need (a
-    guess from the gap between two ticks, doubled until it holds enough), so
-    the work grows with ``cap``, not with the length of (after, until]: a
-    per-second job after a week would otherwise cost 600,000 evaluations.
+    Those on a calendar's day are among them, marked. Walks forward from a
+    start only as far back as ``cap`` ticks need (a guess from the gap
+    between two ticks, doubled until it holds enough), so the work grows
+    with ``cap``, not with the length of (after, until]: a per-second job
+    after a week would otherwise cost 600,000 evaluations.
     """
-    following = schedule.next_after(until)
-    second = None if following is None else schedule.next_after(following)
+    following = _tick_after(schedule, until)
+    second = None if following is None else _tick_after(schedule, following)
     # No gap to guess from (the schedule ends): the whole span, however short.
     gap = None if following is None or second is None else second - following
     span = until - after if gap is None else gap * cap
     while True:
         start = max(after, until - span)
-        found: list[datetime] = []
-        tick = schedule.next_after(start)
-        while tick is not None and tick <= until:
-            found.append(tick)
-            tick = schedule.next_after(tick)
+        found: list[Occasion] = []
+        occasion = schedule.occasion_after(start)
+        while occasion is not None and occasion.tick <= until:
+            found.append(occasion)
+            occasion = schedule.occasion_after(occasion.tick)
         if len(found) >= cap or start == after:
             break
         span *= 2
@@ -109,8 +119,8 @@ def newest_ticks(
     if start == after or not kept:
         return kept, len(found) > len(kept)
     # Stopped short of ``after`` with enough ticks: any tick before the first kept is one more.
-    earliest = schedule.next_after(after)
-    return kept, len(found) > len(kept) or (earliest is not None and earliest < kept[0])
+    earliest = _tick_after(schedule, after)
+    return kept, len(found) > len(kept) or (earliest is not None and earliest < kept[0].tick)
 
 
 def plan_job(
@@ -139,16 +149,21 @@ def plan_job(
         owed = started <= fires <= now <= fires + job.misfire_grace
         return JobPlan(job.code, None, (Planned(job.code, at, "due"),) if owed else ())
     start = max(last, now - window)
-    ticks, dropped = newest_ticks(job.schedule, start, now, cap)
+    occasions, dropped = newest_ticks(job.schedule, start, now, cap)
     if last < start:
         # Ticks between the record's end and the window's start are not recorded.
-        first = job.schedule.next_after(last)
+        first = _tick_after(job.schedule, last)
         dropped = dropped or (first is not None and first <= start)
+    skipped = [
+        Planned(job.code, o.tick, "skipped", f"calendar:{o.skipped_by}")
+        for o in occasions
+        if o.skipped_by is not None
+    ]
     # A tick's window runs from its fire time, moved by the job's jitter, as
     # the scheduler's own fire of it would (and its claim judges it so).
     late: list[datetime] = []
     due: list[datetime] = []
-    for t in ticks:
+    for t in (o.tick for o in occasions if o.skipped_by is None):
         (late if fire_time(job.code, t, job.jitter) + job.misfire_grace < now else due).append(t)
     run: list[datetime] = []
     if not job.suspended and late:
@@ -159,6 +174,7 @@ def plan_job(
     planned = [_missed(job, t, last, outage) for t in late if t not in run]
     planned += [Planned(job.code, t, "run") for t in run]
     planned += [Planned(job.code, t, "due") for t in due]
+    planned += skipped
     planned.sort(key=lambda p: p.tick)
     return JobPlan(job.code, last, tuple(planned), dropped)
 

@@ -17,7 +17,8 @@ follow     claims again after ``wait`` (on the wheel); ``started``: the tick
            started, so from now on no misfire bound
 resume     waits for ``pgcrond resume``, then claims again (no misfire bound)
 miss       the tick is missed (``cause``; ``recorded``: the guard stored it)
-skip       the tick is not run on purpose (``cause``: paused, overlap, ...)
+skip       the tick is not run on purpose (``cause``: paused, overlap, the
+           fire's own ``calendar:<name>``; ``recorded``: the guard stored it)
 done       the fire ends with ``outcome``
 ========== ==================================================================
 
@@ -88,6 +89,8 @@ class State:
     halted: bool = False
     # Whether the config in force still has the job (a reload may remove it).
     in_force: bool = True
+    # The fire's own reason not to run the tick (calendar:<name>), or None.
+    skip_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,9 @@ def _no_answer(state: State) -> Step:
         # No claim got through before the stop: the tick is the live
         # replicas' to run, or to record missed, not this one's to call missed.
         return Step("done", state.outcome or "lose")
+    if state.skip_reason is not None:
+        # A tick that never runs is no miss: the outage leaves it unrecorded.
+        return Step("skip", "skip", cause=state.skip_reason)
     # Still unreachable at the end of the misfire window, which only a tick's
     # first start has (a tick this replica ran or follows has none).
     return Step("miss", "misfire", cause="database_unavailable")
@@ -186,6 +192,12 @@ def _waiting(refused: Refused, state: State) -> Step:
     return Step("follow", state.outcome, wait=WAITING_RECHECK, started=True)
 
 
+def _skipped(refused: Refused, state: State) -> Step:
+    # The fire's own reason (a calendar's day): never run, never missed, however late.
+    recorded = refused.status is not None
+    return Step("skip", "skip", cause=refused.cause or state.skip_reason, recorded=recorded)
+
+
 def _lost(refused: Refused, state: State) -> Step:
     """Another replica has the tick (held, a retry pending) or had it (done, failed)."""
     lost = state.outcome is None
@@ -214,6 +226,7 @@ ROWS: dict[str, Callable[[Refused, State], Step]] = {
     "late": _missed,
     "coalesced": _missed,
     "paused": _paused,
+    "skipped": _skipped,
     "overlap": _overlap,
     "waiting": _waiting,
     "held": _lost,

@@ -27,6 +27,15 @@ class FireEvents:
     def fired(self, job: JobConfig) -> None:
         """This replica's timer went off for a tick of ``job`` (or a run was asked for)."""
 
+    def first_start(
+        self, job: JobConfig, identity: Identity, tick: datetime, preferred: bool
+    ) -> None:
+        """This replica fires a tick's first start (no retry, takeover or catch-up);
+        ``preferred``: the tick prefers this replica (spread), or no replica."""
+
+    def claim_sent(self, job: JobConfig, identity: Identity) -> None:
+        """A claim of ``identity`` goes out now (every try of it, through an outage too)."""
+
     def claim_won(self, job: JobConfig, held: Held) -> None:
         """This replica runs the attempt ``held`` (``held.claimed_from`` says how it came)."""
 
@@ -57,6 +66,23 @@ class FireEvents:
     def failed_for_good(self, job: JobConfig, held: Held, result: RunResult) -> None:
         """The attempt failed and no retry follows: the job's ``on_failure`` hooks."""
 
+    def succeeded(self, job: JobConfig, held: Held, result: RunResult) -> None:
+        """The attempt's SUCCESS is stored, by this replica: ``result`` is what it ran to."""
+
+    def unrecorded(self, job: JobConfig, held: Held, reason: str) -> None:
+        """The attempt ended here and this replica stores nothing of it: ``fenced`` (another
+        replica took the tick over meanwhile), ``lease_lost``, ``not_recorded`` (the guard
+        kept failing; the tick is taken over once its lease lapses)."""
+
+    def missed_found(
+        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, why: str
+    ) -> None:
+        """This replica stored the tick MISSED after the fact: found at start or after an
+        outage (``no_replica``, ``database_unavailable``), or late by its own clock."""
+
+    def fire_done(self, job: JobConfig, identity: Identity, outcome: str) -> None:
+        """This replica's fire of ``identity`` ended: ``outcome`` is what it came to here."""
+
     def database(self, operation: str, ok: bool) -> None:
         """A database call of ``operation`` (claim, finalize) got through, or did not."""
 
@@ -70,6 +96,16 @@ class FanOut(FireEvents):
     def fired(self, job: JobConfig) -> None:
         for s in self._subscribers:
             s.fired(job)
+
+    def first_start(
+        self, job: JobConfig, identity: Identity, tick: datetime, preferred: bool
+    ) -> None:
+        for s in self._subscribers:
+            s.first_start(job, identity, tick, preferred)
+
+    def claim_sent(self, job: JobConfig, identity: Identity) -> None:
+        for s in self._subscribers:
+            s.claim_sent(job, identity)
 
     def claim_won(self, job: JobConfig, held: Held) -> None:
         for s in self._subscribers:
@@ -108,6 +144,24 @@ class FanOut(FireEvents):
     def failed_for_good(self, job: JobConfig, held: Held, result: RunResult) -> None:
         for s in self._subscribers:
             s.failed_for_good(job, held, result)
+
+    def succeeded(self, job: JobConfig, held: Held, result: RunResult) -> None:
+        for s in self._subscribers:
+            s.succeeded(job, held, result)
+
+    def unrecorded(self, job: JobConfig, held: Held, reason: str) -> None:
+        for s in self._subscribers:
+            s.unrecorded(job, held, reason)
+
+    def missed_found(
+        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, why: str
+    ) -> None:
+        for s in self._subscribers:
+            s.missed_found(job, identity, tick, cause, why)
+
+    def fire_done(self, job: JobConfig, identity: Identity, outcome: str) -> None:
+        for s in self._subscribers:
+            s.fire_done(job, identity, outcome)
 
     def database(self, operation: str, ok: bool) -> None:
         for s in self._subscribers:

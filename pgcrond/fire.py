@@ -84,6 +84,9 @@ class Fire:
     # Awaited once this replica won the claim, before the first attempt runs
     # (a request's own record that its run started).
     on_start: Callable[[], Awaitable[None]] | None = None
+    # Why the tick is not run at all (``calendar:<name>``): the claim records
+    # it SKIPPED with this reason, once for the cluster; never late, never missed.
+    skip_reason: str | None = None
 
     def claim_request(self, *, started: bool) -> ClaimRequest:
         """This fire's claim; ``started``: the tick started already (no misfire bound)."""
@@ -98,6 +101,7 @@ class Fire:
             deadline=deadline,
             superseded_at=None if started else self.superseded_at,
             suspended=f"suspended: true in {job.source}" if job.suspended else None,
+            skip_reason=self.skip_reason,
         )
 
 
@@ -217,6 +221,7 @@ class Firing:
                 self._leave(fire, self._misfire(fire.job, _bound(fire), fire, cause))
                 continue
             guard = self.guards(fire.job)
+            self._first_start(guard, fire)
             groups.setdefault(id(guard), (guard, []))[1].append(fire)
         await asyncio.gather(
             *(
@@ -241,7 +246,10 @@ class Firing:
         deadline = min(request.deadline or request.tick for request in requests)
         try:
             answers = await self._with_outage_retry(
-                together[0].job, "claim", functools.partial(guard.claim_many, requests), deadline
+                together[0].job,
+                "claim",
+                functools.partial(self._send_claims, guard, together, requests),
+                deadline,
             )
         except Exception as exc:
             for fire in together:
@@ -264,7 +272,12 @@ class Firing:
         """Hand one answer of a chunk on: a task if it runs or follows, else the fire ends here."""
         if isinstance(answer, Refused) and answer.reason == "paused":
             self.events.paused(fire.job, True)
-        state = State(fire.job, follow=fire.follow, stopping=self.stopping.is_set())
+        state = State(
+            fire.job,
+            follow=fire.follow,
+            stopping=self.stopping.is_set(),
+            skip_reason=fire.skip_reason,
+        )
         step = decide(answer, state)
         if step.kind in ("run", "release", "follow", "resume"):
             carry = functools.partial(
@@ -291,6 +304,7 @@ class Firing:
             done.cancel()
         else:
             done.set_result(outcome)
+        self.events.fire_done(fire.job, fire.identity, outcome or "cancelled")
 
     def _spawn_fire(self, fire: Fire, carry: Coroutine[Any, Any, FireOutcome]) -> None:
         if self.spawn is not None:
@@ -337,6 +351,8 @@ class Firing:
                 if cause is not None:
                     return self._misfire(job, bound, fire, cause)
         guard = self.guards(job)
+        if not counted and identity.type == "SCHEDULE" and not fire.started:
+            self._first_start(guard, fire)
         try:
             return await self._fire(fire, guard, bound, first, resumes)
         except Exception as exc:
@@ -346,13 +362,30 @@ class Firing:
         finally:
             await guard.forget(identity)
 
+    def _first_start(self, guard: Guard, fire: Fire) -> None:
+        # A fire another replica is preferred for comes here once that one let it pass.
+        preferred = not guard.defers(fire.identity)
+        self.events.first_start(fire.job, fire.identity, fire.tick, preferred)
+
+    async def _send_claims(
+        self, guard: Guard, fires: list[Fire], requests: list[ClaimRequest]
+    ) -> list[Held | Refused]:
+        for fire in fires:
+            self.events.claim_sent(fire.job, fire.identity)
+        return await guard.claim_many(requests)
+
+    async def _send_claim(self, guard: Guard, fire: Fire, request: ClaimRequest) -> Held | Refused:
+        self.events.claim_sent(fire.job, fire.identity)
+        return await guard.claim(request)
+
     def _given_up_here(self, fire: Fire) -> str | None:
         """Why a guard without history gives a tick up before claiming it: late, coalesced."""
         job, tick, superseded_at = fire.job, fire.tick, fire.superseded_at
         # A guard that remembers judges both in its claim, by the database's
         # clock, and records the miss itself: this replica's clock (stepped
-        # forward, or running ahead) must not decide for the cluster.
-        if self.guards(job).remembers:
+        # forward, or running ahead) must not decide for the cluster. A tick
+        # that never runs is never late: its claim says it is skipped.
+        if self.guards(job).remembers or fire.skip_reason is not None:
             return None
         now = self.clock()
         if now - tick > job.misfire_grace:
@@ -396,7 +429,7 @@ class Firing:
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
         started = fire.identity.type == "INITIAL" or fire.started
-        state = State(job, follow=fire.follow)
+        state = State(job, follow=fire.follow, skip_reason=fire.skip_reason)
         answer: Answer = None
         while True:
             if self.stopping.is_set() and first == "claim":
@@ -453,8 +486,7 @@ class Firing:
             assert step.cause is not None
             return self._misfire(job, bound, fire, step.cause, recorded=step.recorded)
         if step.kind == "skip":
-            assert isinstance(answer, Refused) and step.cause is not None
-            self._skipped(job, bound, answer, step.cause)
+            self._skipped(job, bound, answer, step)
         return step.outcome or "lose"
 
     async def _claim(
@@ -469,7 +501,7 @@ class Firing:
         job = fire.job
         request = fire.claim_request(started=started)
         claim: Callable[[], Awaitable[Held | Refused | None]]
-        claim = functools.partial(guard.claim, request)
+        claim = functools.partial(self._send_claim, guard, fire, request)
         if request.overlap.bounded:
             # Asked before every try: a run of the job here may be
             # abandoned while the claim retries through an outage.
@@ -508,17 +540,21 @@ class Firing:
         self,
         job: JobConfig,
         bound: structlog.typing.FilteringBoundLogger,
-        refused: Refused,
-        reason: str,
+        answer: Answer,
+        step: Step,
     ) -> None:
+        reason = step.cause
+        assert reason is not None
         self.events.skipped(job, reason)
-        bound.info(
-            "tick_skipped",
-            reason=reason,
-            detail=refused.detail
-            if reason == "paused"
-            else "the previous tick of this job is still running",
-        )
+        if reason == "paused":
+            assert isinstance(answer, Refused)
+            bound.info("tick_skipped", reason=reason, detail=answer.detail)
+        elif reason == "overlap":
+            detail = "the previous tick of this job is still running"
+            bound.info("tick_skipped", reason=reason, detail=detail)
+        else:
+            # The fire's own reason (calendar:<name>); recorded: the guard stored it.
+            bound.info("tick_skipped", reason=reason, recorded=step.recorded)
 
     def _in_force(self, job: JobConfig) -> JobConfig | None:
         """``job`` as the config in force defines it now; None once a reload removed it."""
@@ -614,6 +650,7 @@ class Firing:
         if result.outcome == "cancelled" and held.cancellation.reason in _LOST_REASONS:
             # Another replica may own the tick now: nothing is recorded, and
             # nothing must be, by a fenced owner.
+            self.events.unrecorded(job, held, "lease_lost")
             return "lease_lost", False
         kind: Outcome
         retry_after: timedelta | None = None
@@ -661,6 +698,7 @@ class Firing:
                 error=_describe(exc),
                 detail="followed until its lease lapses, then taken over",
             )
+            self.events.unrecorded(job, held, "not_recorded")
             return "lease_lost", False
         if recorded == "fenced":
             bound.warning(
@@ -668,13 +706,16 @@ class Firing:
                 outcome=result.outcome,
                 detail="another replica took this tick over meanwhile",
             )
+            self.events.unrecorded(job, held, "fenced")
             return "lease_lost", False
         # The alert gauges: the table's truth at start, kept current by what
         # this replica records; a row with no retry time is a final failure.
         self.events.recorded(job, kind, final=retry_after is None)
         # A run-once job out of retries is retried by the next start, not now.
         retry = recorded == "retry" and held.attempt <= job.retries
-        if kind in ("fail", "timeout") and not retry:
+        if kind == "success":
+            self.events.succeeded(job, held, result)
+        elif kind in ("fail", "timeout") and not retry:
             try:
                 self.events.failed_for_good(job, held, result)
             except Exception as exc:

@@ -9,7 +9,9 @@ its claims (one statement a chunk, ``Guard.claim_many``) are answered by the
 tick; the claim statement wins a tick at most :data:`CLAIM_AHEAD_MAX` early,
 the guard holds each won run until the database's clock reaches its fire
 time, and the lease counts from then, so a lead costs a run none of its
-lease. An advisory job's wave is handed on at its fire time. Which replica a
+lease. An advisory job's wave is handed on at its fire time, and so is a
+tick on a calendar's day (``skip_reason``): it is recorded SKIPPED, nothing
+runs, and a claim ahead would only be judged again at the tick. Which replica a
 fire prefers is asked when it is handed on (the live replicas may change
 during the lead): :mod:`pgcrond.deferral`.
 """
@@ -57,8 +59,17 @@ class Wave:
     fires: tuple[Fire, ...]
 
 
-def plan_tick(jobs: Iterable[JobConfig], tick: datetime, following: datetime | None) -> list[Wave]:
-    """The waves of ``tick`` (in UTC) of ``jobs``, earliest first; ``following``: the next tick."""
+def plan_tick(
+    jobs: Iterable[JobConfig],
+    tick: datetime,
+    following: datetime | None,
+    skip_reason: str | None = None,
+) -> list[Wave]:
+    """The waves of ``tick`` (in UTC) of ``jobs``, earliest first.
+
+    ``following``: the next tick that runs; ``skip_reason``: the tick is on a
+    calendar's day (``calendar:<name>``), carried by each fire.
+    """
     jobs = list(jobs)
     lead = lead_for(len(jobs), None if following is None else following - tick)
     run_key = run_key_for(tick)
@@ -67,12 +78,13 @@ def plan_tick(jobs: Iterable[JobConfig], tick: datetime, following: datetime | N
         # jitter: a stable shift of the fire time, the same on every replica;
         # misfire and lateness count from it, the run key stays the tick.
         at = fire_time(job.code, tick, job.jitter)
-        ahead = lead if job.guard == "lease" else timedelta(0)
+        ahead = lead if job.guard == "lease" and skip_reason is None else timedelta(0)
         fire = Fire(
             job,
             at,
             Identity.schedule(job.code, run_key),
             superseded_at=catchup.superseded_at(job, following),
+            skip_reason=skip_reason,
         )
         waves.setdefault(at - ahead, []).append(fire)
     return [Wave(hand_on, tuple(fires)) for hand_on, fires in sorted(waves.items())]

@@ -64,6 +64,7 @@ async def claim(
     deadline: datetime | None = NOW + timedelta(seconds=1),
     superseded_at: datetime | None = None,
     suspended: str | None = None,
+    skip_reason: str | None = None,
 ) -> Held | Refused:
     request = ClaimRequest(
         identity,
@@ -72,6 +73,7 @@ async def claim(
         deadline=deadline,
         superseded_at=superseded_at,
         suspended=suspended,
+        skip_reason=skip_reason,
     )
     return await memory.claim(request)
 
@@ -129,6 +131,9 @@ def test_no_answer_by_the_end_of_the_window_is_a_miss_and_at_a_stop_no_miss(
     assert Step("done", "success") == decide(
         None, State(job(tmp_path), outcome="success", stopping=True)
     )
+    # A tick on a calendar's day never runs: no answer leaves it unrecorded, no miss.
+    holiday = State(job(tmp_path), skip_reason="calendar:holidays")
+    assert Step("skip", "skip", cause="calendar:holidays") == decide(None, holiday)
 
 
 # -- refusals -----------------------------------------------------------------------------
@@ -181,6 +186,34 @@ async def test_a_paused_new_tick_is_a_skip(tmp_path: Path) -> None:
     assert Step("skip", "skip", cause="paused") == decide(
         paused, State(job(tmp_path), follow=False)
     )
+
+
+async def test_a_calendar_day_tick_is_a_skip_the_guard_recorded_however_late(
+    tmp_path: Path,
+) -> None:
+    memory = guard()
+    # Past its window and while suspended: recorded SKIPPED/calendar:<name> all the same.
+    first = await claim(
+        memory,
+        deadline=NOW - timedelta(seconds=1),
+        suspended="suspended: true in jobs.yaml",
+        skip_reason="calendar:holidays",
+    )
+    assert isinstance(first, Refused)
+    holiday = State(job(tmp_path), skip_reason="calendar:holidays")
+    expected = Step("skip", "skip", cause="calendar:holidays", recorded=True)
+    assert expected == decide(first, holiday)
+    assert ("SKIPPED", "calendar:holidays") == (
+        memory.rows[IDENTITY].status,
+        memory.rows[IDENTITY].reason,
+    )
+    # A second replica's claim finds that row: lost, not skipped twice.
+    second = await claim(memory, skip_reason="calendar:holidays")
+    assert isinstance(second, Refused)
+    assert Step("done", "lose", lost=True) == decide(second, holiday)
+    # A guard without a table (advisory) refuses it alike, storing nothing.
+    bare = Refused(IDENTITY, "skipped", cause="calendar:holidays")
+    assert Step("skip", "skip", cause="calendar:holidays") == decide(bare, holiday)
 
 
 async def test_a_paused_started_tick_waits_for_resume(tmp_path: Path) -> None:

@@ -705,6 +705,73 @@ async def test_a_suspended_job_is_skipped_not_waited_for(tmp_path: Path) -> None
     assert skipped["detail"].startswith("suspended: true in ")
 
 
+# -- a calendar's day ------------------------------------------------------------------------
+
+
+async def test_a_tick_on_a_calendar_day_is_recorded_skipped_once_and_never_run(
+    tmp_path: Path,
+) -> None:
+    """Past its misfire window too: a tick that never runs is never missed.
+
+    Two replicas fire it; the first records SKIPPED/calendar:holidays, the
+    second finds that row.
+    """
+    tick, identity = now_tick(-2)
+    guard, events = MemoryGuard(), Events()
+    holiday = job(tmp_path, "command: ['true']")
+    with structlog.testing.capture_logs() as logs:
+        first = await firing(guard, events).fire(
+            Fire(holiday, tick, identity, skip_reason="calendar:holidays")
+        )
+        second = await firing(guard, events).fire(
+            Fire(holiday, tick, identity, skip_reason="calendar:holidays")
+        )
+    row = guard.rows[identity]
+    assert ("skip", "lose") == (first, second)
+    assert ("SKIPPED", "calendar:holidays", 0) == (row.status, row.reason, row.attempt)
+    assert ["calendar:holidays"] == events.of("skipped")
+    assert ["done"] == events.of("claim_lost")
+    assert ([], []) == (events.of("missed"), events.of("run_started"))
+    assert [("calendar:holidays", True)] == [
+        (e["reason"], e["recorded"]) for e in logged(logs, "tick_skipped")
+    ]
+
+
+async def test_a_calendar_day_under_a_guard_without_history_is_skipped_not_late(
+    tmp_path: Path,
+) -> None:
+    """The guard says skipped (advisory: no table), however late the fire."""
+    tick, identity = now_tick(-2)
+    skipped = Refused(identity, "skipped", cause="calendar:freeze")
+    guard, events = MemoryGuard(remembers=False, script=deque([skipped])), Events()
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard, events).fire(
+            Fire(job(tmp_path, "command: ['true']"), tick, identity, skip_reason="calendar:freeze")
+        )
+    assert "skip" == outcome
+    assert ["claim"] == guard.calls
+    assert (["calendar:freeze"], []) == (events.of("skipped"), events.of("missed"))
+    assert [False] == [e["recorded"] for e in logged(logs, "tick_skipped")]
+
+
+async def test_a_calendar_day_tick_in_an_outage_past_its_window_is_no_miss(
+    tmp_path: Path,
+) -> None:
+    """Left unrecorded: said skipped, never reported missed."""
+    guard, events = MemoryGuard(script=deque(["unavailable"] * 50)), Events()
+    tick, identity = now_tick(-0.5)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await firing(guard, events).fire(
+            Fire(job(tmp_path, "command: ['true']"), tick, identity, skip_reason="calendar:h")
+        )
+    assert "skip" == outcome
+    assert (["calendar:h"], []) == (events.of("skipped"), events.of("missed"))
+    assert [("calendar:h", False)] == [
+        (e["reason"], e["recorded"]) for e in logged(logs, "tick_skipped")
+    ]
+    assert identity not in guard.rows
+
+
 # -- refusals --------------------------------------------------------------------------------
 
 

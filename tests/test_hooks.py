@@ -324,11 +324,15 @@ def test_a_tick_missed_by_three_stalled_replicas_is_told_once(
 
             def decided(replica: Any) -> bool:
                 # Its own claim's answer, or (a replica that left the tick to
-                # the one preferred for it) the look that found it settled.
+                # the one preferred for it) the look that found it settled:
+                # neither fired nor followed (its only tick).
                 return any(
                     e.get("run_key") == instant
                     for e in replica.events("tick_missed") + replica.events("claim_lost")
-                ) or any(e["settled"] for e in replica.events("deferred_looked"))
+                ) or any(
+                    e["ticks"] > e["fired"] + e["followed"]
+                    for e in replica.events("deferred_looked")
+                )
 
             wait_until(lambda: all(decided(r) for r in replicas), 20, "each replica's claim")
             wait_until(receiver.events, 10, "the on_missed hook")

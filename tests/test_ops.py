@@ -225,7 +225,7 @@ def test_status_shows_next_fire_last_run_running_now_and_failures_per_job(
     nightly = entries["nightly"]
     # The tick record: newest tick, newest SUCCESS and FAIL, misses, pause.
     assert {
-        "last_tick": {"run_key": "2026-01-11T03:00:00Z", "status": "RUNNING"},
+        "last_tick": {"run_key": "2026-01-11T03:00:00Z", "status": "RUNNING", "reason": None},
         "last_success": {"run_key": "2026-01-07T03:00:00Z", "at": "2026-01-07T03:00:12.000Z"},
         "last_failure": {"run_key": "2026-01-10T03:00:00Z", "at": "2026-01-10T03:01:30.000Z"},
         "misses_24h": 0,

@@ -40,7 +40,11 @@ def examples() -> list[tuple[str, str, list[str], list[str]]]:
 
 def test_the_schedule_section_has_an_example_of_every_form() -> None:
     shown = "\n".join(yaml for _, yaml, _, _ in examples())
-    forms = ("once:", "at:", "LW", "cron: [", "every:", "phase:", "between:", "skip_on:", "dst:")
+    forms = (
+        "once:", "at:", " L ", "LW", "15W", "friL", "#2", "?", "cron: [", "every:", "phase:",
+        "between:", "skip_on:", "yearly:", "dst:", "repeated: both", "repeated: last",
+        "skipped: skip",
+    )  # fmt: skip
     for form in forms:
         assert form in shown, form
 

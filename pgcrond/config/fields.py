@@ -231,7 +231,7 @@ JOB = _table(
         c.names,
         (),
         "calendars (top-level calendars:) on whose days (in the job's zone) no tick runs "
-        "(`pgcrond next` marks such a tick SKIPPED calendar:<name>)",
+        "(each such tick is recorded SKIPPED calendar:<name>)",
         True,
     ),
     Field(

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 from pgcrond.config.definition import Definition, definition
 from pgcrond.config.models import Config
-from pgcrond.core.schedule import Schedule, from_definition, run_key_for
+from pgcrond.core.schedule import Schedule, from_definition, run_key_for, skip_reason
 
 NEXT_FIRES = 5
 # Fields whose change alters which ticks exist.
@@ -50,6 +50,9 @@ class JobChange:
     # Of the fires up to the later list's horizon: those only after, those only before.
     fires_appearing: list[str] = field(default_factory=list)
     fires_disappearing: list[str] = field(default_factory=list)
+    # Of those disappearing, each a calendar of the new schedule skips: its
+    # run key -> calendar:<name> (recorded SKIPPED with it, not run).
+    fires_skipped: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,12 @@ def _with_fires(job: JobChange, before: Definition, after: Definition, now: date
         return job
     fires_before, fires_after = next_fires(before, now), next_fires(after, now)
     appearing, disappearing = _difference(before, after, now)
+    schedule = _schedule(after)
+    skipped = {
+        fire: reason
+        for fire in disappearing
+        if (reason := skip_reason(schedule, datetime.fromisoformat(fire))) is not None
+    }
     return JobChange(
         job.code,
         job.kind,
@@ -215,6 +224,7 @@ def _with_fires(job: JobChange, before: Definition, after: Definition, now: date
         _forms(after, now),
         appearing,
         disappearing,
+        skipped,
     )
 
 

@@ -112,18 +112,19 @@ async def find_plan(
 
 
 async def record_plan(store: LeaseStore, config: Config, plans: list[JobPlan]) -> list[Miss]:
-    """Record the plan's missed ticks; the ones recorded now (not by someone else first)."""
+    """Record the plan's missed and skipped ticks; those recorded now (by no one else first)."""
     misses = [
         Miss(
             p.code,
             p.tick,
             p.reason or "no_replica",
             p.why or "",
-            config.jobs[p.code].misfire_grace,
+            # A tick on a calendar's day never runs: no window to wait out.
+            timedelta(0) if p.action == "skipped" else config.jobs[p.code].misfire_grace,
         )
         for job_plan in plans
         for p in job_plan.ticks
-        if p.action == "missed"
+        if p.action in ("missed", "skipped")
     ]
     recorded: list[Miss] = []
     for start in range(0, len(misses), 500):
@@ -225,7 +226,7 @@ class Accounting(FireEvents):
         except PgcrondError as exc:
             log.warning("missed_not_recorded", ticks=len(misses), error=str(exc))
             return
-        self._count(recorded)
+        self._found(recorded)
         for miss in recorded:
             log.info(
                 "tick_recorded_missed",
@@ -243,10 +244,19 @@ class Accounting(FireEvents):
         # The claims that found the database back must not hide the outage's gap.
         await self.scan(outage=outage, before=outage[0])
 
-    def _count(self, recorded: list[Miss]) -> None:
-        """pgcrond_missed_recorded_total: the MISSED rows this replica wrote."""
+    def _found(self, recorded: list[Miss]) -> None:
+        """The MISSED rows this replica wrote: counted (pgcrond_missed_recorded_total)
+        and told to the fire's subscribers (the job's ``on_missed``)."""
+        jobs = self.config().jobs
         for miss in recorded:
+            if miss.status != "MISSED":
+                continue
             self.metrics.missed_recorded.labels(miss.code, miss.reason).inc()
+            job = jobs.get(miss.code)
+            if job is not None:
+                self.firing.events.missed_found(
+                    job, miss.identity, miss.tick, miss.reason, miss.why
+                )
 
     # -- start -------------------------------------------------------------------------
 
@@ -338,22 +348,24 @@ class Accounting(FireEvents):
                 await asyncio.wait_for(self.firing.stopping.wait(), wait.total_seconds())
             if self.firing.stopping.is_set():
                 return
-        self._count(done)
+        self._found(done)
         log.info("catch_up_scan_done", jobs=len(plans), missed_recorded=len(done))
         recorded = {(miss.code, miss.identity.run_key) for miss in done}
         async for job_plan in _paced(plans):
             counts = {a: sum(p.action == a for p in job_plan.ticks) for a in ("run", "due")}
             # Only what this scan recorded: a later scan finds the same gap already filled.
-            counts["missed"] = sum(
-                p.action == "missed" and (job_plan.code, p.run_key) in recorded
-                for p in job_plan.ticks
-            )
+            for kind in ("missed", "skipped"):
+                counts[kind] = sum(
+                    p.action == kind and (job_plan.code, p.run_key) in recorded
+                    for p in job_plan.ticks
+                )
             if any(counts.values()) or job_plan.dropped:
                 log.info(
                     "ticks_accounted",
                     job=job_plan.code,
                     record_ended=None if job_plan.last is None else job_plan.last.isoformat(),
                     missed=counts["missed"],
+                    skipped=counts["skipped"],
                     catch_up=counts["run"],
                     due=counts["due"],
                     beyond_window=job_plan.dropped,

@@ -1,20 +1,23 @@
 """A job's hooks and ping: a JSON webhook and/or a command, and a dead-man's switch.
 
-Each event goes to the hook that names it (:data:`pgcrond.core.hooks.HOOK_OF_EVENT`)
-and, for a start, a success and a final failure, to the job's ``ping:``. It is
-sent by the replica that recorded what it tells, once per event across the
-cluster: the winner of an attempt says its start; the replica whose finalize
-landed says its success or final failure (a fenced owner records nothing, so
-a takeover is never told twice); the claim that recorded a tick MISSED says
-so. Sent in the background, bounded (a timeout per attempt, a few retries on
-a connect error, 5xx or 429), never awaited by the fire, so a slow receiver
-cannot hold up the next tick; a replica killed between recording and sending
-sends nothing (at most once). The webhook gets the event as JSON; the command
-gets it on stdin and as ``PGCRON_*`` variables, in an environment stripped of
-the daemon's secrets (the DSN never reaches either). A failure carries the
-attempt's output tail (``output.stdout`` / ``output.stderr``: ``text``,
-``dropped_bytes``), as its attempt record keeps it; a ping to ``/fail`` has
-it as its body.
+Each event goes to the hook that names it
+(:data:`pgcrond.core.hooks.HOOK_OF_EVENT`) and, for a start, a success and a
+final failure, to the job's ``ping:``. It is sent by the replica that recorded
+what it tells, once per event across the cluster: the winner of an attempt says
+its start; the replica whose finalize landed says its success or final failure
+(a fenced owner records nothing, so a takeover is never told twice); the claim
+that recorded a tick MISSED says so, and so does the replica that recorded one
+found after the fact (at its start, after an outage:
+:mod:`pgcrond.daemon.accounting`); in advisory mode, which records nothing,
+each replica that gave a tick up says so. Sent in the background, bounded (a timeout
+per attempt, a few retries on a connect error, 5xx or 429), never awaited by
+the fire, so a slow receiver cannot hold up the next tick; a replica killed
+between recording and sending sends nothing (at most once). The webhook gets
+the event as JSON; the command gets it on stdin and as ``PGCRON_*`` variables,
+in an environment stripped of the daemon's secrets (the DSN never reaches
+either). A success and a failure carry the attempt's output tail
+(``output.stdout`` / ``output.stderr``: ``text``, ``dropped_bytes``), as its
+attempt record keeps it; a ping to ``/fail`` has it as its body.
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from pgcrond.core.box import Box
 from pgcrond.core.hooks import HOOK_OF_EVENT, PING_OF_EVENT, Hook, HookEvent
 from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
-from pgcrond.daemon.observed import Attempt, current
+from pgcrond.daemon.observed import current
 from pgcrond.events import FireEvents
-from pgcrond.guard.base import Held, Outcome
+from pgcrond.guard.base import Held
 from pgcrond.run.environment import job_environ
 
 log = structlog.get_logger("pgcrond.daemon.hooks")
@@ -228,14 +231,28 @@ def held_facts(held: Held) -> dict[str, Any]:
     }
 
 
-def attempt_facts(attempt: Attempt) -> dict[str, Any]:
-    """What an observed attempt tells: its tick and, once ended, its outcome and duration."""
-    facts = held_facts(attempt.held)
-    if attempt.outcome is not None:
-        facts["outcome"] = attempt.outcome
-    if attempt.duration_s is not None:
-        facts["duration_s"] = round(attempt.duration_s, 3)
-    return facts
+def result_facts(held: Held, result: RunResult) -> dict[str, Any]:
+    """What an ended attempt tells: its tick, how it ended, and its output tail."""
+    return {
+        **held_facts(held),
+        "outcome": result.outcome,
+        "error": result.error,
+        "exit_code": result.exit_code,
+        "duration_s": round(result.duration_s, 3),
+        # The attempt's output tail, as its record keeps it (redacted,
+        # bounded, shown safely): what a person needs to see why.
+        "output": result.output.as_json(),
+    }
+
+
+def missed_facts(identity: Identity, cause: str) -> dict[str, Any]:
+    """A tick recorded MISSED: which one, and why (late, coalesced, no_replica, …)."""
+    return {
+        "run_key": identity.run_key,
+        "idempotency_key": identity.idempotency_key,
+        "outcome": "missed",
+        "error": cause,
+    }
 
 
 def ping_text(result: RunResult) -> str:
@@ -261,43 +278,32 @@ class HookEvents(FireEvents):
             facts = {**held_facts(attempt.held), "lateness_s": round(lateness_s, 3)}
             self.hooks.send(job, "run_started", facts)
 
-    def recorded(self, job: JobConfig, kind: Outcome, final: bool) -> None:
-        attempt = current(job)
-        if kind != "success" or attempt is None:
-            return
-        facts = attempt_facts(attempt)
+    def succeeded(self, job: JobConfig, held: Held, result: RunResult) -> None:
+        facts = result_facts(held, result)
         self.hooks.send(job, "run_succeeded", facts)
         if job.on_recovery is not None and self._failure_streak is not None and job.guard_remembers:
-            self.hooks.spawn(
-                self._recovery(job, attempt.held.identity, facts), f"on_recovery:{job.code}"
-            )
+            self.hooks.spawn(self._recovery(job, held.identity, facts), f"on_recovery:{job.code}")
 
     def failed_for_good(self, job: JobConfig, held: Held, result: RunResult) -> None:
-        facts = {
-            **held_facts(held),
-            "outcome": result.outcome,
-            "error": result.error,
-            "exit_code": result.exit_code,
-            "duration_s": round(result.duration_s, 3),
-            # The attempt's output tail, as its record keeps it (redacted,
-            # bounded, shown safely): what a person needs to see why.
-            "output": result.output.as_json(),
-        }
-        self.hooks.send(job, "run_failed", facts, body=ping_text(result))
+        self.hooks.send(job, "run_failed", result_facts(held, result), body=ping_text(result))
 
     def missed(
         self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
     ) -> None:
         # Only the claim that stored the miss tells it: every other replica's
-        # claim is answered with the row it wrote, and says nothing.
-        if recorded:
-            facts = {
-                "run_key": identity.run_key,
-                "idempotency_key": identity.idempotency_key,
-                "outcome": "missed",
-                "error": cause,
-            }
-            self.hooks.send(job, "tick_missed", facts)
+        # claim is answered with the row it wrote, and says nothing. (A miss
+        # this replica's clock saw first is told once stored: missed_found.)
+        # Advisory mode stores nothing: each replica that gave the tick up
+        # tells it, as it alone cannot know whether another replica ran it.
+        if recorded or not job.guard_remembers:
+            self.hooks.send(job, "tick_missed", missed_facts(identity, cause))
+
+    def missed_found(
+        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, why: str
+    ) -> None:
+        # Stored by this replica alone (a write that found the row there already
+        # returns nothing): told once across the cluster as well.
+        self.hooks.send(job, "tick_missed", {**missed_facts(identity, cause), "detail": why})
 
     async def _recovery(self, job: JobConfig, identity: Identity, facts: dict[str, Any]) -> None:
         assert self._failure_streak is not None

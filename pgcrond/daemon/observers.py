@@ -80,6 +80,16 @@ class Watched(FanOut):
         if job.observed:
             super().fired(job)
 
+    def first_start(
+        self, job: JobConfig, identity: Identity, tick: datetime, preferred: bool
+    ) -> None:
+        if job.observed:
+            super().first_start(job, identity, tick, preferred)
+
+    def claim_sent(self, job: JobConfig, identity: Identity) -> None:
+        if job.observed:
+            super().claim_sent(job, identity)
+
     def claim_won(self, job: JobConfig, held: Held) -> None:
         if job.observed:
             super().claim_won(job, held)
@@ -117,6 +127,24 @@ class Watched(FanOut):
     def failed_for_good(self, job: JobConfig, held: Held, result: RunResult) -> None:
         if job.observed:
             super().failed_for_good(job, held, result)
+
+    def succeeded(self, job: JobConfig, held: Held, result: RunResult) -> None:
+        if job.observed:
+            super().succeeded(job, held, result)
+
+    def unrecorded(self, job: JobConfig, held: Held, reason: str) -> None:
+        if job.observed:
+            super().unrecorded(job, held, reason)
+
+    def missed_found(
+        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, why: str
+    ) -> None:
+        if job.observed:
+            super().missed_found(job, identity, tick, cause, why)
+
+    def fire_done(self, job: JobConfig, identity: Identity, outcome: str) -> None:
+        if job.observed:
+            super().fire_done(job, identity, outcome)
 
     def database(self, operation: str, ok: bool) -> None:
         """No observer counts database calls (the metrics do)."""

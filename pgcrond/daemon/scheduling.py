@@ -24,7 +24,7 @@ from apscheduler.triggers.base import BaseTrigger
 
 from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.keys import Identity
-from pgcrond.core.schedule import OnceSchedule, Schedule
+from pgcrond.core.schedule import OnceSchedule, Schedule, skip_reason
 from pgcrond.core.wheel import wheel
 from pgcrond.fire import Fire
 from pgcrond.tickplan import CLAIM_AHEAD_MAX, Wave, plan_tick
@@ -36,7 +36,9 @@ FireTick = Callable[[list[Fire]], None]
 class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
     """An APScheduler trigger over our own schedule (cron(8) semantics, DST rule).
 
-    Its times are the ticks less ``CLAIM_AHEAD_MAX`` (see the module docstring):
+    Its times are the ticks less ``CLAIM_AHEAD_MAX`` (see the module docstring),
+    those on a calendar's day included: such a tick is fired too, to be
+    recorded SKIPPED/``calendar:<name>`` once for the cluster, never run.
     APScheduler's times never leave this module. APScheduler 3's crontab
     parser reads day-of-week 0 as Monday and ANDs the day fields, so it is
     never used.
@@ -49,8 +51,8 @@ class ScheduleTrigger(BaseTrigger):  # type: ignore[misc]
         self, previous_fire_time: datetime | None, now: datetime
     ) -> datetime | None:
         after = now if previous_fire_time is None else previous_fire_time + CLAIM_AHEAD_MAX
-        tick = self.schedule.next_after(after)
-        return None if tick is None else tick - CLAIM_AHEAD_MAX
+        found = self.schedule.occasion_after(after)
+        return None if found is None else found.tick - CLAIM_AHEAD_MAX
 
     def __str__(self) -> str:
         return self.schedule.describe()
@@ -178,8 +180,12 @@ class Scheduling:
             return
         self._handed_on[key] = tick
         jobs = self._config().jobs
-        following = jobs[codes[0]].schedule.next_after(tick)
-        waves = plan_tick((jobs[code] for code in codes), tick, following)
+        schedule = jobs[codes[0]].schedule
+        # The next tick that runs: one on a calendar's day supersedes none.
+        following = schedule.next_after(tick)
+        waves = plan_tick(
+            (jobs[code] for code in codes), tick, following, skip_reason(schedule, tick)
+        )
         leading = self._leading.setdefault(key, deque())
         leading.append(tick)
         now = datetime.now(UTC)

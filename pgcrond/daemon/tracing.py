@@ -5,13 +5,15 @@ Imported only with the ``otel`` extra and an exporter asked for
 loads none of it. The tree of one attempt, on the replica that ran it::
 
     pgcrond.attempt   job, run key, attempt, replica, outcome, lateness
-    ├── claim         from the fire (or the previous attempt's record) to the win
+    ├── claim         from the claim that won going out to the win
     ├── run           from the win to the run's end; the job's TRACEPARENT names it
     └── record        from the run's end to its outcome stored
 
 The run span's W3C context is handed to the job (``TRACEPARENT``, and the
 ``traceparent`` header of an ``http:`` job) before it starts, so that its
-own spans are children of the run span. Spans go through the SDK's batch
+own spans are children of the run span. An attempt this replica records
+nothing of (fenced: another replica took the tick over; its lease lost) ends
+there, its status an error that says why. Spans go through the SDK's batch
 processor to the OTLP exporter the ``OTEL_*`` variables configure.
 """
 
@@ -31,6 +33,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from pgcrond import __version__
 from pgcrond.config.models import JobConfig
+from pgcrond.core.keys import Identity
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held, Outcome
 from pgcrond.run.context import TRACEPARENT
@@ -49,8 +52,7 @@ class _Spans:
     record: Span | None = None
 
 
-# The fire's own task: when its current claim began, and the attempt's spans.
-_claim_began: ContextVar[int | None] = ContextVar("pgcrond_claim_began", default=None)
+# The fire's own task: the attempt's spans.
 _spans: ContextVar[_Spans | None] = ContextVar("pgcrond_spans", default=None)
 
 
@@ -71,14 +73,19 @@ class Tracing(FireEvents):
     def __init__(self, provider: trace.TracerProvider, replica: str) -> None:
         self.tracer = provider.get_tracer("pgcrond", __version__)
         self.replica = replica
+        # When each identity's last claim went out (a tick's claims go
+        # together, from one task), until the claim is won or the fire ends.
+        self._claims: dict[Identity, int] = {}
 
-    def fired(self, job: JobConfig) -> None:
-        _claim_began.set(time.time_ns())
+    def claim_sent(self, job: JobConfig, identity: Identity) -> None:
+        self._claims[identity] = time.time_ns()
+
+    def fire_done(self, job: JobConfig, identity: Identity, outcome: str) -> None:
+        self._claims.pop(identity, None)
 
     def claim_won(self, job: JobConfig, held: Held) -> None:
         now = time.time_ns()
-        began = _claim_began.get() or now
-        _end(_spans.get(), "abandoned", now)  # an attempt whose record never came (fenced)
+        began = self._claims.pop(held.identity, now)
         attempt = self.tracer.start_span(
             "pgcrond.attempt",
             start_time=began,
@@ -124,8 +131,9 @@ class Tracing(FireEvents):
         now = time.time_ns()
         spans.attempt.set_attribute("pgcrond.final", final)
         _end(spans, kind, now)
-        # A retry's claim begins here, on this task.
-        _claim_began.set(now)
+
+    def unrecorded(self, job: JobConfig, held: Held, reason: str) -> None:
+        _end(_current(job), reason, time.time_ns())
 
 
 def _current(job: JobConfig) -> _Spans | None:
@@ -138,6 +146,8 @@ def _end(spans: _Spans | None, outcome: str, now: int) -> None:
         return
     _spans.set(None)
     TRACEPARENT.set(None)
+    if spans.run.is_recording():
+        spans.run.end(end_time=now)  # a run that never started (its executor failed first)
     if spans.record is not None:
         spans.record.end(end_time=now)
     spans.attempt.set_attribute("pgcrond.outcome", outcome)

@@ -62,6 +62,10 @@ class AdvisoryGuard(Guard):
 
     async def claim(self, request: ClaimRequest) -> Held | Refused:
         identity = request.identity
+        if request.skip_reason is not None:
+            # No table to record it in: each replica refuses it alike, and
+            # says so in its log and metrics. No lock is taken.
+            return Refused(identity, "skipped", cause=request.skip_reason)
         if request.suspended is not None and identity.pausable:
             # No table to record the skip in; `pgcrond pause` needs guard: lease.
             return Refused(identity, "paused", detail=request.suspended)

@@ -97,6 +97,10 @@ RefusalReason = Literal[
     # The job is paused (`pgcrond pause`) or suspended (YAML): a guard that
     # keeps history records the tick SKIPPED; detail says who, when, why.
     "paused",
+    # The fire carried a reason not to run the tick (``skip_reason``: a
+    # calendar's day): a guard that keeps history records it SKIPPED with
+    # that reason (cause says it), once for the cluster.
+    "skipped",
 ]
 # What recording an outcome came to.
 Recorded = Literal["done", "retry", "fenced"]
@@ -142,6 +146,10 @@ class ClaimRequest:
     # suspended: true in the YAML (the text says where): refused "paused" like
     # a pause in the database. Manual run keys are never paused.
     suspended: str | None = None
+    # Why the tick is not to run at all (``calendar:<name>``): refused
+    # "skipped", before any pause, at any lateness (a tick that never runs is
+    # never missed). Manual run keys never carry one.
+    skip_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,7 @@ class LeaseGuard(Guard):
             request.deadline,
             request.superseded_at,
             request.suspended,
+            request.skip_reason,
         )
 
     def _bound(self, request: ClaimRequest) -> float:

@@ -73,6 +73,14 @@ class MemoryGuard(Guard):
             return scripted
         now = self.clock()
         identity = request.identity
+        if request.skip_reason is not None:
+            # As the claim statement does: recorded once, before any pause, at
+            # any lateness; a tick that has a row already is answered with it.
+            row = self.rows.get(identity)
+            if row is not None:
+                return Refused(identity, "done", row.status, attempt=row.attempt)
+            self.rows[identity] = Row("SKIPPED", 0, 0, now, reason=request.skip_reason)
+            return Refused(identity, "skipped", "SKIPPED", attempt=0, cause=request.skip_reason)
         if request.suspended is not None and identity.pausable:
             return Refused(identity, "paused", detail=request.suspended)
         if identity.type == "SCHEDULE" and now < request.tick:

@@ -147,6 +147,7 @@ def plan_rows(plans: list[JobPlan]) -> list[dict[str, object]]:
                     "action": {
                         "run": "run (catch-up)",
                         "missed": "record MISSED",
+                        "skipped": "record SKIPPED",
                         "due": "run (within misfire_grace)",
                     }[item.action],
                     "reason": item.reason,
@@ -227,10 +228,21 @@ def _print_plan(plans: list[JobPlan], mood: str) -> None:
         report.table(
             ["JOB", "TICK", "ACTION", "WHY"],
             [
-                [str(r["job"]), str(r["run_key"]), str(r["action"]), str(r["why"] or report.NONE)]
+                [
+                    str(r["job"]),
+                    str(r["run_key"]),
+                    str(r["action"]),
+                    # A calendar's day has no text: its reason (calendar:<name>) says it.
+                    str(r["why"] or r["reason"] or report.NONE),
+                ]
                 for r in rows
             ],
         )
     )
-    runs = sum(r["action"] != "record MISSED" for r in rows)
-    print(f"{len(rows) - runs} ticks {mood} recorded MISSED, {runs} {mood} run".replace("  ", " "))
+    missed = sum(r["action"] == "record MISSED" for r in rows)
+    skipped = sum(r["action"] == "record SKIPPED" for r in rows)
+    runs = len(rows) - missed - skipped
+    on_calendars = f", {skipped} {mood} recorded SKIPPED (a calendar's day)" if skipped else ""
+    print(
+        f"{missed} ticks {mood} recorded MISSED{on_calendars}, {runs} {mood} run".replace("  ", " ")
+    )

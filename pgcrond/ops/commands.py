@@ -205,7 +205,11 @@ async def _add_ticks(
         row, job = by_code[entry["job"]], config.jobs[entry["job"]]
         pause = jobstate.pause_of(pauses, job.code)
         entry.update(
-            last_tick={"run_key": row["last_tick"], "status": row["last_tick_status"]},
+            last_tick={
+                "run_key": row["last_tick"],
+                "status": row["last_tick_status"],
+                "reason": row["last_tick_reason"],
+            },
             last_success={"run_key": row["last_success_run_key"], "at": row["last_success_at"]},
             last_failure={"run_key": row["last_failure_run_key"], "at": row["last_failure_at"]},
             misses_24h=row["recent_misses"],
@@ -225,8 +229,10 @@ def _tick_cells(entry: dict[str, Any]) -> list[str]:
             else f"{'all, ' if paused['code'] == '*' else ''}by {paused['by']}"
             + (f": {paused['reason']}" if paused["reason"] else "")
         )
+    # A tick that did not run says why (SKIPPED/calendar:holidays, MISSED/late).
+    why = f"/{tick['reason']}" if tick["status"] in ("SKIPPED", "MISSED") else ""
     return [
-        f"{tick['run_key']} {tick['status']}" if tick["run_key"] else report.NONE,
+        f"{tick['run_key']} {tick['status']}{why}" if tick["run_key"] else report.NONE,
         report.when(ok["at"]) if ok["at"] else report.NONE,
         report.when(bad["at"]) if bad["at"] else report.NONE,
         str(entry["misses_24h"]),

@@ -1,7 +1,8 @@
 """`pgcrond check`, `next` and `calendars`: look at a config without a database.
 
-`next` walks ``schedule.next_after`` exactly as the daemon does, so the times
-it prints are the ticks the daemon will fire, DST included.
+`next` walks ``schedule.occasion_after`` exactly as the daemon does, so the
+times it prints are the ticks the daemon will fire, DST included, and those
+on a calendar's day marked SKIPPED as their claims will record them.
 """
 
 from __future__ import annotations

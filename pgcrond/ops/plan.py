@@ -143,6 +143,9 @@ def _job_lines(job: JobChange) -> list[str]:
         lines.append(f"    fires appearing:    {', '.join(job.fires_appearing)}")
     if job.fires_disappearing:
         lines.append(f"    fires disappearing: {', '.join(job.fires_disappearing)}")
+    if job.fires_skipped:
+        skipped = ", ".join(f"{fire} ({why})" for fire, why in job.fires_skipped.items())
+        lines.append(f"    recorded SKIPPED:   {skipped}")
     return lines
 
 

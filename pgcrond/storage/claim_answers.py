@@ -41,6 +41,7 @@ class PendingClaim:
     late_after: datetime | None = None
     superseded_at: datetime | None = None
     suspended: str | None = None
+    skip_reason: str | None = None
 
     def outcome(
         self, row: dict[str, Any] | None, sent_at: float, received_at: float
@@ -49,6 +50,10 @@ class PendingClaim:
             # The conflicting row was inserted by a claim that committed after
             # this statement's snapshot: a live lease, just granted.
             return NotAcquired(self.identity, "held", "RUNNING", None, self.timing.lease)
+        if self.skip_reason is not None and row["id"] is not None and not row["claimed"]:
+            # The tick has a row already: skipped by another replica, or begun
+            # by one whose config runs it, which follows it (not this one).
+            return NotAcquired(self.identity, "done", row["status"], row["owner"], None)
         won = row["claimed"] or row["owner_token"] == self.token  # an earlier try committed
         if won and row["status"] == "RUNNING":
             return Acquired(
@@ -66,6 +71,14 @@ class PendingClaim:
                 db_now=row["db_now"],
             )
         return _refusal(self.identity, row)
+
+
+# What a SKIPPED row that a claim recorded says, by its reason; any other is a fire's skip_reason.
+_SKIPS: dict[str, NotAcquiredReason] = {
+    "overlap": "overlap",
+    "paused": "paused",
+    "suspended": "paused",
+}
 
 
 def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
@@ -89,8 +102,17 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
         # A replaced tick whose owner died, closed by this claim: settled.
         return NotAcquired(identity, "done", status, owner, attempt=attempt, detail=row["detail"])
     if status == "SKIPPED" and row["claimed"]:
-        reason: NotAcquiredReason = "overlap" if row["reason"] == "overlap" else "paused"
-        return NotAcquired(identity, reason, status, owner, attempt=attempt, detail=row["detail"])
+        # The reason this claim recorded: overlap, a pause, or the fire's own (calendar:<name>).
+        reason = _SKIPS.get(row["reason"], "skipped")
+        return NotAcquired(
+            identity,
+            reason,
+            status,
+            owner,
+            attempt=attempt,
+            detail=row["detail"],
+            cause=row["reason"],
+        )
     paused: str | None = row["paused"]
     if row["locked"]:
         # Another transaction holds the row (an sql: job's, while it runs; a

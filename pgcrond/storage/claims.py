@@ -28,6 +28,7 @@ NotAcquiredReason = Literal[
     "late",
     "coalesced",
     "paused",
+    "skipped",
 ]
 
 

@@ -117,6 +117,7 @@ class LeaseStore:
         late_after: datetime | None = None,
         superseded_at: datetime | None = None,
         suspended: str | None = None,
+        skip_reason: str | None = None,
     ) -> Acquired | NotAcquired:
         """Claim ``identity`` in one round trip; never takes a SUCCESS or live RUNNING row.
 
@@ -136,6 +137,10 @@ class LeaseStore:
         A tick of a paused job (``pgcrond pause``), or of a ``suspended`` one
         (the text says where it is suspended), is recorded SKIPPED and refused
         ``paused``; a manual run key (not a tick's) is never paused.
+        A tick with a ``skip_reason`` (``calendar:<name>``) is recorded
+        SKIPPED with it, before any pause and at any lateness (never MISSED),
+        and refused ``skipped``; one that has a row already is refused
+        ``done`` (a replica whose config runs it follows it, not this one).
         """
         request = PendingClaim(
             identity,
@@ -146,6 +151,7 @@ class LeaseStore:
             late_after,
             superseded_at,
             suspended,
+            skip_reason,
         )
         return (await self.claim_many([request]))[0]
 
@@ -201,6 +207,7 @@ class LeaseStore:
                 "superseded_at": [r.superseded_at for r in batch],
                 "pausable": [r.identity.pausable for r in batch],
                 "suspended": [r.suspended if r.identity.pausable else None for r in batch],
+                "skip_reasons": [r.skip_reason for r in batch],
                 "owner": self.owner,
                 "claim_ahead_ms": self._claim_ahead_ms,
             }

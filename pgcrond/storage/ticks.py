@@ -20,11 +20,14 @@ from pgcrond.storage.leases import LeaseStore, storable
 
 # Why a tick is MISSED, as stored in the row's reason (the CHECK of migration 2).
 MISSED_REASONS = ("no_replica", "database_unavailable", "late")
+# A tick on a day of one of its job's calendars is recorded SKIPPED/calendar:<name>.
+CALENDAR_PREFIX = "calendar:"
 
 
 @dataclass(frozen=True)
 class Miss:
-    """A tick to record MISSED: no replica could run it within its misfire_grace."""
+    """A tick to record without a run: MISSED (no replica could run it within its
+    misfire_grace), or SKIPPED when its reason is ``calendar:<name>`` (a calendar's day)."""
 
     code: str
     tick: datetime
@@ -37,6 +40,10 @@ class Miss:
     @property
     def identity(self) -> Identity:
         return Identity.schedule(self.code, run_key_for(self.tick))
+
+    @property
+    def status(self) -> str:
+        return "SKIPPED" if self.reason.startswith(CALENDAR_PREFIX) else "MISSED"
 
 
 async def database_now(store: LeaseStore) -> datetime:
@@ -94,7 +101,7 @@ async def running_scan(store: LeaseStore, code: str) -> Holder | None:
 
 
 async def record_missed(store: LeaseStore, misses: list[Miss]) -> list[Miss]:
-    """Record ``misses`` MISSED in one statement; the ones that had no row until now.
+    """Record ``misses`` (MISSED, or SKIPPED) in one statement; the ones that had no row until now.
 
     A tick still inside its misfire_grace by the database's clock is not
     recorded (nor returned), whatever the caller's clock said.
@@ -102,7 +109,7 @@ async def record_missed(store: LeaseStore, misses: list[Miss]) -> list[Miss]:
     if not misses:
         return []
     for miss in misses:
-        if miss.reason not in MISSED_REASONS:
+        if miss.status == "MISSED" and miss.reason not in MISSED_REASONS:
             raise ValueError(f"not a reason for MISSED: {miss.reason!r}")
     rows = await store.db.fetchall(
         store.queries.get("record_missed"),
@@ -112,8 +119,10 @@ async def record_missed(store: LeaseStore, misses: list[Miss]) -> list[Miss]:
             "run_keys": [m.identity.run_key for m in misses],
             "fire_times": [m.tick for m in misses],
             "grace_ms": [to_ms(m.grace) for m in misses],
+            "statuses": [m.status for m in misses],
             "reasons": [m.reason for m in misses],
-            "errors": [storable(m.why) for m in misses],
+            # A calendar's day has no text: its reason says it, as its claim records it.
+            "errors": [storable(m.why) if m.why else None for m in misses],
             "owner": store.owner,
         },
     )

@@ -25,6 +25,7 @@ from pgcrond.core.schedule.forms import (
     calendars_of,
     day_end,
     from_definition,
+    skip_reason,
     window_of,
     written,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "local_to_instant",
     "manual_run_key",
     "run_key_for",
+    "skip_reason",
     "tick_of",
     "window_of",
     "written",

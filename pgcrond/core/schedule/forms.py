@@ -2,9 +2,10 @@
 
 A job's schedule is one base form (a cron expression or a list of them, an
 interval, one instant, run-once), optionally inside :class:`Between` (no tick
-outside a window) and :class:`Skipping` (no tick on a calendar's day). Each
-answers the daemon's one question, "the next tick after t", so a form flows
-through the daemon's timers unchanged.
+outside a window) and :class:`Skipping` (no tick runs on a calendar's day).
+Each answers the daemon's one question, "the next tick after t" (its
+occasion, marked when a calendar skips it), so a form flows through the
+daemon's timers unchanged.
 """
 
 from __future__ import annotations
@@ -175,11 +176,12 @@ class Between:
 
 @dataclass(frozen=True)
 class Skipping:
-    """No tick on a calendar's day (the day in ``zone``): ``skip_on: [holidays]``.
+    """No tick runs on a calendar's day (the day in ``zone``): ``skip_on: [holidays]``.
 
-    :meth:`next_after` answers the ticks that run, so the daemon never fires
-    one on a calendar's day; :meth:`occasion_after` also answers those, marked
-    with the calendar (what `pgcrond next` shows).
+    :meth:`next_after` answers the ticks that run; :meth:`occasion_after` also
+    answers those on a calendar's day, marked with the calendar: the daemon
+    fires those too, and each is recorded SKIPPED/``calendar:<name>``
+    (:func:`skip_reason`), never run.
     """
 
     inner: Schedule
@@ -228,6 +230,12 @@ def window_of(schedule: Schedule) -> tuple[datetime | None, datetime | None]:
             return schedule.start, schedule.end
         schedule = schedule.inner
     return None, None
+
+
+def skip_reason(schedule: Schedule, tick: datetime) -> str | None:
+    """Why a tick of ``schedule`` is not run: ``calendar:<name>`` on a calendar's day, else None."""
+    calendar = schedule.calendar_of(tick) if isinstance(schedule, Skipping) else None
+    return None if calendar is None else f"calendar:{calendar.name}"
 
 
 def calendars_of(schedule: Schedule) -> tuple[Calendar, ...]:

@@ -54,6 +54,10 @@ ON CONFLICT (code) DO UPDATE SET code = EXCLUDED.code WHERE false
 -- SKIPPED with who, when and why, and its retries and takeovers refused
 -- (paused says so); a run-once job is refused without a row (PAUSED), so it
 -- runs once resumed. Pause is read here, in the claim's own round trip.
+-- A tick sent with a skip_reason (calendar:<name>: the job's calendar holds
+-- its day) is recorded SKIPPED with that reason, before any pause and at any
+-- lateness (it never runs, so it is never MISSED), judged at the tick like a
+-- pause; a row the tick has already is answered, never touched.
 WITH request AS (
     SELECT *
     FROM unnest(
@@ -61,9 +65,10 @@ WITH request AS (
         %(owner_tokens)b::uuid[], %(lease_ms)b::bigint[], %(overlap_policies)b::text[],
         %(overlap_limits)b::integer[], %(fire_times)b::timestamptz[],
         %(late_after)b::timestamptz[], %(superseded_at)b::timestamptz[],
-        %(pausable)b::boolean[], %(suspended)b::text[]
+        %(pausable)b::boolean[], %(suspended)b::text[], %(skip_reasons)b::text[]
     ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, overlap_policy,
-            overlap_limit, fire_time, late_after, superseded_at, pausable, suspended)
+            overlap_limit, fire_time, late_after, superseded_at, pausable, suspended,
+            skip_reason)
 ), mine AS MATERIALIZED (
     -- The existing rows, locked without waiting: a row another transaction
     -- holds (an sql: job's own, while its statements run) is refused as held
@@ -74,7 +79,7 @@ WITH request AS (
     FOR UPDATE OF e SKIP LOCKED
 ), due AS (
     SELECT r.*,
-           r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
+           r.skip_reason IS NULL AND r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
              AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after)
              AND clock_timestamp() >= r.superseded_at AS coalesced
     FROM request r
@@ -107,14 +112,16 @@ WITH request AS (
       AS stopping,
     (r.fire_time IS NULL
        OR r.fire_time <= clock_timestamp() + %(claim_ahead_ms)s * interval '1 millisecond')
-      AND (r.late_after IS NULL OR clock_timestamp() <= r.late_after)
+      AND (r.skip_reason IS NOT NULL OR r.late_after IS NULL OR clock_timestamp() <= r.late_after)
       AND r.coalesced IS NOT TRUE AS due_now,
-    r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
+    r.skip_reason IS NULL AND r.type = 'SCHEDULE' AND r.fire_time <= clock_timestamp()
       AND (clock_timestamp() > r.late_after OR r.coalesced IS TRUE) AS missed,
     r.fire_time IS NOT NULL AND r.fire_time > clock_timestamp() AS early,
-    CASE WHEN r.suspended IS NOT NULL THEN 'suspended'
+    CASE WHEN r.skip_reason IS NOT NULL THEN r.skip_reason
+         WHEN r.suspended IS NOT NULL THEN 'suspended'
          WHEN p.code IS NOT NULL THEN 'paused' END AS pause_reason,
-    CASE WHEN r.suspended IS NOT NULL THEN r.suspended
+    CASE WHEN r.skip_reason IS NOT NULL THEN NULL
+         WHEN r.suspended IS NOT NULL THEN r.suspended
          WHEN p.code IS NOT NULL THEN
              'paused by ' || p.paused_by || ' at '
              || to_char(p.paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
@@ -188,8 +195,10 @@ WITH request AS (
                 WHEN c.waits THEN 'FAIL'
                 WHEN c.busy OR c.behind THEN 'SKIPPED'
                 ELSE 'RUNNING' END,
-           -- A waiting tick has made no attempt yet: its start counts the first.
-           c.owner_token, %(owner)s, CASE WHEN c.missed OR c.waits THEN 0 ELSE 1 END,
+           -- No attempt was made of a missed or skipped (calendar) tick; a
+           -- waiting tick has made none yet: its start counts the first.
+           c.owner_token, %(owner)s,
+           CASE WHEN c.missed OR c.skip_reason IS NOT NULL OR c.waits THEN 0 ELSE 1 END,
            nextval({fencing_seq_name}), c.lease_ms,
            clock_timestamp(),
            -- A MISSED row was never acquired: it sorts at its tick. An early
@@ -705,7 +714,8 @@ LEFT JOIN LATERAL (
 ) newest ON true
 
 -- name: record_missed
--- Record ticks MISSED, each with its reason and why; a tick that has a row
+-- Record ticks MISSED (or SKIPPED: a calendar's day), each with its status,
+-- reason and why; a tick that has a row
 -- (it ran, runs, or was recorded already) is left alone, so any replica may
 -- record the same tick and the first record stands. Only a tick whose misfire
 -- deadline (tick + %(grace_ms)b) is past by the database's clock: a replica
@@ -717,14 +727,14 @@ INSERT INTO {table} (
     lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
     lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, reason, error
 )
-SELECT m.lock_key, 'SCHEDULE', m.code, m.run_key, 'MISSED', gen_random_uuid(), %(owner)s, 0,
+SELECT m.lock_key, 'SCHEDULE', m.code, m.run_key, m.status, gen_random_uuid(), %(owner)s, 0,
        nextval({fencing_seq_name}), 1000, clock_timestamp(), m.fire_time, clock_timestamp(),
        clock_timestamp(), clock_timestamp(), m.reason, left(m.error, 4000)
 FROM unnest(
     %(lock_keys)b::text[], %(codes)b::text[], %(run_keys)b::text[],
-    %(fire_times)b::timestamptz[], %(grace_ms)b::bigint[], %(reasons)b::text[],
-    %(errors)b::text[]
-) AS m (lock_key, code, run_key, fire_time, grace_ms, reason, error)
+    %(fire_times)b::timestamptz[], %(grace_ms)b::bigint[], %(statuses)b::text[],
+    %(reasons)b::text[], %(errors)b::text[]
+) AS m (lock_key, code, run_key, fire_time, grace_ms, status, reason, error)
 WHERE m.fire_time + m.grace_ms * interval '1 millisecond' < clock_timestamp()
 ORDER BY m.lock_key
 ON CONFLICT (lock_key) DO NOTHING
@@ -751,6 +761,7 @@ WITH jobs AS (
 )
 SELECT jobs.code,
        tick.run_key AS last_tick, tick.status AS last_tick_status,
+       tick.reason AS last_tick_reason,
        ok.finished_at AS last_success_at, ok.run_key AS last_success_run_key,
        bad.finished_at AS last_failure_at, bad.run_key AS last_failure_run_key,
        (SELECT count(*) FROM {table} f
@@ -762,7 +773,7 @@ SELECT jobs.code,
        ) AS recent_misses
 FROM jobs
 LEFT JOIN LATERAL (
-    SELECT t.run_key, t.status FROM {table} t
+    SELECT t.run_key, t.status, t.reason FROM {table} t
     WHERE t.code = jobs.code AND t.type = 'SCHEDULE' AND t.run_key NOT LIKE 'manual:%%'
     ORDER BY t.acquired_at DESC, t.id DESC LIMIT 1
 ) tick ON true

@@ -26,7 +26,7 @@ CREATE TABLE pgcrond.leases (
     error text,
     key_code text,
     CONSTRAINT leases_lease_ms_check CHECK ((lease_ms > 2)),
-    CONSTRAINT leases_reason_by_status CHECK ((((status <> 'SKIPPED'::text) OR (reason = ANY (ARRAY['overlap'::text, 'paused'::text, 'suspended'::text, 'renamed'::text, 'replaced'::text]))) AND ((status <> 'MISSED'::text) OR (reason = ANY (ARRAY['no_replica'::text, 'database_unavailable'::text, 'late'::text, 'coalesced'::text]))))),
+    CONSTRAINT leases_reason_by_status CHECK ((((status <> 'SKIPPED'::text) OR (reason = ANY (ARRAY['overlap'::text, 'paused'::text, 'suspended'::text, 'renamed'::text, 'replaced'::text])) OR (reason ~~ 'calendar:_%'::text)) AND ((status <> 'MISSED'::text) OR (reason = ANY (ARRAY['no_replica'::text, 'database_unavailable'::text, 'late'::text, 'coalesced'::text]))))),
     CONSTRAINT leases_run_key_by_type CHECK (((type = 'INITIAL'::text) = (run_key IS NULL))),
     CONSTRAINT leases_status_check CHECK ((status = ANY (ARRAY['RUNNING'::text, 'SUCCESS'::text, 'FAIL'::text, 'SKIPPED'::text, 'MISSED'::text]))),
     CONSTRAINT leases_type_check CHECK ((type = ANY (ARRAY['SCHEDULE'::text, 'INITIAL'::text])))

@@ -7,7 +7,8 @@
 -- job's waiting tick without walking its history.
 ALTER TABLE {table} DROP CONSTRAINT {reason_check};
 ALTER TABLE {table} ADD CONSTRAINT {reason_check} CHECK (
-    (status <> 'SKIPPED' OR reason IN ('overlap', 'paused', 'suspended', 'renamed', 'replaced'))
+    (status <> 'SKIPPED' OR reason IN ('overlap', 'paused', 'suspended', 'renamed', 'replaced')
+        OR reason LIKE 'calendar:_%')
     AND (status <> 'MISSED' OR reason IN ('no_replica', 'database_unavailable', 'late', 'coalesced'))
 );
 ALTER TABLE {attempts} DROP CONSTRAINT {attempts_status_check};
