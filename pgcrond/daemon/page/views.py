@@ -51,6 +51,7 @@ ATTEMPT_CLASSES = {
     "timeout": "fail",
     "lost": "fail",
     "released": "skip",
+    "replaced": "skip",
     "running": "run",
 }
 Show = Literal["all", "failing", "paused", "active"]
