@@ -154,6 +154,15 @@ def _add_env(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_concurrency(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--concurrency",
+        metavar="POLICY",
+        help="the overlap policy for this run instead of the job's: forbid, allow, replace, "
+        "buffer_one, or N (allow, at most N at once)",
+    )
+
+
 def _add_logging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-format",
@@ -383,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: manual:<current UTC minute>, so shells triggering at once run it once",
     )
     _add_env(trigger)
+    _add_concurrency(trigger)
     where = trigger.add_mutually_exclusive_group()
     where.add_argument(
         "--no-wait",
@@ -446,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the other)",
     )
     _add_env(backfill)
+    _add_concurrency(backfill)
     backfill.add_argument(
         "--no-wait",
         "--detach",

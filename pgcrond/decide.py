@@ -61,6 +61,10 @@ FOLLOW_MARGIN = timedelta(milliseconds=100)
 # claimed again (at most; a shorter lease, sooner): the run it waits for ends,
 # or its owner's lease lapses, within a lease.
 BLOCKED_RETRY_RECHECK = timedelta(seconds=10)
+# How often a tick that its overlap policy keeps waiting (buffer_one, replace)
+# is claimed again: it starts within this of the running tick's end (or of
+# the replaced run's stop), at one claim a second per waiting tick and replica.
+WAITING_RECHECK = timedelta(seconds=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +185,13 @@ def _overlap(refused: Refused, state: State) -> Step:
     return Step("skip", state.outcome or "skip", cause="overlap")
 
 
+def _waiting(refused: Refused, state: State) -> Step:
+    # Fired in time and written down as waiting: its policy, not a replica,
+    # made it wait, so no misfire bound; whichever follower claims first
+    # once the job's slot is free starts it.
+    return Step("follow", state.outcome, wait=WAITING_RECHECK, started=True)
+
+
 def _skipped(refused: Refused, state: State) -> Step:
     # The fire's own reason (a calendar's day): never run, never missed, however late.
     recorded = refused.status is not None
@@ -217,6 +228,7 @@ ROWS: dict[str, Callable[[Refused, State], Step]] = {
     "paused": _paused,
     "skipped": _skipped,
     "overlap": _overlap,
+    "waiting": _waiting,
     "held": _lost,
     "retry_pending": _lost,
     "done": _lost,

@@ -17,6 +17,8 @@ Besides the table:
 * a replica fires one identity at most once at a time: a second fire of it
   joins the first's outcome;
 * a forbid job's claim waits while a run of it abandoned here still runs.
+* a run stopped because a newer tick replaced it (concurrency: replace) is
+  recorded replaced, which frees the job's slot for that tick.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class Fire:
             self.identity,
             self.tick,
             job.timing,
-            forbid_overlap=job.concurrency == "forbid",
+            overlap=job.overlap,
             deadline=deadline,
             superseded_at=None if started else self.superseded_at,
             suspended=f"suspended: true in {job.source}" if job.suspended else None,
@@ -230,7 +232,7 @@ class Firing:
     async def _claim_chunk(self, guard: Guard, fires: list[Fire]) -> None:
         """First claims of a chunk of a tick's fires, in one call; each answer handed on."""
         resumes = self._resumes
-        alone = [f for f in fires if _forbid(f.job) and leftovers.still_running(f.job.code)]
+        alone = [f for f in fires if f.job.overlap.bounded and leftovers.still_running(f.job.code)]
         for fire in alone:
             # A run of the job abandoned here still runs: claimed once it ended.
             self._spawn_fire(fire, self._carry(fire, counted=True))
@@ -509,7 +511,7 @@ class Firing:
         request = fire.claim_request(started=started, first=first)
         claim: Callable[[], Awaitable[Held | Refused | None]]
         claim = functools.partial(self._send_claim, guard, fire, request)
-        if request.forbid_overlap:
+        if request.overlap.bounded:
             # Asked before every try: a run of the job here may be
             # abandoned while the claim retries through an outage.
             claim = functools.partial(self._claim_alone, job, bound, request.deadline, claim)
@@ -667,7 +669,9 @@ class Firing:
             kind = "success"
         elif result.outcome == "cancelled":
             # Shutdown: give the tick back so that a survivor can take it over.
-            kind = "released"
+            # Replaced (concurrency: replace): record the stop, which frees
+            # the job's slot for the newer tick waiting on it.
+            kind = "replaced" if held.cancellation.reason == "replaced" else "released"
         else:
             kind = "timeout" if result.outcome == "timeout" else "fail"
             if held.attempt <= job.retries and not result.permanent:
@@ -899,10 +903,6 @@ def _bound(fire: Fire) -> structlog.typing.FilteringBoundLogger:
         job=fire.job.code, run_key=fire.identity.run_key
     )
     return bound
-
-
-def _forbid(job: JobConfig) -> bool:
-    return job.concurrency == "forbid"
 
 
 def _describe(exc: BaseException) -> str:

@@ -25,6 +25,7 @@ import structlog
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
+from pgcrond.core.overlap import FORBID
 from pgcrond.core.schedule import CronSchedule, run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.scheduling import ScheduleTrigger, Scheduling
@@ -117,17 +118,17 @@ async def test_an_early_claim_that_would_skip_writes_nothing_and_is_judged_at_th
     running = await ahead.claim(
         Identity.schedule("forbid", run_key_for(now - timedelta(seconds=1))),
         LeaseTiming.build(timedelta(seconds=30), timedelta(0)),
-        forbid_overlap=True,
+        overlap=FORBID,
     )
     assert isinstance(running, Acquired)
     fire_time, identity = a_tick_ahead("forbid", pg_dsn)
-    early = await ahead.claim(identity, TWO_S, forbid_overlap=True, fire_time=fire_time)
+    early = await ahead.claim(identity, TWO_S, overlap=FORBID, fire_time=fire_time)
     assert isinstance(early, NotAcquired) and "not_due" == early.reason
     assert early.wait is not None and early.wait <= EARLY
     assert ["RUNNING"] == [row["status"] for row in rows(pg_dsn, schema, "forbid")]
     # At the tick the earlier run is still going: now the overlap is recorded.
     await asyncio.sleep((fire_time - database_now(pg_dsn)).total_seconds())
-    late = await ahead.claim(identity, TWO_S, forbid_overlap=True, fire_time=fire_time)
+    late = await ahead.claim(identity, TWO_S, overlap=FORBID, fire_time=fire_time)
     assert isinstance(late, NotAcquired) and "overlap" == late.reason
     skipped = [row for row in rows(pg_dsn, schema, "forbid") if row["status"] == "SKIPPED"]
     assert [("overlap", identity.run_key)] == [(r["reason"], r["run_key"]) for r in skipped]

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from pgcrond.core.keys import Identity
+from pgcrond.core.overlap import ALLOW, FORBID
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.guard.advisory import AdvisoryGuard
@@ -30,7 +31,7 @@ def requests(tick: datetime, codes: list[str], *, forbid: bool = False) -> list[
             Identity.schedule(code, run_key_for(tick)),
             tick,
             TIMING,
-            forbid_overlap=forbid,
+            overlap=FORBID if forbid else ALLOW,
             deadline=tick + timedelta(seconds=30),
         )
         for code in codes

@@ -24,6 +24,7 @@ from pgcrond.decide import (
     BLOCKED_RETRY_RECHECK,
     FOLLOW_MARGIN,
     ROWS,
+    WAITING_RECHECK,
     Ran,
     State,
     Step,
@@ -231,6 +232,22 @@ async def test_an_overlap_is_a_skip_and_a_blocked_retry_waits_for_the_newer_run(
     blocked = await claim(scripted(Refused(IDENTITY, "overlap", "FAIL", attempt=1)))
     wait = min(forbid.timing.lease, BLOCKED_RETRY_RECHECK)
     assert Step("follow", wait=wait, started=True) == decide(blocked, State(forbid))
+
+
+async def test_a_tick_its_overlap_policy_keeps_waiting_is_followed_each_second_unbounded(
+    tmp_path: Path,
+) -> None:
+    """buffer_one, or replace while the replaced run stops: no skip, no misfire bound."""
+    for policy in ("buffer_one", "replace"):
+        waits = job(tmp_path, f", concurrency: {policy}")
+        waiting = await claim(scripted(Refused(IDENTITY, "waiting", "FAIL", attempt=0)))
+        assert isinstance(waiting, Refused)
+        expected = Step("follow", wait=WAITING_RECHECK, started=True)
+        assert expected == decide(waiting, State(waits))
+        # A fire that ran the tick already keeps its outcome while it waits.
+        assert Step("follow", "lease_lost", wait=WAITING_RECHECK, started=True) == decide(
+            waiting, State(waits, outcome="lease_lost")
+        )
 
 
 async def test_a_tick_held_elsewhere_is_lost_once_and_followed_past_its_lease(

@@ -17,6 +17,7 @@ from datetime import timedelta
 import psycopg
 
 from pgcrond.core.keys import Identity
+from pgcrond.core.overlap import FORBID
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.fire import CHUNK
 from pgcrond.storage.claim_answers import PendingClaim
@@ -50,7 +51,7 @@ async def waiting_on_locks(dsn: str, count: int, claims: list[asyncio.Task[objec
 async def claim_all(store: LeaseStore, replica: int) -> list[Acquired | NotAcquired]:
     """A replica's tick of ``JOBS`` forbid jobs, claimed a chunk (``CHUNK``) a statement."""
     claims = [
-        PendingClaim(Identity.schedule(f"r{replica}-{n}", TICK), TIMING, uuid.uuid4(), True)
+        PendingClaim(Identity.schedule(f"r{replica}-{n}", TICK), TIMING, uuid.uuid4(), FORBID)
         for n in range(JOBS)
     ]
     chunks = await asyncio.gather(
@@ -98,10 +99,10 @@ async def test_four_replicas_claiming_3000_forbid_jobs_each_at_once_fit_default_
 async def test_forbid_still_refuses_a_tick_while_another_tick_of_the_job_runs(
     store: LeaseStore,
 ) -> None:
-    first = await store.claim(Identity.schedule("nightly", TICK), TIMING, forbid_overlap=True)
+    first = await store.claim(Identity.schedule("nightly", TICK), TIMING, overlap=FORBID)
     assert isinstance(first, Acquired)
     again = await store.claim(
-        Identity.schedule("nightly", "2026-01-01T00:01:00Z"), TIMING, forbid_overlap=True
+        Identity.schedule("nightly", "2026-01-01T00:01:00Z"), TIMING, overlap=FORBID
     )
     assert isinstance(again, NotAcquired) and "overlap" == again.reason
 
@@ -114,9 +115,9 @@ async def test_forbid_claims_of_two_ticks_racing_on_two_replicas_run_one(
         async with open_store(pg_dsn, schema, owner="other", migrate=False) as other:
             code = f"job-{attempt}"
             answers = await asyncio.gather(
-                store.claim(Identity.schedule(code, TICK), TIMING, forbid_overlap=True),
+                store.claim(Identity.schedule(code, TICK), TIMING, overlap=FORBID),
                 other.claim(
-                    Identity.schedule(code, "2026-01-01T00:01:00Z"), TIMING, forbid_overlap=True
+                    Identity.schedule(code, "2026-01-01T00:01:00Z"), TIMING, overlap=FORBID
                 ),
             )
         assert 1 == sum(isinstance(answer, Acquired) for answer in answers)

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from pgcrond.core.keys import Identity
+from pgcrond.core.overlap import FORBID
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.guard.base import ClaimRequest, Held, Refused, Verdict
 from pgcrond.guard.lease import LeaseGuard
@@ -56,8 +57,8 @@ async def test_two_ticks_of_a_forbid_job_in_one_batch_are_decided_in_order(
     _, first = tick_identity("forbid", 1)
     _, second = tick_identity("forbid", 2)
     answers = await asyncio.gather(
-        store.claim(first, TWO_S, forbid_overlap=True),
-        store.claim(second, TWO_S, forbid_overlap=True),
+        store.claim(first, TWO_S, overlap=FORBID),
+        store.claim(second, TWO_S, overlap=FORBID),
     )
     assert isinstance(answers[0], Acquired)
     assert isinstance(answers[1], NotAcquired) and "overlap" == answers[1].reason
@@ -76,12 +77,12 @@ async def test_forbid_is_serialised_across_replicas(
         for n in range(20):
             _, older = tick_identity(f"f{n}", 1)
             _, newer = tick_identity(f"f{n}", 2)
-            won = await store.claim(older, TWO_S, forbid_overlap=True)
+            won = await store.claim(older, TWO_S, overlap=FORBID)
             assert isinstance(won, Acquired)
             assert await store.fail(won, "boom", retry_after=timedelta(0))
             retry, fresh = await asyncio.gather(
-                store.claim(older, TWO_S, forbid_overlap=True),
-                other.claim(newer, TWO_S, forbid_overlap=True),
+                store.claim(older, TWO_S, overlap=FORBID),
+                other.claim(newer, TWO_S, overlap=FORBID),
             )
             both_ran += isinstance(retry, Acquired) and isinstance(fresh, Acquired)
             assert isinstance(retry, Acquired) or isinstance(fresh, Acquired)
@@ -294,12 +295,12 @@ async def test_a_dead_owners_tick_overlapped_by_a_newer_one_is_closed_skipped(
     _, older = tick_identity("closed", 1)
     _, newer = tick_identity("closed", 2)
     short = LeaseTiming.build(timedelta(milliseconds=200), timedelta(0))
-    dead = await store.claim(older, short, forbid_overlap=True)
+    dead = await store.claim(older, short, overlap=FORBID)
     assert isinstance(dead, Acquired)
     await asyncio.sleep(0.3)  # its owner is gone: the lease lapses
-    running = await store.claim(newer, TWO_S, forbid_overlap=True)
+    running = await store.claim(newer, TWO_S, overlap=FORBID)
     assert isinstance(running, Acquired)
-    takeover = await store.claim(older, TWO_S, forbid_overlap=True)
+    takeover = await store.claim(older, TWO_S, overlap=FORBID)
     assert isinstance(takeover, NotAcquired) and "overlap" == takeover.reason
     assert ("SKIPPED", "overlap") == (
         row(pg_dsn, schema, older)["status"],

@@ -157,6 +157,7 @@ def test_trigger_env_reaches_the_job_and_is_recorded_and_shown(
             replica.wait_event("requests_listening", timeout=10)
         env = running.env()
         refused = pgcrond(env, "trigger", "-c", str(path), "report", "--env", "DAYS=3")
+        bad_policy = pgcrond(env, "trigger", "-c", str(path), "report", "--concurrency", "some")
         done = pgcrond(
             env,
             "trigger",
@@ -167,6 +168,8 @@ def test_trigger_env_reaches_the_job_and_is_recorded_and_shown(
             "DAY=2026-11-30",
             "--env",
             f"API_TOKEN={SECRET}",
+            "--concurrency",
+            "2",
         )
         seen = json.loads(out.read_text())
         run_key = seen["run_key"]
@@ -186,6 +189,8 @@ def test_trigger_env_reaches_the_job_and_is_recorded_and_shown(
     assert 2 == refused.returncode
     assert "--env DAYS: job 'report' does not declare it (params: DAY, API_TOKEN)" in refused.stderr
     assert 0 == done.returncode, (done.stdout, done.stderr)
+    assert 2 == bad_policy.returncode
+    assert "--concurrency: 'some' is not one of: forbid, allow" in bad_policy.stderr
     # In the job: the parameters as variables, and why it runs, as a variable and in ctx.
     assert "manual" == seen["trigger"] == seen["env"]["PGCRON_TRIGGER"]
     assert ("2026-11-30", SECRET) == (seen["env"]["DAY"], seen["env"]["API_TOKEN"])

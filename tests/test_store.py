@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from pgcrond.core.keys import Identity
+from pgcrond.core.overlap import FORBID
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import DatabaseUnavailable, LeaseLost, ValidationError
 from pgcrond.storage.claim_answers import PendingClaim
@@ -244,12 +245,12 @@ async def test_forbid_overlap_records_a_skip_while_another_tick_runs(
     first = Identity.schedule("slow", "2026-01-01T00:00:00Z")
     second = Identity.schedule("slow", "2026-01-01T00:01:00Z")
     async with open_store(pg_dsn, schema) as store:
-        running = await store.claim(first, SHORT, forbid_overlap=True)
+        running = await store.claim(first, SHORT, overlap=FORBID)
         assert isinstance(running, Acquired)
-        skipped = await store.claim(second, SHORT, forbid_overlap=True)
+        skipped = await store.claim(second, SHORT, overlap=FORBID)
         assert isinstance(skipped, NotAcquired)
         assert "overlap" == skipped.reason
-        other_replica = await store.claim(second, SHORT, forbid_overlap=True)
+        other_replica = await store.claim(second, SHORT, overlap=FORBID)
         assert isinstance(other_replica, NotAcquired)
         assert "done" == other_replica.reason
         assert "SKIPPED" == other_replica.status
@@ -422,7 +423,7 @@ async def test_a_chunk_of_claims_shares_one_statement_and_keeps_their_own_outcom
             async with store.db.connection() as conn:
                 conn.pgconn.trace(wire.fileno())
             results = await store.claim_many(
-                [PendingClaim(i, SHORT, uuid.uuid4(), False) for i in [done, held, *fresh]]
+                [PendingClaim(i, SHORT, uuid.uuid4(), None) for i in [done, held, *fresh]]
             )
             async with store.db.connection() as conn:
                 conn.pgconn.untrace()
@@ -476,23 +477,23 @@ async def test_forbid_overlap_also_refuses_a_retry_or_takeover_while_another_tic
     second = Identity.schedule("slow", "2026-01-01T00:01:00Z")
     third = Identity.schedule("slow", "2026-01-01T00:02:00Z")
     async with open_store(pg_dsn, schema) as store:
-        failed = await store.claim(first, SHORT, forbid_overlap=True)
+        failed = await store.claim(first, SHORT, overlap=FORBID)
         assert isinstance(failed, Acquired)
         assert await store.fail(failed, "boom")  # reclaimable at once
-        running = await store.claim(second, SHORT, forbid_overlap=True)
+        running = await store.claim(second, SHORT, overlap=FORBID)
         assert isinstance(running, Acquired)
-        retry = await store.claim(first, SHORT, forbid_overlap=True)
+        retry = await store.claim(first, SHORT, overlap=FORBID)
         assert isinstance(retry, NotAcquired)
         assert "overlap" == retry.reason
         stale = await store.claim(third, SHORT)
         assert isinstance(stale, Acquired)
         expire(pg_dsn, schema, stale)
-        takeover = await store.claim(third, SHORT, forbid_overlap=True)
+        takeover = await store.claim(third, SHORT, overlap=FORBID)
         assert isinstance(takeover, NotAcquired)
         assert "overlap" == takeover.reason
         # Once the running tick is done, the retry goes ahead.
         assert await store.complete(running)
-        assert isinstance(await store.claim(first, SHORT, forbid_overlap=True), Acquired)
+        assert isinstance(await store.claim(first, SHORT, overlap=FORBID), Acquired)
 
 
 async def test_a_repeated_finalize_or_claim_whose_answer_was_lost_still_counts(

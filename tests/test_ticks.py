@@ -163,7 +163,7 @@ async def test_a_paused_claim_is_still_one_round_trip(
                 conn.pgconn.trace(wire.fileno())
             answers = await store.claim_many(
                 [
-                    PendingClaim(identity, SHORT, uuid.uuid4(), False, at, late)
+                    PendingClaim(identity, SHORT, uuid.uuid4(), None, at, late)
                     for identity, at, late in claims
                 ]
             )

@@ -44,6 +44,7 @@ _LEFT_OUT_UNSET = frozenset(
         "start_deadline",
         "pause_after_failures",
         "params",
+        "max_concurrent",
     }
 )
 # Values shown only as a digest: they are where tokens and passwords live.

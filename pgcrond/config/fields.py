@@ -17,9 +17,9 @@ from typing import Any, Literal
 from pgcrond.config import converters as c
 from pgcrond.core.box import Cgroups
 from pgcrond.core.keys import KeyHash
+from pgcrond.core.overlap import Concurrency
 
 Guard = Literal["lease", "advisory"]
-Concurrency = Literal["forbid", "allow"]
 CatchUp = Literal["none", "latest", "all"]
 LateTicks = Literal["coalesce", "all"]
 
@@ -382,7 +382,17 @@ JOB = _table(
         "concurrency",
         c.choice(Concurrency),
         "forbid",
-        "forbid: skip a tick while the previous run goes on",
+        "while a tick of the job runs, a new tick: forbid: is skipped; allow: runs too "
+        "(see max_concurrent); replace: stops the running one, then runs; buffer_one: waits "
+        "for it (one waits at most, later ones are skipped); lease guard only but forbid, allow",
+        True,
+    ),
+    Field(
+        "max_concurrent",
+        c.positive_count,
+        None,
+        "with concurrency: allow (implied when not given), at most this many ticks of the "
+        "job run at once across the cluster; a tick beyond is skipped; lease guard only",
         True,
     ),
     Field("env", c.env, MappingProxyType({}), "extra environment variables (text values)", True),

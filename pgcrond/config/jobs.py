@@ -14,7 +14,7 @@ from typing import cast
 from zoneinfo import ZoneInfo
 
 from pgcrond.config.actions import read_action
-from pgcrond.config.fields import JOB, MIN_HISTORY_RETENTION, CatchUp, Concurrency, Guard, LateTicks
+from pgcrond.config.fields import JOB, MIN_HISTORY_RETENTION, CatchUp, Guard, LateTicks
 from pgcrond.config.models import (
     DEFAULT_JOB_LEASE,
     DEFAULT_MIN_HOLD,
@@ -30,6 +30,7 @@ from pgcrond.config.yamlnodes import Located, Section
 from pgcrond.core.durations import format_duration
 from pgcrond.core.hooks import Hook, Ping
 from pgcrond.core.keys import KeyHash
+from pgcrond.core.overlap import Concurrency
 from pgcrond.core.schedule import OnceSchedule
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import ValidationError
@@ -95,6 +96,7 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
             "needs guard: lease (an advisory guard keeps no outcomes to count)",
             job=code,
         )
+    concurrency = read_concurrency(reading, section, own, merged, guard)
     if guard != "advisory":
         for name in ("key_hash", "lock_key"):
             if name in section.values:
@@ -152,7 +154,8 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
         retry_delay=cast(timedelta, merged.get("retry_delay", DEFAULT_RETRY_DELAY)),
         min_hold=cast(timedelta, merged.get("min_hold", DEFAULT_MIN_HOLD)),
         misfire_grace=cast(timedelta, misfire_grace),
-        concurrency=cast(Concurrency, merged.get("concurrency", JOB["concurrency"].default)),
+        concurrency=concurrency,
+        max_concurrent=cast(int | None, merged.get("max_concurrent")),
         env=MappingProxyType(env),
         cwd=cast(Path | None, merged.get("cwd", JOB["cwd"].default)),
         params=params,
@@ -171,6 +174,47 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
         history_retention=cast(timedelta | None, merged.get("history_retention")),
         source=f"{key.file}:{key.line}",
     )
+
+
+def read_concurrency(
+    reading: Reading,
+    section: Section,
+    own: dict[str, object],
+    merged: dict[str, object],
+    guard: Guard,
+) -> Concurrency:
+    """The job's overlap policy; ``max_concurrent`` bounds ``allow``, which it implies."""
+    bound = merged.get("max_concurrent")
+    given = merged.get("concurrency")
+    if INVALID in (bound, given):
+        return "forbid"  # reported already; the job is not built
+    concurrency = cast(
+        Concurrency, given if given is not None else "allow" if bound is not None else "forbid"
+    )
+
+    def report(name: str, message: str) -> None:
+        blamed = reading.blame(section, own, name)
+        if blamed is not section:
+            # Set by the defaults: said once there, not once per job.
+            if f"overlap:{name}" in reading.reported_at_defaults:
+                return
+            reading.reported_at_defaults.add(f"overlap:{name}")
+        reading.report(blamed, name, message, job=section.job)
+
+    if bound is not None and concurrency != "allow":
+        report(
+            "max_concurrent",
+            f"bounds concurrency: allow; under concurrency: {concurrency} one tick of the job "
+            "runs at a time",
+        )
+    elif guard == "advisory" and (bound is not None or concurrency in ("replace", "buffer_one")):
+        # The count of a job's running ticks, and the waiting or replaced
+        # tick, are rows of the lease table: an advisory lock has none.
+        report(
+            "max_concurrent" if bound is not None else "concurrency",
+            "needs guard: lease (the running ticks are counted in the lease table)",
+        )
+    return concurrency
 
 
 def read_timing(

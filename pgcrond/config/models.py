@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
@@ -26,7 +26,6 @@ from pgcrond.config.fields import (
     MIN_HISTORY_RETENTION,
     TOP,
     CatchUp,
-    Concurrency,
     Guard,
     LateTicks,
     default,
@@ -37,10 +36,11 @@ from pgcrond.core.actions import Action
 from pgcrond.core.box import Box, Cgroups
 from pgcrond.core.hooks import Hook, Ping
 from pgcrond.core.keys import KeyHash
+from pgcrond.core.overlap import Concurrency, Overlap, overlap_of, parse_concurrency
 from pgcrond.core.redaction import redact, remember
 from pgcrond.core.schedule import Calendar, OnceSchedule, Schedule
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.errors import ConfigIssue
+from pgcrond.errors import ConfigIssue, ValidationError
 
 DEFAULT_HTTP_LISTEN: str = default(HTTP, "listen")
 DEFAULT_SHUTDOWN_GRACE: timedelta = default(TOP, "shutdown_grace")
@@ -115,6 +115,7 @@ class JobConfig:
     min_hold: timedelta = DEFAULT_MIN_HOLD
     misfire_grace: timedelta = DEFAULT_MISFIRE_GRACE
     concurrency: Concurrency = default(JOB, "concurrency")
+    max_concurrent: int | None = default(JOB, "max_concurrent")
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     cwd: Path | None = default(JOB, "cwd")
     # The parameter names a manual run or backfill may pass; None: any valid name.
@@ -172,6 +173,30 @@ class JobConfig:
                 self.pause_after_failures,
             )
         )
+
+    @functools.cached_property
+    def overlap(self) -> Overlap:
+        """What its ticks do while one runs (``concurrency``, ``max_concurrent``), as claimed."""
+        return overlap_of(self.concurrency, self.max_concurrent)
+
+    def with_concurrency(self, text: str) -> JobConfig:
+        """This job with its overlap policy overridden for one run (``--concurrency TEXT``).
+
+        TEXT is ``forbid``, ``allow``, ``replace``, ``buffer_one`` or a whole
+        number N (allow, at most N at once); :class:`ValidationError` names
+        the field and what is wrong, as the YAML's own check does.
+        """
+        try:
+            concurrency, bound = parse_concurrency(text)
+        except ValueError as exc:
+            raise ValidationError("concurrency", str(exc)) from None
+        counted = bound is not None or concurrency in ("replace", "buffer_one")
+        if self.guard != "lease" and counted:
+            raise ValidationError(
+                "concurrency",
+                f"{text!r} needs guard: lease (the running ticks are counted in the lease table)",
+            )
+        return replace(self, concurrency=concurrency, max_concurrent=bound)
 
     @property
     def guard_remembers(self) -> bool:

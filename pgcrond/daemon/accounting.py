@@ -36,6 +36,7 @@ from pgcrond.catchup import JobPlan, Planned, plan, superseded_at
 from pgcrond.config.models import Config, JobConfig
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
+from pgcrond.core.overlap import FORBID
 from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.metrics import Metrics
@@ -73,7 +74,7 @@ YIELD_EVERY_S = 0.005
 
 
 def scan_identity(now: datetime) -> Identity:
-    """One scan row per start; scans are claimed with forbid_overlap, so one runs at a time.
+    """One scan row per start; scans are claimed under concurrency: forbid, so one runs at a time.
 
     A scan that starts after another finished finds nothing left to record
     (recording is idempotent), so it only costs its queries.
@@ -326,7 +327,7 @@ class Accounting(FireEvents):
                         scan_identity(self.clock()),
                         account,
                         timing=SCAN_TIMING,
-                        forbid_overlap=True,
+                        overlap=FORBID,
                         retry_after=None,
                     )
             except PgcrondError as exc:

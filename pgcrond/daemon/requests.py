@@ -35,7 +35,7 @@ import structlog
 from pgcrond.config.models import Config, JobConfig
 from pgcrond.core import params
 from pgcrond.core.keys import Identity
-from pgcrond.errors import PgcrondError
+from pgcrond.errors import PgcrondError, ValidationError
 from pgcrond.fire import Fire, Firing
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.pooling import Pooling
@@ -234,6 +234,11 @@ class Requests:
             params=params.shown(request.params),
         )
         refused = _refused_params(job, request)
+        if refused is None and request.concurrency is not None:
+            try:
+                job = job.with_concurrency(request.concurrency)
+            except ValidationError as exc:
+                refused = f"--concurrency {exc}"
         if refused is not None:
             # Made against another config (or not by pgcrond): nothing runs.
             bound.warning("request_refused", detail=refused)

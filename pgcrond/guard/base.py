@@ -64,6 +64,7 @@ from pgcrond.core.actions import Committed, SqlWork
 from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
+from pgcrond.core.overlap import ALLOW, Overlap
 from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
 from pgcrond.core.trigger import TriggerKind
 from pgcrond.errors import Unsupported
@@ -77,8 +78,14 @@ RefusalReason = Literal[
     "failed",
     # A failure with a retry time (wait: until then).
     "retry_pending",
-    # concurrency: forbid and another tick of the job runs.
+    # The job's overlap policy bounds its running ticks and the bound is
+    # reached: a new tick is recorded SKIPPED/overlap (status SKIPPED); a
+    # started tick's retry or takeover is blocked (status FAIL or RUNNING).
     "overlap",
+    # A tick its overlap policy keeps waiting for the running one to end
+    # (buffer_one; replace, while the replaced run stops): FAIL/waiting, due
+    # whenever the job's slot is free, which any replica following it claims.
+    "waiting",
     # The tick is not due yet by the database clock (wait: until it is).
     "not_due",
     # The claim arrived, or would start, later than the tick's misfire window
@@ -99,8 +106,9 @@ RefusalReason = Literal[
 # What recording an outcome came to.
 Recorded = Literal["done", "retry", "fenced"]
 # How a run ended, as the guard records it. "released": given back at
-# shutdown so a survivor may take it over.
-Outcome = Literal["success", "fail", "timeout", "released"]
+# shutdown so a survivor may take it over; "replaced": stopped because a
+# newer tick replaced it (concurrency: replace; its cancellation says so).
+Outcome = Literal["success", "fail", "timeout", "released", "replaced"]
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,8 @@ class ClaimRequest:
     tick: datetime
     # The job's validated lease and heartbeat (config built it once).
     timing: LeaseTiming
-    forbid_overlap: bool = False
+    # The job's overlap policy (the claim statement applies it).
+    overlap: Overlap = ALLOW
     # The end of the misfire window, or None (run-once jobs, retries).
     deadline: datetime | None = None
     # When the job's next tick fires, for a first claim of a job with

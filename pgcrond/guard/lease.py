@@ -142,7 +142,7 @@ class LeaseGuard(Guard):
             identity,
             request.timing,
             token,
-            request.forbid_overlap and identity.type == "SCHEDULE",
+            request.overlap if request.overlap.bounded and identity.type == "SCHEDULE" else None,
             request.tick if identity.type == "SCHEDULE" else None,
             request.deadline,
             request.superseded_at,
@@ -389,6 +389,8 @@ class LeaseGuard(Guard):
             pending = self.store.complete(lease, end)
         elif outcome == "released":
             pending = self.store.release(lease, end)
+        elif outcome == "replaced":
+            pending = self.store.replaced(lease, end)
         else:
             reason = "timeout" if outcome == "timeout" else "error"
             pending = self.store.fail(
@@ -407,7 +409,7 @@ class LeaseGuard(Guard):
                 run_key=held.identity.run_key,
                 error=str(exc),
             )
-            if outcome in ("success", "released"):
+            if outcome in ("success", "released", "replaced"):
                 raise DatabaseUnavailable(str(exc)) from exc
             recorded = await _bounded(
                 self.store.fail(lease, UNSTORABLE_ERROR, reason="error", retry_after=retry_after),

@@ -128,6 +128,8 @@ class MemoryGuard(Guard):
             row.status, row.retry_at = "SUCCESS", None
         elif outcome == "released":
             row.status, row.retry_at, row.reason = "FAIL", now, "released"
+        elif outcome == "replaced":
+            row.status, row.retry_at, row.reason = "SKIPPED", None, "replaced"
         else:
             row.status, row.error = "FAIL", verdict.error
             row.reason = "timeout" if outcome == "timeout" else "error"

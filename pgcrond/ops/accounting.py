@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from pgcrond import report
 from pgcrond.catchup import JobPlan
+from pgcrond.core.overlap import FORBID
 from pgcrond.daemon.accounting import (
     SCAN_TIMING,
     find_plan,
@@ -176,7 +177,7 @@ async def _catch_up(args: argparse.Namespace, target: Target, store: LeaseStore)
         return len(await record_plan(store, config, plans))
 
     recorded = await store.run_exclusive(
-        scan_identity(now), account, timing=SCAN_TIMING, forbid_overlap=True, retry_after=None
+        scan_identity(now), account, timing=SCAN_TIMING, overlap=FORBID, retry_after=None
     )
     if isinstance(recorded, NotAcquired):
         detail = f"a replica is accounting for missed ticks right now ({recorded.reason})"

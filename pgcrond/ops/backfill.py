@@ -31,7 +31,7 @@ from pgcrond.core.schedule import run_key_for
 from pgcrond.errors import CommandError, ExitCode
 from pgcrond.logs import configure
 from pgcrond.ops.session import Target, run_command
-from pgcrond.ops.trigger import job_params
+from pgcrond.ops.trigger import job_params, overridden
 from pgcrond.storage import backfills, registry
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
@@ -89,6 +89,7 @@ def _job(args: argparse.Namespace, target: Target) -> JobConfig:
 async def _backfill(args: argparse.Namespace, target: Target, store: LeaseStore) -> int:
     job = _job(args, target)
     given = job_params(job, args.env)
+    overridden(job, args.concurrency)  # refused here if bad; the replicas apply it
     start, end = _instant(args.start, "--from"), _instant(args.end, "--to")
     now = datetime.now(UTC)
     if end < start:
@@ -113,6 +114,7 @@ async def _backfill(args: argparse.Namespace, target: Target, store: LeaseStore)
         "to": end,
         "max_parallel": args.max_parallel,
         "params": params.shown(given),
+        "concurrency": args.concurrency,
     }
     to_run = [p for p in planned if p.run]
     if args.dry_run or not to_run:
@@ -132,6 +134,7 @@ async def _backfill(args: argparse.Namespace, target: Target, store: LeaseStore)
         max_parallel=args.max_parallel,
         lease=job.timing.lease,
         params=given,
+        concurrency=args.concurrency,
     )
     kept = set(filed.run_keys)
     # A tick that moved on between the read and the filing (it ran meanwhile) is not filed.

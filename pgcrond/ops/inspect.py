@@ -346,6 +346,7 @@ def _job_json(job: JobConfig) -> dict[str, Any]:
         "min_hold": format_duration(job.min_hold),
         "misfire_grace": format_duration(job.misfire_grace),
         "concurrency": job.concurrency,
+        "max_concurrent": job.max_concurrent,
         # Values read from secret files are remembered secrets: redact() masks them.
         "env": {name: redact(value) for name, value in job.env.items()},
         "box": _box_json(job),

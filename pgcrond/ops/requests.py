@@ -38,6 +38,7 @@ async def on_the_cluster(
     store: LeaseStore,
     given: dict[str, str],
     *,
+    concurrency: str | None = None,
     as_json: bool,
     wait: bool,
 ) -> int:
@@ -45,7 +46,14 @@ async def on_the_cluster(
     its end (:func:`follow`); else print what was done and where to look, and exit 0."""
     identity = Identity.schedule(job.code, run_key)  # refuses a malformed run key
     assert identity.run_key is not None
-    done = await request_run(store, identity.code, identity.run_key, by=store.owner, params=given)
+    done = await request_run(
+        store,
+        identity.code,
+        identity.run_key,
+        by=store.owner,
+        params=given,
+        concurrency=concurrency,
+    )
     if wait:
         return await follow(job, identity.run_key, store, done, as_json=as_json)
     note = _lease_note(done, identity)
@@ -150,7 +158,7 @@ async def follow(
 
 _not_run = {
     "lose": "not run: this run key is running or done elsewhere (pass --run-key to run again)",
-    "skip": "not run: the previous run of this job is still going (concurrency: forbid)",
+    "skip": "not run: a previous run of this job still goes on, and its concurrency skips it",
     "misfire": "not run: the taking replica could not reach the database in time",
     "unknown": "not known: the advisory-guarded run started on a replica that did not record "
     "its end",

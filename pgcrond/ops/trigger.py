@@ -12,7 +12,7 @@ from pgcrond.config.models import JobConfig
 from pgcrond.core import params
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import manual_run_key
-from pgcrond.errors import CommandError, ExitCode
+from pgcrond.errors import CommandError, ExitCode, ValidationError
 from pgcrond.fire import Fire, Firing
 from pgcrond.guard import Guards
 from pgcrond.logs import configure
@@ -26,6 +26,16 @@ EXIT_NOT_RUN_HERE = ExitCode.NOT_RUN_HERE
 
 # Outcomes of a fire that ran nothing in this process (exit 3).
 NOT_RUN_HERE = ("lose", "skip", "misfire")
+
+
+def overridden(job: JobConfig, concurrency: str | None) -> JobConfig:
+    """``job`` under ``--concurrency``, checked here: a bad one is refused before any request."""
+    if concurrency is None:
+        return job
+    try:
+        return job.with_concurrency(concurrency)
+    except ValidationError as exc:
+        raise CommandError(f"--concurrency: {str(exc).removeprefix('concurrency: ')}") from None
 
 
 def job_params(job: JobConfig, assignments: list[str] | None) -> dict[str, str]:
@@ -60,6 +70,7 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
         known = ", ".join(sorted(target.config.jobs)) or "none"
         raise CommandError(f"no job {args.code!r} in the config (jobs: {known})")
     given = job_params(job, args.env)
+    job = overridden(job, args.concurrency)
     await migrate(store)
     now = datetime.now(UTC)
     if not args.here:
@@ -71,6 +82,7 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
             args.run_key or manual_run_key(now),
             store,
             given,
+            concurrency=args.concurrency,
             as_json=args.output == "json",
             wait=not args.no_wait,
         )
@@ -103,7 +115,7 @@ async def _trigger(args: argparse.Namespace, target: Target, store: LeaseStore) 
 TRIGGER_OUTCOMES = {
     "success": "ran here: success",
     "lose": "not run here: this run key is running or done elsewhere (pass --run-key to run again)",
-    "skip": "not run: the previous run of this job is still going (concurrency: forbid)",
+    "skip": "not run: a previous run of this job still goes on, and its concurrency skips it",
     "misfire": "not run: the database could not be reached",
     "fail": "ran here: failed (see the log above; retried here if the job has retries)",
     "timeout": "ran here: stopped at its timeout",

@@ -43,7 +43,7 @@ async def _unlock(args: argparse.Namespace, target: Target, store: LeaseStore) -
         why = (
             "it finished with SUCCESS, and a finished tick is history"
             if row["status"] == "SUCCESS"
-            else "it was skipped (concurrency: forbid), and a skipped tick is history"
+            else "it was skipped (its concurrency, or a pause), and a skipped tick is history"
         )
         raise CommandError(
             f"not releasing job {identity.code!r}, {which}: {why}; "

@@ -74,6 +74,7 @@ async def file_backfill(
     max_parallel: int,
     lease: timedelta,
     params: Mapping[str, str],
+    concurrency: str | None = None,
 ) -> Filed:
     """File ``ticks`` of ``code`` as one backfill of ``span``, and wake every replica."""
     run_keys = [run_key_for(tick) for tick in ticks]
@@ -90,6 +91,7 @@ async def file_backfill(
             "ticks": list(ticks),
             "lease_ms": to_ms(lease),
             "params": Jsonb(dict(params)) if params else None,
+            "concurrency": concurrency,
             "channel": channel(store),
         },
     )

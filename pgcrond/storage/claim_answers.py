@@ -14,17 +14,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pgcrond.core.keys import Identity
+from pgcrond.core.overlap import Overlap
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.core.trigger import TriggerKind
 from pgcrond.storage.claims import Acquired, NotAcquired, NotAcquiredReason
 
 
 def claim_keys(request: PendingClaim) -> list[str]:
-    # One identity per statement, and one tick per forbid job (a statement
-    # cannot see the rows it inserts itself, so a second tick would not find
-    # the first one running).
+    # One identity per statement, and one tick per job whose running ticks
+    # are counted (a statement cannot see the rows it inserts itself, so a
+    # second tick would not find the first one running).
     keys = [request.identity.idempotency_key]
-    if request.forbid_overlap:
+    if request.overlap is not None:
         keys.append(f"forbid:{request.identity.code}")
     return keys
 
@@ -34,7 +35,9 @@ class PendingClaim:
     identity: Identity
     timing: LeaseTiming
     token: uuid.UUID
-    forbid_overlap: bool
+    # The job's overlap policy where the claim counts its running ticks
+    # (a bounded policy, a tick or manual run); None: it does not.
+    overlap: Overlap | None
     fire_time: datetime | None = None
     late_after: datetime | None = None
     superseded_at: datetime | None = None
@@ -99,6 +102,9 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
         # Past its window or coalesced, and this claim recorded the tick MISSED.
         missed: NotAcquiredReason = "coalesced" if row["reason"] == "coalesced" else "late"
         return NotAcquired(identity, missed, status, owner, attempt=attempt, detail=row["detail"])
+    if status == "SKIPPED" and row["claimed"] and row["reason"] == "replaced":
+        # A replaced tick whose owner died, closed by this claim: settled.
+        return NotAcquired(identity, "done", status, owner, attempt=attempt, detail=row["detail"])
     if status == "SKIPPED" and row["claimed"]:
         # The reason this claim recorded: overlap, a pause, or the fire's own (calendar:<name>).
         reason = _SKIPS.get(row["reason"], "skipped")
@@ -136,8 +142,10 @@ def _refusal(identity: Identity, row: dict[str, Any]) -> NotAcquired:
             # Due for a retry, but the job is paused: the retry waits for resume.
             return NotAcquired(identity, "paused", status, owner, attempt=attempt)
         if row["busy"] and not wait:
-            # Due for a retry, but another tick of the job runs: no retry under forbid.
-            return NotAcquired(identity, "overlap", status, owner, attempt=attempt)
+            # Due, but the job's slots are taken: a tick its overlap policy
+            # keeps waiting (buffer_one, replace) waits on; a retry is blocked.
+            blocked: NotAcquiredReason = "waiting" if row["reason"] == "waiting" else "overlap"
+            return NotAcquired(identity, blocked, status, owner, attempt=attempt)
         return NotAcquired(
             identity, "retry_pending", status, owner, wait, attempt, cause=row["reason"]
         )

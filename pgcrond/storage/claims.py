@@ -23,6 +23,7 @@ NotAcquiredReason = Literal[
     "failed",
     "retry_pending",
     "overlap",
+    "waiting",
     "not_due",
     "late",
     "coalesced",

@@ -23,6 +23,7 @@ import structlog
 
 from pgcrond.core.actions import SqlWork
 from pgcrond.core.keys import Identity
+from pgcrond.core.overlap import ALLOW, Overlap
 from pgcrond.core.replica import this_process
 from pgcrond.core.timing import LeaseTiming, to_ms
 from pgcrond.core.trigger import TriggerKind
@@ -111,7 +112,7 @@ class LeaseStore:
         identity: Identity,
         timing: LeaseTiming | None = None,
         *,
-        forbid_overlap: bool = False,
+        overlap: Overlap = ALLOW,
         owner_token: uuid.UUID | None = None,
         fire_time: datetime | None = None,
         late_after: datetime | None = None,
@@ -148,7 +149,7 @@ class LeaseStore:
             identity,
             timing or LeaseTiming.build(),
             owner_token or uuid.uuid4(),
-            forbid_overlap and identity.type == "SCHEDULE",
+            overlap if overlap.bounded and identity.type == "SCHEDULE" else None,
             fire_time,
             late_after,
             superseded_at,
@@ -194,7 +195,7 @@ class LeaseStore:
         def on_send() -> None:
             sent[0] = time.monotonic()
 
-        forbid_codes = sorted({r.identity.code for r in batch if r.forbid_overlap})
+        forbid_codes = sorted({r.identity.code for r in batch if r.overlap is not None})
         try:
             params = {
                 "lock_keys": [r.identity.idempotency_key for r in batch],
@@ -203,7 +204,8 @@ class LeaseStore:
                 "run_keys": [r.identity.run_key for r in batch],
                 "owner_tokens": [r.token for r in batch],
                 "lease_ms": [r.timing.lease_ms for r in batch],
-                "forbid_overlap": [r.forbid_overlap for r in batch],
+                "overlap_policies": [r.overlap and r.overlap.policy for r in batch],
+                "overlap_limits": [r.overlap and r.overlap.limit for r in batch],
                 "fire_times": [r.fire_time for r in batch],
                 "late_after": [r.late_after for r in batch],
                 "superseded_at": [r.superseded_at for r in batch],
@@ -289,9 +291,20 @@ class LeaseStore:
         )
         self._saw_clock(rows, time.monotonic())
         renewed = {
-            row["id"]: Renewal(row["expires_at"] - row["db_now"], row["db_now"]) for row in rows
+            row["id"]: Renewal(row["expires_at"] - row["db_now"], row["db_now"])
+            for row in rows
+            if not row["replaced"]
         }
-        return lambda lease: renewed.get(lease.id)
+        replaced = {row["id"] for row in rows if row["replaced"]}
+
+        def answer(lease: Acquired) -> Renewal | None:
+            if lease.id in replaced:
+                # A newer tick replaced this one (concurrency: replace): the
+                # lease is gone, and the run's owner is to record the stop.
+                lease.cancellation.cancel("replaced")
+            return renewed.get(lease.id)
+
+        return answer
 
     def complete(self, lease: Acquired, end: AttemptEnd | None = None) -> asyncio.Future[bool]:
         """Record SUCCESS; False when fenced. A SUCCESS row is never claimed again.
@@ -328,6 +341,16 @@ class LeaseStore:
     ) -> asyncio.Future[bool]:
         """Record FAIL; False when fenced. ``retry_after=None`` makes the failure final."""
         return self._finalize(lease, "FAIL", reason, error, retry_after, end=end)
+
+    def replaced(self, lease: Acquired, end: AttemptEnd | None = None) -> asyncio.Future[bool]:
+        """Record that a replaced run stopped (SKIPPED/replaced): the job's slot is free.
+
+        Only for a lease a newer tick marked replaced (its heartbeat said so);
+        False otherwise, or when fenced.
+        """
+        return self._finalize(
+            lease, "SKIPPED", "replaced", "stopped: a newer tick replaced it", None, end=end
+        )
 
     def release(self, lease: Acquired, end: AttemptEnd | None = None) -> asyncio.Future[bool]:
         """Give a running claim back (e.g. at shutdown) so that a survivor may take it."""
@@ -397,7 +420,7 @@ class LeaseStore:
         fn: Callable[[Acquired], Awaitable[T]],
         *,
         timing: LeaseTiming | None = None,
-        forbid_overlap: bool = False,
+        overlap: Overlap = ALLOW,
         retry_after: timedelta | None = timedelta(0),
     ) -> T | NotAcquired:
         """Acquire, heartbeat while ``fn(lease)`` runs, record its outcome.
@@ -407,7 +430,7 @@ class LeaseStore:
         lost meanwhile (``lease.cancellation`` tells ``fn``), nothing is
         recorded as success: :class:`LeaseLost` is raised instead.
         """
-        lease = await self.claim(identity, timing, forbid_overlap=forbid_overlap)
+        lease = await self.claim(identity, timing, overlap=overlap)
         if isinstance(lease, NotAcquired):
             return lease
         async with holding(lease, self.heartbeat):

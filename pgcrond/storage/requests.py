@@ -90,6 +90,8 @@ class Request:
     # What asked for it (manual, backfill), and the parameters its run gets.
     trigger: Literal["manual", "backfill"] = "manual"
     params: dict[str, str] = field(default_factory=dict)
+    # The overlap policy it runs under instead of the job's (``--concurrency``).
+    concurrency: str | None = None
     # The backfill it belongs to, if any.
     backfill_id: int | None = None
 
@@ -106,10 +108,12 @@ async def request_run(
     *,
     by: str,
     params: Mapping[str, str] | None = None,
+    concurrency: str | None = None,
 ) -> Requested:
     """Record a request for ``(code, run_key)`` and wake every listening replica.
 
-    ``params``: extra environment variables for that run only.
+    ``params``: extra environment variables for that run only; ``concurrency``:
+    the overlap policy it runs under instead of the job's (``--concurrency``).
     """
     row = await store.db.fetchone(
         store.queries.get("request_run"),
@@ -119,6 +123,7 @@ async def request_run(
             "by": by,
             "channel": channel(store),
             "params": Jsonb(dict(params)) if params else None,
+            "concurrency": concurrency,
         },
     )
     if row is None:  # pragma: no cover - the statement selects one row from `woken`
@@ -264,6 +269,7 @@ def _request(row: DictRow) -> Request:
         started_at=row["started_at"],
         trigger="backfill" if row["trigger"] == "backfill" else "manual",
         params=dict(row["params"] or {}),
+        concurrency=row["concurrency"],
         backfill_id=row["backfill_id"],
     )
 

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from pgcrond.core.keys import Identity
+from pgcrond.core.overlap import ALLOW, Overlap
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.blocking import BlockingDatabase
 from pgcrond.storage.claims import Acquired, NotAcquired
@@ -42,11 +43,9 @@ class SyncLeaseStore(BlockingDatabase):
         return self.portal.call(migrate, self.store)
 
     def claim(
-        self, identity: Identity, timing: LeaseTiming | None = None, *, forbid_overlap: bool = False
+        self, identity: Identity, timing: LeaseTiming | None = None, *, overlap: Overlap = ALLOW
     ) -> Acquired | NotAcquired:
-        return self._wait(
-            functools.partial(self.store.claim, identity, timing, forbid_overlap=forbid_overlap)
-        )
+        return self._wait(functools.partial(self.store.claim, identity, timing, overlap=overlap))
 
     def heartbeat(self, lease: Acquired) -> timedelta | None:
         return self.portal.call(self.store.heartbeat, lease)
@@ -75,7 +74,7 @@ class SyncLeaseStore(BlockingDatabase):
         fn: Callable[[Acquired], T],
         *,
         timing: LeaseTiming | None = None,
-        forbid_overlap: bool = False,
+        overlap: Overlap = ALLOW,
     ) -> T | NotAcquired:
         """As :meth:`LeaseStore.run_exclusive`; ``fn`` runs in a worker thread."""
 
@@ -88,6 +87,6 @@ class SyncLeaseStore(BlockingDatabase):
                 identity,
                 in_thread,
                 timing=timing,
-                forbid_overlap=forbid_overlap,
+                overlap=overlap,
             )
         )

@@ -101,6 +101,13 @@ its SUCCESS, is a defect whatever the faults).
     overlap (its token fenced): the stopped owner could not stop its job in
     time, and went on for a moment after waking before it noticed. The
     lease's inherent limit, like ``duplicate_fenced``: reported, not a defect.
+``above_bound``
+    more runs of different ticks of a job with a bound on its running ticks
+    (``concurrency: replace``: 1; ``max_concurrent: N``: N) active at one
+    moment than the bound, measured as ``forbid_overlap`` measures two.
+``above_bound_fenced`` / ``above_bound_abandoned``
+    an ``above_bound`` that begins as ``forbid_overlap_fenced`` or
+    ``forbid_overlap_abandoned`` does: the same inherent limits, reported.
 ``forbid_overlap_abandoned``
     a ``forbid_overlap`` that begins after the replica of one of the two runs
     abandoned that run's thread (``entrypoint_thread_abandoned``: a sync
@@ -157,6 +164,9 @@ KINDS = (
     "forbid_overlap",
     "forbid_overlap_fenced",
     "forbid_overlap_abandoned",
+    "above_bound",
+    "above_bound_fenced",
+    "above_bound_abandoned",
     "started_late",
     "started_early",
     "ran_while_paused",
@@ -178,6 +188,8 @@ INHERENT = frozenset(
         "outcome_released",
         "forbid_overlap_fenced",
         "forbid_overlap_abandoned",
+        "above_bound_fenced",
+        "above_bound_abandoned",
     }
 )
 # Faults during which the daemon cannot reach its database.
@@ -209,6 +221,9 @@ class JobSpec:
     forbid: bool = False
     # An sql: job: its effect commits with its SUCCESS (no 'start' row).
     sql: bool = False
+    # At most this many of its ticks run at once (concurrency: replace: 1,
+    # max_concurrent: N); its ticks may be SKIPPED by that policy.
+    bound: int | None = None
 
     @property
     def once(self) -> bool:
@@ -475,6 +490,8 @@ def check(
                 found += _paused_claims(job, key, rows, tick_versions, mine)
         if job.forbid:
             found += _overlaps(job, by_tick, faults, claims, abandons)
+        if job.bound is not None:
+            found += _above_bound(job, job.bound, by_tick, faults, claims, abandons)
     found += [_crashed(crash) for crash in crashes]
     if replicas is not None:
         found += _orphans(jobs, ledger, replicas)
@@ -501,7 +518,7 @@ def _lost(
         return []
     skipped = lease is not None and lease.status == "SKIPPED"
     paused = skipped and lease is not None and lease.reason == "paused"
-    if skipped and not paused and job.forbid:
+    if skipped and not paused and (job.forbid or job.bound is not None):
         return []
     if paused and _skipped_while_paused(key, versions, pauses):
         return []
@@ -994,13 +1011,10 @@ class _Run:
     wakes: tuple[datetime, ...] = ()
 
 
-def _overlaps(
-    job: JobSpec,
-    by_tick: dict[tuple[str, str], list[LedgerRow]],
-    faults: Sequence[Fault],
-    claims: dict[tuple[str, str], list[tuple[int, datetime]]] | None = None,
-    abandons: Sequence[Abandon] = (),
-) -> list[Violation]:
+def _runs(
+    job: JobSpec, by_tick: dict[tuple[str, str], list[LedgerRow]], faults: Sequence[Fault]
+) -> list[_Run]:
+    """The job's runs (one per attempt and process), with the time each was active."""
     runs: list[_Run] = []
     for (code, key), rows in by_tick.items():
         if code != job.code:
@@ -1012,34 +1026,53 @@ def _overlaps(
             run = _active(key, token, pid, mine, faults)
             if run is not None:
                 runs.append(run)
+    return sorted(runs, key=lambda r: r.segments[0])
+
+
+def _inherent(
+    job: JobSpec,
+    runs: Sequence[_Run],
+    begin: datetime,
+    claims: dict[tuple[str, str], list[tuple[int, datetime]]] | None,
+    abandons: Sequence[Abandon],
+) -> str | None:
+    """Why runs that overlap from ``begin`` are the lease's inherent limit, or None.
+
+    "fenced": a stopped owner that woke fenced (its tick claimed again, or
+    closed as an overlap, while it was stopped) and went on for a moment
+    before it noticed, as for a duplicate effect; "abandoned": a thread its
+    replica abandoned after the stop grace.
+    """
+    if any(_woke_fenced(run, begin, (claims or {}).get((job.code, run.key), [])) for run in runs):
+        return "fenced"
+    abandoned = any(
+        a.job == job.code
+        and a.pid == run.pid
+        and a.run_key == run.key
+        and a.at <= begin
+        and any(r.attempt == a.attempt for r in run.rows)
+        for a in abandons
+        for run in runs
+    )
+    return "abandoned" if abandoned else None
+
+
+def _overlaps(
+    job: JobSpec,
+    by_tick: dict[tuple[str, str], list[LedgerRow]],
+    faults: Sequence[Fault],
+    claims: dict[tuple[str, str], list[tuple[int, datetime]]] | None = None,
+    abandons: Sequence[Abandon] = (),
+) -> list[Violation]:
     found = []
-    for first, second in itertools.combinations(sorted(runs, key=lambda r: r.segments[0]), 2):
+    for first, second in itertools.combinations(_runs(job, by_tick, faults), 2):
         if first.key == second.key:
             continue
         overlap = _intersection(first.segments, second.segments)
         if overlap is None:
             continue
-        # A stopped owner that woke fenced (its tick claimed again, or closed as
-        # an overlap, while it was stopped) and went on for a moment before it
-        # noticed: the lease's inherent limit, as for a duplicate effect.
-        fenced = any(
-            _woke_fenced(run, overlap[0], (claims or {}).get((job.code, run.key), []))
-            for run in (first, second)
-        )
-        abandoned = any(
-            a.job == job.code
-            and a.pid == run.pid
-            and a.run_key == run.key
-            and a.at <= overlap[0]
-            and any(r.attempt == a.attempt for r in run.rows)
-            for a in abandons
-            for run in (first, second)
-        )
-        kind = "forbid_overlap"
-        if fenced:
-            kind = "forbid_overlap_fenced"
-        elif abandoned:
-            kind = "forbid_overlap_abandoned"
+        why = _inherent(job, (first, second), overlap[0], claims, abandons)
+        kind = "forbid_overlap" if why is None else f"forbid_overlap_{why}"
         found.append(
             _violation(
                 kind,
@@ -1078,6 +1111,48 @@ def _orphans(
                 "its replica had died",
                 row.at,
                 row.at,
+            )
+        )
+    return found
+
+
+def _above_bound(
+    job: JobSpec,
+    bound: int,
+    by_tick: dict[tuple[str, str], list[LedgerRow]],
+    faults: Sequence[Fault],
+    claims: dict[tuple[str, str], list[tuple[int, datetime]]] | None = None,
+    abandons: Sequence[Abandon] = (),
+) -> list[Violation]:
+    """Moments when more than ``bound`` runs of different ticks were active, once per set."""
+    runs = _runs(job, by_tick, faults)
+    found = []
+    reported: set[frozenset[tuple[str, int | None, int]]] = set()
+    for at in sorted({start for run in runs for start, _ in run.segments}):
+        active = [run for run in runs if any(s <= at < e for s, e in run.segments)]
+        if len({run.key for run in active}) <= bound:
+            continue
+        names = frozenset((run.key, run.token, run.pid) for run in active)
+        if names in reported:
+            continue
+        reported.add(names)
+        until = min(e for run in active for s, e in run.segments if s <= at < e)
+        why = _inherent(job, active, at, claims, abandons)
+        found.append(
+            _violation(
+                "above_bound" if why is None else f"above_bound_{why}",
+                job,
+                active[0].key,
+                f"{len(active)} runs active at once from {_iso(at)} (bound {bound}): "
+                + ", ".join(
+                    f"tick {run.key} token {run.token} (pid {run.pid}, "
+                    f"{'/'.join(r.phase for r in run.rows)})"
+                    for run in active
+                ),
+                [row for run in active for row in run.rows],
+                None,
+                at,
+                until,
             )
         )
     return found
@@ -1149,10 +1224,12 @@ def _claims(
     for tick in set(by_tick) | set(versions):
         earliest: dict[int, datetime] = {}
         for version in versions.get(tick, []):
-            # A claim, or the closing of a dead owner's row as an overlap
-            # (concurrency: forbid): both rotate the owner token and fence it.
-            closed = version.status == "SKIPPED" and version.reason == "overlap"
-            if version.status == "RUNNING" or (closed and version.op == "UPDATE"):
+            # A claim, or the closing of a dead owner's row as an overlap or
+            # as replaced: both rotate the owner token and fence it. A tick
+            # written waiting (buffer_one, replace) is claimed then, first.
+            closed = version.status == "SKIPPED" and version.reason in ("overlap", "replaced")
+            waiting = version.status == "FAIL" and version.reason == "waiting"
+            if version.status == "RUNNING" or waiting or (closed and version.op == "UPDATE"):
                 at = earliest.get(version.fencing_token)
                 earliest[version.fencing_token] = version.at if at is None else min(at, version.at)
         for row in by_tick.get(tick, []):

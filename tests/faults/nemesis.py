@@ -118,10 +118,18 @@ class Job:
     # process ("command"), or these statements before the ledger insert ("sql").
     action: str = "entrypoint"
     sql_before: tuple[str, ...] = ()
+    # Its overlap policy's bound on running ticks (replace: 1, max_concurrent:
+    # N), checked (checker: above_bound); the policy itself is in ``extra``.
+    bound: int | None = None
 
     def spec(self) -> checker.JobSpec:
         return checker.JobSpec(
-            self.code, self.every_s, GRACE, forbid=self.forbid, sql=self.action == "sql"
+            self.code,
+            self.every_s,
+            GRACE,
+            forbid=self.forbid,
+            sql=self.action == "sql",
+            bound=self.bound,
         )
 
     def yaml(self) -> str:
@@ -163,6 +171,11 @@ JOBS = (
     # Long jobs on a 2 s lease: they live on heartbeats.
     Job("long", 4, sleep_s=LONG_SLEEP_S),
     Job("long-forbid", 2, forbid=True, sleep_s=LONG_SLEEP_S),
+    # Overlap policies held in the database across replicas: a 3 s job every
+    # second, at most two at once; a 3 s job every 2 s, each tick stopping
+    # the one before (its owner sees the mark at a heartbeat and stops it).
+    Job("long-bounded", 1, sleep_s=LONG_SLEEP_S, extra={"max_concurrent": "2"}, bound=2),
+    Job("long-replace", 2, sleep_s=LONG_SLEEP_S, extra={"concurrency": "replace"}, bound=1),
     Job("seed", None, sleep_s=1.0),
     # A child process: killed with its replica (PDEATHSIG), SIGTERMed when stopped.
     Job("cmd", 2, sleep_s=1.0, action="command"),

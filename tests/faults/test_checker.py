@@ -834,3 +834,60 @@ def test_a_crashed_fire_is_a_defect_attributed_to_its_replica_s_faults() -> None
     assert ("blackhole",) == report.violations[0].causes
     assert "fire_crashed on replica-0 (pid 321)" in report.violations[0].detail
     assert 1 == {r["fault"]: r for r in report.rows()}["total"]["crashed_fire"]
+
+
+BOUNDED = JobSpec("bounded", 1, GRACE, bound=2)
+
+
+def bounded_runs(third_start: float) -> list[LedgerRow]:
+    """Ticks 0 and 1 run 0.1-3.1 and 1.1-4.1; tick 2 starts at ``third_start``."""
+    return [
+        row(BOUNDED, 0, "start", 0.1, token=1),
+        row(BOUNDED, 0, "end", 3.1, token=1),
+        row(BOUNDED, 1, "start", 1.1, token=2, pid=200),
+        row(BOUNDED, 1, "end", 4.1, token=2, pid=200),
+        row(BOUNDED, 2, "start", third_start, token=3, pid=300),
+        row(BOUNDED, 2, "end", third_start + 3, token=3, pid=300),
+    ]
+
+
+def bounded_leases() -> list[LeaseRow]:
+    return [
+        lease(BOUNDED, n, "SUCCESS", token=n + 1, pid=pid)
+        for n, pid in ((0, 100), (1, 200), (2, 300))
+    ]
+
+
+def test_more_runs_at_once_than_a_jobs_bound_is_a_defect_and_the_bound_itself_is_not() -> None:
+    report = check([BOUNDED], bounded_runs(2.1), bounded_leases(), [], WINDOW)
+    assert ["above_bound"] == kinds(report)
+    assert "above_bound" not in INHERENT
+    assert "3 runs active at once" in report.violations[0].detail
+    assert report.rows()[-1]["above_bound"] == 1  # a column of the table
+    # The third starts as the first ends: two at a time, the bound, is fine.
+    assert [] == check([BOUNDED], bounded_runs(3.1), bounded_leases(), [], WINDOW).violations
+
+
+def test_a_bounded_jobs_skipped_or_replaced_tick_is_not_lost() -> None:
+    ledger = without(bounded_runs(3.1), 2)
+    for reason in ("overlap", "replaced"):
+        leases = [*bounded_leases()[:2], lease(BOUNDED, 2, "SKIPPED", token=3, reason=reason)]
+        assert [] == check([BOUNDED], ledger, leases, [], WINDOW).violations
+    # Without a bound (and not forbid), a skipped tick is lost.
+    plain = JobSpec("bounded", 1, GRACE)
+    leases = [*bounded_leases()[:2], lease(BOUNDED, 2, "SKIPPED", token=3, reason="overlap")]
+    assert ["lost_tick"] == kinds(check([plain], ledger, leases, [], WINDOW))
+
+
+def test_a_run_above_the_bound_from_a_wake_after_its_tick_was_closed_is_inherent() -> None:
+    """Tick 0's owner stopped past its lease; its tick was closed SKIPPED/replaced (a new
+    token) before it woke, and it went on a moment after waking beside ticks 1 and 2."""
+    stall = [Fault("pause", at(0.5), at(2.5), frozenset({100}))]
+    history = [
+        claim(BOUNDED, 0, 0.05, token=1),
+        LeaseVersion(BOUNDED.code, key(0), "SKIPPED", 4, "host:200", "replaced", at(2.3)),
+    ]
+    leases = [lease(BOUNDED, 0, "SKIPPED", token=4, reason="replaced"), *bounded_leases()[1:]]
+    report = check([BOUNDED], bounded_runs(2.1), leases, stall, WINDOW, history=history)
+    assert ["above_bound_fenced"] == kinds(report)
+    assert "above_bound_fenced" in INHERENT

@@ -52,6 +52,7 @@ ATTEMPT_CLASSES = {
     "timeout": "fail",
     "lost": "fail",
     "released": "skip",
+    "replaced": "skip",
     "running": "run",
 }
 Show = Literal["all", "failing", "paused", "active"]
@@ -245,7 +246,12 @@ class Views:
             ("Time zone", job.timezone.key),
             ("Timeout", format_duration(job.timeout) if job.timeout else "none"),
             ("Retries", job.retries),
-            ("Concurrency", job.concurrency),
+            (
+                "Concurrency",
+                job.concurrency
+                if job.max_concurrent is None
+                else f"{job.concurrency}, at most {job.max_concurrent} at once",
+            ),
             ("Misfire grace", format_duration(job.misfire_grace)),
             ("Consecutive failures", entry["consecutive_failures"]),
         ]

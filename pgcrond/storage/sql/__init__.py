@@ -72,6 +72,7 @@ class Queries:
             "code_index": own("code_acquired_idx"),
             "running_index": own("running_idx"),
             "finished_index": own("finished_idx"),
+            "waiting_index": own("waiting_idx"),
             "status_check": own("status_check"),
             "reason_check": own("reason_by_status"),
             "job_state": sql.Identifier(self.schema, f"{self.table}_job_state"),

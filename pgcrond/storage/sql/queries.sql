@@ -6,7 +6,8 @@
 -- A name has one format per statement, comments included (psycopg parses them too).
 
 -- name: forbid_lock
--- Serialise the claims of concurrency: forbid jobs across replicas: sent in the
+-- Serialise the claims of jobs whose running ticks are counted (a bounded
+-- overlap policy: forbid, replace, buffer_one, max_concurrent) across replicas: sent in the
 -- same message as the claim, before it, so the claim (a statement of its own in
 -- the same implicit transaction) reads a snapshot taken after the lock. One row
 -- lock per job (its row inserted on the first claim; DO UPDATE … WHERE false
@@ -22,9 +23,17 @@ ON CONFLICT (code) DO UPDATE SET code = EXCLUDED.code WHERE false
 -- owner: insert each, or reclaim a FAIL row whose retry time has come or a
 -- RUNNING row whose lease expired (by the database clock, against the expiry
 -- stored from the holder's own lease). For each refused claim the current row
--- is returned instead, to say why. With forbid_overlap, while another tick of
--- the job holds a live lease, a new tick is recorded SKIPPED and a retry or
--- takeover of an older one is refused (busy says so). The database clock also
+-- is returned instead, to say why. Under a bounded overlap policy (the job's
+-- running ticks counted under its lock, forbid_lock), while overlap_limit
+-- other ticks of the job hold a live lease (busy) a new tick is recorded
+-- SKIPPED/overlap and a retry or takeover of an older one is refused; under
+-- buffer_one the new tick waits instead, as a FAIL/waiting row due at once
+-- that every replica follows and the first claim after the running tick ends
+-- starts (a tick that finds one waiting already is SKIPPED/overlap); under
+-- replace the new tick marks the running ones replaced (their owners see it
+-- at their next heartbeat, stop, and record SKIPPED/replaced; a dead owner's
+-- is closed so when its lease lapses), closes an older waiting one
+-- SKIPPED/replaced, and waits until the replaced ones stopped. The database clock also
 -- decides when a tick is due: a claim before its fire time touches no row and
 -- comes back as NOT_DUE (expires_at then carries the fire time, so the caller
 -- knows how long to wait); one after its misfire deadline records the tick
@@ -53,12 +62,14 @@ WITH request AS (
     SELECT *
     FROM unnest(
         %(lock_keys)b::text[], %(types)b::text[], %(codes)b::text[], %(run_keys)b::text[],
-        %(owner_tokens)b::uuid[], %(lease_ms)b::bigint[], %(forbid_overlap)b::boolean[],
-        %(fire_times)b::timestamptz[], %(late_after)b::timestamptz[],
-        %(superseded_at)b::timestamptz[], %(pausable)b::boolean[], %(suspended)b::text[],
-        %(skip_reasons)b::text[], %(triggers)b::text[]
-    ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, forbid_overlap,
-            fire_time, late_after, superseded_at, pausable, suspended, skip_reason, trigger)
+        %(owner_tokens)b::uuid[], %(lease_ms)b::bigint[], %(overlap_policies)b::text[],
+        %(overlap_limits)b::integer[], %(fire_times)b::timestamptz[],
+        %(late_after)b::timestamptz[], %(superseded_at)b::timestamptz[],
+        %(pausable)b::boolean[], %(suspended)b::text[], %(skip_reasons)b::text[],
+        %(triggers)b::text[]
+    ) AS r (lock_key, type, code, run_key, owner_token, lease_ms, overlap_policy,
+            overlap_limit, fire_time, late_after, superseded_at, pausable, suspended,
+            skip_reason, trigger)
 ), mine AS MATERIALIZED (
     -- The existing rows, locked without waiting: a row another transaction
     -- holds (an sql: job's own, while its statements run) is refused as held
@@ -77,12 +88,29 @@ WITH request AS (
     SELECT r.*, EXISTS (
         SELECT 1 FROM {table} e
         WHERE e.lock_key = r.lock_key AND e.lock_key NOT IN (SELECT lock_key FROM mine)
-    ) AS locked, EXISTS (
-        SELECT 1 FROM {table} o
-        WHERE r.forbid_overlap AND o.code = r.code AND o.type = 'SCHEDULE'
+    ) AS locked,
+    -- The job's slots: its other ticks with a live lease (a replaced one
+    -- still stopping counts: its owner has not reported the stop).
+    CASE WHEN r.overlap_limit IS NULL THEN false ELSE r.overlap_limit <= (
+        SELECT count(*) FROM {table} o
+        WHERE o.code = r.code AND o.type = 'SCHEDULE'
           AND o.status = 'RUNNING' AND o.expires_at > clock_timestamp()
           AND o.lock_key <> r.lock_key
-    ) AS busy,
+    ) END AS busy,
+    -- Another tick of the job waits for a slot (buffer_one, replace).
+    CASE WHEN r.overlap_policy IN ('buffer_one', 'replace') THEN EXISTS (
+        SELECT 1 FROM {table} w
+        WHERE w.code = r.code AND w.status = 'FAIL' AND w.reason = 'waiting'
+          AND w.lock_key <> r.lock_key
+    ) ELSE false END AS queued,
+    -- This tick's own row: none, or a waiting one, is a first start; a
+    -- replaced tick whose owner's lease lapsed is closed, never taken over.
+    r.type = 'SCHEDULE' AND (own.status IS NULL
+                             OR (own.status = 'FAIL' AND own.reason IS NOT DISTINCT FROM 'waiting'))
+      AS first_start,
+    own.status IS NULL AS unrecorded,
+    own.status IS NOT DISTINCT FROM 'RUNNING' AND own.reason IS NOT DISTINCT FROM 'replaced'
+      AS stopping,
     (r.fire_time IS NULL
        OR r.fire_time <= clock_timestamp() + %(claim_ahead_ms)s * interval '1 millisecond')
       AND (r.skip_reason IS NOT NULL OR r.late_after IS NULL OR clock_timestamp() <= r.late_after)
@@ -100,6 +128,7 @@ WITH request AS (
              || to_char(p.paused_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
              || coalesce(': ' || p.reason, '') END AS pause_detail
     FROM due r
+    LEFT JOIN {table} own ON own.lock_key = r.lock_key
     -- The primary key holds at most two rows here: the job's and '*'.
     LEFT JOIN LATERAL (
         SELECT s.code, s.paused_by, s.paused_at, s.reason
@@ -112,20 +141,65 @@ WITH request AS (
     -- Each clock reading above made once per row: the answer below agrees
     -- with the claim about whether the tick was early, due or late.
     SELECT c.*,
-           c.due_now AND NOT (c.early AND (c.busy OR c.pause_reason IS NOT NULL)) AS timely
+           c.due_now AND NOT (c.early AND (c.busy OR c.queued OR c.pause_reason IS NOT NULL))
+             AS timely,
+           -- The overlap policy's answer for a first start while the job's
+           -- slots are taken, or another tick waits: wait, or be skipped.
+           c.first_start AND c.busy
+             AND (c.overlap_policy = 'replace' OR (c.overlap_policy = 'buffer_one' AND NOT c.queued))
+             AS waits,
+           c.overlap_policy = 'buffer_one' AND c.unrecorded AND c.queued AS behind,
+           c.overlap_policy = 'replace' AND c.first_start AND (c.busy OR c.queued) AS replaces
     FROM checked c
+), fence AS MATERIALIZED (
+    -- concurrency: replace: the running ticks the new one replaces (those
+    -- started before it), marked so that their owners' next heartbeats stop
+    -- them. A row another transaction holds just now (its heartbeat, its
+    -- finalize) is not waited for: the waiting tick's next claim marks it.
+    SELECT o.id, c.run_key AS replaced_by
+    FROM decided c
+    JOIN {table} o ON o.code = c.code AND o.type = 'SCHEDULE' AND o.status = 'RUNNING'
+    WHERE c.replaces AND c.timely AND NOT c.locked AND c.missed IS NOT TRUE
+      AND c.pause_reason IS NULL
+      AND o.lock_key <> c.lock_key AND o.expires_at > clock_timestamp()
+      AND o.reason IS DISTINCT FROM 'replaced'
+      AND o.acquired_at <= coalesce(c.fire_time, clock_timestamp())
+    ORDER BY o.lock_key
+    FOR UPDATE OF o SKIP LOCKED
+), fenced AS (
+    UPDATE {table} AS o
+    SET reason = 'replaced',
+        error = 'replaced by the tick ' || f.replaced_by
+                || ' (concurrency: replace): stopped at its owner''s next heartbeat'
+    FROM fence f
+    WHERE o.id = f.id
+), unqueued AS (
+    -- concurrency: replace: an older tick still waiting is replaced before it started.
+    UPDATE {table} AS w
+    SET status = 'SKIPPED', reason = 'replaced', retry_at = NULL,
+        finished_at = clock_timestamp(), expires_at = clock_timestamp(),
+        error = 'replaced before it started by the tick ' || c.run_key || ' (concurrency: replace)'
+    FROM decided c
+    WHERE c.replaces AND c.timely AND NOT c.locked AND c.missed IS NOT TRUE
+      AND c.pause_reason IS NULL
+      AND w.code = c.code AND w.status = 'FAIL' AND w.reason = 'waiting'
+      AND w.lock_key <> c.lock_key
 ), claim AS (
     INSERT INTO {table} AS l (
         lock_key, type, code, run_key, status, owner_token, owner, attempt, fencing_token,
-        lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, reason, error
+        lease_ms, created_at, acquired_at, heartbeat_at, expires_at, finished_at, retry_at,
+        reason, error
     )
     SELECT c.lock_key, c.type, c.code, c.run_key,
            CASE WHEN c.missed THEN 'MISSED'
-                WHEN c.pause_reason IS NOT NULL OR c.busy THEN 'SKIPPED'
+                WHEN c.pause_reason IS NOT NULL OR c.stopping THEN 'SKIPPED'
+                WHEN c.waits THEN 'FAIL'
+                WHEN c.busy OR c.behind THEN 'SKIPPED'
                 ELSE 'RUNNING' END,
-           -- No attempt was made of a missed or skipped (calendar) tick.
+           -- No attempt was made of a missed or skipped (calendar) tick; a
+           -- waiting tick has made none yet: its start counts the first.
            c.owner_token, %(owner)s,
-           CASE WHEN c.missed OR c.skip_reason IS NOT NULL THEN 0 ELSE 1 END,
+           CASE WHEN c.missed OR c.skip_reason IS NOT NULL OR c.waits THEN 0 ELSE 1 END,
            nextval({fencing_seq_name}), c.lease_ms,
            clock_timestamp(),
            -- A MISSED row was never acquired: it sorts at its tick. An early
@@ -134,13 +208,20 @@ WITH request AS (
            clock_timestamp(),
            -- A lease counts from the later of the claim and the fire time: a
            -- claim won ahead never shortens its run's lease.
-           CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp()
+           CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy OR c.behind
+                     OR c.stopping THEN clock_timestamp()
                 ELSE greatest(clock_timestamp(), c.fire_time)
                      + c.lease_ms * interval '1 millisecond' END,
-           CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.busy THEN clock_timestamp() END,
+           CASE WHEN c.missed OR c.pause_reason IS NOT NULL OR c.stopping THEN clock_timestamp()
+                WHEN c.waits THEN NULL
+                WHEN c.busy OR c.behind THEN clock_timestamp() END,
+           CASE WHEN c.waits AND c.missed IS NOT TRUE AND c.pause_reason IS NULL
+                THEN clock_timestamp() END,
            CASE WHEN c.coalesced THEN 'coalesced' WHEN c.missed THEN 'late'
                 WHEN c.pause_reason IS NOT NULL THEN c.pause_reason
-                WHEN c.busy THEN 'overlap' END,
+                WHEN c.stopping THEN 'replaced'
+                WHEN c.waits THEN 'waiting'
+                WHEN c.busy OR c.behind THEN 'overlap' END,
            CASE WHEN c.coalesced THEN
                     'coalesced: ' || %(owner)s || ' claimed it '
                     || date_trunc('milliseconds', clock_timestamp() - c.fire_time)
@@ -152,7 +233,12 @@ WITH request AS (
                     || date_trunc('milliseconds', clock_timestamp() - c.fire_time)
                     || ' after the tick, past misfire_grace '
                     || (c.late_after - c.fire_time)
-                WHEN c.pause_reason IS NOT NULL THEN c.pause_detail END
+                WHEN c.pause_reason IS NOT NULL THEN c.pause_detail
+                WHEN c.waits THEN
+                    'waits for the running tick of the job to end (concurrency: '
+                    || c.overlap_policy || ')'
+                WHEN c.behind THEN
+                    'another tick of the job waits already (concurrency: buffer_one)' END
     FROM decided c
     WHERE ((c.timely AND NOT (c.pause_reason IS NOT NULL AND c.type = 'INITIAL')) OR c.missed)
       AND NOT c.locked
@@ -171,19 +257,23 @@ WITH request AS (
         expires_at = EXCLUDED.expires_at,
         finished_at = EXCLUDED.finished_at,
         retry_at = NULL,
-        reason = CASE WHEN EXCLUDED.status = 'SKIPPED' THEN 'overlap'
-                      WHEN l.status = 'RUNNING' THEN 'takeover' ELSE 'retry' END,
-        error = CASE WHEN EXCLUDED.status = 'SKIPPED' THEN
+        -- A waiting tick's start is its first: neither a retry nor a takeover.
+        reason = CASE WHEN EXCLUDED.status = 'SKIPPED' THEN EXCLUDED.reason
+                      WHEN l.status = 'RUNNING' THEN 'takeover'
+                      WHEN l.reason = 'waiting' THEN NULL ELSE 'retry' END,
+        error = CASE WHEN EXCLUDED.reason = 'replaced' THEN l.error
+                     WHEN EXCLUDED.status = 'SKIPPED' THEN
                     'its owner ' || l.owner || ' stopped and a newer tick of the job runs: '
-                    || 'not taken over (concurrency: forbid)' END
+                    || 'not taken over (its overlap policy)' END
     WHERE ((l.status = 'FAIL' AND l.retry_at <= clock_timestamp())
            OR (l.status = 'RUNNING' AND l.expires_at <= clock_timestamp()))
-      -- EXCLUDED.status is RUNNING exactly when no other tick is busy, the job
-      -- is not paused and the claim is inside its window. A dead owner's tick
-      -- that a newer running tick makes an overlap is closed SKIPPED (fenced),
+      -- EXCLUDED.status is RUNNING exactly when the job has a free slot, no
+      -- tick waits ahead of it, the job is not paused and the claim is
+      -- inside its window. A dead owner's tick that a newer running tick
+      -- makes an overlap, or that was replaced, is closed SKIPPED (fenced),
       -- rather than left RUNNING for nobody to finish.
       AND (EXCLUDED.status = 'RUNNING'
-           OR (EXCLUDED.status = 'SKIPPED' AND EXCLUDED.reason = 'overlap'
+           OR (EXCLUDED.status = 'SKIPPED' AND EXCLUDED.reason IN ('overlap', 'replaced')
                AND l.status = 'RUNNING'))
     RETURNING l.lock_key, l.id, l.status, l.owner, l.owner_token, l.attempt, l.fencing_token,
               l.expires_at, l.retry_at, l.reason, l.error, l.acquired_at
@@ -212,14 +302,18 @@ WITH request AS (
         error = CASE WHEN c.status = 'RUNNING' THEN
                     'lost: its replica stopped renewing the lease before the attempt ended; '
                     || c.owner || ' took the tick over (attempt ' || c.attempt || ')'
+                WHEN c.reason = 'replaced' THEN
+                    'lost: replaced by a newer tick (concurrency: replace), and its replica '
+                    || 'stopped renewing the lease before it reported the stop'
                 ELSE
                     'lost: its replica stopped renewing the lease before the attempt ended; '
-                    || 'not taken over (concurrency: forbid)' END
+                    || 'not taken over (its overlap policy)' END
     FROM claim c
     WHERE a.lease_id = c.id AND a.status = 'running' AND a.fencing_token < c.fencing_token
 )
+-- A claimed row that is FAIL waits for the job's slot (busy).
 SELECT true AS claimed, lock_key, id, status, owner, owner_token, attempt, fencing_token,
-       expires_at, retry_at, reason, false AS busy, NULL::text AS paused, error AS detail,
+       expires_at, retry_at, reason, status = 'FAIL' AS busy, NULL::text AS paused, error AS detail,
        false AS locked, clock_timestamp() AS db_now
 FROM claim
 UNION ALL
@@ -268,6 +362,9 @@ WHERE lock_key = ANY(%(lock_keys)b::text[])
 -- waited for, so it stalls no other lease of the batch: it is answered live
 -- and not renewed, with the expiry it has, which holds (no claim takes a
 -- locked row, and the sql: job's statement timeout ends inside its lease).
+-- A lease that a newer tick replaced (concurrency: replace) is not renewed
+-- either: it is answered replaced, and its owner stops the run and records
+-- the stop (finalize, SKIPPED/replaced), which frees the job's slot.
 WITH beat AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(owner_tokens)b::uuid[]) AS h (id, owner_token)
 ), mine AS MATERIALIZED (
@@ -280,15 +377,17 @@ WITH beat AS (
         expires_at = clock_timestamp() + l.lease_ms * interval '1 millisecond'
     FROM mine
     WHERE l.id = mine.id AND l.status = 'RUNNING'
+      AND l.reason IS DISTINCT FROM 'replaced'
       AND (l.expires_at > clock_timestamp() OR %(revive)s::boolean)
     RETURNING l.id, l.expires_at
 )
-SELECT id, expires_at, clock_timestamp() AS db_now FROM renewed
+SELECT id, expires_at, clock_timestamp() AS db_now, false AS replaced FROM renewed
 UNION ALL
-SELECT l.id, l.expires_at, clock_timestamp()
+SELECT l.id, l.expires_at, clock_timestamp(), l.reason IS NOT DISTINCT FROM 'replaced'
 FROM {table} l JOIN beat h ON l.id = h.id AND l.owner_token = h.owner_token
-WHERE l.status = 'RUNNING' AND l.expires_at > clock_timestamp()
-  AND l.id NOT IN (SELECT id FROM mine)
+WHERE l.status = 'RUNNING'
+  AND ((l.expires_at > clock_timestamp() AND l.id NOT IN (SELECT id FROM mine))
+       OR l.reason IS NOT DISTINCT FROM 'replaced')
 
 -- name: finalize
 -- Record SUCCESS or FAIL for a batch of runs (co-finishing runs share the
@@ -298,6 +397,8 @@ WHERE l.status = 'RUNNING' AND l.expires_at > clock_timestamp()
 -- only changes on a claim, so this stays fenced. Locked in lock-key order.
 -- Each recorded outcome closes its attempt record too (the claim's fencing
 -- token names it), with the exit code, duration and output the run left.
+-- SKIPPED/replaced is the stop of a replaced run (concurrency: replace): only
+-- for a row a newer tick marked replaced, whose text (naming that tick) stays.
 WITH outcome AS (
     SELECT *
     FROM unnest(
@@ -318,16 +419,17 @@ WITH outcome AS (
     SET status = f.status,
         finished_at = clock_timestamp(),
         reason = f.reason,
-        error = left(f.error, 4000),
+        error = CASE WHEN f.reason = 'replaced' THEN l.error ELSE left(f.error, 4000) END,
         retry_at = clock_timestamp() + f.retry_ms * interval '1 millisecond'
     FROM outcome f
     WHERE l.id = f.id AND l.id IN (SELECT id FROM mine)
       AND (l.status = 'RUNNING' OR (l.status = f.status AND l.finished_at IS NOT NULL))
+      AND (f.reason IS DISTINCT FROM 'replaced' OR l.reason = 'replaced')
     RETURNING l.id
 ), closed AS (
     UPDATE {attempts} AS a
     SET status = CASE WHEN f.status = 'SUCCESS' THEN 'success'
-                      WHEN f.reason IN ('timeout', 'released') THEN f.reason
+                      WHEN f.reason IN ('timeout', 'released', 'replaced') THEN f.reason
                       ELSE 'fail' END,
         finished_at = coalesce(a.finished_at, clock_timestamp()),
         error = left(f.error, 4000),
@@ -443,6 +545,7 @@ LEFT JOIN LATERAL (
            l.finished_at, l.retry_at, l.error
     FROM {table} l
     WHERE l.code = jobs.code AND l.status IN ('SUCCESS', 'FAIL')
+      AND l.reason IS DISTINCT FROM 'waiting'
     ORDER BY l.acquired_at DESC, l.id DESC
     LIMIT 1
 ) last ON true
@@ -456,7 +559,7 @@ LEFT JOIN LATERAL (
 LEFT JOIN LATERAL (
     SELECT count(*) AS count
     FROM {table} f
-    WHERE f.code = jobs.code AND f.status = 'FAIL'
+    WHERE f.code = jobs.code AND f.status = 'FAIL' AND f.reason IS DISTINCT FROM 'waiting'
       AND f.acquired_at > coalesce(
           (SELECT max(s.acquired_at) FROM {table} s
            WHERE s.code = jobs.code AND s.status = 'SUCCESS'),
@@ -694,7 +797,7 @@ LEFT JOIN LATERAL (
 ) ok ON true
 LEFT JOIN LATERAL (
     SELECT b.run_key, b.finished_at FROM {table} b
-    WHERE b.code = jobs.code AND b.status = 'FAIL' AND b.reason NOT IN ('released')
+    WHERE b.code = jobs.code AND b.status = 'FAIL' AND b.reason NOT IN ('released', 'waiting')
     ORDER BY b.acquired_at DESC, b.id DESC LIMIT 1
 ) bad ON true
 ORDER BY jobs.ord
@@ -760,7 +863,7 @@ LEFT JOIN LATERAL (
         ORDER BY t.acquired_at DESC
         LIMIT %(scan)s
     ) recent
-    WHERE recent.status = 'FAIL'
+    WHERE recent.status = 'FAIL' AND recent.reason IS DISTINCT FROM 'waiting'
     ORDER BY recent.acquired_at DESC
     LIMIT 1
 ) bad ON true
@@ -950,6 +1053,7 @@ CROSS JOIN LATERAL (
     SELECT t.status
     FROM {table} t
     WHERE t.code = j.code AND t.status IN ('SUCCESS', 'FAIL')
+      AND t.reason IS DISTINCT FROM 'waiting'
     ORDER BY t.acquired_at DESC
     LIMIT 1
 ) last
@@ -965,12 +1069,15 @@ ORDER BY j.ord
 -- done request leaves its backfill). Returns the row as it was before (NULL
 -- when new), whether this statement opened the request, and the run key's lease row.
 WITH opened AS (
-    INSERT INTO {requests} AS r (code, run_key, requested_by, requested_at, trigger, params)
-    VALUES (%(code)s, %(run_key)s, %(by)s, now(), 'manual', %(params)s)
+    INSERT INTO {requests} AS r (
+        code, run_key, requested_by, requested_at, trigger, params, concurrency
+    )
+    VALUES (%(code)s, %(run_key)s, %(by)s, now(), 'manual', %(params)s, %(concurrency)s)
     ON CONFLICT (code, run_key) DO UPDATE
     SET requested_by = EXCLUDED.requested_by, requested_at = EXCLUDED.requested_at,
         taken_by = NULL, taken_at = NULL, done_at = NULL, outcome = NULL,
-        trigger = EXCLUDED.trigger, params = EXCLUDED.params, backfill_id = NULL, seq = NULL
+        trigger = EXCLUDED.trigger, params = EXCLUDED.params,
+        concurrency = EXCLUDED.concurrency, backfill_id = NULL, seq = NULL
     WHERE r.done_at IS NOT NULL
     RETURNING r.id
 ), woken AS (
@@ -1046,13 +1153,13 @@ WITH kept AS (
     ) pending
     WHERE r.id = pending.id
     RETURNING r.id, r.code, r.run_key, r.requested_by, r.requested_at, r.taken_at, r.started_at,
-              r.trigger, r.params, r.backfill_id
+              r.trigger, r.params, r.concurrency, r.backfill_id
 )
 SELECT id, code, run_key, requested_by, requested_at, taken_at, started_at, trigger, params,
-       backfill_id, NULL::boolean AS open
+       concurrency, backfill_id, NULL::boolean AS open
 FROM taken
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, EXISTS (
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, EXISTS (
     SELECT 1 FROM {requests} o
     WHERE o.done_at IS NULL AND o.code = ANY(%(codes)b::text[])
       AND (o.backfill_id IS NOT NULL
@@ -1384,15 +1491,16 @@ WITH backfill AS (
     RETURNING l.lock_key
 ), filed AS (
     INSERT INTO {requests} AS r (
-        code, run_key, requested_by, requested_at, trigger, params, backfill_id, seq
+        code, run_key, requested_by, requested_at, trigger, params, concurrency, backfill_id, seq
     )
-    SELECT %(code)s, t.run_key, %(by)s, b.requested_at, 'backfill', %(params)s, b.id, t.seq
+    SELECT %(code)s, t.run_key, %(by)s, b.requested_at, 'backfill', %(params)s, %(concurrency)s,
+           b.id, t.seq
     FROM ticks t JOIN opened o ON o.lock_key = t.lock_key CROSS JOIN backfill b
     ON CONFLICT (code, run_key) DO UPDATE SET
         requested_by = EXCLUDED.requested_by, requested_at = EXCLUDED.requested_at,
         taken_by = NULL, taken_at = NULL, done_at = NULL, outcome = NULL, started_at = NULL,
         trigger = EXCLUDED.trigger, params = EXCLUDED.params,
-        backfill_id = EXCLUDED.backfill_id, seq = EXCLUDED.seq
+        concurrency = EXCLUDED.concurrency, backfill_id = EXCLUDED.backfill_id, seq = EXCLUDED.seq
     WHERE r.done_at IS NOT NULL
     RETURNING r.run_key
 ), woken AS (

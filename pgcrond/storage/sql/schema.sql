@@ -26,7 +26,7 @@ CREATE TABLE pgcrond.leases (
     error text,
     key_code text,
     CONSTRAINT leases_lease_ms_check CHECK ((lease_ms > 2)),
-    CONSTRAINT leases_reason_by_status CHECK ((((status <> 'SKIPPED'::text) OR (reason = ANY (ARRAY['overlap'::text, 'paused'::text, 'suspended'::text, 'renamed'::text])) OR (reason ~~ 'calendar:_%'::text)) AND ((status <> 'MISSED'::text) OR (reason = ANY (ARRAY['no_replica'::text, 'database_unavailable'::text, 'late'::text, 'coalesced'::text]))))),
+    CONSTRAINT leases_reason_by_status CHECK ((((status <> 'SKIPPED'::text) OR (reason = ANY (ARRAY['overlap'::text, 'paused'::text, 'suspended'::text, 'renamed'::text, 'replaced'::text])) OR (reason ~~ 'calendar:_%'::text)) AND ((status <> 'MISSED'::text) OR (reason = ANY (ARRAY['no_replica'::text, 'database_unavailable'::text, 'late'::text, 'coalesced'::text]))))),
     CONSTRAINT leases_run_key_by_type CHECK (((type = 'INITIAL'::text) = (run_key IS NULL))),
     CONSTRAINT leases_status_check CHECK ((status = ANY (ARRAY['RUNNING'::text, 'SUCCESS'::text, 'FAIL'::text, 'SKIPPED'::text, 'MISSED'::text]))),
     CONSTRAINT leases_type_check CHECK ((type = ANY (ARRAY['SCHEDULE'::text, 'INITIAL'::text])))
@@ -50,7 +50,7 @@ CREATE TABLE pgcrond.leases_attempts (
     stderr_tail bytea,
     stderr_dropped bigint,
     trigger text,
-    CONSTRAINT leases_attempts_status_check CHECK ((status = ANY (ARRAY['running'::text, 'success'::text, 'fail'::text, 'timeout'::text, 'released'::text, 'lost'::text])))
+    CONSTRAINT leases_attempts_status_check CHECK ((status = ANY (ARRAY['running'::text, 'success'::text, 'fail'::text, 'timeout'::text, 'released'::text, 'lost'::text, 'replaced'::text])))
 );
 
 CREATE TABLE pgcrond.leases_backfills (
@@ -129,6 +129,7 @@ CREATE TABLE pgcrond.leases_requests (
     done_at timestamp with time zone,
     outcome text,
     started_at timestamp with time zone,
+    concurrency text,
     trigger text DEFAULT 'manual'::text NOT NULL,
     params jsonb,
     backfill_id bigint,
@@ -186,6 +187,8 @@ CREATE INDEX leases_requests_backfill_idx ON pgcrond.leases_requests USING btree
 CREATE INDEX leases_requests_pending_idx ON pgcrond.leases_requests USING btree (requested_at) WHERE (done_at IS NULL);
 
 CREATE INDEX leases_running_idx ON pgcrond.leases USING btree (code) WHERE (status = 'RUNNING'::text);
+
+CREATE INDEX leases_waiting_idx ON pgcrond.leases USING btree (code) WHERE ((status = 'FAIL'::text) AND (reason = 'waiting'::text));
 
 ALTER TABLE ONLY pgcrond.leases_attempts
     ADD CONSTRAINT leases_attempts_lease_id_fkey FOREIGN KEY (lease_id) REFERENCES pgcrond.leases(id) ON DELETE CASCADE;

@@ -15,9 +15,11 @@ CREATE TABLE {backfills} (
     max_parallel integer     NOT NULL CHECK (max_parallel > 0)
 );
 -- A request says what asked for it (manual: `pgcrond trigger`; backfill),
--- the parameters its run gets as environment variables, and, for a
+-- the parameters its run gets as environment variables, the overlap policy
+-- it runs under instead of the job's (`--concurrency`), and, for a
 -- backfill's, the backfill and the tick's place in it (seq: in tick order).
 ALTER TABLE {requests}
+    ADD COLUMN concurrency text,
     ADD COLUMN trigger     text  NOT NULL DEFAULT 'manual'
         CONSTRAINT {requests_trigger_check} CHECK (trigger IN ('manual', 'backfill')),
     ADD COLUMN params      jsonb,
