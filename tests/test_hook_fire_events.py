@@ -2,7 +2,7 @@
 found after the fact, a success's output tail.
 
 Real daemons against a real database (behind the suite's TCP proxy where the
-database must go away) and a real local HTTP receiver (tests/hook_receiver.py).
+database must go away) and a real local HTTP receiver (tests/helpers/hook_receiver.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from pgcrond.config.loader import load_config
 from pgcrond.core.keys import Identity
 from pgcrond.daemon.observers import Watched
 from pgcrond.events import FireEvents
-from tests.daemon_harness import Cluster, cluster, wait_until
 from tests.faults.proxy import proxied
-from tests.hook_receiver import Receiver, receiving
-from tests.test_daemon import at, config
+from tests.helpers.daemon_harness import Cluster, at, cluster, config, wait_until
+from tests.helpers.hook_receiver import Receiver, receiving
 
 
 def hooks(receiver: Receiver, *names: str) -> str:

@@ -22,7 +22,7 @@ from pgcrond.storage.embedded import LocalServer
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.sql import migrations
 from pgcrond.storage.sync_store import SyncLeaseStore
-from tests.store_helpers import count_round_trips, open_store, quick_processes
+from tests.helpers.store import count_round_trips, open_store, quick_processes
 
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))
 

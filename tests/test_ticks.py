@@ -7,10 +7,9 @@ MISSED and a paused job's tick SKIPPED, in its one round trip.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from pgcrond.core.keys import Identity
@@ -19,20 +18,9 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage import jobstate, ticks
 from pgcrond.storage.claim_answers import PendingClaim
 from pgcrond.storage.claims import Acquired, NotAcquired
-from tests.store_helpers import count_round_trips, open_store
+from tests.helpers.store import count_round_trips, open_store, rows, tick_ago
 
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))
-
-
-def rows(dsn: str, schema: str, code: str) -> list[dict[str, object]]:
-    with psycopg.connect(dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
-        return conn.execute(
-            f'SELECT * FROM "{schema}".leases WHERE code = %s ORDER BY run_key, id', (code,)
-        ).fetchall()
-
-
-def tick_ago(seconds: float) -> datetime:
-    return (datetime.now(UTC) - timedelta(seconds=seconds)).replace(microsecond=0)
 
 
 async def test_a_claim_past_its_window_records_the_tick_missed_late_in_its_own_statement(

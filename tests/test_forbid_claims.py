@@ -23,7 +23,7 @@ from pgcrond.storage.claim_answers import PendingClaim
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.embedded import LocalServer
 from pgcrond.storage.leases import LeaseStore
-from tests.store_helpers import open_store
+from tests.helpers.store import open_store
 
 TIMING = LeaseTiming.build(timedelta(seconds=60), timedelta(0))
 TICK = "2026-01-01T00:00:00Z"
