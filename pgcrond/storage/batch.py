@@ -1,14 +1,15 @@
 """Requests made in one turn of the event loop, sent as one statement.
 
-Co-firing jobs claim in the same turn, co-finishing runs finalize in the same
-turn, co-running leases heartbeat on the same grid instant: each group shares
-one round trip and one transaction instead of paying one each. A request
+Co-finishing runs finalize in the same turn, co-running leases heartbeat on
+the same grid instant: each group shares one round trip and one transaction
+instead of paying one each. (A tick's claims need no gathering: they are
+claimed together, a chunk a statement, :meth:`LeaseStore.claim_many`.) A request
 whose key is already in the batch (one row at most once per statement: ``ON
 CONFLICT`` and ``UPDATE … FROM`` cannot touch a row twice) waits for the next
 batch, which is sent only once this one is answered: decided after it, in order.
 
-A batch is at most ``max_size`` requests: more (10,000 jobs on one cron)
-go as several statements side by side, so none is unbounded.
+A batch is at most ``max_size`` requests: more (the runs of a 10,000-job
+tick) go as several statements side by side, so none is unbounded.
 
 A request given up on (its bound ran out, its fire was stopped: its future is
 cancelled) is left out of a batch not yet sent, and skipped when the answer
