@@ -31,8 +31,15 @@ from pgcrond.core.schedule.cron import CronSchedule
 from pgcrond.storage.backfills import file_backfill, progress, tick_rows
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.requests import finish_request, take_requests
-from tests.daemon_harness import PGCROND, Cluster, cluster, quiet_cron, wait_until
-from tests.test_daemon import LEDGER, config
+from tests.helpers.daemon_harness import (
+    LEDGER,
+    PGCROND,
+    Cluster,
+    cluster,
+    config,
+    quiet_cron,
+    wait_until,
+)
 
 DAY = timedelta(days=1)
 UTC_ZONE = ZoneInfo("UTC")

@@ -22,8 +22,7 @@ from pgcrond.config.loader import load_config
 from pgcrond.core import params
 from pgcrond.core.trigger import FIRE_KINDS, attempt_trigger
 from pgcrond.errors import ConfigError
-from tests.daemon_harness import PGCROND, cluster, quiet_cron, wait_until
-from tests.test_daemon import config
+from tests.helpers.daemon_harness import PGCROND, cluster, config, quiet_cron, wait_until
 
 # -- the rules ----------------------------------------------------------------------------
 
