@@ -39,6 +39,7 @@ from pgcrond.core.cancel import Cancellation
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.daemon import interpreter
+from pgcrond.decide import FireOutcome
 from pgcrond.fire import Fire, Firing
 from pgcrond.guard.memory import MemoryGuard
 from pgcrond.run.attempt import RunRequest
@@ -61,20 +62,26 @@ def co_firing_jobs(workdir: Path, count: int) -> list[JobConfig]:
 async def one_round(jobs: list[JobConfig]) -> float:
     """Process CPU seconds for one tick of ``jobs``, every fire won and recorded."""
     guard = MemoryGuard()
-    firing = Firing(guards=lambda _: guard, replica="bench:1")
+    runs: list[asyncio.Future[FireOutcome]] = []
+    firing = Firing(
+        guards=lambda _: guard,
+        replica="bench:1",
+        spawn=lambda _, carry: runs.append(asyncio.ensure_future(carry)),
+    )
     tick = datetime.now(UTC).replace(microsecond=0)
     identities = [Identity.schedule(job.code, run_key_for(tick)) for job in jobs]
-    # The collector as the daemon holds it while a tick's fires are in flight.
-    bursts = interpreter.Bursts()
+    # The collector as the daemon holds it while a big tick's runs are in flight.
+    ticks = interpreter.BigTicks()
     began = time.process_time()
-    bursts.fires(len(jobs))
-    outcomes = await asyncio.gather(
-        *(
-            firing.fire(Fire(job, tick, identity))
-            for job, identity in zip(jobs, identities, strict=True)
-        )
+    ticks.tick(len(jobs))
+    # The tick as the daemon hands it on: claimed together, each won claim a run.
+    await firing.fire_tick(
+        [Fire(job, tick, identity) for job, identity in zip(jobs, identities, strict=True)]
     )
-    bursts.fires(0)
+    while len(runs) < len(jobs):
+        await asyncio.sleep(0)  # the runs start on the wheel, a share a loop turn
+    outcomes = await asyncio.gather(*runs)
+    ticks.idle()
     spent = time.process_time() - began
     if set(outcomes) != {"success"}:
         raise SystemExit(f"not every fire succeeded: {sorted(set(outcomes))}")
@@ -104,11 +111,11 @@ async def runs_alone(jobs: list[JobConfig]) -> float:
                 timeout=job.timeout,
             )
         )
-    bursts = interpreter.Bursts()
+    ticks = interpreter.BigTicks()
     began = time.process_time()
-    bursts.fires(len(jobs))
+    ticks.tick(len(jobs))
     results = await asyncio.gather(*(execute(request, Cancellation()) for request in requests))
-    bursts.fires(0)
+    ticks.idle()
     spent = time.process_time() - began
     if {result.outcome for result in results} != {"success"}:
         raise SystemExit("not every run succeeded")

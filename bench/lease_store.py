@@ -33,7 +33,7 @@ from pgcrond.storage.embedded import throwaway
 from pgcrond.storage.jobstate import pause
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
-from tests.store_helpers import count_round_trips
+from tests.helpers.store import count_round_trips
 
 TIMING = LeaseTiming.build(timedelta(minutes=5))
 

@@ -36,7 +36,7 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
 from pgcrond.testing import throwaway
-from tests import pgbouncer as bouncer
+from tests.helpers import pgbouncer as bouncer
 
 TIMING = LeaseTiming.build(timedelta(minutes=5))
 

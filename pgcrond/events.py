@@ -1,19 +1,22 @@
 """What a fire tells the rest of the replica: the events protocol of :mod:`pgcrond.fire`.
 
 The fire decides and records; what it decided is counted (metrics), accounted
-for (MISSED rows, the outage window) and announced (failure hooks) by
+for (MISSED rows, the outage window) and announced (hooks, pings, traces) by
 subscribers of the daemon, which the fire layer must not import. A subscriber
 overrides the events it cares about; every event here is a no-op.
 
 The contract for every subscriber: called on the loop, in the fire's own
-task, so it returns at once (it may start a task of its own) and never
+task (a tick's first claims, and the answers that end a fire, in the one
+task that claims the tick's fires together: what an event names is what it
+is about), so it returns at once (it may start a task of its own) and never
 raises (an exception would end the fire; a subscriber catches its own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
@@ -28,10 +31,11 @@ class FireEvents:
         """This replica's timer went off for a tick of ``job`` (or a run was asked for)."""
 
     def first_start(
-        self, job: JobConfig, identity: Identity, tick: datetime, preferred: bool
+        self, job: JobConfig, identity: Identity, tick: datetime, preferred: Callable[[], bool]
     ) -> None:
         """This replica fires a tick's first start (no retry, takeover or catch-up);
-        ``preferred``: the tick prefers this replica (spread), or no replica."""
+        ``preferred()``: whether the tick prefers this replica (spread), or no replica
+        (asked only by a subscriber that needs it: a hash per live replica)."""
 
     def claim_sent(self, job: JobConfig, identity: Identity) -> None:
         """A claim of ``identity`` goes out now (every try of it, through an outage too)."""
@@ -88,81 +92,24 @@ class FireEvents:
 
 
 class FanOut(FireEvents):
-    """Every event to each subscriber in turn, in the order given."""
+    """Every event to each subscriber in turn, in the order given.
+
+    Its methods are made from :class:`FireEvents`' own (below): an event
+    added there reaches every subscriber with no change here.
+    """
 
     def __init__(self, subscribers: Sequence[FireEvents]) -> None:
         self._subscribers = tuple(subscribers)
 
-    def fired(self, job: JobConfig) -> None:
-        for s in self._subscribers:
-            s.fired(job)
 
-    def first_start(
-        self, job: JobConfig, identity: Identity, tick: datetime, preferred: bool
-    ) -> None:
-        for s in self._subscribers:
-            s.first_start(job, identity, tick, preferred)
+def _fanned(name: str) -> Callable[..., None]:
+    def fan(self: FanOut, *args: Any, **kwargs: Any) -> None:
+        for subscriber in self._subscribers:
+            getattr(subscriber, name)(*args, **kwargs)
 
-    def claim_sent(self, job: JobConfig, identity: Identity) -> None:
-        for s in self._subscribers:
-            s.claim_sent(job, identity)
+    fan.__name__ = fan.__qualname__ = name
+    return fan
 
-    def claim_won(self, job: JobConfig, held: Held) -> None:
-        for s in self._subscribers:
-            s.claim_won(job, held)
 
-    def claim_lost(self, job: JobConfig, reason: str) -> None:
-        for s in self._subscribers:
-            s.claim_lost(job, reason)
-
-    def skipped(self, job: JobConfig, reason: str) -> None:
-        for s in self._subscribers:
-            s.skipped(job, reason)
-
-    def paused(self, job: JobConfig, paused: bool) -> None:
-        for s in self._subscribers:
-            s.paused(job, paused)
-
-    def missed(
-        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
-    ) -> None:
-        for s in self._subscribers:
-            s.missed(job, identity, tick, cause, recorded)
-
-    def run_started(self, job: JobConfig, lateness_s: float) -> None:
-        for s in self._subscribers:
-            s.run_started(job, lateness_s)
-
-    def run_finished(self, job: JobConfig, outcome: str, duration_s: float) -> None:
-        for s in self._subscribers:
-            s.run_finished(job, outcome, duration_s)
-
-    def recorded(self, job: JobConfig, kind: Outcome, final: bool) -> None:
-        for s in self._subscribers:
-            s.recorded(job, kind, final)
-
-    def failed_for_good(self, job: JobConfig, held: Held, result: RunResult) -> None:
-        for s in self._subscribers:
-            s.failed_for_good(job, held, result)
-
-    def succeeded(self, job: JobConfig, held: Held, result: RunResult) -> None:
-        for s in self._subscribers:
-            s.succeeded(job, held, result)
-
-    def unrecorded(self, job: JobConfig, held: Held, reason: str) -> None:
-        for s in self._subscribers:
-            s.unrecorded(job, held, reason)
-
-    def missed_found(
-        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, why: str
-    ) -> None:
-        for s in self._subscribers:
-            s.missed_found(job, identity, tick, cause, why)
-
-    def fire_done(self, job: JobConfig, identity: Identity, outcome: str) -> None:
-        for s in self._subscribers:
-            s.fire_done(job, identity, outcome)
-
-    def database(self, operation: str, ok: bool) -> None:
-        for s in self._subscribers:
-            s.database(operation, ok)
+for _event in [name for name in vars(FireEvents) if not name.startswith("_")]:
+    setattr(FanOut, _event, _fanned(_event))

@@ -1,35 +1,23 @@
-"""One fire, start to end: misfire check -> guard -> runner -> record.
+"""One fire, start to end: claim -> decide -> run -> record.
 
-Every replica fires every tick; this module decides, through the job's guard
-(:mod:`pgcrond.guard`, whose contract is in ``guard/base.py``), whether this
-replica runs it, runs it, and records the outcome. It knows no guard kind. The
-daemon calls :meth:`Firing.fire` for each tick APScheduler hands it; ``pgcrond
-trigger`` calls it once for a manual run.
+Every replica fires every tick. The daemon hands a tick's fires on together
+(:meth:`Firing.fire_tick`: claimed a chunk a call, waited once for the fire
+time); a single fire (``pgcrond trigger``, a request, catch-up, an open tick
+at start) goes through :meth:`Firing.fire`. Each answer is looked up in the
+decide table (:mod:`pgcrond.decide`, where the rules are), and the step is
+carried out here through the job's guard (its contract is in
+``guard/base.py``; no guard kind is known here): run and record as the
+current holder, follow on the wheel, wait for a resume, miss, skip, end.
+Besides the table:
 
-In short:
-
-* claim (one round trip); a loss because the tick is **held** is followed:
-  the replica claims again once the holder's claim could have lapsed, and a
-  survivor reclaims the tick of a dead winner (**takeover**), however long
-  after the tick: ``misfire_grace`` bounds only a tick's first start. A
-  started tick stays followed by every replica until it is done, whatever
-  became of this replica's own attempt (lease lost, fenced, answered too
-  late);
-* the winner keeps the claim alive while the runner runs, then records SUCCESS
-  or FAIL as the current holder only; a failure with retries left is claimed
-  again (by whichever replica follows it; retries are not misfires);
-* a database outage is retried with backoff: a claim until ``misfire_grace``
-  runs out, an outcome until it lands; an unexpected error from the guard is
-  retried the same way a few times, and one on a won run is that run's
-  failure, recorded like any other;
+* a database outage is retried with backoff: a claim until its misfire
+  window ends, an outcome until it lands; an unexpected error from the guard
+  a few times, and one on a won run is that run's failure, recorded like
+  any other;
 * a replica fires one identity at most once at a time: a second fire of it
   joins the first's outcome;
-* a takeover, a retry or a run-once job refused ``paused`` waits for
-  :meth:`Firing.resumed` (``pgcrond resume``), then claims again.
-* a started tick's retry refused ``overlap`` (a newer tick of the job runs
-  and its overlap policy bounds the job) is claimed again once that run
-  could be over, never dropped; so is a tick refused ``waiting`` (buffer_one,
-  replace), sooner;
+* a bounded job's claim (concurrency: forbid, replace, buffer_one,
+  max_concurrent) waits while a run of it abandoned here still runs;
 * a run stopped because a newer tick replaced it (concurrency: replace) is
   recorded replaced, which frees the job's slot for that tick.
 """
@@ -209,7 +197,7 @@ class Firing:
         """
         groups: dict[int, tuple[Guard, list[Fire]]] = {}
         for fire in fires:
-            if fire.identity in self._in_flight:
+            if fire.identity in self._in_flight or self.stopping.is_set():
                 continue
             self._enter(fire)
             if fire.started or fire.identity.type != "SCHEDULE":
@@ -259,12 +247,20 @@ class Firing:
                 self._leave(fire, "crashed")
             return
         for index, fire in enumerate(together):
-            if answers is not None:
-                await self._answered(guard, fire, answers[index], resumes)
-            elif not self.stopping.is_set() and (requests[index].deadline or deadline) > deadline:
-                self._spawn_fire(fire, self._carry(fire, counted=True))
-            else:
-                await self._answered(guard, fire, None, resumes)
+            # No answer by the chunk's first window end: a fire with a longer
+            # window claims on alone (not once the replica stops).
+            alone_now = answers is None and not self.stopping.is_set()
+            try:
+                if alone_now and (requests[index].deadline or deadline) > deadline:
+                    self._spawn_fire(fire, self._carry(fire, counted=True))
+                else:
+                    answer = None if answers is None else answers[index]
+                    await self._answered(guard, fire, answer, resumes)
+            except Exception as exc:
+                # One fire's bug ends that fire only, never the rest of its chunk.
+                _bound(fire).exception("fire_crashed", error=_describe(exc))
+                if fire.identity in self._in_flight:
+                    self._leave(fire, "crashed")
 
     async def _answered(
         self, guard: Guard, fire: Fire, answer: Held | Refused | None, resumes: int
@@ -364,8 +360,8 @@ class Firing:
 
     def _first_start(self, guard: Guard, fire: Fire) -> None:
         # A fire another replica is preferred for comes here once that one let it pass.
-        preferred = not guard.defers(fire.identity)
-        self.events.first_start(fire.job, fire.identity, fire.tick, preferred)
+        identity = fire.identity
+        self.events.first_start(fire.job, identity, fire.tick, lambda: not guard.defers(identity))
 
     async def _send_claims(
         self, guard: Guard, fires: list[Fire], requests: list[ClaimRequest]

@@ -34,8 +34,8 @@ from pgcrond.storage.embedded import LocalServer, throwaway
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
 from pgcrond.tickplan import CLAIM_AHEAD_MAX
-from tests import idle
-from tests.daemon_harness import wait_until
+from tests.helpers import idle
+from tests.helpers.daemon_harness import wait_until
 
 TIERS = ("unit", "integration", "system")
 # Heaviest first: a test is in the tier of the heaviest fixture it uses.
@@ -244,7 +244,7 @@ async def store(pg_dsn: str, schema: str) -> AsyncIterator[LeaseStore]:
         await db.close()
 
 
-# The idle scenario in the background (tests/idle.py), once per session: every
+# The idle scenario in the background (tests/helpers/idle.py), once per session: every
 # process of the session (each pytest-xdist worker) shares it through a
 # directory the controller makes, and the controller stops it at the end.
 IDLE_HOME = "PGCROND_TEST_IDLE_HOME"  # a PGCROND_ name: kept from the replicas' environment
@@ -280,7 +280,7 @@ def _start_idle_scenario() -> idle.Background:
 def idle_minute(system_processes: None) -> idle.IdleMinute:
     """Three listening replicas' first idle minute, as their own server logged it.
 
-    Run once for the two tests that judge it (tests/idle.py), started early
+    Run once for the two tests that judge it (tests/helpers/idle.py), started early
     by ``pytest_runtest_setup`` when either test is selected: the touch is
     once a minute, a wait that costs no CPU and so overlaps other tests.
     """

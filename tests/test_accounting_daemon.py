@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,11 +17,9 @@ import psycopg
 import pytest
 
 from pgcrond.core.schedule import run_key_for, tick_of
-from tests.daemon_harness import PGCROND, Cluster, Replica, cluster, wait_until
+from tests.helpers.daemon_harness import LEDGER, Cluster, Replica, cli, cluster, wait_until
 
 pytestmark = pytest.mark.slow
-
-LEDGER = "tests.ledger_jobs:record"
 
 
 def every_second(schema: str, *, catch_up: str = "none", extra: str = "") -> str:
@@ -38,17 +35,6 @@ def every_second(schema: str, *, catch_up: str = "none", extra: str = "") -> str
         "    lease: 1500ms\n"
         f"    catch_up: {catch_up}\n"
         f"{extra}"
-    )
-
-
-def pgcrond(running: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(PGCROND), *args],
-        env=running.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
 
 
@@ -128,20 +114,20 @@ def test_pause_across_three_replicas_skips_ticks_as_paused_and_resume_runs_again
             20,
             "a tick to run",
         )
-        paused = pgcrond(running, "pause", "tick", "--reason", "deploying", "-c", str(path))
-        assert 0 == paused.returncode, paused.stderr
+        code, _, err = cli(running, "pause", "tick", "--reason", "deploying", "-c", str(path))
+        assert 0 == code, err
         paused_at = datetime.now(UTC)
         wait_until(
             lambda: len(running.rows("SELECT 1 FROM {leases} WHERE status = 'SKIPPED'")) >= 3,
             20,
             "three ticks skipped as paused",
         )
-        status = pgcrond(running, "status", "-c", str(path), "--json")
+        _, status, _ = cli(running, "status", "-c", str(path), "--json")
         # The pause ends when the resume commits, somewhere inside this call:
         # ticks from here on may run.
         resuming_at = datetime.now(UTC)
-        resumed = pgcrond(running, "resume", "tick", "-c", str(path))
-        assert 0 == resumed.returncode, resumed.stderr
+        code, _, err = cli(running, "resume", "tick", "-c", str(path))
+        assert 0 == code, err
         resumed_at = datetime.now(UTC)
         wait_until(
             lambda: running.rows(
@@ -173,7 +159,7 @@ def test_pause_across_three_replicas_skips_ticks_as_paused_and_resume_runs_again
     assert inside and all(row["status"] == "SKIPPED" for row in inside)
     # Skips came from more than one replica: each honours the pause on its own claim.
     assert len({row["owner"] for row in skipped}) >= 1
-    [entry] = json.loads(status.stdout)["jobs"]
+    [entry] = json.loads(status)["jobs"]
     assert "database" == entry["paused"]["source"] and "deploying" == entry["paused"]["reason"]
 
 
@@ -191,7 +177,7 @@ def test_catch_up_dry_run_prints_what_catch_up_then_does(
             "    lease: 1500ms\n"
         )
         path = running.write_config(text)
-        assert 0 == pgcrond(running, "migrate", "-c", str(path)).returncode
+        assert 0 == cli(running, "migrate", "-c", str(path))[0]
         # Each job's record ends 8 s ago (as if every replica stopped then).
         last = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=8)
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -204,17 +190,17 @@ def test_catch_up_dry_run_prints_what_catch_up_then_does(
                     "1, 1, 1500, %s, %s, %s, %s, %s)",
                     (f"seed:{code}", code, run_key_for(last), *(last,) * 5),
                 )
-        dry = pgcrond(running, "catch-up", "--dry-run", "--json", "-c", str(path))
-        assert 0 == dry.returncode, dry.stderr
-        plan = json.loads(dry.stdout)["plan"]
-        done = pgcrond(running, "catch-up", "-c", str(path))
-        assert 0 == done.returncode, done.stdout + done.stderr
+        exit_code, out, err = cli(running, "catch-up", "--dry-run", "--json", "-c", str(path))
+        assert 0 == exit_code, err
+        plan = json.loads(out)["plan"]
+        exit_code, out, err = cli(running, "catch-up", "-c", str(path))
+        assert 0 == exit_code, out + err
         rows = {
             (r["code"], r["run_key"]): r
             for r in running.rows("SELECT code, run_key, status, reason FROM {leases}")
         }
         ledger = running.rows("SELECT job, run_key FROM {ledger} WHERE phase = 'start' ORDER BY id")
-        again = pgcrond(running, "catch-up", "--dry-run", "--json", "-c", str(path))
+        _, again, _ = cli(running, "catch-up", "--dry-run", "--json", "-c", str(path))
     planned_run = [(p["job"], p["run_key"]) for p in plan if p["action"] == "run (catch-up)"]
     planned_missed = [(p["job"], p["run_key"]) for p in plan if p["action"] == "record MISSED"]
     assert len(planned_run) >= 5 and {"tick"} == {job for job, _ in planned_run}
@@ -232,7 +218,7 @@ def test_catch_up_dry_run_prints_what_catch_up_then_does(
     assert set(planned_run) <= set(started)
     # Nothing is left to account for right after (bar the ticks since).
     assert all(p["action"] != "record MISSED" or p["run_key"] > max(k for _, k in planned_missed)
-               for p in json.loads(again.stdout)["plan"])  # fmt: skip
+               for p in json.loads(again)["plan"])  # fmt: skip
 
 
 @pytest.mark.usefixtures("system_processes")

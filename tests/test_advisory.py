@@ -32,7 +32,7 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer
 from pgcrond.storage.sql import Queries
 from pgcrond.storage.sync_advisory import SyncAdvisoryLock, advisory_lock_sync
-from tests.store_helpers import quick_processes
+from tests.helpers.store import quick_processes
 
 ROOT = Path(__file__).parent.parent
 VECTORS: dict[str, Any] = json.loads(

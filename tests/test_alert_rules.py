@@ -21,7 +21,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,8 +32,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgcrond.daemon.metrics import Metrics
-from tests.daemon_harness import ROOT, Replica, cluster, wait_until
-from tests.test_daemon import LEDGER, config
+from tests.helpers.daemon_harness import LEDGER, ROOT, Replica, cluster, config, wait_until
+from tests.helpers.http import answer
 
 RULES = ROOT / "deploy" / "prometheus" / "pgcrond-rules.yaml"
 OPERATOR = ROOT / "deploy" / "prometheus" / "prometheusrule.yaml"
@@ -114,8 +113,7 @@ def test_promtool_accepts_both_rule_files(tmp_path: Path) -> None:
 
 def scrape(replica: Replica) -> list[Sample]:
     url = f"http://{replica.http_address()}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
+    text = answer(url, timeout=5).raise_for_status().text
     return [
         (sample.name, dict(sample.labels), sample.value)
         for family in text_string_to_metric_families(text)
@@ -129,9 +127,9 @@ def value(samples: list[Sample], name: str, job: str) -> float | None:
 
 def readyz(replica: Replica) -> str:
     url = f"http://{replica.http_address()}/readyz"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        assert 200 == response.status  # a stale job never fails readiness
-        return str(response.read().decode())
+    response = answer(url, timeout=5)
+    assert 200 == response.status_code  # a stale job never fails readiness
+    return response.text
 
 
 def series(samples: list[Sample], instance: str, *names: str) -> dict[str, float]:

@@ -27,8 +27,8 @@ from pgcrond.storage.claims import Acquired
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.ticks import MISSED_REASONS as STORED_REASONS
 from pgcrond.storage.ticks import job_ticks
-from tests.store_helpers import open_store
-from tests.test_http import fetch
+from tests.helpers.http import fetch
+from tests.helpers.store import open_store
 
 T0 = datetime(2026, 11, 30, 4, 0, tzinfo=UTC).timestamp()
 

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from pgcrond.run.output import HTTP_BODY_BYTES
-from tests.daemon_harness import PGCROND, ROOT, wait_until
+from tests.helpers.daemon_harness import PGCROND, ROOT, wait_until
 from tests.jobs_fixture import docs_example
 
 pytestmark = pytest.mark.usefixtures("subprocesses")

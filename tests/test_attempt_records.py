@@ -22,9 +22,8 @@ import pytest
 
 from pgcrond.daemon.page.routes import job_path
 from pgcrond.run.output import HEAD_BYTES, TAIL_BYTES
-from tests.daemon_harness import PGCROND, Cluster, cluster, wait_until
-from tests.test_daemon import at, config
-from tests.test_status_browser import CHROMIUM, Browser
+from tests.helpers.browser import CHROMIUM, Browser
+from tests.helpers.daemon_harness import PGCROND, Cluster, at, cluster, config, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 

@@ -33,15 +33,12 @@ from pgcrond.core.cancel import Cancellation
 from pgcrond.core.outcome import RunResult
 from pgcrond.run import box
 from pgcrond.run.runner import execute
-from tests.as_nobody import nobody_python
+from tests.helpers.as_nobody import HOG, ROOT_ONLY, nobody_python
 from tests.jobs_fixture import logged_run, make_request
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("subprocesses")]
 
 NOBODY = 65534
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
-# Allocates and touches 300 MiB: far over a 64MiB limit.
-HOG = "b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096]); print('survived')"
 
 
 @pytest.fixture

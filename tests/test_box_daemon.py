@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import Cluster, cluster, wait_until
-from tests.test_box import HOG, ROOT_ONLY
-from tests.test_daemon import at
+from tests.helpers.as_nobody import HOG, ROOT_ONLY
+from tests.helpers.daemon_harness import Cluster, at, cluster, wait_until
 
 # Starts replicas: the system tier.
 pytestmark = [pytest.mark.usefixtures("system_processes"), pytest.mark.timeout(90)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-import urllib.request
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -20,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from pgcrond.cli import main
-from tests.daemon_harness import Cluster, cluster, wait_until
+from tests.helpers.daemon_harness import LEDGER, Cluster, cluster, wait_until
+from tests.helpers.http import answer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 
-LEDGER = "tests.ledger_jobs:record"
 EVERY_S = 2
 
 
@@ -63,8 +62,8 @@ def gaps(run_keys: list[str]) -> set[int]:
 
 def page_ticks(address: str, code: str) -> list[dict[str, object]]:
     """The ticks a replica's status page shows for a job (its JSON)."""
-    with urllib.request.urlopen(f"http://{address}/status/jobs/{code}.json", timeout=10) as answer:
-        ticks: list[dict[str, object]] = json.load(answer)["ticks"]
+    url = f"http://{address}/status/jobs/{code}.json"
+    ticks: list[dict[str, object]] = answer(url).raise_for_status().json()["ticks"]
     return ticks
 
 

@@ -40,10 +40,9 @@ from pgcrond.storage.db import Database
 from pgcrond.storage.jobstate import pause
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
-from pgcrond.tickplan import CLAIM_AHEAD, CLAIM_AHEAD_MAX, LEAD_PER_JOB, lead_for
-from tests.daemon_harness import cluster, wait_until
-from tests.test_clock_skew import database_now
-from tests.test_daemon import LEDGER, config
+from pgcrond.tickplan import CLAIM_AHEAD, CLAIM_AHEAD_MAX, lead_for
+from tests.helpers.daemon_harness import LEDGER, cluster, config, wait_until
+from tests.helpers.store import database_now
 
 TWO_S = LeaseTiming.build(timedelta(seconds=2), timedelta(0))
 # The store below wins claims this far ahead (the daemon's CLAIM_AHEAD is a
@@ -303,13 +302,17 @@ async def test_a_reload_that_changes_a_job_after_its_claim_ahead_runs_the_new_de
 
 
 def test_a_tick_s_lead_grows_with_its_jobs_to_claim_ahead_max_and_half_its_gap() -> None:
-    minute = timedelta(minutes=1)
-    assert lead_for(1, minute) == CLAIM_AHEAD + LEAD_PER_JOB
-    assert lead_for(10_000, minute) == CLAIM_AHEAD + 10_000 * LEAD_PER_JOB
-    assert lead_for(100_000, minute) == lead_for(100_000, None) == CLAIM_AHEAD_MAX
+    """A tick with more jobs is claimed no later (its claims take longer), from CLAIM_AHEAD
+    up to CLAIM_AHEAD_MAX, and never before the tick ahead of it (half the gap)."""
+    minute, second = timedelta(minutes=1), timedelta(seconds=1)
+    sizes = [1, 10, 100, 1_000, 10_000, 100_000]
+    leads = [lead_for(n, minute) for n in sizes]
+    assert sorted(leads) == leads and leads[0] < leads[-1]
+    assert [CLAIM_AHEAD < lead <= CLAIM_AHEAD_MAX for lead in leads] == [True] * len(sizes)
+    assert CLAIM_AHEAD_MAX == lead_for(100_000, minute) == lead_for(100_000, None)
     # Per-second ticks: a tick is not claimed before the one before it.
-    assert lead_for(10_000, timedelta(seconds=1)) == timedelta(milliseconds=500)
-    assert lead_for(1, timedelta(milliseconds=1)) == CLAIM_AHEAD  # never less
+    assert [lead_for(n, second) <= second / 2 for n in sizes] == [True] * len(sizes)
+    assert CLAIM_AHEAD == lead_for(1, timedelta(milliseconds=1))  # never less
 
 
 def test_apscheduler_wakes_claim_ahead_max_before_each_tick() -> None:

@@ -24,7 +24,7 @@ from pgcrond.cli import HANDLERS, build_parser
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import changed_fields
 from pgcrond.ops.shell import MANPAGE, render_manpage
-from tests.daemon_harness import cluster
+from tests.helpers.daemon_harness import cluster
 
 PGCROND = Path(sys.executable).parent / "pgcrond"
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,22 +24,14 @@ from pgcrond.fire import Fire, Firing
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.storage import ticks
 from pgcrond.storage.leases import LeaseStore
-from tests.daemon_harness import Replica, cluster, wait_until
 from tests.faults.clockshift import ShimUnavailable, build, shifted
-from tests.store_helpers import accounting
+from tests.helpers.daemon_harness import Replica, cluster, wait_until
+from tests.helpers.store import accounting, database_now
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")
 
 GRACE = timedelta(seconds=2)
-
-
-def database_now(dsn: str) -> datetime:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None
-    now: datetime = row[0]
-    return now
 
 
 async def test_a_tick_before_its_deadline_by_the_database_clock_is_never_recorded_missed(

@@ -6,30 +6,24 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import PGCROND, Cluster, Replica, cluster, wait_until
-from tests.idle import IdleMinute
-from tests.test_daemon import LEDGER, config
+from tests.helpers.daemon_harness import (
+    LEDGER,
+    Cluster,
+    Replica,
+    cli,
+    cluster,
+    config,
+    wait_until,
+)
+from tests.helpers.idle import IdleMinute
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
-
-
-def cli(running: Cluster, *args: str) -> tuple[int, str, str]:
-    done = subprocess.run(
-        [str(PGCROND), *args],
-        env=running.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return done.returncode, done.stdout, done.stderr
 
 
 def restart(running: Cluster, old: Replica, path: Path, number: int) -> Replica:

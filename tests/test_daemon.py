@@ -13,85 +13,24 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pgcrond.storage.embedded import LocalServer
-from tests.daemon_harness import Cluster, Replica, cluster, settled, wait_until
 from tests.faults.checker import owner_pid
+from tests.helpers.daemon_harness import (
+    LEDGER,
+    at,
+    attempted_initial,
+    cluster,
+    config,
+    first_start,
+    one_shot,
+    settled,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
-
-LEDGER = "tests.ledger_jobs:record"
-
-
-def config(schema: str, jobs: str, *, defaults: str = "", extra: str = "") -> str:
-    return (
-        "database:\n"
-        "  url: ${PGCROND_DATABASE_URL}\n"
-        f"  schema: {schema}\n"
-        f"{extra}"
-        "defaults:\n"
-        "  misfire_grace: 30s\n"
-        # Every tick inside its window runs, late or not: these tests judge the
-        # lease's once-per-tick guarantee, not coalescing (tests/test_late_ticks.py).
-        "  late_ticks: all\n"
-        # Below misfire_grace, so that a dead winner's tick can be taken over.
-        "  lease: 20s\n"
-        f"{defaults}"
-        "jobs:\n"
-        f"{jobs}"
-    )
-
-
-# A replica's start under the suite's load (imports, three xdist workers, the
-# image build) can take seconds, and a job with no row yet starts its record at
-# its first tick after the scheduler starts (docs/operations.md, "Every tick
-# accounted for"): an ``at:`` instant that passed during the start is not its.
-# Instants are put this much further out.
-START_SLACK_S = 4.0
-
-
-def at(seconds: float) -> str:
-    """An ``at:`` instant ``seconds`` (plus the start's slack) from now, whole seconds, UTC."""
-    moment = datetime.now(UTC) + timedelta(seconds=seconds + START_SLACK_S)
-    return moment.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def one_shot(
-    schema: str,
-    *,
-    seconds: float,
-    sleep: float,
-    lease: str,
-    heartbeat: str,
-    defaults: str = "",
-    extra: str = "",
-    sleeping_attempts: int | None = None,
-) -> str:
-    limit = "" if sleeping_attempts is None else f', LEDGER_SLEEP_ATTEMPTS: "{sleeping_attempts}"'
-    return config(
-        schema,
-        f"  long:\n"
-        f'    at: "{at(seconds)}"\n'
-        f"    entrypoint: {LEDGER}\n"
-        f"    lease: {lease}\n"
-        f"    heartbeat: {heartbeat}\n"
-        f'    env: {{LEDGER_SLEEP: "{sleep}"{limit}}}\n',
-        defaults=defaults,
-        extra=extra,
-    )
-
-
-def first_start(running: Cluster) -> dict[str, Any]:
-    """The ledger's first 'start' row, once a run has started."""
-    rows: list[dict[str, Any]] = wait_until(
-        lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY id"),
-        20,
-        "a run to start",
-    )
-    return rows[0]
 
 
 def test_three_replicas_run_every_tick_exactly_once(
@@ -342,10 +281,6 @@ def test_a_database_restart_mid_run_loses_no_outcome(
     assert "SUCCESS" == leases[0]["status"]
     assert 1 == leases[0]["attempt"]
     assert ["start", "end"] == phases
-
-
-def attempted_initial(replica: Replica) -> bool:
-    return bool(replica.events("initial_attempted") or replica.events("claim_lost"))
 
 
 def test_a_run_once_job_runs_once_across_replicas_and_restarts(

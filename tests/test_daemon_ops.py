@@ -8,26 +8,30 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgcrond.storage.embedded import LocalServer
-from tests.daemon_harness import PGCROND, clear_of_a_minute_edge, cluster, quiet_cron, wait_until
-from tests.test_daemon import LEDGER, at, config
+from tests.helpers.daemon_harness import (
+    LEDGER,
+    PGCROND,
+    at,
+    clear_of_a_minute_edge,
+    cluster,
+    config,
+    quiet_cron,
+    wait_until,
+)
+from tests.helpers.http import answer
 
 pytestmark = pytest.mark.slow
 
 
 def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    response = answer(url, timeout=5)
+    return response.status_code, response.text
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -28,8 +28,8 @@ from pgcrond.guard.lease import LeaseGuard
 from pgcrond.guard.memory import MemoryGuard
 from pgcrond.guard.spread import Spread
 from pgcrond.storage.claims import Acquired, Standing
-from tests.store_helpers import count_round_trips, open_store
-from tests.test_corners_fire import job
+from tests.helpers.fire import quick_job
+from tests.helpers.store import count_round_trips, open_store
 
 A, B = "host-a:1", "host-b:2"
 DELAY = timedelta(milliseconds=100)
@@ -83,7 +83,7 @@ async def test_a_deferred_tick_is_left_settled_claimed_when_orphaned_and_followe
 ) -> None:
     tick = datetime.now(UTC).replace(microsecond=0)
     done, failed, retry, held, orphan = preferred_to_a(5, tick)
-    the_job = job(tmp_path, "command: ['true']")
+    the_job = quick_job(command=["true"])
     trace = tmp_path / "b.trace"
     async with (
         open_store(pg_dsn, schema, owner=A) as store_a,
@@ -174,7 +174,7 @@ async def test_a_look_that_fails_fires_every_tick_of_it_as_usual(
     deferral = Deferral(firing, spawned.fire, spawned.spawn, lambda: timedelta(0))
     ticks = [Identity.schedule(f"job-{n}", run_key_for(tick)) for n in range(3)]
     for identity in ticks:
-        assert deferral.offer(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+        assert deferral.offer(Fire(quick_job(command=["true"]), tick, identity))
     while len(spawned.fires) < len(ticks):
         spawned.arrived.clear()
         await asyncio.wait_for(spawned.arrived.wait(), 5)
@@ -195,7 +195,7 @@ async def test_a_big_look_claims_its_ticks_in_one_call_and_none_once_stopping(
     spawned = Spawned()
     deferral = Deferral(firing, spawned.fire, spawned.spawn, lambda: DELAY)
     count = 2 * CHUNK + 50
-    the_job = job(tmp_path, "command: ['true']")
+    the_job = quick_job(command=["true"])
     for n in range(count):
         identity = Identity.schedule(f"job-{n}", run_key_for(tick))
         assert deferral.offer(Fire(the_job, tick, identity))

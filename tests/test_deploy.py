@@ -1,7 +1,7 @@
 """The deployment files agree with the daemon, and each passes its own tool.
 
 Dockerfile, systemd unit, Kubernetes manifests and Compose file are compared
-to ``tests/deploy_contract.py`` (ports, paths, signals, grace periods, names),
+to ``tests/helpers/deploy_contract.py`` (ports, paths, signals, grace periods, names),
 validated by the tool that will read them (systemd-analyze, the Kubernetes
 schemas, hadolint), and the least-privilege SQL is applied to a real server.
 A test skips only when its tool is not installed, naming what to install.
@@ -23,8 +23,6 @@ import sys
 import threading
 import time
 import tomllib
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -40,7 +38,8 @@ from pgcrond.config.loader import load_config
 from pgcrond.core.durations import format_duration
 from pgcrond.errors import PgcrondError
 from pgcrond.storage.embedded import find_bindir, free_port
-from tests import deploy_contract as contract
+from tests.helpers import deploy_contract as contract
+from tests.helpers.http import status_of
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -840,17 +839,6 @@ def read_env_file(path: Path) -> dict[str, str]:
     return settings
 
 
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            status: int = response.status
-            return status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
 @pytest.mark.usefixtures("system_processes")
 def test_daemon_started_as_the_unit_says_gets_ready_and_stops_cleanly_on_sigterm(
     pg_dsn: str, schema: str, tmp_path: Path
@@ -890,11 +878,11 @@ def test_daemon_started_as_the_unit_says_gets_ready_and_stops_cleanly_on_sigterm
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:
         deadline = time.monotonic() + 30
-        ready = None
+        ready = 0
         while time.monotonic() < deadline and process.poll() is None:
             with contextlib.suppress(TimeoutError):
                 messages += notify.recv(4096).decode().splitlines()
-            ready = http_status(f"http://127.0.0.1:{port}{contract.READYZ_PATH}")
+            ready = status_of(f"http://127.0.0.1:{port}{contract.READYZ_PATH}", timeout=2)
             if ready == 200 and "READY=1" in messages:
                 break
         assert (200, None) == (ready, process.poll()), messages

@@ -1,6 +1,6 @@
 """A primary failover under real replicas: stop the primary mid-run, promote the standby.
 
-Two servers on this machine stream WAL (tests/replication.py); the daemon's
+Two servers on this machine stream WAL (tests/helpers/replication.py); the daemon's
 URL names both with ``target_session_attrs=read-write``. The jobs' ledger
 lives on a third server (the suite's), so what ran is known even when the
 failover loses commits.
@@ -28,11 +28,19 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from tests.daemon_harness import Cluster, Replica, settled, wait_until
 from tests.faults.checker import owner_pid
+from tests.helpers.daemon_harness import (
+    LEDGER,
+    Cluster,
+    Replica,
+    at,
+    attempted_initial,
+    config,
+    settled,
+    wait_until,
+)
+from tests.helpers.replication import ReplicatedPair, replicated_pair
 from tests.ledger_jobs import LEDGER_DDL
-from tests.replication import ReplicatedPair, replicated_pair
-from tests.test_daemon import LEDGER, at, attempted_initial, config
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 

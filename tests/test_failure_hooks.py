@@ -14,9 +14,8 @@ import pytest
 
 from pgcrond.config.loader import load_config
 from pgcrond.errors import ConfigError
-from tests.daemon_harness import cluster, wait_until
-from tests.hook_receiver import Receiver, receiving
-from tests.test_daemon import at, config
+from tests.helpers.daemon_harness import at, cluster, config, wait_until
+from tests.helpers.hook_receiver import Receiver, receiving
 
 
 @pytest.fixture

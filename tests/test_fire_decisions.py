@@ -6,8 +6,8 @@ as a test scripts it, or, for the paths a guard's bug takes, as a small
 subclass here breaks it (a claim, a keep-alive or a record that raises).
 Subscribers of the fire's events (``Events``) see what it told the replica.
 
-``scripts/test`` checks that this file alone covers every line and branch of
-``pgcrond/fire.py`` (``coverage --branch``, 100 %).
+The decisions themselves are the decide table's (``tests/test_decide.py``
+holds it to 100 % of its branches); here the fire carries them out.
 """
 
 from __future__ import annotations
@@ -44,17 +44,8 @@ from pgcrond.guard.base import (
 from pgcrond.guard.memory import MemoryGuard, Row
 from pgcrond.run import leftovers
 from tests import jobs_fixture
-from tests.test_corners_requests import until
-
-
-def job(tmp_path: Path, body: str) -> JobConfig:
-    path = tmp_path / "jobs.yaml"
-    path.write_text(
-        "database: {url: 'postgresql://unused@127.0.0.1/x'}\n"
-        "jobs:\n"
-        f"  j: {{cron: '* * * * *', lease: 200ms, heartbeat: 0s, misfire_grace: 1s, {body}}}\n"
-    )
-    return load_config([path]).jobs["j"]
+from tests.helpers.daemon_harness import until
+from tests.helpers.fire import quick_job
 
 
 def now_tick(offset: float = 0.0) -> tuple[datetime, Identity]:
@@ -202,7 +193,7 @@ class CancelsTheFire(MemoryGuard):
 async def test_a_won_claim_runs_and_records_success(tmp_path: Path) -> None:
     guard = MemoryGuard()
     tick, identity = now_tick()
-    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "success" == outcome
     assert "SUCCESS" == guard.rows[identity].status
     assert ["claim", "record:success"] == guard.calls
@@ -212,7 +203,7 @@ async def test_a_won_claim_runs_and_records_success(tmp_path: Path) -> None:
 async def test_a_failure_with_retries_left_is_claimed_again_and_retried(tmp_path: Path) -> None:
     guard = MemoryGuard()
     tick, identity = now_tick()
-    failing = job(tmp_path, "command: ['false'], retries: 1, retry_delay: 50ms")
+    failing = quick_job(command=["false"], retries=1, retry_delay="50ms")
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard).fire(Fire(failing, tick, identity))
     attempts = [e["attempt"] for e in logs if e["event"] == "run_finished"]
@@ -227,7 +218,7 @@ async def test_a_tick_held_elsewhere_is_taken_over_once_its_lease_lapses(tmp_pat
     tick, identity = now_tick()
     # A dead winner's row: RUNNING, its lease lapsing 100 ms from now.
     guard.rows[identity] = Row("RUNNING", 1, 99, datetime.now(UTC) + timedelta(milliseconds=100))
-    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "success" == outcome
     assert (2, "SUCCESS") == (guard.rows[identity].attempt, guard.rows[identity].status)
 
@@ -240,7 +231,7 @@ async def test_a_fenced_outcome_is_not_recorded_and_the_tick_is_still_followed(
     guard = MemoryGuard(script=deque([None, "fence"]))  # type: ignore[list-item]
     tick, identity = now_tick()
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+        outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert any(e["event"] == "outcome_fenced" for e in logs)
     # Its own lapsed row was taken over by the next claim and run to the end.
     assert "success" == outcome
@@ -253,7 +244,7 @@ async def test_a_claim_is_retried_through_an_outage_within_the_misfire_window(
 ) -> None:
     guard = MemoryGuard(script=deque(["unavailable", "unavailable"]))
     tick, identity = now_tick()
-    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "success" == outcome
     assert ["claim", "claim", "claim", "record:success"] == guard.calls
 
@@ -262,7 +253,7 @@ async def test_an_outage_longer_than_the_misfire_window_is_a_miss(tmp_path: Path
     guard = MemoryGuard(script=deque(["unavailable"] * 50))
     tick, identity = now_tick(-0.5)
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+        outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     missed = [e for e in logs if e["event"] == "tick_missed"]
     assert "misfire" == outcome
     assert ["database_unavailable"] == [e["cause"] for e in missed]
@@ -272,7 +263,7 @@ async def test_a_fire_later_than_the_misfire_grace_never_claims(tmp_path: Path) 
     """Under a guard without history: the replica's clock is all there is to judge by."""
     guard = MemoryGuard(remembers=False)
     tick, identity = now_tick(-2)
-    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "misfire" == outcome
     assert [] == guard.calls
 
@@ -283,7 +274,7 @@ async def test_a_late_fire_under_a_guard_with_history_is_judged_by_its_claim(
     """The guard's clock (the database's) decides, not the replica's."""
     guard = MemoryGuard()
     tick, identity = now_tick(-2)
-    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "misfire" == outcome
     assert ["claim"] == guard.calls
 
@@ -293,7 +284,7 @@ async def test_a_tick_not_due_by_the_guards_clock_waits_and_then_runs(tmp_path: 
     """A replica whose clock runs ahead waits for the database's."""
     guard = MemoryGuard()
     tick, identity = now_tick(0.3)
-    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "success" == outcome
     assert ["claim", "claim", "record:success"] == guard.calls
 
@@ -302,7 +293,7 @@ async def test_a_tick_not_due_by_the_guards_clock_waits_and_then_runs(tmp_path: 
 async def test_an_overlap_refusal_is_a_skip(tmp_path: Path, reason: str) -> None:
     tick, identity = now_tick()
     guard = MemoryGuard(script=deque([Refused(identity, reason)]))  # type: ignore[arg-type]
-    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "skip" == outcome
 
 
@@ -316,7 +307,7 @@ async def test_a_due_retry_blocked_by_a_newer_running_tick_waits_for_it(tmp_path
     tick, identity = now_tick(-0.5)
     blocked = Refused(identity, "overlap", "FAIL", attempt=1)
     guard = MemoryGuard(script=deque([blocked]))
-    forbid = job(tmp_path, "command: ['true'], concurrency: forbid")
+    forbid = quick_job(command=["true"], concurrency="forbid")
     outcome = await firing(guard).fire(Fire(forbid, tick, identity, started=True))
     assert "success" == outcome
     assert ["claim", "claim", "record:success"] == guard.calls
@@ -330,7 +321,7 @@ async def test_a_first_claim_after_the_next_tick_is_coalesced_by_the_guard(
     tick, identity = now_tick(-0.5)
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard).fire(
-            Fire(job(tmp_path, "command: ['true']"), tick, identity, superseded_at=tick)
+            Fire(quick_job(command=["true"]), tick, identity, superseded_at=tick)
         )
     assert "misfire" == outcome
     assert ["claim"] == guard.calls
@@ -343,7 +334,7 @@ async def test_a_coalesced_tick_under_a_guard_without_history_never_claims(
     guard = MemoryGuard(remembers=False)
     tick, identity = now_tick(-0.5)
     outcome = await firing(guard).fire(
-        Fire(job(tmp_path, "command: ['true']"), tick, identity, superseded_at=tick)
+        Fire(quick_job(command=["true"]), tick, identity, superseded_at=tick)
     )
     assert "misfire" == outcome
     assert [] == guard.calls
@@ -355,7 +346,7 @@ async def test_a_retry_is_never_coalesced(tmp_path: Path) -> None:
     guard = MemoryGuard()
     tick, identity = now_tick(-0.5)
     # The retry waits at least 400 ms (half of retry_delay): past superseded_at.
-    failing = job(tmp_path, "command: ['false'], retries: 1, retry_delay: 800ms")
+    failing = quick_job(command=["false"], retries=1, retry_delay="800ms")
     superseded = datetime.now(UTC) + timedelta(milliseconds=300)
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard).fire(Fire(failing, tick, identity, superseded_at=superseded))
@@ -366,7 +357,7 @@ async def test_a_retry_is_never_coalesced(tmp_path: Path) -> None:
 async def test_a_late_answer_is_a_miss_not_a_run(tmp_path: Path) -> None:
     tick, identity = now_tick()
     guard = MemoryGuard(script=deque([Refused(identity, "late")]))
-    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "misfire" == outcome
 
 
@@ -378,7 +369,7 @@ async def test_a_pending_retry_is_followed_past_the_misfire_window(tmp_path: Pat
         identity, "retry_pending", "FAIL", wait=timedelta(seconds=0.7), attempt=1, cause="error"
     )
     guard = MemoryGuard(script=deque([pending]))
-    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "success" == outcome
     assert ["claim", "claim", "record:success"] == guard.calls
 
@@ -388,7 +379,7 @@ async def test_a_lost_tick_is_not_followed_by_trigger(tmp_path: Path) -> None:
     held = Refused(identity, "held", "RUNNING", wait=timedelta(seconds=0.1), attempt=1)
     guard = MemoryGuard(script=deque([held]))
     outcome = await firing(guard).fire(
-        Fire(job(tmp_path, "command: ['true']"), tick, identity, follow=False)
+        Fire(quick_job(command=["true"]), tick, identity, follow=False)
     )
     assert "lose" == outcome
     assert ["claim"] == guard.calls
@@ -400,7 +391,7 @@ async def test_a_started_tick_is_taken_over_past_the_misfire_window(tmp_path: Pa
     tick, identity = now_tick(-0.5)
     held = Refused(identity, "held", "RUNNING", wait=timedelta(seconds=0.7), attempt=1)
     guard = MemoryGuard(script=deque([held]))
-    outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "success" == outcome
     assert ["claim", "claim", "record:success"] == guard.calls
 
@@ -450,7 +441,7 @@ async def test_a_second_fire_of_one_identity_joins_the_first_and_claims_nothing(
     fire = firing(guard, events)
     identity = request_identity()
     key = identity.run_key or ""
-    gated = job(tmp_path, "entrypoint: 'tests.jobs_fixture:ignore_cancel'")
+    gated = quick_job(entrypoint="tests.jobs_fixture:ignore_cancel")
     tick = datetime.now(UTC)
     try:
         with structlog.testing.capture_logs() as logs:
@@ -476,7 +467,7 @@ async def test_a_fire_cancelled_while_it_runs_ends_its_run_and_every_joiner(
     guard, events = MemoryGuard(), Events()
     fire = firing(guard, events)
     identity = request_identity()
-    waiting = job(tmp_path, "entrypoint: 'tests.jobs_fixture:wait_then_return_async'")
+    waiting = quick_job(entrypoint="tests.jobs_fixture:wait_then_return_async")
     tick = datetime.now(UTC)
     with structlog.testing.capture_logs() as logs:
         first = asyncio.create_task(fire.fire(Fire(waiting, tick, identity)))
@@ -504,9 +495,7 @@ async def test_a_fire_cancelled_before_its_run_is_under_way_reports_no_run(
     fire = firing(guard, events)
     tick, identity = now_tick()
     with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(
-            fire.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity)), 5
-        )
+        await asyncio.wait_for(fire.fire(Fire(quick_job(command=["true"]), tick, identity)), 5)
     assert ["claim"] == guard.calls
     assert {} == fire.running
     assert not fire.in_flight(identity)
@@ -523,7 +512,7 @@ async def test_stop_wakes_every_follower_asleep_on_the_wheel(tmp_path: Path) -> 
     identities = [request_identity() for _ in range(3)]
     for identity in identities:
         guard.rows[identity] = Row("RUNNING", 1, 99, lapse)
-    ok = job(tmp_path, "command: ['true']")
+    ok = quick_job(command=["true"])
     followers = [asyncio.create_task(fire.fire(Fire(ok, datetime.now(UTC), i))) for i in identities]
     # Lost, then asleep: nothing between the two lets another task run.
     await until(lambda: 3 == len(events.of("claim_lost")))
@@ -544,7 +533,7 @@ async def test_a_follower_stopped_before_it_goes_to_sleep_claims_no_more(tmp_pat
     guard, events = MemoryGuard(script=deque([held])), Events()
     fire = firing(guard, events)
     events.on["claim_lost"] = fire.stop
-    ok = job(tmp_path, "command: ['true']")
+    ok = quick_job(command=["true"])
     assert "lose" == await asyncio.wait_for(fire.fire(Fire(ok, tick, identity)), 5)
     assert ["claim"] == guard.calls
     assert set() == fire._asleep
@@ -555,7 +544,7 @@ async def test_a_fire_after_stop_claims_nothing(tmp_path: Path) -> None:
     fire = firing(guard)
     fire.stop()
     tick, identity = now_tick()
-    assert "lose" == await fire.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    assert "lose" == await fire.fire(Fire(quick_job(command=["true"]), tick, identity))
     assert [] == guard.calls
     assert not fire.in_flight(identity)
 
@@ -566,9 +555,8 @@ async def test_a_claim_in_an_outage_gives_up_once_the_replica_stops(tmp_path: Pa
     guard = MemoryGuard(script=deque([None, None, *["unavailable"] * 20]))  # type: ignore[list-item]
     events = Events()
     fire = firing(guard, events)
-    failing = job(
-        tmp_path,
-        "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 1, retry_delay: 50ms",
+    failing = quick_job(
+        entrypoint="tests.jobs_fixture:raise_value_error_async", retries=1, retry_delay="50ms"
     )
     following = asyncio.create_task(fire.fire(Fire(failing, tick, identity)))
     await until(lambda: len(guard.calls) >= 3)  # the retry's claim meets the outage
@@ -590,7 +578,7 @@ async def test_a_first_claim_in_an_outage_when_the_replica_stops_is_no_miss(
     fire = firing(guard, events)
     with structlog.testing.capture_logs() as logs:
         following = asyncio.create_task(
-            fire.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+            fire.fire(Fire(quick_job(command=["true"]), tick, identity))
         )
         await until(lambda: len(guard.calls) >= 1)
         fire.stop()
@@ -606,9 +594,8 @@ async def test_a_forbid_claim_waiting_for_an_abandoned_run_claims_nothing_once_s
     """No claim at shutdown, and none beside the abandoned run (concurrency: forbid)."""
     guard = MemoryGuard(stop_grace=timedelta(milliseconds=200))
     fire = firing(guard)
-    stuck = job(
-        tmp_path,
-        "entrypoint: 'tests.jobs_fixture:ignore_cancel', concurrency: forbid, timeout: 100ms",
+    stuck = quick_job(
+        entrypoint="tests.jobs_fixture:ignore_cancel", concurrency="forbid", timeout="100ms"
     )
     abandoned = request_identity()
     await until(lambda: not leftovers.still_running("j"))  # none of another test's
@@ -639,7 +626,7 @@ async def test_a_paused_run_once_job_waits_for_a_resume(tmp_path: Path, ending: 
     paused = Refused(identity, "paused", detail="paused by ops: migration")
     guard, events = MemoryGuard(script=deque([paused])), Events()
     fire = firing(guard, events)
-    ok = job(tmp_path, "command: ['true']")
+    ok = quick_job(command=["true"])
     with structlog.testing.capture_logs() as logs:
         waiting = asyncio.create_task(fire.fire(Fire(ok, datetime.now(UTC), identity)))
         await until(lambda: bool(logged(logs, "waiting_for_resume")))
@@ -669,7 +656,7 @@ async def test_a_resume_while_the_paused_answer_was_on_its_way_is_not_waited_for
     guard, events = MemoryGuard(script=deque([paused])), Events()
     fire = firing(guard, events)
     events.on["database"] = fire.resumed  # as the claim's answer arrives
-    ok = job(tmp_path, "command: ['true']")
+    ok = quick_job(command=["true"])
     with structlog.testing.capture_logs() as logs:
         outcome = await asyncio.wait_for(fire.fire(Fire(ok, tick, identity, started=True)), 5)
     assert "success" == outcome
@@ -684,7 +671,7 @@ async def test_a_new_tick_of_a_paused_job_is_skipped(tmp_path: Path) -> None:
     guard, events = MemoryGuard(script=deque([paused])), Events()
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard, events).fire(
-            Fire(job(tmp_path, "command: ['true']"), tick, identity)
+            Fire(quick_job(command=["true"]), tick, identity)
         )
     assert "skip" == outcome
     assert ["claim"] == guard.calls
@@ -696,7 +683,7 @@ async def test_a_suspended_job_is_skipped_not_waited_for(tmp_path: Path) -> None
     """suspended: true in the YAML ends with a reload, not with `pgcrond resume`."""
     tick, identity = now_tick()
     guard, events = MemoryGuard(), Events()
-    suspended = job(tmp_path, "command: ['true'], suspended: true")
+    suspended = quick_job(command=["true"], suspended=True)
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard, events).fire(Fire(suspended, tick, identity))
     assert "skip" == outcome
@@ -718,7 +705,7 @@ async def test_a_tick_on_a_calendar_day_is_recorded_skipped_once_and_never_run(
     """
     tick, identity = now_tick(-2)
     guard, events = MemoryGuard(), Events()
-    holiday = job(tmp_path, "command: ['true']")
+    holiday = quick_job(command=["true"])
     with structlog.testing.capture_logs() as logs:
         first = await firing(guard, events).fire(
             Fire(holiday, tick, identity, skip_reason="calendar:holidays")
@@ -746,7 +733,7 @@ async def test_a_calendar_day_under_a_guard_without_history_is_skipped_not_late(
     guard, events = MemoryGuard(remembers=False, script=deque([skipped])), Events()
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard, events).fire(
-            Fire(job(tmp_path, "command: ['true']"), tick, identity, skip_reason="calendar:freeze")
+            Fire(quick_job(command=["true"]), tick, identity, skip_reason="calendar:freeze")
         )
     assert "skip" == outcome
     assert ["claim"] == guard.calls
@@ -762,7 +749,7 @@ async def test_a_calendar_day_tick_in_an_outage_past_its_window_is_no_miss(
     tick, identity = now_tick(-0.5)
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard, events).fire(
-            Fire(job(tmp_path, "command: ['true']"), tick, identity, skip_reason="calendar:h")
+            Fire(quick_job(command=["true"]), tick, identity, skip_reason="calendar:h")
         )
     assert "skip" == outcome
     assert (["calendar:h"], []) == (events.of("skipped"), events.of("missed"))
@@ -782,9 +769,7 @@ async def test_a_finished_tick_is_lost_and_not_followed(
     tick, identity = now_tick()
     refusal = Refused(identity, reason, status, attempt=1)
     guard, events = MemoryGuard(script=deque([refusal])), Events()
-    outcome = await firing(guard, events).fire(
-        Fire(job(tmp_path, "command: ['true']"), tick, identity)
-    )
+    outcome = await firing(guard, events).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "lose" == outcome
     assert ["claim"] == guard.calls
     assert [reason] == events.of("claim_lost")
@@ -798,9 +783,8 @@ async def test_a_late_answer_after_this_replica_ran_the_tick_is_no_miss(
     tick, identity = now_tick()
     guard = MemoryGuard(script=deque([None, None, Refused(identity, reason)]))  # type: ignore[list-item]
     events = Events()
-    failing = job(
-        tmp_path,
-        "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 1, retry_delay: 50ms",
+    failing = quick_job(
+        entrypoint="tests.jobs_fixture:raise_value_error_async", retries=1, retry_delay="50ms"
     )
     outcome = await firing(guard, events).fire(Fire(failing, tick, identity))
     assert "fail" == outcome
@@ -813,9 +797,8 @@ async def test_a_run_once_job_out_of_retries_is_left_to_the_next_start(tmp_path:
     any replica; another replica following it now does not take it."""
     identity = Identity.initial("j")
     guard, events = MemoryGuard(), Events()
-    failing = job(
-        tmp_path,
-        "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 0, retry_delay: 30s",
+    failing = quick_job(
+        entrypoint="tests.jobs_fixture:raise_value_error_async", retries=0, retry_delay="30s"
     )
     outcome = await firing(guard, events).fire(Fire(failing, datetime.now(UTC), identity))
     assert "fail" == outcome
@@ -839,7 +822,7 @@ async def test_a_run_that_lost_its_lease_records_nothing_and_follows_the_tick(
     """Its own row lapses, and the follower takes it over: attempt 2 runs."""
     tick, identity = now_tick()
     guard, events = CancelsFirstRun(reason="lease_lost"), Events()
-    ok = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
+    ok = quick_job(entrypoint="tests.jobs_fixture:raise_value_error_async")
     outcome = await asyncio.wait_for(firing(guard, events).fire(Fire(ok, tick, identity)), 5)
     assert "fail" == outcome
     # Nothing recorded for attempt 1; claimed again until its lease lapsed.
@@ -853,7 +836,7 @@ async def test_a_run_stopped_by_a_shutdown_is_given_back(tmp_path: Path) -> None
     """Recorded released (claimable at once), so that a survivor takes it over."""
     tick, identity = now_tick()
     guard, events = CancelsFirstRun(reason="shutdown"), Events()
-    ok = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
+    ok = quick_job(entrypoint="tests.jobs_fixture:raise_value_error_async")
     outcome = await firing(guard, events).fire(Fire(ok, tick, identity))
     assert "cancelled" == outcome
     assert ["claim", "record:released"] == guard.calls
@@ -869,7 +852,7 @@ async def test_a_keep_alive_that_cannot_start_is_the_runs_failure(tmp_path: Path
     guard, events = HoldRaises(), Events()
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard, events).fire(
-            Fire(job(tmp_path, "command: ['true']"), tick, identity)
+            Fire(quick_job(command=["true"]), tick, identity)
         )
     assert "fail" == outcome
     assert ["claim", "record:fail"] == guard.calls
@@ -885,7 +868,7 @@ async def test_a_keep_alive_failing_after_the_run_keeps_the_runs_own_outcome(
     tick, identity = now_tick()
     guard = LetGoRaises()
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+        outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "success" == outcome
     assert ["claim", "record:success"] == guard.calls
     assert 1 == len(logged(logs, "run_crashed"))
@@ -899,7 +882,7 @@ async def test_a_failure_hook_that_raises_does_not_end_the_fire(tmp_path: Path) 
         raise RuntimeError("hook bug")
 
     events.on["failed_for_good"] = hook_bug
-    failing = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
+    failing = quick_job(entrypoint="tests.jobs_fixture:raise_value_error_async")
     with structlog.testing.capture_logs() as logs:
         outcome = await firing(guard, events).fire(Fire(failing, tick, identity))
     assert "fail" == outcome
@@ -912,7 +895,7 @@ async def test_an_outcome_still_in_an_outage_when_the_fire_is_cancelled_is_said_
 ) -> None:
     tick, identity = now_tick()
     guard = MemoryGuard(script=deque([None, *["unavailable"] * 50]))  # type: ignore[list-item]
-    failing = job(tmp_path, "entrypoint: 'tests.jobs_fixture:raise_value_error_async'")
+    failing = quick_job(entrypoint="tests.jobs_fixture:raise_value_error_async")
     with structlog.testing.capture_logs() as logs:
         fire = asyncio.create_task(firing(guard).fire(Fire(failing, tick, identity)))
         await until(lambda: guard.calls.count("record:fail") >= 2)
@@ -932,7 +915,7 @@ async def test_a_record_that_keeps_failing_is_followed_like_a_lost_lease(tmp_pat
     guard = RecordRaises(failures=3)
     with structlog.testing.capture_logs() as logs:
         outcome = await asyncio.wait_for(
-            firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity)), 5
+            firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity)), 5
         )
     assert "success" == outcome
     assert ["claim", *["record:success"] * 3, "claim", "record:success"] == guard.calls
@@ -948,9 +931,7 @@ async def test_a_guard_that_keeps_raising_crashes_the_fire(tmp_path: Path) -> No
     guard = ClaimRaises()
     fire = firing(guard)
     with structlog.testing.capture_logs() as logs:
-        outcome = await fire.fire(
-            Fire(job(tmp_path, "command: ['true']"), tick, identity, started=True)
-        )
+        outcome = await fire.fire(Fire(quick_job(command=["true"]), tick, identity, started=True))
     assert "crashed" == outcome
     assert ["claim"] * 3 == guard.calls
     assert 2 == len(logged(logs, "guard_failed"))
@@ -963,7 +944,7 @@ async def test_a_guard_error_that_is_no_outage_is_not_retried(tmp_path: Path) ->
     tick, identity = now_tick()
     guard = ClaimRaises(error=PgcrondError("the claim statement is wrong"))
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing(guard).fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+        outcome = await firing(guard).fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "crashed" == outcome
     assert ["claim"] == guard.calls
     assert [] == logged(logs, "guard_failed")
@@ -983,10 +964,11 @@ async def test_on_start_is_awaited_once_before_the_first_attempt(tmp_path: Path)
     async def on_start() -> None:
         events.seen.append(("on_start", None))
 
-    failing = job(
-        tmp_path,
-        "entrypoint: 'tests.jobs_fixture:raise_value_error_async', retries: 1, "
-        "retry_delay: 50ms, concurrency: allow",
+    failing = quick_job(
+        entrypoint="tests.jobs_fixture:raise_value_error_async",
+        retries=1,
+        retry_delay="50ms",
+        concurrency="allow",
     )
     outcome = await firing(guard, events).fire(Fire(failing, tick, identity, on_start=on_start))
     assert "fail" == outcome
@@ -1001,9 +983,9 @@ async def test_a_forbid_claim_waiting_for_an_abandoned_run_gives_up_at_its_windo
     claims beside the abandoned run at once."""
     guard = MemoryGuard(stop_grace=timedelta(milliseconds=200))
     fire = firing(guard)
-    body = "entrypoint: 'tests.jobs_fixture:ignore_cancel', concurrency:"
-    stuck = job(tmp_path, f"{body} forbid, timeout: 100ms")
-    allowing = job(tmp_path, f"{body} allow")
+    entrypoint = "tests.jobs_fixture:ignore_cancel"
+    stuck = quick_job(entrypoint=entrypoint, concurrency="forbid", timeout="100ms")
+    allowing = quick_job(entrypoint=entrypoint, concurrency="allow")
     abandoned = request_identity()
     free = request_identity()
     jobs_fixture.RELEASE[free.run_key or ""].set()  # this run returns at once
@@ -1044,7 +1026,7 @@ async def test_a_claim_won_as_the_replica_is_halted_is_released_never_run(tmp_pa
     fire = guard.firing = firing(guard)
     tick, identity = now_tick()
     with structlog.testing.capture_logs() as logs:
-        outcome = await fire.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+        outcome = await fire.fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "lose" == outcome
     assert ["claim", "record:released"] == guard.calls
     assert [("stopping", 1)] == [
@@ -1058,7 +1040,7 @@ async def test_a_won_tick_of_a_job_a_reload_removed_is_released_never_run(tmp_pa
     guard = MemoryGuard()
     fire = Firing(guards=lambda _: guard, replica="unit:1", jobs=lambda _: None)
     tick, identity = now_tick()
-    outcome = await fire.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await fire.fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "skip" == outcome
     assert ["claim", "record:released"] == guard.calls
     assert ("FAIL", "released") == (guard.rows[identity].status, guard.rows[identity].reason)
@@ -1067,9 +1049,9 @@ async def test_a_won_tick_of_a_job_a_reload_removed_is_released_never_run(tmp_pa
 @pytest.mark.usefixtures("subprocesses")
 async def test_a_won_tick_runs_the_job_as_the_config_in_force_defines_it(tmp_path: Path) -> None:
     guard = MemoryGuard()
-    now = job(tmp_path, "command: ['true']")
+    now = quick_job(command=["true"])
     fire = Firing(guards=lambda _: guard, replica="unit:1", jobs=lambda _: now)
     tick, identity = now_tick()
-    outcome = await fire.fire(Fire(job(tmp_path, "command: ['false']"), tick, identity))
+    outcome = await fire.fire(Fire(quick_job(command=["false"]), tick, identity))
     assert "success" == outcome
     assert ["claim", "record:success"] == guard.calls

@@ -2,7 +2,7 @@
 found after the fact, a success's output tail.
 
 Real daemons against a real database (behind the suite's TCP proxy where the
-database must go away) and a real local HTTP receiver (tests/hook_receiver.py).
+database must go away) and a real local HTTP receiver (tests/helpers/hook_receiver.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ from typing import Any
 
 import pytest
 
-from tests.daemon_harness import Cluster, cluster, wait_until
+from pgcrond.config.loader import load_config
+from pgcrond.core.keys import Identity
+from pgcrond.daemon.observers import Watched
+from pgcrond.events import FireEvents
 from tests.faults.proxy import proxied
-from tests.hook_receiver import Receiver, receiving
-from tests.test_daemon import at, config
+from tests.helpers.daemon_harness import Cluster, at, cluster, config, wait_until
+from tests.helpers.hook_receiver import Receiver, receiving
 
 
 def hooks(receiver: Receiver, *names: str) -> str:
@@ -209,3 +212,41 @@ def test_an_advisory_tick_given_up_late_is_told_missed_by_the_replica_that_gave_
             running.stop_all()
     (missed,) = receiver.events()
     assert ("tick_missed", instant, "late") == (missed["event"], missed["run_key"], missed["error"])
+
+
+def test_the_observers_hear_every_event_of_an_observed_job_and_none_of_another(
+    tmp_path: Path,
+) -> None:
+    """Watched is made from FireEvents' own events: a new event reaches the observers of
+    a job with a hook, and never those of a job without one."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "database: {url: 'postgresql://x@127.0.0.1/x'}\n"
+        "jobs:\n"
+        "  plain: {cron: '* * * * *', command: ['true']}\n"
+        "  told: {cron: '* * * * *', command: ['true'], on_missed: {command: ['true']}}\n"
+    )
+    jobs = load_config([path]).jobs
+    heard: list[tuple[str, str]] = []
+
+    class Recorder(FireEvents):
+        def __getattribute__(self, name: str) -> Any:
+            if name.startswith("_") or name not in vars(FireEvents):
+                return super().__getattribute__(name)
+            return lambda *args, **_: heard.append((name, args[0].code))
+
+    watched = Watched([Recorder()])
+    identity = Identity.schedule("told", "2026-01-01T00:00:00Z")
+    tick = datetime(2026, 1, 1, tzinfo=UTC)
+    for job in (jobs["plain"], jobs["told"]):
+        watched.first_start(job, identity, tick, lambda: True)
+        watched.claim_sent(job, identity)
+        watched.missed_found(job, identity, tick, "no_replica", "why")
+        watched.fire_done(job, identity, "misfire")
+    watched.database("claim", True)
+    assert [
+        ("first_start", "told"),
+        ("claim_sent", "told"),
+        ("missed_found", "told"),
+        ("fire_done", "told"),
+    ] == heard

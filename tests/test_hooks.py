@@ -1,7 +1,7 @@
 """Hooks for every state, and ping:, heard once per event across real replicas.
 
 Three real daemons against one database, a real local HTTP receiver
-(tests/hook_receiver.py) and real commands: each event reaches its hook once
+(tests/helpers/hook_receiver.py) and real commands: each event reaches its hook once
 across the cluster, a killed runner's tick taken over is not told twice, a
 recovery is told once, and a ping follows healthchecks.io's convention.
 """
@@ -12,9 +12,7 @@ import html
 import itertools
 import json
 import signal
-import subprocess
 import time
-import urllib.request
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,9 +24,9 @@ from pgcrond.config.definition import definition
 from pgcrond.config.loader import load_config
 from pgcrond.core.hooks import Ping
 from pgcrond.errors import ConfigError
-from tests.daemon_harness import PGCROND, Cluster, cluster, wait_until
-from tests.hook_receiver import Receiver, receiving
-from tests.test_daemon import at, config
+from tests.helpers.daemon_harness import Cluster, at, cli, cluster, config, wait_until
+from tests.helpers.hook_receiver import Receiver, receiving
+from tests.helpers.http import answer
 
 
 def hooks(receiver: Receiver, *names: str) -> str:
@@ -48,6 +46,16 @@ def of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e["event"] == kind]
 
 
+def counted(count: Path, then: str) -> str:
+    """A shell script counting its runs in ``count`` (``$n``: this one's, from 0), then ``then``."""
+    return f"n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}; {then}"
+
+
+def flaky(script: str, more: str) -> str:
+    """Job ``flaky``: ``script`` every two seconds, and ``more`` (its further YAML lines)."""
+    return f"  flaky:\n    cron: \"*/2 * * * * *\"\n    shell: '{script}'\n{more}"
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("system_processes")
 def test_each_hook_and_ping_is_told_once_per_event_across_three_replicas(
@@ -56,17 +64,14 @@ def test_each_hook_and_ping_is_told_once_per_event_across_three_replicas(
     """Two failed ticks, then successes: every start, failure and success once, one recovery."""
     count = tmp_path / "count"
     # Tick n (0-based, counted by whichever replica runs it) fails while n < 2.
-    script = (
-        f"n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}; sleep 0.2; "
-        'echo "tick $n"; [ "$n" -ge 2 ] || { echo "boom $n" >&2; exit 3; }'
+    script = counted(
+        count, 'sleep 0.2; echo "tick $n"; [ "$n" -ge 2 ] || { echo "boom $n" >&2; exit 3; }'
     )
     with receiving() as receiver:
-        jobs = (
-            "  flaky:\n"
-            '    cron: "*/2 * * * * *"\n'
-            f"    shell: '{script}'\n"
+        jobs = flaky(
+            script,
             f"    ping: {receiver.base}/ping/check-1\n"
-            + hooks(receiver, "on_start", "on_success", "on_failure", "on_recovery")
+            + hooks(receiver, "on_start", "on_success", "on_failure", "on_recovery"),
         )
         with cluster(pg_dsn, schema, tmp_path) as running:
             running.start(running.write_config(config(schema, jobs)), 3)
@@ -188,20 +193,7 @@ def test_the_configuration_docs_example_of_hooks_loads(tmp_path: Path) -> None:
 
 
 def get(address: str, path: str) -> str:
-    with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as response:
-        text: str = response.read().decode()
-        return text
-
-
-def pgcrond(running: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(PGCROND), *args],
-        env=running.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return answer(f"http://{address}{path}").raise_for_status().text
 
 
 @pytest.mark.slow
@@ -211,17 +203,9 @@ def test_pause_after_failures_pauses_at_the_third_in_a_row_and_a_success_resets_
 ) -> None:
     """F F S F F F: paused after the sixth tick, not the fifth; resumed, S F: not paused."""
     count = tmp_path / "count"
-    script = (
-        f"n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}; "
-        'set -- F F S F F F S F S S S S; shift $n; [ "$1" = S ]'
-    )
+    script = counted(count, 'set -- F F S F F F S F S S S S; shift $n; [ "$1" = S ]')
     with receiving() as receiver:
-        jobs = (
-            "  flaky:\n"
-            '    cron: "*/2 * * * * *"\n'
-            f"    shell: '{script}'\n"
-            "    pause_after_failures: 3\n" + hooks(receiver, "on_failure")
-        )
+        jobs = flaky(script, "    pause_after_failures: 3\n" + hooks(receiver, "on_failure"))
         with cluster(pg_dsn, schema, tmp_path) as running:
             path = running.write_config(config(schema, jobs))
             (replica,) = running.start(path, 1)
@@ -235,15 +219,15 @@ def test_pause_after_failures_pauses_at_the_third_in_a_row_and_a_success_resets_
                 10,
                 "a tick skipped as paused",
             )
-            status = pgcrond(running, "status", "-c", str(path), "--json")
+            _, status, _ = cli(running, "status", "-c", str(path), "--json")
             page = get(replica.http_address(), "/status")
             metrics = get(replica.http_address(), "/metrics")
-            resumed = pgcrond(running, "resume", "flaky", "-c", str(path))
-            assert 0 == resumed.returncode, resumed.stderr
+            code, _, err = cli(running, "resume", "flaky", "-c", str(path))
+            assert 0 == code, err
             # The ninth tick runs: the eighth (a failure after a success) paused nothing.
             wait_until(lambda: count.read_text().strip() == "9", 20, "the ninth tick")
             running.stop_all()
-    [entry] = json.loads(status.stdout)["jobs"]
+    [entry] = json.loads(status)["jobs"]
     assert ("pgcrond", "failed 3 times in a row") == (
         entry["paused"]["by"], entry["paused"]["reason"]
     )  # fmt: skip

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 
+import httpx
 import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -24,23 +25,8 @@ from pgcrond.daemon.metrics import Metrics
 from pgcrond.errors import DatabaseUnavailable, ValidationError
 from pgcrond.storage.db import Database
 from pgcrond.storage.embedded import LocalServer
-from tests.test_corners_requests import until
-
-
-async def fetch(port: int, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        f"{method} {path} HTTP/1.1\r\nHost: test\r\nAccept: */*\r\n"
-        "Connection: close\r\n\r\n".encode()
-    )
-    await writer.drain()
-    response = await reader.read()
-    writer.close()
-    await writer.wait_closed()
-    head, _, body = response.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode().split("\r\n")
-    headers = dict(line.split(": ", 1) for line in header_lines)
-    return int(status_line.split()[1]), headers, body
+from tests.helpers.daemon_harness import until
+from tests.helpers.http import fetch
 
 
 async def always(value: bool) -> bool:
@@ -277,20 +263,9 @@ async def test_per_job_series_exist_at_zero_before_any_event_and_follow_a_reload
 
 async def fetch_accepting(
     port: int, accept: str, encoding: str | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    asked = "" if encoding is None else f"Accept-Encoding: {encoding}\r\n"
-    writer.write(
-        f"GET /metrics HTTP/1.1\r\nHost: t\r\nAccept: {accept}\r\n"
-        f"Connection: close\r\n{asked}\r\n".encode()
-    )
-    await writer.drain()
-    response = await reader.read()
-    writer.close()
-    await writer.wait_closed()
-    head, _, body = response.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode().split("\r\n")
-    return int(status_line.split()[1]), dict(h.split(": ", 1) for h in header_lines), body
+) -> tuple[int, httpx.Headers, bytes]:
+    asked = {} if encoding is None else {"Accept-Encoding": encoding}
+    return await fetch(port, "/metrics", accept=accept, headers=asked)
 
 
 # What Prometheus 2.x and 3.x send by default, and a plain client.

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from pgcrond.config.models import HttpLimits
-from tests.daemon_harness import Replica, cluster
-from tests.test_daemon import config
+from tests.helpers.daemon_harness import Replica, cluster, config
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 

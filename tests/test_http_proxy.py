@@ -14,18 +14,15 @@ import re
 import shutil
 import socket
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlencode
 
 import pytest
 
 from pgcrond.daemon.page.routes import job_path
-from tests.daemon_harness import cluster, wait_until
-from tests.test_daemon import config
+from tests.helpers.daemon_harness import cluster, config, wait_until
+from tests.helpers.http import answer, status_of
 
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 pytestmark = [
@@ -89,51 +86,16 @@ http {{
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: _status(base + "/healthz", {}) == 401, 15, "nginx to listen")
+        wait_until(lambda: status_of(base + "/healthz", {}) == 401, 15, "nginx to listen")
         yield base
     finally:
         process.terminate()
         process.wait(10)
 
 
-def _status(url: str, headers: dict[str, str]) -> int:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10):
-            return 200
-    except urllib.error.HTTPError as refused:
-        return refused.code
-    except OSError:
-        return 0
-
-
 def signed(user: str) -> dict[str, str]:
     credential = base64.b64encode(f"{user}:{PASSWORDS[user]}".encode()).decode()
     return {"Authorization": f"Basic {credential}"}
-
-
-def get(url: str, headers: dict[str, str]) -> str:
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
-        return str(r.read().decode())
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: object, **kwargs: object) -> None:
-        return None
-
-
-def post(url: str, headers: dict[str, str], fields: dict[str, str]) -> int:
-    opener = urllib.request.build_opener(_NoRedirect)
-    request = urllib.request.Request(
-        url,
-        data=urlencode(fields).encode(),
-        headers={**headers, "Content-Type": "application/x-www-form-urlencoded"},
-        method="POST",
-    )
-    try:
-        with opener.open(request, timeout=10) as answer:
-            return int(answer.status)
-    except urllib.error.HTTPError as refused:
-        return refused.code
 
 
 def test_nginx_names_the_user_and_the_replica_gives_them_their_role(
@@ -151,21 +113,29 @@ def test_nginx_names_the_user_and_the_replica_gives_them_their_role(
         with nginx_in_front(tmp_path / "nginx", replica.http_address()) as base:
             page = base + job_path("nightly")
             # nginx asks first; the replica never sees a stranger.
-            assert 401 == _status(page, {})
-            html = get(page, signed("olga"))
+            assert 401 == status_of(page, {})
+            html = answer(page, signed("olga")).raise_for_status().text
             assert "Signed in as <b>olga</b> (operator)" in html
             assert 'class="act pause"' in html
             # A viewer (proxy_role) who sends the header naming the operator is still
             # a viewer: nginx replaced it.
-            html = get(page, {**signed("vera"), "X-Forwarded-User": "olga"})
+            html = (
+                answer(page, {**signed("vera"), "X-Forwarded-User": "olga"}).raise_for_status().text
+            )
             assert "Signed in as <b>vera</b> (viewer)" in html
             assert 'method="post"' not in html
-            token = re.search(r'name="csrf" value="([^"]+)"', get(page, signed("olga")))
+            token = re.search(
+                r'name="csrf" value="([^"]+)"', answer(page, signed("olga")).raise_for_status().text
+            )
             assert token is not None
             origin = {"Origin": base, "Sec-Fetch-Site": "same-origin"}
             fields = {"csrf": token.group(1), "reason": "through nginx"}
-            assert 403 == post(page + "/pause", {**signed("vera"), **origin}, fields)
-            assert 303 == post(page + "/pause", {**signed("olga"), **origin}, fields)
+            assert 403 == status_of(
+                page + "/pause", {**signed("vera"), **origin}, method="POST", form=fields
+            )
+            assert 303 == status_of(
+                page + "/pause", {**signed("olga"), **origin}, method="POST", form=fields
+            )
         [action] = replica.events("status_page_action")
         assert ("olga", "pause", "127.0.0.1") == (action["by"], action["action"], action["peer"])
         [paused] = running.rows(f'SELECT paused_by, reason FROM "{schema}".leases_job_state')

@@ -26,8 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,8 +37,9 @@ import pytest
 from psycopg.rows import dict_row
 
 from pgcrond.storage.embedded import free_port
-from tests import deploy_contract as contract
-from tests.daemon_harness import wait_until
+from tests.helpers import deploy_contract as contract
+from tests.helpers.daemon_harness import wait_until
+from tests.helpers.http import status_of
 
 pytestmark = pytest.mark.slow
 
@@ -537,16 +536,8 @@ def test_the_default_command_on_every_interface_serves_metrics_but_not_the_page(
         container = Container(name, image.podman)
         container.wait_event("daemon_ready")
         base = f"http://127.0.0.1:{contract.HTTP_PORT}"
-        assert 404 == http_status(base + "/status")
-        assert 200 == http_status(base + "/metrics")
+        assert 404 == status_of(base + "/status")
+        assert 200 == status_of(base + "/metrics")
         assert container.events("status_page_withheld")
     finally:
         image.podman("rm", "--force", "--time", "0", name, check=False)
-
-
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            return int(answer.status)
-    except urllib.error.HTTPError as refused:
-        return refused.code

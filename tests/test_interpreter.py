@@ -89,68 +89,51 @@ def collector_on() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("collector_on")
-async def test_a_burst_of_fires_holds_the_collector_off_until_none_is_in_flight() -> None:
-    burst = interpreter.Bursts()
-    burst.fires(interpreter.PAUSE_COLLECTOR_AT - 1)
-    assert gc.isenabled()
-    burst.fires(interpreter.PAUSE_COLLECTOR_AT)
-    assert not gc.isenabled()
-    burst.fires(1)
-    assert not gc.isenabled()
-    burst.fires(0)
-    assert gc.isenabled()
+async def test_a_big_tick_holds_the_collector_off_until_no_fire_is_in_flight() -> None:
+    ticks = interpreter.BigTicks()
+    ticks.tick(interpreter.BIG_TICK - 1)
+    assert gc.isenabled() and not ticks.in_flight
+    ticks.tick(interpreter.BIG_TICK)
+    assert not gc.isenabled() and ticks.in_flight
+    assert ticks.idle()
+    assert gc.isenabled() and not ticks.in_flight
 
 
 @pytest.mark.usefixtures("collector_on")
-async def test_a_burst_is_big_while_as_many_fires_as_hold_the_collector_are_in_flight() -> None:
-    """What /metrics asks (on its own thread) before it renders."""
-    burst = interpreter.Bursts()
-    seen = []
-    for in_flight in (1, interpreter.PAUSE_COLLECTOR_AT, interpreter.PAUSE_COLLECTOR_AT - 1, 0):
-        burst.fires(in_flight)
-        seen.append(burst.big)
-    assert [False, True, False, False] == seen
-
-
-@pytest.mark.usefixtures("collector_on")
-async def test_a_burst_that_lasts_is_collected_again_after_the_bound(
+async def test_a_big_tick_that_lasts_is_collected_again_after_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(interpreter, "PAUSE_COLLECTOR_S", 0.05)
-    burst = interpreter.Bursts()
-    burst.fires(interpreter.PAUSE_COLLECTOR_AT)
+    ticks = interpreter.BigTicks()
+    ticks.tick(interpreter.BIG_TICK)
     assert not gc.isenabled()
     # The loop's timers run in the order they are due: the bound's comes first.
     await asyncio.sleep(0.1)
     assert gc.isenabled()
-    # Still in flight: not paused again until the burst has ended.
-    burst.fires(interpreter.PAUSE_COLLECTOR_AT + 1)
-    assert gc.isenabled()
-    burst.fires(0)
-    burst.fires(interpreter.PAUSE_COLLECTOR_AT)
+    # The next big tick holds it off again.
+    ticks.tick(interpreter.BIG_TICK)
     assert not gc.isenabled()
-    burst.resume()
+    ticks.resume()
 
 
 @pytest.mark.usefixtures("collector_on")
 async def test_a_collector_disabled_by_someone_else_stays_disabled() -> None:
     gc.disable()
-    burst = interpreter.Bursts()
-    burst.fires(interpreter.PAUSE_COLLECTOR_AT)
-    burst.fires(0)
-    burst.resume()
+    ticks = interpreter.BigTicks()
+    ticks.tick(interpreter.BIG_TICK)
+    ticks.idle()
     assert not gc.isenabled()
 
 
 @pytest.mark.usefixtures("collector_on")
-async def test_only_the_end_of_a_big_burst_asks_for_a_trim() -> None:
-    bursts = interpreter.Bursts()
-    assert not bursts.fires(interpreter.TRIM_AFTER_FIRES)
-    assert not bursts.fires(1)
-    assert bursts.fires(0)
-    # The next burst is judged on its own.
-    assert not bursts.fires(interpreter.TRIM_AFTER_FIRES - 1)
-    assert not bursts.fires(0)
+async def test_only_the_end_of_a_big_tick_asks_for_a_trim() -> None:
+    ticks = interpreter.BigTicks()
+    ticks.tick(interpreter.BIG_TICK - 1)
+    assert not ticks.idle()
+    ticks.tick(interpreter.BIG_TICK)
+    assert ticks.idle()
+    # Once told, not again.
+    assert not ticks.idle()
 
 
 @pytest.mark.usefixtures("subprocesses")

@@ -28,7 +28,7 @@ from pgcrond.guard.lease import LeaseGuard
 from pgcrond.storage.claims import Acquired
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.ticks import database_now
-from tests.store_helpers import accounting
+from tests.helpers.store import accounting
 
 TICK = datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)

@@ -17,8 +17,7 @@ import pytest
 from pgcrond.core.jitter import jitter_shift
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import tick_of
-from tests.daemon_harness import cluster, wait_until
-from tests.test_daemon import LEDGER, config
+from tests.helpers.daemon_harness import LEDGER, cluster, config, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 

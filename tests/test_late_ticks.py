@@ -29,12 +29,10 @@ from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.leases import LeaseStore
-from tests.daemon_harness import Cluster, Replica, cluster, wait_until
-from tests.store_helpers import open_store
-from tests.test_ticks import rows, tick_ago
+from tests.helpers.daemon_harness import LEDGER, Cluster, Replica, cluster, wait_until
+from tests.helpers.store import open_store, rows, tick_ago
 
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))
-LEDGER = "tests.ledger_jobs:record"
 EVERY = 3  # seconds between ticks: room for a restarted replica's claim of the newest
 
 

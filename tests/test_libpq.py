@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import psycopg
 
 from pgcrond.storage.db import Database, connection_settings
-from tests.daemon_harness import PGCROND
+from tests.helpers.daemon_harness import PGCROND
 
 
 def test_parameters_written_in_the_url_are_never_replaced() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from pgcrond.storage.embedded import LocalServer, free_port
-from tests.daemon_harness import ROOT, Replica, wait_until
+from tests.helpers.daemon_harness import ROOT, Replica, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,6 @@ import dataclasses
 import random
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,6 +33,7 @@ from pgcrond.daemon.accounting import find_plan
 from pgcrond.daemon.http import HealthServer
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.storage.leases import LeaseStore
+from tests.helpers.http import answer
 
 # A stall of the loop this long would be a missed heartbeat beat on a busy box,
 # not a scheduling hiccup; what was measured before is in each test.
@@ -133,9 +133,7 @@ async def _ready() -> bool:
 
 
 def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=60) as response:
-        body: bytes = response.read()
-    return body
+    return answer(url, timeout=60).raise_for_status().content
 
 
 class Counting:

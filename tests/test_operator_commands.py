@@ -20,7 +20,7 @@ import pytest
 from pgcrond.cli import build_parser, main
 from pgcrond.ops.accounting import OPERATOR_ENV, operator
 from pgcrond.ops.shell import MANPAGE
-from tests.daemon_harness import PGCROND
+from tests.helpers.daemon_harness import PGCROND
 
 # Each command that reads a config, with the arguments it needs besides it.
 CONFIG_COMMANDS = {

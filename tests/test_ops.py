@@ -23,7 +23,7 @@ from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.history import prune
 from pgcrond.storage.sql import migrations
 from pgcrond.storage.sync_store import SyncLeaseStore
-from tests.store_helpers import open_store
+from tests.helpers.store import open_store
 
 T0 = datetime(2026, 1, 10, 3, 0, tzinfo=UTC)
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))

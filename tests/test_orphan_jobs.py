@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import Cluster, Replica, wait_until
-from tests.test_daemon import config
+from tests.helpers.daemon_harness import Cluster, Replica, config, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 

@@ -19,7 +19,7 @@ from pgcrond.core.overlap import Overlap
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage import status
 from pgcrond.storage.claims import Acquired, NotAcquired
-from tests.store_helpers import open_store
+from tests.helpers.store import open_store
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))
 BUFFER_ONE = Overlap("buffer_one", 1)

@@ -1,6 +1,6 @@
 """pgcrond behind a real PgBouncer, in transaction and in session pooling.
 
-Each test starts its own PgBouncer (tests/pgbouncer.py) in front of the
+Each test starts its own PgBouncer (tests/helpers/pgbouncer.py) in front of the
 suite's server and runs real ``pgcrond run`` replicas through it: ticks run
 exactly once with both guards, a killed lease winner is taken over, a killed
 advisory winner frees its lock, a lost advisory lock is noticed, and the
@@ -19,18 +19,27 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from pgcrond.core.keys import lock_id
 from pgcrond.storage.db import Database
 from pgcrond.storage.pooling import detect_pooling
-from tests import pgbouncer as bouncer
-from tests.daemon_harness import cluster, settled, wait_until
-from tests.test_daemon import LEDGER, attempted_initial, config, first_start, one_shot
+from tests.helpers import pgbouncer as bouncer
+from tests.helpers.daemon_harness import (
+    LEDGER,
+    attempted_initial,
+    cluster,
+    config,
+    first_start,
+    one_shot,
+    settled,
+    wait_until,
+)
+from tests.helpers.pgbouncer import server_port
 
 pytestmark = pytest.mark.skipif(
     bouncer.binary() is None, reason="pgbouncer is not installed (apt-get install pgbouncer)"
 )
+
 MODES = ["transaction", "session"]
 
 # The holder of an advisory lock, read on the server itself (not through the pooler).
@@ -39,12 +48,6 @@ SELECT pid FROM pg_locks
 WHERE locktype = 'advisory' AND objsubid = 1 AND granted
   AND ((classid::bigint << 32) | objid::bigint) = %s
 """
-
-
-def server_port(dsn: str) -> int:
-    params = conninfo_to_dict(dsn)
-    assert params.get("host") in ("127.0.0.1", "localhost"), "PgBouncer runs on this machine"
-    return int(str(params.get("port", 5432)))
 
 
 @pytest.fixture(params=MODES)

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import os
 import signal
-import ssl
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import PGCROND, ROOT, Replica, cluster
-from tests.test_daemon import config
-from tests.test_status_browser import self_signed
-from tests.test_status_page import basic, users_section
+from tests.helpers.browser import self_signed
+from tests.helpers.daemon_harness import PGCROND, ROOT, Replica, cluster, config
+from tests.helpers.http import status_of
+from tests.helpers.status_page import basic, users_section
 
 pytestmark = pytest.mark.usefixtures("system_processes")
 
@@ -51,19 +48,6 @@ def test_run_on_every_interface_refuses_passwords_over_plain_http_and_says_the_w
     assert "pgcrond did not start" in done.stderr
 
 
-def fetch(url: str, headers: dict[str, str]) -> int:
-    """The status of a GET; any certificate is good (the test's own is self-signed)."""
-    unchecked = ssl.create_default_context()
-    unchecked.check_hostname = False
-    unchecked.verify_mode = ssl.CERT_NONE
-    request = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=5, context=unchecked) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as refused:
-        return refused.code
-
-
 @pytest.mark.parametrize("way_out", ["opt-out", "tls"])
 def test_run_on_every_interface_serves_passwords_with_tls_or_the_opt_out(
     pg_dsn: str, schema: str, tmp_path: Path, way_out: str
@@ -80,11 +64,11 @@ def test_run_on_every_interface_serves_passwords_with_tls_or_the_opt_out(
         ).start()
         running.replicas.append(replica)
         port = replica.http_address().rsplit(":", 1)[1]
-        assert 200 == fetch(f"{scheme}://127.0.0.1:{port}/status", basic())
+        assert 200 == status_of(f"{scheme}://127.0.0.1:{port}/status", basic())
         if way_out == "opt-out":
             # Without it, a reload is refused: the listener bound is still every interface.
             running.write_config(config(schema, JOBS, extra=users_section()))
             replica.signal(signal.SIGHUP)
             [error] = replica.wait_event("config_reload_rejected")["errors"]
             assert "0.0.0.0:0 (run --http) is not loopback" in error
-            assert 200 == fetch(f"{scheme}://127.0.0.1:{port}/status", basic())
+            assert 200 == status_of(f"{scheme}://127.0.0.1:{port}/status", basic())

@@ -23,7 +23,7 @@ import pytest
 
 from pgcrond.errors import EmbeddedServerError
 from pgcrond.storage.embedded import state_home
-from tests.daemon_harness import ROOT, wait_until
+from tests.helpers.daemon_harness import ROOT, wait_until
 
 # Installing into a fresh .venv (the README's "first use") on a loaded machine.
 INSTALL_TIMEOUT_S = 600

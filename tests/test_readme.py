@@ -12,7 +12,7 @@ import pytest
 
 from pgcrond.cli import HANDLERS
 from pgcrond.config.loader import load_config
-from tests.daemon_harness import PGCROND, cluster, wait_until
+from tests.helpers.daemon_harness import PGCROND, cluster, wait_until
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
 

@@ -34,7 +34,7 @@ from pgcrond.storage.history import open_ticks
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.registry import ABSENT, LiveReplica, drift
 from pgcrond.storage.renames import apply_renames
-from tests.store_helpers import open_store
+from tests.helpers.store import open_store
 
 NOW = datetime(2026, 12, 2, 8, 0, tzinfo=UTC)
 TIMING = LeaseTiming.build(timedelta(minutes=1))

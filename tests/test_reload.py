@@ -19,11 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import Cluster, Replica, cluster, wait_until
+from tests.helpers.daemon_harness import LEDGER, Cluster, Replica, cluster, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
-
-LEDGER = "tests.ledger_jobs:record"
 
 
 def config(schema: str, *codes: str) -> str:

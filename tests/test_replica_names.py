@@ -27,9 +27,7 @@ from pgcrond.core.replica import (
 from pgcrond.daemon.lifecycle import Daemon
 from pgcrond.errors import ValidationError
 from pgcrond.storage.leases import default_owner
-from tests.daemon_harness import PGCROND, Replica, cluster, wait_until
-
-LEDGER = "tests.ledger_jobs:record"
+from tests.helpers.daemon_harness import LEDGER, PGCROND, Replica, cluster, wait_until
 
 
 def test_two_replicas_with_the_same_host_and_pid_get_different_names() -> None:

@@ -34,18 +34,19 @@ from pgcrond.storage.requests import (
     request_run,
     take_requests,
 )
-from tests import pgbouncer as bouncer
-from tests.daemon_harness import (
+from tests.helpers import pgbouncer as bouncer
+from tests.helpers.daemon_harness import (
+    LEDGER,
     PGCROND,
     Cluster,
     clear_of_a_minute_edge,
     cluster,
+    config,
     quiet_cron,
     wait_until,
 )
-from tests.idle import IdleMinute
-from tests.test_daemon import LEDGER, config
-from tests.test_pgbouncer import server_port
+from tests.helpers.idle import IdleMinute
+from tests.helpers.pgbouncer import server_port
 
 WITHIN = timedelta(hours=24)
 RETAKE = timedelta(minutes=1)

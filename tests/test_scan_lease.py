@@ -17,8 +17,7 @@ import psycopg
 import pytest
 
 from pgcrond.core.schedule import run_key_for
-from tests.daemon_harness import Replica, cluster
-from tests.test_accounting_daemon import pgcrond
+from tests.helpers.daemon_harness import Replica, cli, cluster
 
 # Starts replicas or servers: the system tier.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
@@ -49,8 +48,8 @@ def test_a_replica_killed_mid_scan_is_taken_over_in_seconds_without_a_row_per_re
                 f"  job-{n}:\n    cron: '* * * * *'\n    command: ['true']\n" for n in range(JOBS)
             )
         )
-        migrated = pgcrond(running, "migrate", "-c", str(path))
-        assert 0 == migrated.returncode, migrated.stderr
+        code, _, err = cli(running, "migrate", "-c", str(path))
+        assert 0 == code, err
         last = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=24, minutes=5)
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             for n in range(JOBS):

@@ -23,11 +23,9 @@ import pytest
 
 from pgcrond.cli import main
 from pgcrond.core.schedule import run_key_for
-from tests.daemon_harness import Cluster, cluster, wait_until
+from tests.helpers.daemon_harness import LEDGER, Cluster, cluster, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
-
-LEDGER = "tests.ledger_jobs:record"
 
 
 def jobs_config(schema: str, jobs: str) -> str:

@@ -52,7 +52,7 @@ def _shipped_configs() -> list[tuple[str, str]]:
 
 def _test_and_bench_configs(tmp_path: Path) -> list[tuple[str, str]]:
     from bench.daemon import write_config
-    from tests import test_daemon
+    from tests.helpers import daemon_harness
 
     found = []
     for lease in (None, "2s"):
@@ -61,8 +61,8 @@ def _test_and_bench_configs(tmp_path: Path) -> list[tuple[str, str]]:
         found.append((f"bench.daemon:{lease}", path.read_text()))
     found.append(
         (
-            "tests.test_daemon.one_shot",
-            test_daemon.one_shot("s", seconds=3, sleep=1, lease="2s", heartbeat="500ms"),
+            "tests.helpers.daemon_harness.one_shot",
+            daemon_harness.one_shot("s", seconds=3, sleep=1, lease="2s", heartbeat="500ms"),
         )
     )
     return found

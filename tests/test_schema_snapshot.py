@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pgcrond.storage.leases import LeaseStore
-from tests.schema_snapshot import SNAPSHOT, dump
+from tests.helpers.schema_snapshot import SNAPSHOT, dump
 
 
 async def test_the_migrations_produce_the_committed_schema_snapshot(
@@ -12,5 +12,5 @@ async def test_the_migrations_produce_the_committed_schema_snapshot(
     produced = dump(pg_dsn, schema)
     assert produced == SNAPSHOT.read_text(), (
         "the migrations and pgcrond/storage/sql/schema.sql disagree: review the difference, "
-        "then run `.venv/bin/python -m tests.schema_snapshot --write`"
+        "then run `.venv/bin/python -m tests.helpers.schema_snapshot --write`"
     )

@@ -16,7 +16,7 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.guard.base import ClaimRequest, Held, Refused
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.guard.spread import Spread
-from tests.store_helpers import open_store
+from tests.helpers.store import open_store
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
 REPLICAS = ["host-a:1", "host-b:2", "host-c:3"]

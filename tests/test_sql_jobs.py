@@ -34,8 +34,8 @@ from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
-from tests import pgbouncer as bouncer
 from tests.faults.checker import owner_pid
+from tests.helpers import pgbouncer as bouncer
 
 # -- the placeholder translation ------------------------------------------------
 
@@ -411,7 +411,7 @@ def test_a_failed_statement_is_a_job_failure_not_an_outage() -> None:
 def transaction_pooler(pg_dsn: str) -> Iterator[bouncer.PgBouncer]:
     if bouncer.binary() is None:
         pytest.skip("pgbouncer is not installed")
-    from tests.test_pgbouncer import server_port
+    from tests.helpers.pgbouncer import server_port
 
     with bouncer.pgbouncer(server_port(pg_dsn), "transaction") as running:
         yield running
@@ -478,8 +478,8 @@ def test_under_kills_pauses_and_cuts_every_tick_s_row_exists_exactly_once(
     import signal
     import time
 
-    from tests.daemon_harness import Cluster, Replica, wait_until
     from tests.faults.proxy import proxied
+    from tests.helpers.daemon_harness import Cluster, Replica, wait_until
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')

@@ -23,9 +23,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.daemon_harness import Cluster, Replica, wait_until
 from tests.faults.checker import owner_pid
 from tests.faults.proxy import Proxy, proxied
+from tests.helpers.daemon_harness import Cluster, Replica, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 

@@ -13,25 +13,18 @@ or a policy violation). Skipped only when Chromium is not installed (CI's
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import functools
-import hashlib
 import http.server
 import json
 import os
 import re
-import select
 import shutil
 import signal
 import ssl
 import struct
 import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,21 +34,21 @@ from typing import Any
 import pytest
 
 from pgcrond.daemon.page.routes import job_path
-from tests.daemon_harness import ROOT, Replica, wait_until
-from tests.store_helpers import open_store
-from tests.test_status_page import (
+from tests.helpers.browser import CHROMIUM, Browser, self_signed
+from tests.helpers.daemon_harness import ROOT, Replica, wait_until
+from tests.helpers.http import answer, status_of
+from tests.helpers.status_page import (
     OPERATOR,
     OTHER_REPLICA,
     THIS_REPLICA,
     basic,
     operator_hash,
     seed,
+    users_section,
     write_config,
 )
+from tests.helpers.store import open_store
 
-CHROMIUM = next(
-    (found for name in ("chromium", "chromium-browser") if (found := shutil.which(name))), None
-)
 pytestmark = [
     pytest.mark.skipif(
         CHROMIUM is None,
@@ -177,7 +170,7 @@ def serving(
     try:
         address = replica.http_address()
         base = f"{scheme}://{address}"
-        wait_until(lambda: _get(f"{base}/readyz") == 200, 20, "the replica to be ready")
+        wait_until(lambda: status_of(f"{base}/readyz") == 200, 20, "the replica to be ready")
         yield Served(base, config, replica)
     finally:
         replica.stop()
@@ -194,20 +187,6 @@ def daemon(pg_dsn: str, schema: str, tmp_path: Path) -> Iterator[str]:
     """A real replica serving the status page over the seeded history; yields its base URL."""
     with serving(pg_dsn, schema, tmp_path) as served:
         yield served.base
-
-
-def _get(url: str) -> int:
-    """The status of a GET; any certificate is good (the tests' own are self-signed)."""
-    unchecked = ssl.create_default_context()
-    unchecked.check_hostname = False
-    unchecked.verify_mode = ssl.CERT_NONE
-    try:
-        with urllib.request.urlopen(url, timeout=5, context=unchecked) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as refused:
-        return refused.code
-    except OSError:
-        return 0
 
 
 def test_the_status_pages_load_in_chromium_at_1280_and_phone_width_without_console_errors(
@@ -241,153 +220,17 @@ def test_the_status_pages_load_in_chromium_at_1280_and_phone_width_without_conso
 # -- signed in: Chromium driven over the DevTools protocol ------------------------------------
 
 
-# Puts the pipe ends at fds 3 and 4, where --remote-debugging-pipe wants them, then
-# becomes Chromium. Copies above 9 first: a pipe end may itself be fd 3 or 4.
-PIPE_TRAMPOLINE = """
-import fcntl, os, sys
-ends = [fcntl.fcntl(int(fd), fcntl.F_DUPFD, 10) for fd in sys.argv[1:3]]
-for wanted, end in zip((3, 4), ends):
-    os.dup2(end, wanted)
-os.execv(sys.argv[3], sys.argv[3:])
-"""
-
-
-class Browser:
-    """Headless Chromium driven over ``--remote-debugging-pipe``: JSON messages, NUL-ended.
-
-    Chromium reads commands on its fd 3 and writes answers and events on its fd 4;
-    no WebSocket client is needed. One page (target), attached in flat mode.
-    """
-
-    def __init__(self, profile: Path, extra: tuple[str, ...] = ()) -> None:
-        assert CHROMIUM is not None
-        to_child, self._commands = os.pipe()
-        self._answers, from_child = os.pipe()
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                PIPE_TRAMPOLINE,
-                str(to_child),
-                str(from_child),
-                CHROMIUM,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                f"--user-data-dir={profile}",
-                "--remote-debugging-pipe",
-                *extra,
-                "about:blank",
-            ],
-            pass_fds=(to_child, from_child),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        os.close(to_child)
-        os.close(from_child)
-        self._buffer = b""
-        self._next_id = 0
-        self.events: list[dict[str, Any]] = []
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)[
-            "sessionId"
-        ]
-        self.call("Page.enable", session=True)
-        self.call("Network.enable", session=True)
-
-    def call(self, method: str, *, session: bool = False, **params: Any) -> dict[str, Any]:
-        """Send one command and await its answer (events meanwhile are kept)."""
-        self._next_id += 1
-        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
-        if session:
-            message["sessionId"] = self.session
-        os.write(self._commands, json.dumps(message).encode() + b"\0")
-        while True:
-            received = self._receive(30, method)
-            if received.get("id") == self._next_id:
-                assert "error" not in received, (method, received["error"])
-                result: dict[str, Any] = received["result"]
-                return result
-            self.events.append(received)
-
-    def wait_for(self, event: str, timeout: float = 30) -> dict[str, Any]:
-        """Await the next ``event`` of the page (kept ones first)."""
-        for index, seen in enumerate(self.events):
-            if seen.get("method") == event:
-                return self.events.pop(index)
-        while True:
-            received = self._receive(timeout, event)
-            if received.get("method") == event:
-                return received
-            self.events.append(received)
-
-    def _receive(self, timeout: float, waiting_for: str) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while b"\0" not in self._buffer:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([self._answers], [], [], max(0.0, left))
-            if not ready:
-                raise AssertionError(f"Chromium sent nothing for {timeout}s: {waiting_for}")
-            chunk = os.read(self._answers, 1 << 20)
-            assert chunk, f"Chromium closed its pipe while we waited for {waiting_for}"
-            self._buffer += chunk
-        message, _, self._buffer = self._buffer.partition(b"\0")
-        parsed: dict[str, Any] = json.loads(message)
-        return parsed
-
-    def send_headers(self, headers: dict[str, str]) -> None:
-        self.call("Network.setExtraHTTPHeaders", session=True, headers=headers)
-
-    def load(self, url: str) -> int:
-        """Navigate to ``url`` and await its load; the HTTP status of the page."""
-        self.events.clear()
-        self.call("Page.navigate", session=True, url=url)
-        self.wait_for("Page.loadEventFired")
-        return self.page_status()
-
-    def page_status(self) -> int:
-        """The status of the last document this page received."""
-        documents = [
-            e["params"]["response"]
-            for e in self.events
-            if e.get("method") == "Network.responseReceived" and e["params"]["type"] == "Document"
-        ]
-        assert documents, "no document was received"
-        return int(documents[-1]["status"])
-
-    def evaluate(self, expression: str) -> Any:
-        """DevTools evaluates outside the page's policy (the page itself runs no script)."""
-        result = self.call(
-            "Runtime.evaluate", session=True, expression=expression, returnByValue=True
-        )
-        return result["result"].get("value")
-
-    def submit(self, form: str, fields: dict[str, str] | None = None) -> None:
-        """Fill ``form``'s fields and press its button, as a person would; await the next page."""
-        self.events.clear()
-        fill = "".join(
-            f"f.querySelector('[name={json.dumps(name)}]').value = {json.dumps(value)};"
-            for name, value in (fields or {}).items()
-        )
-        self.evaluate(
-            f"(() => {{ const f = document.querySelector({json.dumps(form)}); {fill}"
-            "f.querySelector('button').click(); })()"
-        )
-        self.wait_for("Page.loadEventFired")
-
-    def text(self) -> str:
-        return str(self.evaluate("document.body.innerText"))
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._commands)
+@contextmanager
+def in_chromium(
+    pg_dsn: str, schema: str, tmp_path: Path, http: str = ""
+) -> Iterator[tuple[Served, Browser]]:
+    """A replica serving the page with ``http`` and a Chromium to look at it, closed after."""
+    with serving(pg_dsn, schema, tmp_path, http) as served:
+        browser = Browser(tmp_path / "profile")
         try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        os.close(self._answers)
+            yield served, browser
+        finally:
+            browser.close()
 
 
 def cli_status(served: Served, pg_dsn: str) -> dict[str, dict[str, Any]]:
@@ -407,68 +250,57 @@ def cli_status(served: Served, pg_dsn: str) -> dict[str, dict[str, Any]]:
 def test_a_signed_in_operator_pauses_resumes_and_runs_a_job_in_chromium(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
-    http = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    http = users_section()
     job = "nightly-report"
-    with serving(pg_dsn, schema, tmp_path, http) as served:
+    with in_chromium(pg_dsn, schema, tmp_path, http) as (served, browser):
         url = served.base + job_path(job)
-        browser = Browser(tmp_path / "profile")
-        try:
-            # Without credentials Chromium gets the Basic challenge and shows no job.
-            assert 401 == browser.load(url)
-            assert "nightly-report" not in browser.text()
-            browser.send_headers(basic())
-            assert 200 == browser.load(url)
-            assert f"Signed in as {OPERATOR}" in browser.text()
-            assert "Not paused" in browser.text()
+        # Without credentials Chromium gets the Basic challenge and shows no job.
+        assert 401 == browser.load(url)
+        assert "nightly-report" not in browser.text()
+        browser.send_headers(basic())
+        assert 200 == browser.load(url)
+        assert f"Signed in as {OPERATOR}" in browser.text()
+        assert "Not paused" in browser.text()
 
-            browser.submit("form.pause", {"reason": "ledger migration <tonight>"})
-            assert url == browser.evaluate("location.href")  # redirected back, a GET
-            assert f"Paused by {OPERATOR} at" in browser.text()
-            assert "ledger migration <tonight>" in browser.text()
-            paused = cli_status(served, pg_dsn)[job]["paused"]
-            assert (OPERATOR, "ledger migration <tonight>") == (paused["by"], paused["reason"])
+        browser.submit("form.pause", {"reason": "ledger migration <tonight>"})
+        assert url == browser.evaluate("location.href")  # redirected back, a GET
+        assert f"Paused by {OPERATOR} at" in browser.text()
+        assert "ledger migration <tonight>" in browser.text()
+        paused = cli_status(served, pg_dsn)[job]["paused"]
+        assert (OPERATOR, "ledger migration <tonight>") == (paused["by"], paused["reason"])
 
-            browser.submit("form.resume")
-            assert "Not paused" in browser.text()
-            assert None is cli_status(served, pg_dsn)[job]["paused"]
+        browser.submit("form.resume")
+        assert "Not paused" in browser.text()
+        assert None is cli_status(served, pg_dsn)[job]["paused"]
 
-            browser.submit("form.run")
-            assert url == browser.evaluate("location.href")
-            taken = served.replica.wait_event("request_done", where=lambda e: e["job"] == job)
-            assert "success" == taken["outcome"]
-            [requested] = served.replica.events("request_taken")
-            assert OPERATOR == requested["requested_by"]
-            assert 200 == browser.load(url)
-            [row] = browser.evaluate(
-                "[...document.querySelectorAll('table.requests tbody tr')]"
-                ".map(r => [...r.cells].map(c => c.innerText.trim()))"
-            )
-            run_key, by, _, taken_by, outcome = row
-            assert (requested["run_key"], OPERATOR, "success") == (run_key, by, outcome)
-            assert served.replica.wait_event("daemon_ready")["replica"] == taken_by
-            last = cli_status(served, pg_dsn)[job]["last_run"]
-            assert (requested["run_key"], "SUCCESS") == (last["run_key"], last["status"])
-        finally:
-            browser.close()
+        browser.submit("form.run")
+        assert url == browser.evaluate("location.href")
+        taken = served.replica.wait_event("request_done", where=lambda e: e["job"] == job)
+        assert "success" == taken["outcome"]
+        [requested] = served.replica.events("request_taken")
+        assert OPERATOR == requested["requested_by"]
+        assert 200 == browser.load(url)
+        [row] = browser.evaluate(
+            "[...document.querySelectorAll('table.requests tbody tr')]"
+            ".map(r => [...r.cells].map(c => c.innerText.trim()))"
+        )
+        run_key, by, _, taken_by, outcome = row
+        assert (requested["run_key"], OPERATOR, "success") == (run_key, by, outcome)
+        assert served.replica.wait_event("daemon_ready")["replica"] == taken_by
+        last = cli_status(served, pg_dsn)[job]["last_run"]
+        assert (requested["run_key"], "SUCCESS") == (last["run_key"], last["status"])
 
 
 def test_a_forged_post_and_an_unsigned_one_change_nothing_on_a_real_replica(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     """A made-up token is 403, a POST without credentials 401; nothing is paused."""
-    http = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    http = users_section()
     with serving(pg_dsn, schema, tmp_path, http) as served:
         action = served.base + job_path("nightly-report", "/pause")
         for headers, expected in ((basic(), 403), ({}, 401)):
-            request = urllib.request.Request(
-                action,
-                data=b"reason=forged&csrf=guess",
-                headers={**headers, "Content-Type": "application/x-www-form-urlencoded"},
-                method="POST",
-            )
-            with pytest.raises(urllib.error.HTTPError) as refused:
-                urllib.request.urlopen(request, timeout=10)
-            assert expected == refused.value.code
+            forged = {"reason": "forged", "csrf": "guess"}
+            assert expected == status_of(action, headers, method="POST", form=forged)
         assert None is cli_status(served, pg_dsn)["nightly-report"]["paused"]
 
 
@@ -476,8 +308,8 @@ def test_the_page_switched_off_is_a_404_and_metrics_stay(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     with serving(pg_dsn, schema, tmp_path, "http:\n  status_page: false\n") as served:
-        assert 404 == _get(served.base + "/status")
-        assert 200 == _get(served.base + "/metrics")
+        assert 404 == status_of(served.base + "/status")
+        assert 200 == status_of(served.base + "/metrics")
 
 
 def test_without_authentication_the_page_has_no_forms_and_refuses_a_post(
@@ -486,16 +318,11 @@ def test_without_authentication_the_page_has_no_forms_and_refuses_a_post(
     job = dump_dom(daemon + job_path("nightly-report"), tmp_path / "profile")
     assert "nightly-report" in job
     assert 'method="post"' not in job and "Read-only." in job
-    browser_free = urllib.request.Request(
-        daemon + job_path("nightly-report", "/pause"),
-        data=b"reason=x",
-        headers={"Content-Type": "application/x-www-form-urlencoded"},
-        method="POST",
+    refused = answer(
+        daemon + job_path("nightly-report", "/pause"), method="POST", form={"reason": "x"}
     )
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(browser_free, timeout=10)
-    assert 403 == refused.value.code
-    assert b"read-only" in refused.value.read()
+    assert 403 == refused.status_code
+    assert b"read-only" in refused.content
 
 
 def post_forms(browser: Browser) -> int:
@@ -520,48 +347,40 @@ def test_a_viewer_sees_no_buttons_and_a_forged_post_is_refused_in_chromium(
 ) -> None:
     http = f"http:\n  users:\n    vera: {{password: '{operator_hash()}', role: viewer}}\n"
     job = "nightly-report"
-    with serving(pg_dsn, schema, tmp_path, http) as served:
+    with in_chromium(pg_dsn, schema, tmp_path, http) as (served, browser):
         url = served.base + job_path(job)
-        browser = Browser(tmp_path / "profile")
-        try:
-            browser.send_headers(basic("vera"))
-            assert 200 == browser.load(url)
-            assert "Signed in as vera (viewer)" in browser.text()
-            assert 0 == post_forms(browser)
-            buttons = "document.querySelectorAll('button:not(form.filter button)').length"
-            assert 0 == browser.evaluate(buttons)
-            forge_form(browser, job_path(job, "/pause"), "0.forged")
-            assert 403 == browser.page_status()
-            assert None is cli_status(served, pg_dsn)[job]["paused"]
-        finally:
-            browser.close()
+        browser.send_headers(basic("vera"))
+        assert 200 == browser.load(url)
+        assert "Signed in as vera (viewer)" in browser.text()
+        assert 0 == post_forms(browser)
+        buttons = "document.querySelectorAll('button:not(form.filter button)').length"
+        assert 0 == browser.evaluate(buttons)
+        forge_form(browser, job_path(job, "/pause"), "0.forged")
+        assert 403 == browser.page_status()
+        assert None is cli_status(served, pg_dsn)[job]["paused"]
 
 
 def test_a_token_the_server_did_not_issue_is_refused_even_with_a_matching_cookie(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     """The double-submit forgery: a planted cookie and the same value in the form field."""
-    http = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    http = users_section()
     job = "nightly-report"
-    with serving(pg_dsn, schema, tmp_path, http) as served:
+    with in_chromium(pg_dsn, schema, tmp_path, http) as (served, browser):
         url = served.base + job_path(job)
         forged = "Z" * 43
-        browser = Browser(tmp_path / "profile")
-        try:
-            browser.send_headers(basic())
-            browser.call("Network.setCookie", session=True, name="pgcrond_csrf", value=forged,
-                         url=served.base + "/status", path="/status")  # fmt: skip
-            assert 200 == browser.load(url)
-            assert 1 <= post_forms(browser)
-            browser.evaluate(
-                f"document.querySelector('form.pause [name=csrf]').value = {json.dumps(forged)}"
-            )
-            browser.submit("form.pause", {"reason": "forged"})
-            assert 403 == browser.page_status()
-            assert None is cli_status(served, pg_dsn)[job]["paused"]
-            assert [] == served.replica.events("status_page_action")
-        finally:
-            browser.close()
+        browser.send_headers(basic())
+        browser.call("Network.setCookie", session=True, name="pgcrond_csrf", value=forged,
+                     url=served.base + "/status", path="/status")  # fmt: skip
+        assert 200 == browser.load(url)
+        assert 1 <= post_forms(browser)
+        browser.evaluate(
+            f"document.querySelector('form.pause [name=csrf]').value = {json.dumps(forged)}"
+        )
+        browser.submit("form.pause", {"reason": "forged"})
+        assert 403 == browser.page_status()
+        assert None is cli_status(served, pg_dsn)[job]["paused"]
+        assert [] == served.replica.events("status_page_action")
 
 
 class _Forger(http.server.SimpleHTTPRequestHandler):
@@ -574,10 +393,9 @@ def test_a_form_from_another_site_is_refused_even_with_a_good_token(
 ) -> None:
     """A page at http://localhost:PORT (another site than 127.0.0.1) posts the operator's
     own token, with the Basic credentials Chromium re-sends: refused by origin."""
-    http_section = f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
+    http_section = users_section()
     job = "nightly-report"
-    with serving(pg_dsn, schema, tmp_path, http_section) as served:
-        browser = Browser(tmp_path / "profile")
+    with in_chromium(pg_dsn, schema, tmp_path, http_section) as (served, browser):
         site = tmp_path / "forger"
         site.mkdir()
         handler = functools.partial(_Forger, directory=str(site))
@@ -601,7 +419,6 @@ def test_a_form_from_another_site_is_refused_even_with_a_good_token(
             assert ("origin", "Sec-Fetch-Site: cross-site") == (denied["why"], denied["sent"])
         finally:
             forger.shutdown()
-            browser.close()
 
 
 def test_the_overview_refreshes_by_itself_and_shows_a_paused_job_as_paused(
@@ -611,49 +428,24 @@ def test_the_overview_refreshes_by_itself_and_shows_a_paused_job_as_paused(
         "[...document.querySelectorAll('table.jobs tbody tr')]"
         ".find(r => r.innerText.includes('nightly-report'))"
     )
-    with serving(pg_dsn, schema, tmp_path) as served:
-        browser = Browser(tmp_path / "profile")
-        try:
-            assert 200 == browser.load(served.base + "/status?refresh=5")
-            assert "paused" not in browser.evaluate(f"{row}.cells[2].innerText")
-            done = subprocess.run(
-                [str(ROOT / ".venv" / "bin" / "pgcrond"), "pause", "-c", str(served.config),
-                 "nightly-report", "--reason", "ledger migration", "--by", "ops"],
-                capture_output=True, text=True, timeout=60, env=daemon_env(pg_dsn), check=False,
-            )  # fmt: skip
-            assert 0 == done.returncode, done.stderr
-            # No one reloads: the page does, within its 5 s.
-            browser.wait_for("Page.loadEventFired", timeout=15)
-            assert 200 == browser.page_status()
-            next_fire = browser.evaluate(f"{row}.cells[2].innerText")
-            assert re.fullmatch(r"paused — by ops( \(.+\))?: ledger migration", next_fire.strip())
-            # Switched off, it stays put.
-            assert 200 == browser.load(served.base + "/status?refresh=off")
-            refreshing = "document.querySelectorAll('meta[http-equiv=refresh]').length"
-            assert 0 == browser.evaluate(refreshing)
-        finally:
-            browser.close()
-
-
-def self_signed(directory: Path, name: str) -> tuple[Path, Path, str]:
-    """A certificate for 127.0.0.1 signed by its own key; and its key's SPKI hash."""
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-         "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
-         "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    der = ssl.PEM_cert_to_DER_cert(cert.read_text())
-    public = subprocess.run(
-        ["openssl", "x509", "-inform", "der", "-pubkey", "-noout"],
-        input=der, check=True, capture_output=True, timeout=60,
-    ).stdout  # fmt: skip
-    spki = subprocess.run(
-        ["openssl", "pkey", "-pubin", "-outform", "der"],
-        input=public, check=True, capture_output=True, timeout=60,
-    ).stdout  # fmt: skip
-    return cert, key, base64.b64encode(hashlib.sha256(spki).digest()).decode()
+    with in_chromium(pg_dsn, schema, tmp_path) as (served, browser):
+        assert 200 == browser.load(served.base + "/status?refresh=5")
+        assert "paused" not in browser.evaluate(f"{row}.cells[2].innerText")
+        done = subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "pgcrond"), "pause", "-c", str(served.config),
+             "nightly-report", "--reason", "ledger migration", "--by", "ops"],
+            capture_output=True, text=True, timeout=60, env=daemon_env(pg_dsn), check=False,
+        )  # fmt: skip
+        assert 0 == done.returncode, done.stderr
+        # No one reloads: the page does, within its 5 s.
+        browser.wait_for("Page.loadEventFired", timeout=15)
+        assert 200 == browser.page_status()
+        next_fire = browser.evaluate(f"{row}.cells[2].innerText")
+        assert re.fullmatch(r"paused — by ops( \(.+\))?: ledger migration", next_fire.strip())
+        # Switched off, it stays put.
+        assert 200 == browser.load(served.base + "/status?refresh=off")
+        refreshing = "document.querySelectorAll('meta[http-equiv=refresh]').length"
+        assert 0 == browser.evaluate(refreshing)
 
 
 def test_https_with_a_self_signed_certificate_in_chromium_and_a_new_one_after_sighup(

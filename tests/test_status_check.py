@@ -14,9 +14,7 @@ import pytest
 
 from pgcrond import __version__
 from pgcrond.report import iso
-from tests.daemon_harness import Cluster, cluster, wait_until
-from tests.test_config_changes import cli
-from tests.test_daemon import config
+from tests.helpers.daemon_harness import Cluster, cli, cluster, config, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]
 

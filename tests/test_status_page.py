@@ -8,7 +8,6 @@ page is fetched over HTTP from the daemon's real HTTP server.
 from __future__ import annotations
 
 import asyncio
-import base64
 import io
 import json
 import re
@@ -18,24 +17,23 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import httpx
 import psycopg
 import pytest
+import yaml
 from structlog.testing import capture_logs
 
 import pgcrond
 from pgcrond.cli import main
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import Config
-from pgcrond.core.keys import Identity
 from pgcrond.core.passwords import hash_password, parse_hash
 from pgcrond.core.schedule import run_key_for
-from pgcrond.core.timing import LeaseTiming
 from pgcrond.daemon.http import MAX_BODY, HealthServer
 from pgcrond.daemon.http import parse_listen as http_parse_listen
 from pgcrond.daemon.metrics import Metrics
@@ -46,214 +44,27 @@ from pgcrond.daemon.registry import entry_of
 from pgcrond.daemon.status_page import StatusPage
 from pgcrond.errors import ConfigError
 from pgcrond.storage import jobstate, registry
-from pgcrond.storage.claims import Acquired
 from pgcrond.storage.leases import LeaseStore
-from tests.daemon_harness import clear_of_a_minute_edge
-from tests.store_helpers import open_store
+from tests.helpers.daemon_harness import clear_of_a_minute_edge
+from tests.helpers.http import fetch
+from tests.helpers.status_page import (
+    HOSTILE_DESCRIPTION,
+    HOSTILE_ERROR,
+    ODD_CODE,
+    OPERATOR,
+    OPERATOR_PASSWORD,
+    OTHER_REPLICA,
+    THIS_REPLICA,
+    History,
+    basic,
+    operator_hash,
+    seed,
+    users_section,
+    write_config,
+)
+from tests.helpers.store import open_store
 
-HOSTILE_DESCRIPTION = """<script>alert("description")</script> & it's 'quoted'"""
-HOSTILE_ERROR = """Traceback (most recent call last):
-  File "report.py", line 3
-<script>alert('error')</script> "double" & 'single'"""
-ODD_CODE = 'odd/<b>"code"'
-THIS_REPLICA = "replica-a:101"
 STATUS_ONLY_FIELDS = {"paused", "suspended", "stale", "misses_24h", "last_tick"}
-OTHER_REPLICA = "replica-b:202"
-
-
-def write_config(directory: Path, schema: str, http: str = "") -> Path:
-    """Five jobs: per-minute (UTC), daily (Berlin, hostile description), an odd code,
-    run-once, advisory; ``http``: an ``http:`` section, as YAML text."""
-    path = directory / "pgcrond.yaml"
-    description = HOSTILE_DESCRIPTION.replace("'", "''")
-    path.write_text(
-        f"""\
-database: {{schema: {schema}}}
-defaults:
-  timezone: Europe/Berlin
-jobs:
-  sync-invoices:
-    cron: "* * * * *"
-    timezone: UTC
-    command: ["/bin/true"]
-    description: Pushes yesterday's invoices to the ledger.
-  nightly-report:
-    cron: "30 2 * * *"
-    command: ["/bin/true"]
-    retries: 2
-    timeout: 30m
-    description: '{description}'
-  '{ODD_CODE}':
-    cron: "0 * * * *"
-    command: ["/bin/true"]
-  seed-settings:
-    once: true
-    command: ["/bin/true"]
-  cache-warm:
-    cron: "*/5 * * * *"
-    guard: advisory
-    command: ["/bin/true"]
-{http}"""
-    )
-    return path
-
-
-@dataclass
-class History:
-    """What was written, to assert on."""
-
-    now: datetime
-    minute: datetime
-    # sync-invoices: the minute with no row (a gap), the failed one, the skipped one.
-    gap: datetime
-    failed: datetime
-    skipped: datetime
-    running: Acquired
-    nightly_failed: Acquired
-    finished_sync: int
-
-
-def insert(
-    conn: psycopg.Connection[Any],
-    schema: str,
-    code: str,
-    run_key: str | None,
-    status: str,
-    *,
-    owner: str,
-    acquired: datetime,
-    took: timedelta = timedelta(seconds=1),
-    attempt: int = 1,
-    reason: str | None = None,
-    error: str | None = None,
-) -> None:
-    identity = Identity.initial(code) if run_key is None else Identity.schedule(code, run_key)
-    finished = None if status == "RUNNING" else acquired + took
-    conn.execute(
-        f"""INSERT INTO "{schema}".leases (lock_key, type, code, run_key, status, owner_token,
-            owner, attempt, fencing_token, lease_ms, created_at, acquired_at, heartbeat_at,
-            expires_at, finished_at, reason, error)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, nextval('"{schema}".leases_fencing_seq'), 60000,
-                %s, %s, %s, %s, %s, %s, %s)""",
-        (
-            identity.idempotency_key,
-            identity.type,
-            code,
-            run_key,
-            status,
-            uuid.uuid4(),
-            owner,
-            attempt,
-            acquired,
-            acquired,
-            acquired,
-            acquired + timedelta(minutes=1),
-            finished,
-            reason,
-            error,
-        ),
-    )
-
-
-async def seed(dsn: str, schema: str, store: LeaseStore, other: LeaseStore) -> History:
-    """A known history: twelve minutes of sync-invoices with a gap, a failure and a skip;
-    four nights of nightly-report, the last failed through the store with a hostile error;
-    three hours of the odd code; the run-once job done; a live claim by another replica."""
-    now = datetime.now(UTC)
-    minute = now.replace(second=0, microsecond=0)
-    gap, failed, skipped = (minute - timedelta(minutes=k) for k in (5, 7, 3))
-    finished_sync = 0
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for k in range(12, 0, -1):
-            tick = minute - timedelta(minutes=k)
-            if tick == gap:
-                continue
-            owner = THIS_REPLICA if k % 2 else OTHER_REPLICA
-            at = tick + timedelta(milliseconds=40)
-            if tick == failed:
-                insert(
-                    conn,
-                    schema,
-                    "sync-invoices",
-                    run_key_for(tick),
-                    "FAIL",
-                    owner=owner,
-                    acquired=at,
-                    took=timedelta(milliseconds=300),
-                    attempt=2,
-                    reason="error",
-                    error="exit status 3",
-                )
-            elif tick == skipped:
-                insert(
-                    conn,
-                    schema,
-                    "sync-invoices",
-                    run_key_for(tick),
-                    "SKIPPED",
-                    owner=owner,
-                    acquired=at,
-                    took=timedelta(0),
-                    reason="overlap",
-                )
-            else:
-                insert(
-                    conn,
-                    schema,
-                    "sync-invoices",
-                    run_key_for(tick),
-                    "SUCCESS",
-                    owner=owner,
-                    acquired=at,
-                    took=timedelta(milliseconds=400 + 150 * k),
-                )
-            finished_sync += tick != skipped
-        nights = []
-        day = now.astimezone(UTC).replace(hour=1, minute=30, second=0, microsecond=0)
-        for k in range(4, 0, -1):
-            nights.append(day - timedelta(days=k))
-        for night in nights[:-1]:
-            insert(
-                conn,
-                schema,
-                "nightly-report",
-                run_key_for(night),
-                "SUCCESS",
-                owner=THIS_REPLICA,
-                acquired=night,
-                took=timedelta(minutes=4, seconds=10),
-            )
-        hour = now.replace(minute=0, second=0, microsecond=0)
-        for k in range(3, 0, -1):
-            insert(
-                conn,
-                schema,
-                ODD_CODE,
-                run_key_for(hour - timedelta(hours=k)),
-                "SUCCESS",
-                owner=OTHER_REPLICA,
-                acquired=hour - timedelta(hours=k),
-            )
-        insert(
-            conn,
-            schema,
-            "seed-settings",
-            None,
-            "SUCCESS",
-            owner=THIS_REPLICA,
-            acquired=now - timedelta(days=3),
-        )
-    # Through the store: the newest night fails for good with a hostile error ...
-    claimed = await store.claim(Identity.schedule("nightly-report", run_key_for(nights[-1])))
-    assert isinstance(claimed, Acquired)
-    assert await store.fail(claimed, HOSTILE_ERROR, retry_after=None)
-    # ... and another replica holds this minute's tick of sync-invoices right now.
-    running = await other.claim(
-        Identity.schedule("sync-invoices", run_key_for(minute)),
-        LeaseTiming.build(timedelta(minutes=10)),
-    )
-    assert isinstance(running, Acquired)
-    return History(now, minute, gap, failed, skipped, running, claimed, finished_sync)
 
 
 @dataclass
@@ -267,23 +78,14 @@ class Site:
     store: LeaseStore
 
 
-async def fetch(port: int, path: str, accept: str = "text/html") -> tuple[int, dict[str, str], str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        f"GET {path} HTTP/1.1\r\nHost: t\r\nAccept: {accept}\r\nConnection: close\r\n\r\n".encode()
-    )
-    await writer.drain()
-    response = await reader.read()
-    writer.close()
-    await writer.wait_closed()
-    head, _, body = response.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode().split("\r\n")
-    headers = dict(line.split(": ", 1) for line in header_lines)
-    return int(status_line.split()[1]), headers, body.decode()
+async def fetch_text(
+    port: int, path: str, accept: str = "text/html"
+) -> tuple[int, httpx.Headers, str]:
+    return await send(port, "GET", path, {"Accept": accept})
 
 
 async def fetch_json(port: int, path: str) -> Any:
-    status, headers, body = await fetch(port, path, accept="application/json")
+    status, headers, body = await fetch_text(port, path, accept="application/json")
     assert (200, "application/json; charset=utf-8") == (status, headers["Content-Type"])
     return json.loads(body)
 
@@ -377,7 +179,7 @@ def assert_self_contained(html: str) -> None:
 async def test_the_overview_shows_every_job_running_now_and_replicas_with_job_text_escaped(
     served: Site,
 ) -> None:
-    status, headers, html = await fetch(served.port, "/status")
+    status, headers, html = await fetch_text(served.port, "/status")
     assert (200, "text/html; charset=utf-8") == (status, headers["Content-Type"])
     assert_self_contained(html)
     page = Page(html)
@@ -438,7 +240,7 @@ async def test_the_tick_strip_is_in_tick_order_and_shows_the_gap_the_failure_and
             expected.append(("SUCCESS", None, key))
     assert expected == [(t["status"], t["reason"], t["run_key"]) for t in sync["ticks"]]
     # The HTML strip says the same, one cell per entry, coloured by outcome.
-    _, _, html = await fetch(served.port, "/status")
+    _, _, html = await fetch_text(served.port, "/status")
     cells = Page(html).cells  # the legend's cells have no title, so are not counted
     # (An hourly job's trailing gap appears at hh:05 exactly: count before and after.)
     after = await fetch_json(served.port, "/status.json")
@@ -495,7 +297,7 @@ async def test_the_jobs_json_has_the_field_names_and_values_of_pgcrond_status_js
 async def test_a_jobs_page_lists_recent_ticks_with_keys_and_errors_and_charts_durations(
     served: Site,
 ) -> None:
-    status, _, html = await fetch(served.port, job_path("nightly-report"))
+    status, _, html = await fetch_text(served.port, job_path("nightly-report"))
     assert 200 == status
     assert_self_contained(html)
     page = Page(html)
@@ -554,14 +356,14 @@ async def test_a_jobs_page_lists_recent_ticks_with_keys_and_errors_and_charts_du
 
 
 async def test_a_job_with_an_odd_code_has_a_page_and_an_unknown_job_is_404(served: Site) -> None:
-    status, _, html = await fetch(served.port, job_path(ODD_CODE))
+    status, _, html = await fetch_text(served.port, job_path(ODD_CODE))
     assert 200 == status
     assert f"Job {ODD_CODE}" in Page(html).all_text
     assert 3 == len(Page(html).bars)
-    status, _, html = await fetch(served.port, job_path("no-such-job"))
+    status, _, html = await fetch_text(served.port, job_path("no-such-job"))
     assert 404 == status
     assert "no job &#39;no-such-job&#39; in this replica&#39;s config" in html
-    status, _, body = await fetch(served.port, job_path("no-such-job", ".json"))
+    status, _, body = await fetch_text(served.port, job_path("no-such-job", ".json"))
     assert (404, {"error": "no job 'no-such-job' in this replica's config"}) == (
         status,
         json.loads(body),
@@ -571,7 +373,7 @@ async def test_a_job_with_an_odd_code_has_a_page_and_an_unknown_job_is_404(serve
 async def test_the_running_view_shows_run_key_replica_attempt_since_expiry_and_fencing_token(
     served: Site,
 ) -> None:
-    status, _, html = await fetch(served.port, "/status/running")
+    status, _, html = await fetch_text(served.port, "/status/running")
     assert 200 == status
     assert_self_contained(html)
     running = served.history.running
@@ -614,7 +416,7 @@ async def test_the_running_view_shows_run_key_replica_attempt_since_expiry_and_f
 async def test_the_replicas_view_lists_the_registrys_live_replicas_with_their_recent_rows(
     served: Site,
 ) -> None:
-    status, _, html = await fetch(served.port, "/status/replicas")
+    status, _, html = await fetch_text(served.port, "/status/replicas")
     assert 200 == status
     assert_self_contained(html)
     text = Page(html).all_text
@@ -635,13 +437,13 @@ async def test_the_replicas_view_lists_the_registrys_live_replicas_with_their_re
 
 async def test_the_replicas_view_shows_drift_and_the_jobs_that_differ(served: Site) -> None:
     changed = served.config_path.parent / "changed.yaml"
-    changed.write_text(
-        served.config_path.read_text().replace('cron: "30 2 * * *"', 'cron: "45 2 * * *"')
-    )
+    document = yaml.safe_load(served.config_path.read_text())
+    document["jobs"]["nightly-report"]["cron"] = "45 2 * * *"
+    changed.write_text(yaml.safe_dump(document))
     config = load_config([str(changed)], database_url=served.dsn)
     await registry.join(served.store, entry_of("replica-c:303", uuid.uuid4(), config))
     data = await fetch_json(served.port, "/status/replicas.json")
-    _, _, html = await fetch(served.port, "/status/replicas")
+    _, _, html = await fetch_text(served.port, "/status/replicas")
     drift = data["drift"]
     assert {"nightly-report"} == set(drift["jobs"])
     assert [["replica-c:303"]] == [
@@ -662,33 +464,29 @@ async def test_the_page_changes_nothing_and_refuses_other_methods(served: Site) 
 
     before = count()
     for path in ("/status", "/status/running", "/status/replicas", job_path("sync-invoices")):
-        status, _, _ = await fetch(served.port, path)
+        status, _, _ = await fetch_text(served.port, path)
         assert 200 == status
     assert before == count()
     for method in ("POST", "PUT", "DELETE"):
-        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        writer.write(f"{method} /status HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        response = await reader.read()
-        writer.close()
+        status, headers, body = await send(served.port, method, "/status")
         if method == "POST":
             # Without authentication configured the page is read-only: a form POST is refused.
-            assert response.startswith(b"HTTP/1.1 403 Forbidden\r\n")
-            assert b"read-only" in response
+            assert 403 == status
+            assert "read-only" in body
         else:
-            assert response.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
-            assert b"Allow: GET, HEAD\r\n" in response
+            assert 405 == status
+            assert "GET, HEAD" == headers["Allow"]
     assert before == count()
 
 
 async def test_the_stylesheet_is_served_from_the_package_and_the_root_is_the_overview(
     served: Site,
 ) -> None:
-    status, headers, css = await fetch(served.port, "/status/status.css")
+    status, headers, css = await fetch_text(served.port, "/status/status.css")
     assert (200, "text/css; charset=utf-8") == (status, headers["Content-Type"])
     assert "@media (max-width: 760px)" in css
     assert "url(" not in css  # no fonts or images from anywhere
-    status, _, html = await fetch(served.port, "/")
+    status, _, html = await fetch_text(served.port, "/")
     assert 200 == status
     assert "sync-invoices" in html
 
@@ -734,11 +532,11 @@ async def test_a_paused_job_says_by_whom_and_why_and_its_json_matches_status(ser
     await jobstate.pause(
         served.store, ["nightly-report"], by="ops@host", reason='<b>"maintenance"</b>'
     )
-    _, _, html = await fetch(served.port, "/status")
+    _, _, html = await fetch_text(served.port, "/status")
     text = Page(html).all_text
     assert 'paused — by ops@host: <b>"maintenance"</b>' in text
     assert "&lt;b&gt;&#34;maintenance&#34;&lt;/b&gt;" in html
-    _, _, body = await fetch(served.port, "/status.json")
+    _, _, body = await fetch_text(served.port, "/status.json")
     entries = {entry["job"]: entry for entry in json.loads(body)["jobs"]}
     paused = entries["nightly-report"]["paused"]
     assert ("database", "ops@host") == (paused["source"], paused["by"])
@@ -765,22 +563,6 @@ def test_a_job_is_shown_stale_once_it_has_not_succeeded_for_its_alert_after(
 
 # -- access: sign-in, actions, CSRF ------------------------------------------------------------
 
-OPERATOR = "alice"
-OPERATOR_PASSWORD = "correct horse battery"
-
-
-@lru_cache(maxsize=1)
-def operator_hash() -> str:
-    return hash_password(OPERATOR_PASSWORD)
-
-
-def users_section() -> str:
-    return f"http:\n  users:\n    {OPERATOR}: '{operator_hash()}'\n"
-
-
-def basic(user: str = OPERATOR, password: str = OPERATOR_PASSWORD) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
-
 
 async def send(
     port: int,
@@ -788,26 +570,14 @@ async def send(
     path: str,
     headers: dict[str, str] | None = None,
     body: bytes = b"",
-) -> tuple[int, dict[str, str], str]:
-    """One raw request; the answer's status, headers (by lower-case name) and body."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    lines = [
-        f"{method} {path} HTTP/1.1",
-        "Host: t",
-        "Connection: close",
-        *(f"{k}: {v}" for k, v in (headers or {}).items()),
-    ]
-    if body or method == "POST":
-        lines.append(f"Content-Length: {len(body)}")
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
-    await writer.drain()
-    response = await reader.read()
-    writer.close()
-    await writer.wait_closed()
-    head, _, rest = response.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode().split("\r\n")
-    found = {k.lower(): v for k, v in (line.split(": ", 1) for line in header_lines)}
-    return int(status_line.split()[1]), found, rest.decode()
+) -> tuple[int, httpx.Headers, str]:
+    """One request; the answer's status, headers and body.
+
+    Its ``Host`` is ``t``, the host the forms' ``Origin`` headers name.
+    """
+    sent = {"Host": "t", **(headers or {})}
+    status, found, answer = await fetch(port, path, method=method, headers=sent, body=body)
+    return status, found, answer.decode()
 
 
 def token_of(html: str) -> str:
@@ -877,7 +647,7 @@ async def test_an_operator_pauses_resumes_and_runs_a_job_under_their_name(signed
     token = token_of(html)
     sent = {**basic(), "Content-Type": FORM, "Origin": "http://t", "Sec-Fetch-Site": "same-origin"}
 
-    async def post(action: str, fields: dict[str, str]) -> tuple[int, dict[str, str]]:
+    async def post(action: str, fields: dict[str, str]) -> tuple[int, httpx.Headers]:
         body = urlencode({"csrf": token, **fields}).encode()
         status, answer, _ = await send(signed.port, "POST", f"{path}/{action}", sent, body)
         return status, answer

@@ -17,12 +17,13 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.overlap import FORBID
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import DatabaseUnavailable, LeaseLost, ValidationError
+from pgcrond.storage.claim_answers import PendingClaim
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.embedded import LocalServer
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.sql import migrations
 from pgcrond.storage.sync_store import SyncLeaseStore
-from tests.store_helpers import count_round_trips, open_store, quick_processes
+from tests.helpers.store import count_round_trips, open_store, quick_processes
 
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))
 
@@ -405,7 +406,7 @@ def test_bad_table_names_are_rejected(pg_dsn: str) -> None:
         SyncLeaseStore(pg_dsn, table='x"; DROP TABLE y; --')
 
 
-async def test_co_firing_claims_share_one_statement_and_keep_their_own_outcomes(
+async def test_a_chunk_of_claims_shares_one_statement_and_keeps_their_own_outcomes(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     done = Identity.schedule("done", "2026-01-01T00:00:00Z")
@@ -421,8 +422,8 @@ async def test_co_firing_claims_share_one_statement_and_keep_their_own_outcomes(
         with trace.open("w") as wire:
             async with store.db.connection() as conn:
                 conn.pgconn.trace(wire.fileno())
-            results = await asyncio.gather(
-                *(store.claim(identity, SHORT) for identity in [done, held, *fresh])
+            results = await store.claim_many(
+                [PendingClaim(i, SHORT, uuid.uuid4(), None) for i in [done, held, *fresh]]
             )
             async with store.db.connection() as conn:
                 conn.pgconn.untrace()

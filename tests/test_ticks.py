@@ -6,32 +6,21 @@ MISSED and a paused job's tick SKIPPED, in its one round trip.
 
 from __future__ import annotations
 
-import asyncio
-from datetime import UTC, datetime, timedelta
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for, tick_of
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage import jobstate, ticks
+from pgcrond.storage.claim_answers import PendingClaim
 from pgcrond.storage.claims import Acquired, NotAcquired
-from tests.store_helpers import count_round_trips, open_store
+from tests.helpers.store import count_round_trips, open_store, rows, tick_ago
 
 SHORT = LeaseTiming.build(timedelta(seconds=30), timedelta(seconds=5))
-
-
-def rows(dsn: str, schema: str, code: str) -> list[dict[str, object]]:
-    with psycopg.connect(dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
-        return conn.execute(
-            f'SELECT * FROM "{schema}".leases WHERE code = %s ORDER BY run_key, id', (code,)
-        ).fetchall()
-
-
-def tick_ago(seconds: float) -> datetime:
-    return (datetime.now(UTC) - timedelta(seconds=seconds)).replace(microsecond=0)
 
 
 async def test_a_claim_past_its_window_records_the_tick_missed_late_in_its_own_statement(
@@ -158,7 +147,7 @@ async def test_a_retry_due_while_paused_waits_for_resume(pg_dsn: str, schema: st
 async def test_a_paused_claim_is_still_one_round_trip(
     pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
-    """Pause is read inside the claim: a batch of paused, late and fresh claims is one trip."""
+    """Pause is read inside the claim: a chunk of paused, late and fresh claims is one trip."""
     tick = tick_ago(0)
     old = tick_ago(600)
     claims = [
@@ -172,11 +161,11 @@ async def test_a_paused_claim_is_still_one_round_trip(
         with trace.open("w") as wire:
             async with store.db.connection() as conn:
                 conn.pgconn.trace(wire.fileno())
-            answers = await asyncio.gather(
-                *(
-                    store.claim(identity, SHORT, fire_time=at, late_after=late)
+            answers = await store.claim_many(
+                [
+                    PendingClaim(identity, SHORT, uuid.uuid4(), None, at, late)
                     for identity, at, late in claims
-                )
+                ]
             )
             async with store.db.connection() as conn:
                 conn.pgconn.untrace()

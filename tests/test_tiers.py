@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tier_of
-from tests.daemon_harness import PGCROND
+from tests.helpers.daemon_harness import PGCROND
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parent.parent

@@ -29,9 +29,8 @@ from pgcrond.daemon.tracing import Tracing
 from pgcrond.events import FanOut
 from pgcrond.fire import Fire, Firing
 from pgcrond.guard.memory import MemoryGuard
-from tests.daemon_harness import cluster, wait_until
-from tests.hook_receiver import Receiver, receiving
-from tests.test_daemon import at, config
+from tests.helpers.daemon_harness import at, cluster, config, wait_until
+from tests.helpers.hook_receiver import Receiver, receiving
 
 
 @pytest.mark.usefixtures("subprocesses")

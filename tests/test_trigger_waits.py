@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import PGCROND, Cluster, cluster, quiet_cron, wait_until
+from tests.helpers.daemon_harness import PGCROND, Cluster, cluster, quiet_cron, wait_until
 
 pytestmark = pytest.mark.usefixtures("system_processes")
 

@@ -25,6 +25,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import cast
 
+import yaml
+
 from pgcrond.config.calendars import read_calendars
 from pgcrond.config.database import read_database
 from pgcrond.config.fields import DATABASE, DEFAULTABLE, HTTP, TOP
@@ -78,6 +80,23 @@ def load_config(
     config = _build(reading, sources, names, database_url, listen)
     if reading.issues or config is None:
         raise ConfigError(_sorted(reading.issues.found, names))
+    return config
+
+
+def load_document(
+    document: Mapping[str, object], *, name: str, environ: Mapping[str, str] = os.environ
+) -> Config:
+    """What :func:`load_config` makes of a file holding ``document``, without the file.
+
+    ``name`` stands for the file in issues (their lines are those of the
+    document dumped as YAML): :func:`pgcrond.testing.job` builds a job with it.
+    """
+    reading = Reading(environ)
+    sources = Sources(reading.issues)
+    sources.read_text(name, yaml.safe_dump(dict(document), sort_keys=False))
+    config = _build(reading, sources, [name], None, None)
+    if reading.issues or config is None:
+        raise ConfigError(_sorted(reading.issues.found, [name]))
     return config
 
 

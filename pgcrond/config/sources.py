@@ -84,6 +84,10 @@ class Sources:
             self.issues.add(name, None, None, None, f"cannot read: {exc}")
             self.unreadable = True
             return
+        self.read_text(name, text)
+
+    def read_text(self, name: str, text: str) -> None:
+        """One file's text, ``name`` being what its issues call it."""
         try:
             root = compose(text)
         except yaml.YAMLError as exc:

@@ -86,6 +86,15 @@ class Wheel:
     def call_later(self, seconds: float, action: Callable[[], object]) -> None:
         self.call_at(self._loop.time() + seconds, action)
 
+    def on_grid(self, seconds: float) -> float:
+        """Seconds from now to the grid slot a wake-up ``seconds`` from now wakes in.
+
+        For a timer that must stay cancellable (a loop timer of its own) and
+        still wake with the wake-ups of its slot.
+        """
+        now = self._loop.time()
+        return max(math.ceil((now + seconds) / GRID_S) * GRID_S - now, 0.0)
+
     async def until(self, when: float) -> None:
         """Return at the loop's time ``when``, or up to a grid slot later; at once if it came."""
         if when <= self._loop.time():

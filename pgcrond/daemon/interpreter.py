@@ -13,8 +13,8 @@ replica):
   of its sight after start-up and after each reload (``gc.freeze``), and the
   young generation is collected every 50,000 new objects: 4.0 s. Cyclic
   garbage is still collected, at most that many objects late. A run makes
-  no reference cycle, so while a big tick's fires are in flight the
-  collector is held off altogether (:class:`Bursts`).
+  no reference cycle, so while a big tick's runs are in flight the
+  collector is held off altogether (:class:`BigTicks`).
 * a thread that computes (a ``/metrics`` render) held the GIL for up to the
   switch interval (5 ms) each time the loop gave it up for a write (each log
   line): the longest loop stall of a tick went from ~0.4 s to ~0.2 s with a
@@ -107,78 +107,54 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return function
 
 
-# A burst of this many fires in flight at once holds the collector off ...
-PAUSE_COLLECTOR_AT = 500
-# ... for at most this long: a burst of long runs is collected as usual after it.
+# A tick of this many fires is big: the collector is held off while its runs
+# are in flight, and what they freed is handed back once they are over.
+BIG_TICK = 1000
+# The collector is held off for at most this long: a big tick of long runs is
+# collected as usual after it.
 PAUSE_COLLECTOR_S = 10.0
-# A burst of this many (a big tick) is followed, once over, by a trim().
-TRIM_AFTER_FIRES = 1000
 
 
-class Bursts:
-    """What the interpreter does about a burst of fires in flight (a big tick).
+class BigTicks:
+    """What the interpreter does about a big tick (the scheduler says how big it is).
 
-    During it, the cyclic collector is held off. A run makes no reference
-    cycle (``tests/test_runner_entrypoints.py``), so what a tick's thousands
-    of fires hold is freed by reference counting as each ends; yet while they
-    are alive their objects count as new ones, and the collector walked them
-    every 50,000 (a young collection, 60-90 ms of the loop at 10,000
-    co-firing jobs on this machine) and again in its older generations
-    (150-350 ms). Held off from the moment ``PAUSE_COLLECTOR_AT`` fires are
-    in flight until none is, or ``PAUSE_COLLECTOR_S`` at most, and not again
-    until that burst is over (thousands of long runs in flight for hours are
-    collected as usual): what cyclic garbage the burst makes elsewhere is
-    collected at most that late. It only lets go of a pause it made (a
-    collector someone else disabled stays so).
-
-    After it, if it reached ``TRIM_AFTER_FIRES``, what its fires freed is
-    worth handing back (:func:`trim`): :meth:`fires` says when.
+    While its runs are in flight the cyclic collector is held off. A run
+    makes no reference cycle (``tests/test_runner_entrypoints.py``), so what
+    a tick's thousands of fires hold is freed by reference counting as each
+    ends; yet while they are alive their objects count as new ones, and the
+    collector walked them every 50,000 (a young collection, 60-90 ms of the
+    loop at 10,000 co-firing jobs on this machine) and again in its older
+    generations (150-350 ms). Held off from the hand-on of a tick of
+    ``BIG_TICK`` fires or more until no fire is in flight, or
+    ``PAUSE_COLLECTOR_S`` at most: what cyclic garbage the tick makes
+    elsewhere is collected at most that late. It only lets go of a pause it
+    made (a collector someone else disabled stays so). Once no fire is in
+    flight, what the big tick freed is worth handing back (:func:`trim`):
+    :meth:`idle` says when.
     """
 
     def __init__(self) -> None:
         self._resume: asyncio.TimerHandle | None = None
-        # The bound ran out during this burst: no second pause until it ends.
-        self._spent = False
-        self._most = 0
-        self._in_flight = 0
+        # Read from other threads too (the HTTP server's): one bool, set by the loop.
+        self.in_flight = False
 
-    @property
-    def big(self) -> bool:
-        """Whether a big tick's fires are in flight now (``PAUSE_COLLECTOR_AT`` or more).
-
-        Read from other threads too (the HTTP server's): one int, set by the loop.
-        """
-        return self._in_flight >= PAUSE_COLLECTOR_AT
-
-    def fires(self, in_flight: int) -> bool:
-        """Told the number of fires in flight each time it changes.
-
-        True when a burst of ``TRIM_AFTER_FIRES`` or more has just ended.
-        """
-        self._in_flight = in_flight
-        self._most = max(self._most, in_flight)
-        if in_flight == 0:
-            self._spent = False
-            self.resume()
-            big, self._most = self._most >= TRIM_AFTER_FIRES, 0
-            return big
-        if (
-            self._resume is None
-            and not self._spent
-            and in_flight >= PAUSE_COLLECTOR_AT
-            and gc.isenabled()
-        ):
+    def tick(self, fires: int) -> None:
+        """A tick of ``fires`` fires is handed on."""
+        if fires < BIG_TICK:
+            return
+        self.in_flight = True
+        if self._resume is None and gc.isenabled():
             gc.disable()
-            loop = asyncio.get_running_loop()
-            self._resume = loop.call_later(PAUSE_COLLECTOR_S, self._bound_ran_out)
-        return False
+            self._resume = asyncio.get_running_loop().call_later(PAUSE_COLLECTOR_S, self.resume)
 
-    def _bound_ran_out(self) -> None:
-        self._spent = True
+    def idle(self) -> bool:
+        """No fire is in flight now: True when a big tick's just ended."""
+        ended, self.in_flight = self.in_flight, False
         self.resume()
+        return ended
 
     def resume(self) -> None:
-        """The collector back on (the burst is over, its bound ran out, or the replica stops)."""
+        """The collector back on (the tick is over, its bound ran out, or the replica stops)."""
         if self._resume is not None:
             self._resume.cancel()
             self._resume = None

@@ -103,7 +103,7 @@ class Daemon:
         self._watcher = ConfigWatcher(self.paths)
         self.tasks: set[asyncio.Task[Any]] = set()
         self.fire_tasks: set[asyncio.Task[Any]] = set()
-        self._bursts = interpreter.Bursts()
+        self._big_ticks = interpreter.BigTicks()
         self.stop_requested = asyncio.Event()
         self.stop_now = asyncio.Event()
         self._beat = time.monotonic()
@@ -348,6 +348,7 @@ class Daemon:
         """A wave of a tick: deferred where another live replica is preferred, else claimed."""
         assert self._firing is not None and self._deferral is not None
         firing, deferral = self._firing, self._deferral
+        self._big_ticks.tick(len(fires))
         claimed = [
             fire
             for fire in fires
@@ -368,14 +369,14 @@ class Daemon:
 
     def _track(self, task: asyncio.Task[Any]) -> None:
         self.fire_tasks.add(task)
-        self._bursts.fires(len(self.fire_tasks))
         task.add_done_callback(self._fire_done)
 
     def _fire_done(self, task: asyncio.Task[Any]) -> None:
         self.fire_tasks.discard(task)
-        big_tick_over = self._bursts.fires(len(self.fire_tasks))
+        if self.fire_tasks:
+            return
         # Not once the replica is stopping: the process is about to end anyway.
-        if big_tick_over and not self.stop_requested.is_set():
+        if self._big_ticks.idle() and not self.stop_requested.is_set():
             # What its fires freed goes back to the system (RSS after a
             # 10,000-job tick: see interpreter.trim), off the loop.
             self._spawn(asyncio.to_thread(interpreter.trim))
@@ -502,7 +503,7 @@ class Daemon:
         await self._hooks.drain(HOOK_DRAIN_S)
         if self._membership is not None:
             await self._membership.leave()
-        self._bursts.resume()
+        self._big_ticks.resume()
         log.info(
             "daemon_stopped",
             replica=self.replica,
@@ -604,7 +605,7 @@ class Daemon:
             # Stale jobs are named in /readyz's body; they do not fail readiness.
             ready_detail=self.metrics.alerts.readiness_detail,
             registry=self.metrics.registry,
-            busy=lambda: self._bursts.big,
+            busy=lambda: self._big_ticks.in_flight,
             # Pages from the current config and the store, once started.
             status_page=StatusPage(
                 config=lambda: self.config,

@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
-from datetime import datetime
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
-from pgcrond.core.outcome import RunResult
 from pgcrond.daemon.failure_pause import FailurePause
 from pgcrond.daemon.hooks import HookEvents, Hooks
 from pgcrond.daemon.metrics import Metrics
 from pgcrond.daemon.observed import Observing
 from pgcrond.daemon.overdue import Overdue
 from pgcrond.events import FanOut, FireEvents
-from pgcrond.guard.base import Held, Outcome
 from pgcrond.storage import jobstate
 from pgcrond.storage.leases import LeaseStore
 
@@ -73,81 +71,29 @@ class Watched(FanOut):
     """The observers, told only of the jobs that have something to observe (``observed``).
 
     Most jobs have none: their fires cost the observers one attribute read
-    per event, not a call to each (10,000 co-firing jobs, every event).
+    per event, not a call to each (10,000 co-firing jobs, every event). Its
+    methods are made from :class:`FireEvents`' own (below), as FanOut's are.
     """
-
-    def fired(self, job: JobConfig) -> None:
-        if job.observed:
-            super().fired(job)
-
-    def first_start(
-        self, job: JobConfig, identity: Identity, tick: datetime, preferred: bool
-    ) -> None:
-        if job.observed:
-            super().first_start(job, identity, tick, preferred)
-
-    def claim_sent(self, job: JobConfig, identity: Identity) -> None:
-        if job.observed:
-            super().claim_sent(job, identity)
-
-    def claim_won(self, job: JobConfig, held: Held) -> None:
-        if job.observed:
-            super().claim_won(job, held)
-
-    def claim_lost(self, job: JobConfig, reason: str) -> None:
-        if job.observed:
-            super().claim_lost(job, reason)
-
-    def skipped(self, job: JobConfig, reason: str) -> None:
-        if job.observed:
-            super().skipped(job, reason)
-
-    def paused(self, job: JobConfig, paused: bool) -> None:
-        if job.observed:
-            super().paused(job, paused)
-
-    def missed(
-        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, recorded: bool
-    ) -> None:
-        if job.observed:
-            super().missed(job, identity, tick, cause, recorded)
-
-    def run_started(self, job: JobConfig, lateness_s: float) -> None:
-        if job.observed:
-            super().run_started(job, lateness_s)
-
-    def run_finished(self, job: JobConfig, outcome: str, duration_s: float) -> None:
-        if job.observed:
-            super().run_finished(job, outcome, duration_s)
-
-    def recorded(self, job: JobConfig, kind: Outcome, final: bool) -> None:
-        if job.observed:
-            super().recorded(job, kind, final)
-
-    def failed_for_good(self, job: JobConfig, held: Held, result: RunResult) -> None:
-        if job.observed:
-            super().failed_for_good(job, held, result)
-
-    def succeeded(self, job: JobConfig, held: Held, result: RunResult) -> None:
-        if job.observed:
-            super().succeeded(job, held, result)
-
-    def unrecorded(self, job: JobConfig, held: Held, reason: str) -> None:
-        if job.observed:
-            super().unrecorded(job, held, reason)
-
-    def missed_found(
-        self, job: JobConfig, identity: Identity, tick: datetime, cause: str, why: str
-    ) -> None:
-        if job.observed:
-            super().missed_found(job, identity, tick, cause, why)
-
-    def fire_done(self, job: JobConfig, identity: Identity, outcome: str) -> None:
-        if job.observed:
-            super().fire_done(job, identity, outcome)
 
     def database(self, operation: str, ok: bool) -> None:
         """No observer counts database calls (the metrics do)."""
+
+
+def _watched(name: str) -> Callable[..., None]:
+    fan = getattr(FanOut, name)
+
+    def told_if_observed(self: Watched, job: JobConfig, *args: Any, **kwargs: Any) -> None:
+        if job.observed:
+            fan(self, job, *args, **kwargs)
+
+    told_if_observed.__name__ = told_if_observed.__qualname__ = name
+    return told_if_observed
+
+
+# Every event but database names its job first.
+for _event in [name for name in vars(FireEvents) if not name.startswith("_")]:
+    if _event != "database":
+        setattr(Watched, _event, _watched(_event))
 
 
 def _installed(module: str) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -61,9 +62,9 @@ class Overdue(FireEvents):
         self._deadlines: dict[str, dict[Identity, _Deadline]] = {}
 
     def first_start(
-        self, job: JobConfig, identity: Identity, tick: datetime, preferred: bool
+        self, job: JobConfig, identity: Identity, tick: datetime, preferred: Callable[[], bool]
     ) -> None:
-        if job.start_deadline is None or not preferred:
+        if job.start_deadline is None or not preferred():
             return
         due = (tick + job.start_deadline - datetime.now(UTC)).total_seconds()
         deadline = _Deadline()

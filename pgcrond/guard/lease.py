@@ -49,11 +49,10 @@ from pgcrond.storage.leases import LeaseStore
 T = TypeVar("T")
 log = structlog.get_logger("pgcrond.guard.lease")
 
-# An outcome is one short UPDATE; past this it is treated as unanswered and
-# retried (with the same owner token, so a write that did land is recognised).
-FINALIZE_TIMEOUT_S = 5.0
-# A claim with no misfire deadline (run-once jobs, retries) is bounded too.
-CLAIM_TIMEOUT_S = 5.0
+# A claim (one with no misfire deadline too: run-once jobs, retries) or an
+# outcome unanswered this long is treated as an outage and retried, with the
+# same owner token, so a write that did land is recognised.
+STATEMENT_TIMEOUT_S = 5.0
 UNSTORABLE_ERROR = "the error text could not be stored"
 # A claim answered slower than this is re-checked before anything runs.
 SLOW_ANSWER_S = 0.25
@@ -154,10 +153,10 @@ class LeaseGuard(Guard):
     def _bound(self, request: ClaimRequest) -> float:
         """How long the claim's answer is waited for."""
         if request.deadline is None:
-            return CLAIM_TIMEOUT_S
+            return STATEMENT_TIMEOUT_S
         # A claim is worth nothing after the misfire window: it is bounded by it.
         left = (request.deadline - self._wall()).total_seconds()
-        return min(CLAIM_TIMEOUT_S, max(left, 0.05))
+        return min(STATEMENT_TIMEOUT_S, max(left, 0.05))
 
     def _refused(self, answer: NotAcquired) -> Refused:
         if self.spread is not None and answer.status is not None:
@@ -319,7 +318,7 @@ class LeaseGuard(Guard):
         """
         try:
             given = await _bounded(
-                self.store.give_back(lease, deadline), FINALIZE_TIMEOUT_S, "finalize"
+                self.store.give_back(lease, deadline), STATEMENT_TIMEOUT_S, "finalize"
             )
         except PgcrondError as exc:
             # The row expires by itself; a follower then decides.
@@ -347,7 +346,7 @@ class LeaseGuard(Guard):
     ) -> None:
         """``write``, bounded; a failure is logged as ``event``, never raised."""
         try:
-            await _bounded(write, FINALIZE_TIMEOUT_S, "finalize")
+            await _bounded(write, STATEMENT_TIMEOUT_S, "finalize")
         except PgcrondError as exc:
             # The row expires by itself (a follower then decides), or the
             # attempt's record stays as it was: the tick's outcome is not at stake.
@@ -397,7 +396,7 @@ class LeaseGuard(Guard):
                 lease, error or outcome, reason=reason, retry_after=retry_after, end=end
             )
         try:
-            recorded = await _bounded(pending, FINALIZE_TIMEOUT_S, "finalize")
+            recorded = await _bounded(pending, STATEMENT_TIMEOUT_S, "finalize")
         except DatabaseUnavailable:
             raise
         except PgcrondError as exc:
@@ -413,7 +412,7 @@ class LeaseGuard(Guard):
                 raise DatabaseUnavailable(str(exc)) from exc
             recorded = await _bounded(
                 self.store.fail(lease, UNSTORABLE_ERROR, reason="error", retry_after=retry_after),
-                FINALIZE_TIMEOUT_S,
+                STATEMENT_TIMEOUT_S,
                 "finalize",
             )
         if not recorded:
@@ -429,7 +428,7 @@ class LeaseGuard(Guard):
         bound = work.statement_timeout.total_seconds() * len(work.statements)
         task = asyncio.ensure_future(self.store.complete_with(opened.lease, work))
         try:
-            committed = await _bounded(task, bound + 2 * FINALIZE_TIMEOUT_S, "sql job")
+            committed = await _bounded(task, bound + 2 * STATEMENT_TIMEOUT_S, "sql job")
         except asyncio.CancelledError:
             # The run is being stopped: the transaction must end too (rolled
             # back), not go on behind the caller's back.
@@ -444,7 +443,7 @@ class LeaseGuard(Guard):
         return self.spread is not None and self.spread.defers(identity)
 
     async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
-        return await _bounded(self.store.standings(identities), CLAIM_TIMEOUT_S, "standings")
+        return await _bounded(self.store.standings(identities), STATEMENT_TIMEOUT_S, "standings")
 
     async def forget(self, identity: Identity) -> None:
         self._open.pop(identity, None)

@@ -24,7 +24,6 @@ balance, never a duplicate or a lost tick.
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -33,7 +32,6 @@ from pgcrond.core.keys import Identity
 
 # A peer named by no refused claim for this long is no longer ranked.
 FORGET_AFTER = timedelta(minutes=10)
-_PURGE_EVERY_S = 1.0
 
 
 class Spread:
@@ -57,7 +55,6 @@ class Spread:
         self._members: frozenset[str] = frozenset()
         # _ranked(), kept until the set changes: asked on every fire.
         self._peers: list[str] | None = None
-        self._purged_at = -math.inf
 
     def saw(self, owner: str | None) -> None:
         """A claim of a current tick was refused because ``owner`` holds it."""
@@ -71,21 +68,23 @@ class Spread:
         if self.delay > timedelta(0):
             self._members = frozenset(live) - {self.me}
             self._peers = None
+            self._forget()
 
     def peers(self) -> list[str]:
         """The other live replicas: the registry's, and those seen within ``forget_after``."""
+        self._forget()
         return self._ranked()[1:]
+
+    def _forget(self) -> None:
+        """Drop the peers not seen for ``forget_after``: a matter of minutes, so
+        looked for at the registry's touch (a minute), not on every fire."""
+        cutoff = self._clock() - self._forget_after
+        for owner in [o for o, at in self._seen.items() if at < cutoff]:
+            del self._seen[owner]
+            self._peers = None
 
     def _ranked(self) -> list[str]:
         """This replica, then its peers sorted: the candidates of every preference."""
-        now = self._clock()
-        # Forgetting is a matter of minutes: looked for once a second, not per fire.
-        if now - self._purged_at >= _PURGE_EVERY_S:
-            self._purged_at = now
-            cutoff = now - self._forget_after
-            for owner in [o for o, at in self._seen.items() if at < cutoff]:
-                del self._seen[owner]
-                self._peers = None
         if self._peers is None:
             self._peers = [self.me, *sorted(self._members.union(self._seen))]
         return self._peers

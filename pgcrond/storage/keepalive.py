@@ -1,8 +1,11 @@
 """Keeping a lease alive while its run goes on: heartbeats, and the stop deadline.
 
-A lease is renewed on the wheel's grid of the loop's clock (co-running leases beat in one
-statement, :class:`pgcrond.storage.batch.TurnBatch`) and its run is told to stop
-while the lease surely holds. The heartbeat itself is the lease store's
+A lease is renewed on the replica's wheel (:mod:`pgcrond.core.wheel`): the
+beats of co-running leases (claimed together, renewed at the same interval)
+wake in one grid slot and share one statement
+(:class:`pgcrond.storage.batch.TurnBatch`). Its run is told to stop while the
+lease surely holds, on a timer of its own: a stop deadline is exact, never
+moved onto the grid. The heartbeat itself is the lease store's
 (:meth:`pgcrond.storage.leases.LeaseStore.heartbeat`), handed in.
 """
 
@@ -10,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
@@ -19,7 +21,7 @@ from typing import Protocol
 import structlog
 
 from pgcrond.core.cancel import abandon
-from pgcrond.core.wheel import GRID_S
+from pgcrond.core.wheel import GRID_S, wheel
 from pgcrond.storage.claims import Acquired
 
 log = structlog.get_logger("pgcrond.storage.keepalive")
@@ -84,9 +86,7 @@ async def keep_alive(
                 return
             if pending is None:
                 if not waited or not interval:
-                    wait = _next_wait(interval, pause, stop_at - time.monotonic())
-                    woke_from = time.monotonic() + wait
-                    await asyncio.sleep(wait)
+                    woke_from = await _until_next(interval, pause, stop_at)
                     continue  # the loop's top decides: beat, stop, or ask after a stall
                 sent = time.monotonic()
                 pending = asyncio.ensure_future(heartbeat(lease, revive=stalled))
@@ -147,19 +147,19 @@ async def holding(
     The heartbeat's task is made only when its first beat (or the stop
     deadline) is due: most runs end before, and cost a timer, not a task.
     """
-    loop = asyncio.get_running_loop()
     task: asyncio.Task[None] | None = None
-
-    remaining = max(lease.stop_at - time.monotonic(), 0.0)
     interval = lease.timing.heartbeat.total_seconds()
-    wait = _next_wait(interval, interval, remaining)
-    due = time.monotonic() + wait
+    beat = bool(interval) and interval < lease.stop_at - time.monotonic() - GRID_S
+    due = time.monotonic() + (interval if beat else max(lease.stop_at - time.monotonic(), 0))
 
     def start() -> None:
         nonlocal task
-        task = loop.create_task(keep_alive(lease, heartbeat, on_failure, woke_from=due))
+        task = asyncio.create_task(keep_alive(lease, heartbeat, on_failure, woke_from=due))
 
-    timer = loop.call_later(wait, start)
+    # A timer of the loop's (cancelled when the run ends first, as most do),
+    # on the wheel's grid for a beat: co-running leases' first beats share a slot.
+    wait = due - time.monotonic()
+    timer = asyncio.get_running_loop().call_later(wheel().on_grid(wait) if beat else wait, start)
     try:
         yield lease
     finally:
@@ -170,19 +170,15 @@ async def holding(
                 await task
 
 
-# Heartbeats wake on the wheel's grid (pgcrond.core.wheel), so that co-running
-# leases (claimed together, renewed at the same interval) beat in the same loop
-# turn and share one statement. Their timers are their own, exact: a stop
-# deadline is never moved onto the grid, and a beat's timer bounds one.
+async def _until_next(interval: float, pause: float, stop_at: float) -> float:
+    """Until the next heartbeat (on the wheel), or the stop deadline if that comes first.
 
-
-def _next_wait(interval: float, pause: float, remaining: float) -> float:
-    """Until the next heartbeat (on the grid), or the stop deadline if that comes first."""
-    beat_soon = interval and pause < remaining - GRID_S
-    return _on_grid(pause) if beat_soon else remaining
-
-
-def _on_grid(seconds: float) -> float:
-    now = asyncio.get_running_loop().time()
-    wake = math.ceil((now + seconds) / GRID_S) * GRID_S
-    return max(wake - now, 0.0)
+    Returns when the wake was due (monotonic).
+    """
+    remaining = stop_at - time.monotonic()
+    if interval and pause < remaining - GRID_S:
+        due = time.monotonic() + pause
+        await wheel().sleep(pause)
+        return due
+    await asyncio.sleep(max(remaining, 0.0))
+    return stop_at

@@ -61,11 +61,11 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgcrond.testing import LocalServer, throwaway
-from tests.daemon_harness import PGCROND, ROOT, Replica, wait_until
 from tests.faults import checker
 from tests.faults.clockshift import build, shifted
 from tests.faults.ledger import HISTORY_DDL, LEDGER_DDL
 from tests.faults.proxy import Proxy
+from tests.helpers.daemon_harness import PGCROND, ROOT, Replica, wait_until
 
 SCHEMA = "faults"
 TABLE = "leases"

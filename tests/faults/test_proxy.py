@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.daemon_harness import wait_until
 from tests.faults.proxy import Proxy, proxied
+from tests.helpers.daemon_harness import wait_until
 
 
 def connect(dsn: str) -> psycopg.Connection[Any]:

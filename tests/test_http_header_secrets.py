@@ -1,13 +1,13 @@
 """An ``http:`` header secret never leaks through an error's text.
 
 A ``${VAR}`` header value read from a Secret written with ``echo`` ends in a
-newline; it used to fail with ``LocalProtocolError: Illegal header value
-b'Bearer <token>\\n'``, and that text (the token in it) was logged, stored in
-the lease row, shown by status/history and sent to the failure webhook, on
-every retry. Now one trailing newline of a ``${VAR}`` value is dropped, any
-other control character is refused with an error that does not quote the
-value, and every header secret is scrubbed from whatever error text an
-attempt ends with.
+newline, and an HTTP library's error for an illegal header value quotes it
+(``LocalProtocolError: Illegal header value b'Bearer <token>\\n'``): that text
+would be logged, stored in the lease row, shown by status/history and sent to
+the failure webhook, on every retry. So one trailing newline of a ``${VAR}``
+value is dropped, any other control character is refused with an error that
+does not quote the value, and every header secret is scrubbed from whatever
+error text an attempt ends with.
 
 A real daemon, a real local HTTP server as the job's target (it answers 500
 with the token echoed in its reason phrase where asked to) and a real local
@@ -32,8 +32,7 @@ import pytest
 from pgcrond.core.actions import HttpAction
 from pgcrond.run.attempt import RunRequest
 from pgcrond.run.http_action import HeaderValueRefused, request_headers
-from tests.daemon_harness import Replica, cluster, wait_until
-from tests.test_daemon import at, config
+from tests.helpers.daemon_harness import Replica, at, cluster, config, wait_until
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")

@@ -50,7 +50,7 @@ def tick_identity(code: str, seconds: int) -> tuple[datetime, Identity]:
     return tick, Identity.schedule(code, tick.strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
-async def test_hole_1_two_ticks_of_a_forbid_job_in_one_batch_are_decided_in_order(
+async def test_two_ticks_of_a_forbid_job_in_one_batch_are_decided_in_order(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
     """Claimed in one loop turn (a stall hands over missed fires at once): one runs, one skips."""
@@ -65,7 +65,7 @@ async def test_hole_1_two_ticks_of_a_forbid_job_in_one_batch_are_decided_in_orde
     assert "SKIPPED" == row(pg_dsn, schema, second)["status"]
 
 
-async def test_hole_2_forbid_is_serialised_across_replicas(
+async def test_forbid_is_serialised_across_replicas(
     pg_dsn: str, schema: str, store: LeaseStore
 ) -> None:
     """A retry of tick N on one replica and tick N+1 on another never both run."""
@@ -91,7 +91,7 @@ async def test_hole_2_forbid_is_serialised_across_replicas(
     assert 0 == both_ran
 
 
-async def test_hole_3_a_retried_claim_keeps_the_expiry_of_the_try_that_committed(
+async def test_a_retried_claim_keeps_the_expiry_of_the_try_that_committed(
     store: LeaseStore,
 ) -> None:
     """The stop deadline comes from expires_at - db_now, not from the retry's send."""
@@ -113,7 +113,7 @@ async def test_hole_3_a_retried_claim_keeps_the_expiry_of_the_try_that_committed
     assert again.valid_until <= first.valid_until + 0.25
 
 
-async def test_hole_4_an_error_text_the_database_cannot_store_is_recorded_cleaned(
+async def test_an_error_text_the_database_cannot_store_is_recorded_cleaned(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
     _, identity = tick_identity("nul", 1)
@@ -125,7 +125,7 @@ async def test_hole_4_an_error_text_the_database_cannot_store_is_recorded_cleane
     assert "bad\\0byte and a lone \\udcff surrogate" == stored["error"]
 
 
-async def test_hole_5_a_late_heartbeat_does_not_revive_an_expired_lease(
+async def test_a_late_heartbeat_does_not_revive_an_expired_lease(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
     """Nor does anything once a claim came since; the owner's check after a stall does."""
@@ -195,7 +195,7 @@ async def test_a_loop_that_stood_still_while_its_tick_was_taken_over_stops_the_r
     assert not await store.complete(lease)
 
 
-async def test_hole_6_a_run_is_told_to_stop_a_grace_and_a_margin_before_expiry(
+async def test_a_run_is_told_to_stop_a_grace_and_a_margin_before_expiry(
     store: LeaseStore,
 ) -> None:
     """SIGKILL (at stop + grace) lands a margin before the lease can expire."""
@@ -211,7 +211,7 @@ async def test_hole_6_a_run_is_told_to_stop_a_grace_and_a_margin_before_expiry(
     assert kill_at <= lease.valid_until - TWO_S.stop_margin.total_seconds() + 0.05
 
 
-async def test_hole_10_a_claim_answered_after_its_lease_is_going_is_given_back(
+async def test_a_claim_answered_after_its_lease_is_going_is_given_back(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
     """The answer's age is judged on arrival: no run starts on a lease that is going."""
@@ -226,7 +226,7 @@ async def test_hole_10_a_claim_answered_after_its_lease_is_going_is_given_back(
     assert isinstance(await store.claim(identity, TWO_S), Acquired)
 
 
-async def test_hole_10_a_claim_past_the_misfire_window_by_the_database_clock_touches_nothing(
+async def test_a_claim_past_the_misfire_window_by_the_database_clock_touches_nothing(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
     _, identity = tick_identity("too-late", 1)
@@ -237,7 +237,7 @@ async def test_hole_10_a_claim_past_the_misfire_window_by_the_database_clock_tou
     assert (0,) == count
 
 
-async def test_hole_11_a_hung_heartbeat_does_not_hold_the_run_past_its_stop_deadline(
+async def test_a_hung_heartbeat_does_not_hold_the_run_past_its_stop_deadline(
     pg_dsn: str, schema: str
 ) -> None:
     """Only the owner is cut off: the run is stopped by its own deadline, not the driver's."""
@@ -262,7 +262,7 @@ async def test_hole_11_a_hung_heartbeat_does_not_hold_the_run_past_its_stop_dead
     assert stopped <= lease.stop_at + 0.3
 
 
-async def test_hole_13_a_tick_is_not_due_before_its_time_by_the_database_clock(
+async def test_a_tick_is_not_due_before_its_time_by_the_database_clock(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
     """A replica whose clock runs fast past any lead is told how long to wait; nothing written."""

@@ -7,6 +7,7 @@ processes (SIGKILL, SIGSTOP, SIGTERM, SIGHUP) like an operator or a crash would.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -26,7 +27,7 @@ from psycopg.rows import dict_row
 
 from tests.ledger_jobs import LEDGER_DDL
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PGCROND = Path(sys.executable).parent / "pgcrond"
 Event = dict[str, Any]
 
@@ -255,3 +256,104 @@ def cluster(dsn: str, schema: str, workdir: Path) -> Iterator[Cluster]:
         yield running
     finally:
         running.stop_all()
+
+
+# -- configs of ledger jobs, and the CLI against a cluster ------------------------------
+
+LEDGER = "tests.ledger_jobs:record"
+
+
+def config(schema: str, jobs: str, *, defaults: str = "", extra: str = "") -> str:
+    return (
+        "database:\n"
+        "  url: ${PGCROND_DATABASE_URL}\n"
+        f"  schema: {schema}\n"
+        f"{extra}"
+        "defaults:\n"
+        "  misfire_grace: 30s\n"
+        # Every tick inside its window runs, late or not: these tests judge the
+        # lease's once-per-tick guarantee, not coalescing (tests/test_late_ticks.py).
+        "  late_ticks: all\n"
+        # Below misfire_grace, so that a dead winner's tick can be taken over.
+        "  lease: 20s\n"
+        f"{defaults}"
+        "jobs:\n"
+        f"{jobs}"
+    )
+
+
+# A replica's start under the suite's load (imports, three xdist workers, the
+# image build) can take seconds, and a job with no row yet starts its record at
+# its first tick after the scheduler starts (docs/operations.md, "Every tick
+# accounted for"): an ``at:`` instant that passed during the start is not its.
+# Instants are put this much further out.
+START_SLACK_S = 4.0
+
+
+def at(seconds: float) -> str:
+    """An ``at:`` instant ``seconds`` (plus the start's slack) from now, whole seconds, UTC."""
+    moment = datetime.now(UTC) + timedelta(seconds=seconds + START_SLACK_S)
+    return moment.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def one_shot(
+    schema: str,
+    *,
+    seconds: float,
+    sleep: float,
+    lease: str,
+    heartbeat: str,
+    defaults: str = "",
+    extra: str = "",
+    sleeping_attempts: int | None = None,
+) -> str:
+    limit = "" if sleeping_attempts is None else f', LEDGER_SLEEP_ATTEMPTS: "{sleeping_attempts}"'
+    return config(
+        schema,
+        f"  long:\n"
+        f'    at: "{at(seconds)}"\n'
+        f"    entrypoint: {LEDGER}\n"
+        f"    lease: {lease}\n"
+        f"    heartbeat: {heartbeat}\n"
+        f'    env: {{LEDGER_SLEEP: "{sleep}"{limit}}}\n',
+        defaults=defaults,
+        extra=extra,
+    )
+
+
+def first_start(running: Cluster) -> dict[str, Any]:
+    """The ledger's first 'start' row, once a run has started."""
+    rows: list[dict[str, Any]] = wait_until(
+        lambda: running.rows("SELECT * FROM {ledger} WHERE phase = 'start' ORDER BY id"),
+        20,
+        "a run to start",
+    )
+    return rows[0]
+
+
+def attempted_initial(replica: Replica) -> bool:
+    return bool(replica.events("initial_attempted") or replica.events("claim_lost"))
+
+
+def cli(running: Cluster, *args: str) -> tuple[int, str, str]:
+    done = subprocess.run(
+        [str(PGCROND), *args],
+        env=running.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+async def until(
+    condition: Callable[[], Any], within: float = 5.0, what: str = "the condition"
+) -> Any:
+    """Poll ``condition`` on the loop until it is truthy (and return it); fail after ``within``."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not (value := condition()):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.02)
+    return value

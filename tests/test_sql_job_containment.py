@@ -28,6 +28,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import yaml
 from psycopg.rows import dict_row
 
 from pgcrond.config.loader import load_config
@@ -40,7 +41,7 @@ from pgcrond.storage.claims import Acquired
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.migrate import migrate
-from tests.daemon_harness import cluster, wait_until
+from tests.helpers.daemon_harness import cluster, wait_until
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")
@@ -406,19 +407,19 @@ def test_four_running_sql_jobs_leave_a_per_second_job_every_tick(
     # One instant a few seconds on, past the replica's start (a job due while it
     # starts runs late, still all four at once): no wait for a */15 tick.
     sleep_at = (datetime.now(UTC) + timedelta(seconds=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    sleepers = "".join(
-        f'  sleeper-{n}: {{at: "{sleep_at}", sql: "SELECT pg_sleep(6)"}}\n' for n in range(4)
-    )
-    text = (
-        "database:\n"
-        "  url: ${PGCROND_DATABASE_URL}\n"
-        f"  schema: {schema}\n"
-        "jobs:\n"
-        "  every-second:\n"
-        '    {cron: "* * * * * *", command: [/bin/true], misfire_grace: 3s, lease: 2s,'
-        "     late_ticks: all}\n"
-        f"{sleepers}"
-    )
+    every_second = {
+        "cron": "* * * * * *",
+        "command": ["/bin/true"],
+        "misfire_grace": "3s",
+        "lease": "2s",
+        "late_ticks": "all",
+    }
+    sleepers = {f"sleeper-{n}": {"at": sleep_at, "sql": "SELECT pg_sleep(6)"} for n in range(4)}
+    document = {
+        "database": {"url": "${PGCROND_DATABASE_URL}", "schema": schema},
+        "jobs": {"every-second": every_second, **sleepers},
+    }
+    text = yaml.safe_dump(document, sort_keys=False)
     with cluster(pg_dsn, schema, tmp_path) as running:
         (replica,) = running.start(running.write_config(text))
 

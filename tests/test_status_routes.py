@@ -1,8 +1,8 @@
 """Any byte sequence under ``/status`` answers 4xx (or the page).
 
-``GET /status/page/²`` used to raise out of the handler (``'²'.isdigit()`` is
-true, ``int('²')`` is not): no response at all, and an unhandled-exception log
-line per request. The route parser is now total; a fuzz test drives it, and
+The route parser is total: ``GET /status/page/²`` must not raise out of the
+handler (``'²'.isdigit()`` is true, ``int('²')`` is not), which would answer
+nothing and log an unhandled exception per request. A fuzz test drives it, and
 the status page behind it, with arbitrary bytes, and a real daemon is sent raw
 byte paths over real sockets.
 """
@@ -15,14 +15,14 @@ import socket
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgcrond.config.loader import load_config
 from pgcrond.daemon.page.routes import STYLESHEET, Route, route
 from pgcrond.daemon.status_page import StatusPage
-from tests.daemon_harness import cluster
-from tests.test_daemon import config
+from tests.helpers.daemon_harness import cluster, config
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")
@@ -87,10 +87,11 @@ def test_routes_name_their_views(path: str, expected: Route | None) -> None:
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory) -> StatusPage:
     path = tmp_path_factory.mktemp("routes") / "jobs.yaml"
+    nightly = {"cron": "0 3 * * *", "command": ["true"]}
     path.write_text(
-        "database: {url: 'postgresql://u@127.0.0.1/x'}\n"
-        "jobs:\n"
-        "  nightly: {cron: '0 3 * * *', command: ['true']}\n"
+        yaml.safe_dump(
+            {"database": {"url": "postgresql://u@127.0.0.1/x"}, "jobs": {"nightly": nightly}}
+        )
     )
     loaded = load_config([path])
     # No store: every view that would read the database answers 503.

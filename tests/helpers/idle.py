@@ -8,7 +8,7 @@ an idle stretch, and the touch needs a whole minute of it: one scenario, run
 once per session (the ``idle_minute`` fixture), gives both their evidence.
 
 The minute costs no CPU, so it need not hold up the suite: the scenario runs
-as a process of its own (``python -m tests.idle``), started with the first
+as a process of its own (``python -m tests.helpers.idle``), started with the first
 system-tier test of a session that selected either test (tests/conftest.py),
 and the fixture collects its result when the first of them runs. Nothing it
 judges depends on load: which statements its own server logged, and that a
@@ -36,7 +36,7 @@ import psycopg
 from pgcrond.daemon.registry import SETTLE_S
 from pgcrond.storage import registry
 from pgcrond.storage.embedded import LocalServer, throwaway
-from tests.daemon_harness import PGCROND, ROOT, cluster, quiet_cron, wait_until
+from tests.helpers.daemon_harness import PGCROND, ROOT, cluster, quiet_cron, wait_until
 from tests.jobs_fixture import is_alive, poll
 
 REPLICAS = 3
@@ -180,7 +180,7 @@ class Background:
             return
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tests.idle", str(self.home / "cluster"),
+                [sys.executable, "-m", "tests.helpers.idle", str(self.home / "cluster"),
                  str(self.result_path)],
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

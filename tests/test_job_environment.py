@@ -1,10 +1,10 @@
 """The database's DSN reaches no job's environment.
 
-Only ``PGCROND_*``, ``PGPASSWORD``, ``PGPASSFILE`` and ``DATABASE_URL`` used to
-be stripped: a config saying ``url: ${MY_DSN}`` handed ``MY_DSN`` (and any
-other variable holding the same DSN) to every job. Now every variable named in
-``database.url`` and every variable whose value holds the DSN or its password
-is stripped from every job environment: commands, shell, isolated and
+Stripping ``PGCROND_*``, ``PGPASSWORD``, ``PGPASSFILE`` and ``DATABASE_URL``
+is not enough: a config saying ``url: ${MY_DSN}`` would hand ``MY_DSN`` (and
+any other variable holding the same DSN) to every job. So every variable named
+in ``database.url`` and every variable whose value holds the DSN or its
+password is stripped from every job environment: commands, shell, isolated and
 in-process entrypoints, and ``on_failure`` commands.
 """
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pgcrond.config.loader import load_config
 from pgcrond.core.redaction import forget_all
 from pgcrond.run.context import RunContext
 from pgcrond.run.environment import job_environ
-from tests.daemon_harness import Replica, cluster, wait_until
-from tests.test_daemon import at
+from tests.helpers.daemon_harness import Replica, at, cluster, wait_until
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")
@@ -43,7 +43,7 @@ def dump_env(out: Path, name: str) -> str:
 def test_no_job_environment_holds_the_dsn(pg_dsn: str, schema: str, tmp_path: Path) -> None:
     out = tmp_path / "env"
     out.mkdir()
-    entry = "tests.test_corners_job_env:write_environ"
+    entry = "tests.test_job_environment:write_environ"
     jobs = (
         f"  command:\n"
         f'    at: "{at(4)}"\n'
@@ -94,10 +94,9 @@ def test_no_job_environment_holds_the_dsn(pg_dsn: str, schema: str, tmp_path: Pa
 
 def test_a_variable_holding_the_password_is_stripped_and_others_kept(tmp_path: Path) -> None:
     path = tmp_path / "jobs.yaml"
-    path.write_text(
-        "database: {url: 'postgresql://app:${DB_PASSWORD}@${DB_HOST}/x'}\n"
-        "jobs: {j: {cron: '* * * * *', command: ['true']}}\n"
-    )
+    database = {"url": "postgresql://app:${DB_PASSWORD}@${DB_HOST}/x"}
+    j = {"cron": "* * * * *", "command": ["true"]}
+    path.write_text(yaml.safe_dump({"database": database, "jobs": {"j": j}}))
     forget_all()
     try:
         load_config([path], environ={"DB_PASSWORD": "pw-4e9c1a77", "DB_HOST": "db.internal"})

@@ -19,6 +19,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 import pgcrond
 
 NOBODY = pwd.getpwnam("nobody")
@@ -79,3 +81,8 @@ def nobody_python() -> tuple[list[str], dict[str, str]]:
         "setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups", "--"
     ]  # fmt: skip
     return [*as_nobody, interpreter], environ
+
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+# Allocates and touches 300 MiB: far over a 64MiB limit.
+HOG = "b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096]); print('survived')"

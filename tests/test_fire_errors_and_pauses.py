@@ -1,4 +1,4 @@
-"""The fire's side of the corners: an unexpected error in one fire, and a pause.
+"""An unexpected error in one fire, and a fire that finds its job paused.
 
 Over the in-memory guard (``pgcrond/guard/memory.py``) with real runs: a guard
 double raises an error that is not a :class:`~pgcrond.errors.PgcrondError`
@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import structlog
 
-from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
@@ -27,19 +26,10 @@ from pgcrond.events import FireEvents
 from pgcrond.fire import Fire, Firing
 from pgcrond.guard.base import ClaimRequest, Held, Recorded, Refused, Verdict
 from pgcrond.guard.memory import MemoryGuard, Row
+from tests.helpers.fire import quick_job
 
 # Runs commands: the integration tier.
 pytestmark = pytest.mark.usefixtures("subprocesses")
-
-
-def job(tmp_path: Path, body: str, code: str = "j") -> JobConfig:
-    path = tmp_path / "jobs.yaml"
-    path.write_text(
-        "database: {url: 'postgresql://unused@127.0.0.1/x'}\n"
-        "jobs:\n"
-        f"  {code}: {{cron: '* * * * *', lease: 200ms, heartbeat: 0s, misfire_grace: 1s, {body}}}\n"
-    )
-    return load_config([path]).jobs[code]
 
 
 def now_tick() -> tuple[datetime, Identity]:
@@ -83,7 +73,7 @@ async def test_an_unexpected_error_after_a_win_is_recorded_as_that_runs_failure(
     tick, identity = now_tick()
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+        outcome = await firing.fire(Fire(quick_job(command=["true"]), tick, identity))
     row = guard.rows[identity]
     crashed = [e for e in logs if e["event"] == "run_crashed"]
     assert "fail" == outcome
@@ -100,7 +90,7 @@ async def test_an_unexpected_error_from_a_finalize_is_retried_until_the_outcome_
     tick, identity = now_tick()
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+        outcome = await firing.fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "success" == outcome
     assert "SUCCESS" == guard.rows[identity].status
     failed = [e["operation"] for e in logs if e["event"] == "guard_failed"]
@@ -114,7 +104,7 @@ async def test_an_unexpected_error_from_a_claim_is_retried_not_a_crashed_fire(
     guard = Breaking(breaks="claim")
     tick, identity = now_tick()
     firing = Firing(guards=lambda _: guard, replica="unit:1")
-    outcome = await firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+    outcome = await firing.fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "success" == outcome
     assert ["claim", "record:success"] == guard.calls  # the broken call never reached it
 
@@ -126,7 +116,7 @@ async def test_a_guard_that_keeps_failing_ends_the_fire_as_crashed_and_says_so(
     tick, identity = now_tick()
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+        outcome = await firing.fire(Fire(quick_job(command=["true"]), tick, identity))
     crashed = [e for e in logs if e["event"] == "fire_crashed"]
     assert "crashed" == outcome
     assert 1 == len(crashed) and "InvalidStateError" in crashed[0]["error"], crashed
@@ -142,7 +132,7 @@ async def test_a_failing_on_failure_hook_does_not_crash_the_recorded_fire(tmp_pa
 
     firing = Firing(guards=lambda _: guard, replica="unit:1", events=Hook())
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing.fire(Fire(job(tmp_path, "command: ['false']"), tick, identity))
+        outcome = await firing.fire(Fire(quick_job(command=["false"]), tick, identity))
     assert "fail" == outcome
     assert "FAIL" == guard.rows[identity].status
     assert any(e["event"] == "failure_hook_crashed" for e in logs), logs
@@ -161,9 +151,7 @@ async def test_a_follower_that_finds_the_job_paused_waits_for_resume_then_takes_
     guard.script.append(Refused(identity, "paused", "RUNNING", attempt=1))
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
-        fire = asyncio.create_task(
-            firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
-        )
+        fire = asyncio.create_task(firing.fire(Fire(quick_job(command=["true"]), tick, identity)))
         while not any(e["event"] == "waiting_for_resume" for e in logs):
             assert not fire.done(), f"the follower stopped following: {fire.result()}"
             await asyncio.sleep(0.01)
@@ -177,7 +165,7 @@ async def test_a_run_once_job_refused_paused_runs_on_resume(tmp_path: Path) -> N
     identity = Identity.initial("seed")
     guard = MemoryGuard(script=deque([Refused(identity, "paused", detail="paused by ops")]))
     firing = Firing(guards=lambda _: guard, replica="unit:1")
-    seed = job(tmp_path, "command: ['true']", code="seed")
+    seed = quick_job("seed", command=["true"])
     with structlog.testing.capture_logs() as logs:
         fire = asyncio.create_task(firing.fire(Fire(seed, datetime.now(UTC), identity)))
         while not any(e["event"] == "waiting_for_resume" for e in logs):
@@ -193,7 +181,7 @@ async def test_a_fire_waiting_for_resume_ends_at_shutdown(tmp_path: Path) -> Non
     identity = Identity.initial("seed")
     guard = MemoryGuard(script=deque([Refused(identity, "paused", detail="paused by ops")]))
     firing = Firing(guards=lambda _: guard, replica="unit:1")
-    seed = job(tmp_path, "command: ['true']", code="seed")
+    seed = quick_job("seed", command=["true"])
     with structlog.testing.capture_logs() as logs:
         fire = asyncio.create_task(firing.fire(Fire(seed, datetime.now(UTC), identity)))
         while not any(e["event"] == "waiting_for_resume" for e in logs):
@@ -210,7 +198,7 @@ async def test_a_new_tick_of_a_paused_job_is_a_skip_not_a_wait(tmp_path: Path) -
     guard = MemoryGuard(script=deque([Refused(identity, "paused", "SKIPPED", detail="by ops")]))
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     outcome = await asyncio.wait_for(
-        firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity)), 2
+        firing.fire(Fire(quick_job(command=["true"]), tick, identity)), 2
     )
     assert "skip" == outcome
 
@@ -222,7 +210,7 @@ async def test_a_finalize_that_keeps_failing_is_followed_and_taken_over_not_left
     tick, identity = now_tick()
     firing = Firing(guards=lambda _: guard, replica="unit:1")
     with structlog.testing.capture_logs() as logs:
-        outcome = await firing.fire(Fire(job(tmp_path, "command: ['true']"), tick, identity))
+        outcome = await firing.fire(Fire(quick_job(command=["true"]), tick, identity))
     assert "success" == outcome
     # The first attempt's row lapsed (lease 200ms) and was taken over here.
     assert (2, "SUCCESS") == (guard.rows[identity].attempt, guard.rows[identity].status)
@@ -244,14 +232,14 @@ async def test_a_resume_that_arrives_while_the_claim_is_on_its_way_is_not_missed
 
     guard = ResumedMeanwhile(script=deque([Refused(identity, "paused", detail="by ops")]))
     firing = Firing(guards=lambda _: guard, replica="unit:1")
-    seed = job(tmp_path, "command: ['true']", code="seed")
+    seed = quick_job("seed", command=["true"])
     outcome = await asyncio.wait_for(firing.fire(Fire(seed, datetime.now(UTC), identity)), 5)
     assert "success" == outcome
 
 
 async def test_followers_asleep_on_the_grid_end_at_shutdown(tmp_path: Path) -> None:
     """A follower asleep is a future on its grid slot, not a task: stop() rings every slot."""
-    one = job(tmp_path, "command: ['true']", code="followed")
+    one = quick_job("followed", command=["true"])
     tick = datetime.now(UTC)
     identities = [Identity.schedule("followed", f"2026-01-01T00:00:{n:02d}Z") for n in range(50)]
     # Another replica holds every tick for a minute yet: each is followed, asleep.

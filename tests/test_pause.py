@@ -16,8 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.daemon_harness import PGCROND, Cluster, cluster, wait_until
-from tests.test_daemon import LEDGER, at, config
+from tests.helpers.daemon_harness import LEDGER, PGCROND, Cluster, at, cluster, config, wait_until
 
 # Starts replicas or servers: the system tier.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("system_processes")]

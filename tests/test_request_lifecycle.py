@@ -1,4 +1,6 @@
-"""One fire per identity, and detached requests in the corners.
+"""A request's life in one replica: taken, joined, retaken, given back, polled, pruned.
+
+One fire per identity, whatever asks for it.
 
 Real PostgreSQL, real guards, the daemon's own :class:`~pgcrond.daemon.requests.Requests`
 in this process (its bounds shortened), shell jobs that append to a file: the
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 import structlog
+import yaml
 
 from pgcrond.config.loader import load_config
 from pgcrond.config.models import Config
@@ -29,37 +32,28 @@ from pgcrond.storage import requests as stored
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.pooling import Pooling
 from pgcrond.storage.requests import request_run, take_requests
+from tests.helpers.daemon_harness import until
 
 # Starts replicas or servers: the system tier.
 pytestmark = pytest.mark.usefixtures("system_processes")
 
-Logs = list[dict[str, Any]]
+Logs = list[MutableMapping[str, Any]]
 
 
-def configured(tmp_path: Path, pg_dsn: str, schema: str, jobs: str) -> Config:
+def configured(tmp_path: Path, pg_dsn: str, schema: str, **report: object) -> Config:
+    """A config of one job, ``report``: daily at 03:00 (requests run it), and ``report``."""
     path = tmp_path / "jobs.yaml"
-    path.write_text(
-        f"database: {{url: '{pg_dsn}', schema: {schema}}}\n"
-        "defaults: {misfire_grace: 30s, lease: 20s}\n"
-        f"jobs:\n{jobs}"
-    )
+    document = {
+        "database": {"url": pg_dsn, "schema": schema},
+        "defaults": {"misfire_grace": "30s", "lease": "20s"},
+        "jobs": {"report": {"cron": "0 3 * * *", **report}},
+    }
+    path.write_text(yaml.safe_dump(document))
     return load_config([path])
 
 
 def starts(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-async def until(
-    condition: Callable[[], Any], within: float = 5.0, what: str = "the condition"
-) -> Any:
-    """Poll ``condition`` on the loop until it is truthy (and return it); fail after ``within``."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not (value := condition()):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
-    return value
 
 
 @dataclass
@@ -116,6 +110,15 @@ def lock_waits(pg_dsn: str, schema: str) -> int:
     return 0 if row is None else int(row[0])
 
 
+async def claimed_or_joined(pg_dsn: str, schema: str, logs: Logs, what: str) -> None:
+    """Wait until ``what``, a second fire of a claimed identity, claims too or joins the first."""
+    await until(
+        lambda: lock_waits(pg_dsn, schema) == 2 or any(e["event"] == "fire_joined" for e in logs),
+        5,
+        f"{what} to claim or join",
+    )
+
+
 def request_row(pg_dsn: str, schema: str, run_key: str) -> dict[str, Any]:
     with psycopg.connect(pg_dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
         row = conn.execute(
@@ -142,9 +145,7 @@ async def test_two_fires_of_one_identity_on_one_replica_run_it_once_and_share_it
 ) -> None:
     """Catch-up or a request firing a tick whose first claim is still unanswered: joined."""
     ran = tmp_path / "ran"
-    config = configured(
-        tmp_path, pg_dsn, schema, f"  report: {{cron: '0 3 * * *', shell: 'echo x >> {ran}'}}\n"
-    )
+    config = configured(tmp_path, pg_dsn, schema, shell=f"echo x >> {ran}")
     job = config.jobs["report"]
     identity = Identity.schedule("report", "manual:join")
     async with replica(store, pg_dsn, config, "r:1") as one:
@@ -153,14 +154,7 @@ async def test_two_fires_of_one_identity_on_one_replica_run_it_once_and_share_it
             first = asyncio.create_task(one.firing.fire(Fire(job, datetime.now(UTC), identity)))
             await until(lambda: lock_waits(pg_dsn, schema) == 1, 5, "the first claim to wait")
             second = asyncio.create_task(one.firing.fire(Fire(job, datetime.now(UTC), identity)))
-            await until(
-                lambda: (
-                    lock_waits(pg_dsn, schema) == 2
-                    or any(e["event"] == "fire_joined" for e in logs)
-                ),
-                5,
-                "the second fire to claim or join",
-            )
+            await claimed_or_joined(pg_dsn, schema, logs, "the second fire")
             blocker.rollback()
             outcomes = await asyncio.wait_for(asyncio.gather(first, second), 15)
     assert ["success", "success"] == list(outcomes)
@@ -177,12 +171,7 @@ async def test_a_request_retaken_by_its_own_replica_while_it_claims_runs_once_an
 ) -> None:
     """A claim retried past the retake interval, and the request taken again, run once."""
     ran = tmp_path / "ran"
-    config = configured(
-        tmp_path,
-        pg_dsn,
-        schema,
-        f"  report: {{cron: '0 3 * * *', shell: 'echo x >> {ran}; exec sleep 60'}}\n",
-    )
+    config = configured(tmp_path, pg_dsn, schema, shell=f"echo x >> {ran}; exec sleep 60")
     async with replica(store, pg_dsn, config, "r:1", retake_after=timedelta(milliseconds=1)) as one:
         await request_run(store, "report", "manual:retake", by="shell")
         with structlog.testing.capture_logs() as logs, psycopg.connect(pg_dsn) as blocker:
@@ -193,14 +182,7 @@ async def test_a_request_retaken_by_its_own_replica_while_it_claims_runs_once_an
             # take keeps a running request taken; one taken again anyway (the
             # renewal late through an outage) must be joined, not run twice.
             if await one.requests.take():
-                await until(
-                    lambda: (
-                        lock_waits(pg_dsn, schema) == 2
-                        or any(e["event"] == "fire_joined" for e in logs)
-                    ),
-                    5,
-                    "the retaken request to claim or be joined",
-                )
+                await claimed_or_joined(pg_dsn, schema, logs, "the retaken request")
             assert "r:1" == request_row(pg_dsn, schema, "manual:retake")["taken_by"]
             blocker.rollback()
             await until(lambda: starts(ran) >= 1, 10, "the run to start")
@@ -234,9 +216,10 @@ async def test_a_request_stopped_with_a_retry_pending_is_given_back_and_run_to_i
         tmp_path,
         pg_dsn,
         schema,
+        retries=1,
+        retry_delay="2s",
         # The first attempt fails, the second succeeds.
-        f"  report: {{cron: '0 3 * * *', retries: 1, retry_delay: 2s, "
-        f"shell: 'echo x >> {ran}; test $(wc -l < {ran}) -ge 2'}}\n",
+        shell=f"echo x >> {ran}; test $(wc -l < {ran}) -ge 2",
     )
     await request_run(store, "report", "manual:retry", by="shell")
     with structlog.testing.capture_logs() as logs:
@@ -273,9 +256,7 @@ async def test_a_request_whose_taker_died_before_it_claimed_is_taken_again_unpro
     store: LeaseStore, pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
     ran = tmp_path / "ran"
-    config = configured(
-        tmp_path, pg_dsn, schema, f"  report: {{cron: '0 3 * * *', shell: 'echo x >> {ran}'}}\n"
-    )
+    config = configured(tmp_path, pg_dsn, schema, shell=f"echo x >> {ran}")
     await request_run(store, "report", "manual:orphan", by="shell")
     await take_requests(
         store,
@@ -302,7 +283,7 @@ async def test_a_request_whose_taker_died_before_it_claimed_is_taken_again_unpro
 async def test_an_idle_listener_with_no_open_request_sends_nothing(
     store: LeaseStore, pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
-    config = configured(tmp_path, pg_dsn, schema, "  report: {cron: '0 3 * * *', shell: 'true'}\n")
+    config = configured(tmp_path, pg_dsn, schema, shell="true")
     async with replica(
         store, pg_dsn, config, "r:1", retake_after=timedelta(seconds=1), sweep_every_s=0.1
     ) as one:
@@ -334,9 +315,7 @@ async def test_a_request_whose_notification_never_arrives_is_polled_when_pooling
 ) -> None:
     """Behind a transaction pooler the probe may answer "unknown": LISTEN may hear nothing."""
     ran = tmp_path / "ran"
-    config = configured(
-        tmp_path, pg_dsn, schema, f"  report: {{cron: '0 3 * * *', shell: 'echo x >> {ran}'}}\n"
-    )
+    config = configured(tmp_path, pg_dsn, schema, shell=f"echo x >> {ran}")
     async with replica(store, pg_dsn, config, "r:1", poll_every_s=0.3) as one:
         with structlog.testing.capture_logs() as logs:
             listening = asyncio.create_task(one.requests.run(_pooling("unknown")))
@@ -393,11 +372,7 @@ async def test_an_advisory_request_retaken_after_its_run_started_is_not_run_agai
 ) -> None:
     ran = tmp_path / "ran"
     config = configured(
-        tmp_path,
-        pg_dsn,
-        schema,
-        f"  report: {{cron: '0 3 * * *', guard: advisory, min_hold: 1ms, "
-        f"shell: 'echo x >> {ran}'}}\n",
+        tmp_path, pg_dsn, schema, guard="advisory", min_hold="1ms", shell=f"echo x >> {ran}"
     )
     await request_run(store, "report", "manual:adv", by="shell")
     async with replica(store, pg_dsn, config, "r:1") as first:
@@ -428,11 +403,7 @@ async def test_an_advisory_request_taken_by_a_replica_that_died_before_it_ran_st
 ) -> None:
     ran = tmp_path / "ran"
     config = configured(
-        tmp_path,
-        pg_dsn,
-        schema,
-        f"  report: {{cron: '0 3 * * *', guard: advisory, min_hold: 1ms, "
-        f"shell: 'echo x >> {ran}'}}\n",
+        tmp_path, pg_dsn, schema, guard="advisory", min_hold="1ms", shell=f"echo x >> {ran}"
     )
     await request_run(store, "report", "manual:adv2", by="shell")
     await take_requests(

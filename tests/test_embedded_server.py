@@ -1,9 +1,9 @@
 """The embedded database admits no other local user.
 
-It used to listen on TCP 127.0.0.1 with ``trust``: any local user could
-connect as superuser. The daemon's embedded server (``database: {embedded:
-true}``) now listens on a Unix socket only (``listen_addresses=''``), in its
-data directory (0700, owned by the server's user). Throwaway servers for
+The daemon's embedded server (``database: {embedded: true}``) trusts its
+local connections, so it listens on a Unix socket only
+(``listen_addresses=''``), in its data directory (0700, owned by the server's
+user): on TCP 127.0.0.1 any local user could connect as superuser. Throwaway servers for
 tests keep TCP: the suite's proxies, PgBouncer and replication reach them by
 address.
 """

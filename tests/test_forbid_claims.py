@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from datetime import timedelta
 
 import psycopg
@@ -18,10 +19,12 @@ import psycopg
 from pgcrond.core.keys import Identity
 from pgcrond.core.overlap import FORBID
 from pgcrond.core.timing import LeaseTiming
+from pgcrond.fire import CHUNK
+from pgcrond.storage.claim_answers import PendingClaim
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.embedded import LocalServer
 from pgcrond.storage.leases import LeaseStore
-from tests.store_helpers import open_store
+from tests.helpers.store import open_store
 
 TIMING = LeaseTiming.build(timedelta(seconds=60), timedelta(0))
 TICK = "2026-01-01T00:00:00Z"
@@ -46,14 +49,15 @@ async def waiting_on_locks(dsn: str, count: int, claims: list[asyncio.Task[objec
 
 
 async def claim_all(store: LeaseStore, replica: int) -> list[Acquired | NotAcquired]:
-    return list(
-        await asyncio.gather(
-            *(
-                store.claim(Identity.schedule(f"r{replica}-{n}", TICK), TIMING, overlap=FORBID)
-                for n in range(JOBS)
-            )
-        )
+    """A replica's tick of ``JOBS`` forbid jobs, claimed a chunk (``CHUNK``) a statement."""
+    claims = [
+        PendingClaim(Identity.schedule(f"r{replica}-{n}", TICK), TIMING, uuid.uuid4(), FORBID)
+        for n in range(JOBS)
+    ]
+    chunks = await asyncio.gather(
+        *(store.claim_many(claims[at : at + CHUNK]) for at in range(0, JOBS, CHUNK))
     )
+    return [answer for chunk in chunks for answer in chunk]
 
 
 async def test_four_replicas_claiming_3000_forbid_jobs_each_at_once_fit_default_lock_table(

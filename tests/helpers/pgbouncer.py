@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from pgcrond.testing import LocalServer
 
@@ -181,3 +182,9 @@ def pgbouncer(
         yield bouncer.start()
     finally:
         bouncer.remove()
+
+
+def server_port(dsn: str) -> int:
+    params = conninfo_to_dict(dsn)
+    assert params.get("host") in ("127.0.0.1", "localhost"), "PgBouncer runs on this machine"
+    return int(str(params.get("port", 5432)))

@@ -19,7 +19,7 @@ from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.leases import LeaseStore
-from tests.store_helpers import open_store
+from tests.helpers.store import open_store
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
 TICK = "2026-01-01T00:00:00Z"

@@ -1,4 +1,4 @@
-"""Shared helpers for lease-store tests."""
+"""Shared helpers for lease-store tests: a migrated store, its rows, the database's clock."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import asyncio
 import multiprocessing
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from multiprocessing.context import ForkServerContext
 from typing import Any
+
+import psycopg
+import psycopg.rows
 
 from pgcrond.config.models import Config
 from pgcrond.daemon.accounting import Accounting, FireNow
@@ -84,3 +88,22 @@ def accounting(
         replica=firing.replica,
         clock=firing.clock,
     )
+
+
+def database_now(dsn: str) -> datetime:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    now: datetime = row[0]
+    return now
+
+
+def rows(dsn: str, schema: str, code: str) -> list[dict[str, object]]:
+    with psycopg.connect(dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute(
+            f'SELECT * FROM "{schema}".leases WHERE code = %s ORDER BY run_key, id', (code,)
+        ).fetchall()
+
+
+def tick_ago(seconds: float) -> datetime:
+    return (datetime.now(UTC) - timedelta(seconds=seconds)).replace(microsecond=0)
