@@ -21,6 +21,7 @@ from typing import Any
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
+from pgcrond.core.trigger import TriggerKind
 from pgcrond.guard.base import Held, Outcome
 
 
@@ -42,6 +43,10 @@ class FireEvents:
 
     def claim_won(self, job: JobConfig, held: Held) -> None:
         """This replica runs the attempt ``held`` (``held.claimed_from`` says how it came)."""
+
+    def run_trigger(self, job: JobConfig, held: Held, trigger: TriggerKind) -> None:
+        """The attempt ``held``, won here, runs as ``trigger`` (its ``PGCRON_TRIGGER``:
+        schedule, manual, backfill, catch_up, retry, takeover); told after claim_won."""
 
     def claim_lost(self, job: JobConfig, reason: str) -> None:
         """Another replica runs or ran the tick; ``reason`` is the claim's answer."""

@@ -630,6 +630,7 @@ class Firing:
     ) -> tuple[FireOutcome, bool]:
         """Run a won claim and record it; (what came of it, whether a retry follows)."""
         self.events.claim_won(job, held)
+        self.events.run_trigger(job, held, kind)
         result: RunResult | None = None
         try:
             async with guard.hold(held):

@@ -250,3 +250,31 @@ def test_the_observers_hear_every_event_of_an_observed_job_and_none_of_another(
         ("missed_found", "told"),
         ("fire_done", "told"),
     ] == heard
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("system_processes")
+def test_each_event_says_why_its_attempt_runs(pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    """Attempt 1 of a tick fails and its retry succeeds: the starts say schedule then
+    retry, the success says retry; the command hook gets it as PGCRON_TRIGGER."""
+    told = tmp_path / "told"
+    with receiving() as receiver:
+        jobs = (
+            "  twice:\n"
+            f'    at: "{at(2)}"\n'
+            "    shell: '[ \"$PGCRON_ATTEMPT\" != 1 ]'\n"
+            "    retries: 1\n"
+            "    retry_delay: 200ms\n" + hooks(receiver, "on_start") + "    on_success:\n"
+            f"      webhook: {receiver.base}/hook\n"
+            f"      command: [sh, -c, 'printf %s \"$PGCRON_TRIGGER\" > {told}']\n"
+        )
+        with cluster(pg_dsn, schema, tmp_path) as running:
+            running.start(running.write_config(config(schema, jobs)), 1)
+            wait_until(lambda: of(receiver.events(), "run_succeeded"), 30, "the retry's success")
+            wait_until(told.exists, 10, "the command hook")
+            running.stop_all()
+    started = of(receiver.events(), "run_started")
+    assert [(1, "schedule"), (2, "retry")] == [(e["attempt"], e["trigger"]) for e in started]
+    (succeeded,) = of(receiver.events(), "run_succeeded")
+    assert (2, "retry") == (succeeded["attempt"], succeeded["trigger"])
+    assert "retry" == told.read_text()

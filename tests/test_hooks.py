@@ -135,9 +135,12 @@ def test_a_killed_runners_tick_taken_over_is_told_once(
             wait_until(lambda: of(receiver.events(), "run_succeeded"), 30, "the takeover's success")
             running.stop_all()
     events = receiver.events()
-    assert [1, 2] == [e["attempt"] for e in of(events, "run_started")]
+    assert [(1, "schedule"), (2, "takeover")] == [
+        (e["attempt"], e["trigger"]) for e in of(events, "run_started")
+    ]
     (success,) = of(events, "run_succeeded")
-    assert 2 == success["attempt"] and killed != success["replica"]
+    assert (2, "takeover") == (success["attempt"], success["trigger"])
+    assert killed != success["replica"]
     assert [] == of(events, "run_failed")
 
 

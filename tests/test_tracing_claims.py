@@ -81,9 +81,11 @@ async def test_the_claim_span_begins_with_the_claim_that_won_not_the_fire(tmp_pa
 
     (spans,) = by_attempt(exporter.get_finished_spans()).values()
     root, claim = spans["pgcrond.attempt"], spans["claim"]
-    assert (2, "takeover") == (
-        (root.attributes or {})["pgcrond.attempt"],
-        (root.attributes or {})["pgcrond.claimed_from"],
+    attributes = root.attributes or {}
+    assert (2, "takeover", "takeover") == (
+        attributes["pgcrond.attempt"],
+        attributes["pgcrond.claimed_from"],
+        attributes["pgcrond.trigger"],
     )
     assert claim.start_time is not None and claim.end_time is not None
     assert claim.start_time >= int(lapses.timestamp() * 1e9) > fired_ns

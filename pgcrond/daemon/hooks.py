@@ -37,7 +37,7 @@ from pgcrond.core.box import Box
 from pgcrond.core.hooks import HOOK_OF_EVENT, PING_OF_EVENT, Hook, HookEvent
 from pgcrond.core.keys import Identity
 from pgcrond.core.outcome import RunResult
-from pgcrond.daemon.observed import current
+from pgcrond.daemon.observed import current, trigger_of
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held
 from pgcrond.run.environment import job_environ
@@ -50,6 +50,7 @@ _SHAPE: dict[str, Any] = dict.fromkeys(
         "run_key",
         "idempotency_key",
         "attempt",
+        "trigger",
         "outcome",
         "error",
         "exit_code",
@@ -187,6 +188,7 @@ class Hooks:
             "PGCRON_RUN_KEY": event["run_key"] or "",
             "PGCRON_IDEMPOTENCY_KEY": event["idempotency_key"] or "",
             "PGCRON_ATTEMPT": "" if event["attempt"] is None else str(event["attempt"]),
+            "PGCRON_TRIGGER": event["trigger"] or "",
             "PGCRON_ERROR": event["error"] or "",
         }
         try:
@@ -223,11 +225,12 @@ async def _in_turn(after: asyncio.Task[None] | None, send: Coroutine[Any, Any, N
 
 
 def held_facts(held: Held) -> dict[str, Any]:
-    """The attempt's part of an event: which tick, which attempt."""
+    """The attempt's part of an event: which tick, which attempt, and why it runs."""
     return {
         "run_key": held.identity.run_key,
         "idempotency_key": held.identity.idempotency_key,
         "attempt": held.attempt,
+        "trigger": trigger_of(held),
     }
 
 

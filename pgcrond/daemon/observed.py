@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from pgcrond.config.models import JobConfig
+from pgcrond.core.trigger import TriggerKind
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held
 
@@ -31,6 +32,8 @@ class Attempt:
     lateness_s: float | None = None
     outcome: str | None = None
     duration_s: float | None = None
+    # Why it runs (PGCRON_TRIGGER), once told.
+    trigger: TriggerKind | None = None
 
 
 _current: ContextVar[Attempt | None] = ContextVar("pgcrond_observed_attempt", default=None)
@@ -42,11 +45,22 @@ def current(job: JobConfig) -> Attempt | None:
     return attempt if attempt is not None and attempt.job.code == job.code else None
 
 
+def trigger_of(held: Held) -> TriggerKind | None:
+    """Why the attempt ``held`` runs, if it is the one this task runs or ran last."""
+    attempt = _current.get()
+    return attempt.trigger if attempt is not None and attempt.held is held else None
+
+
 class Observing(FireEvents):
     """Keeps :func:`current` up to date; subscribed ahead of every observer that reads it."""
 
     def claim_won(self, job: JobConfig, held: Held) -> None:
         _current.set(Attempt(job, held, won_at=time.monotonic()))
+
+    def run_trigger(self, job: JobConfig, held: Held, trigger: TriggerKind) -> None:
+        attempt = current(job)
+        if attempt is not None and attempt.held is held:
+            attempt.trigger = trigger
 
     def run_started(self, job: JobConfig, lateness_s: float) -> None:
         attempt = current(job)

@@ -4,7 +4,7 @@ Imported only with the ``otel`` extra and an exporter asked for
 (:func:`pgcrond.daemon.observers.tracing_wanted`): a daemon without them
 loads none of it. The tree of one attempt, on the replica that ran it::
 
-    pgcrond.attempt   job, run key, attempt, replica, outcome, lateness
+    pgcrond.attempt   job, run key, attempt, trigger, replica, outcome, lateness
     ├── claim         from the claim that won going out to the win
     ├── run           from the win to the run's end; the job's TRACEPARENT names it
     └── record        from the run's end to its outcome stored
@@ -34,6 +34,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from pgcrond import __version__
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
+from pgcrond.core.trigger import TriggerKind
 from pgcrond.events import FireEvents
 from pgcrond.guard.base import Held, Outcome
 from pgcrond.run.context import TRACEPARENT
@@ -105,6 +106,11 @@ class Tracing(FireEvents):
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(run))
         TRACEPARENT.set(carrier.get("traceparent"))
         _spans.set(_Spans(job.code, attempt, context, run))
+
+    def run_trigger(self, job: JobConfig, held: Held, trigger: TriggerKind) -> None:
+        spans = _current(job)
+        if spans is not None:
+            spans.attempt.set_attribute("pgcrond.trigger", trigger)
 
     def run_started(self, job: JobConfig, lateness_s: float) -> None:
         spans = _current(job)
