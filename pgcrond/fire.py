@@ -16,7 +16,8 @@ Besides the table:
   any other;
 * a replica fires one identity at most once at a time: a second fire of it
   joins the first's outcome;
-* a forbid job's claim waits while a run of it abandoned here still runs.
+* a bounded job's claim (concurrency: forbid, replace, buffer_one,
+  max_concurrent) waits while a run of it abandoned here still runs;
 * a run stopped because a newer tick replaced it (concurrency: replace) is
   recorded replaced, which frees the job's slot for that tick.
 """

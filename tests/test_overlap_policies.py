@@ -171,11 +171,11 @@ def test_buffer_one_runs_one_waiting_tick_when_the_running_one_ends_and_skips_th
         assert earlier.ended is not None
         # The later tick came while the earlier ran: it waited, under its own
         # run key, and started once the earlier one ended (claimed again
-        # each second), not at its own next tick.
+        # each second).
         assert tick_of(later.run_key) < earlier.ended
-        assert 0 <= later.started - earlier.ended < 2.5, (earlier, later)
-    # One of every run of 3 s and ticks every second waited: the others were skipped.
-    assert all(run.attempt == "1" for run in ledger_runs)
+        assert 0 <= later.started - earlier.ended < 3.0, (earlier, later)
+    # A waiting tick's start is its first attempt, not a retry.
+    assert {"1"} == {run.attempt for run in ledger_runs}
 
 
 def test_max_concurrent_holds_across_three_replicas_and_a_kill_of_a_runner(
