@@ -29,6 +29,7 @@ from pgcrond.core import backfill
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.schedule.cron import CronSchedule
 from pgcrond.storage.backfills import file_backfill, progress, tick_rows
+from pgcrond.storage.history import job_status
 from pgcrond.storage.leases import LeaseStore
 from pgcrond.storage.requests import finish_request, take_requests
 from tests.helpers.daemon_harness import (
@@ -129,6 +130,9 @@ async def test_filing_opens_what_may_run_and_replicas_take_at_most_max_parallel_
     assert {("FAIL", "backfill", True, "shell:1")} == {
         (r.status, r.reason, r.retry_pending, r.pending_by) for r in rows.values()
     }
+    # Filed ticks wait to run: no failure for `pgcrond status` and the page.
+    (status,) = await job_status(store, ["daily"])
+    assert (0, None) == (status["consecutive_failures"], status["last_status"])
 
     async def take(by: str) -> list[str]:
         found = await take_requests(

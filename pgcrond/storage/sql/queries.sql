@@ -545,7 +545,7 @@ LEFT JOIN LATERAL (
            l.finished_at, l.retry_at, l.error
     FROM {table} l
     WHERE l.code = jobs.code AND l.status IN ('SUCCESS', 'FAIL')
-      AND l.reason IS DISTINCT FROM 'waiting'
+      AND coalesce(l.reason, '') NOT IN ('waiting', 'backfill')
     ORDER BY l.acquired_at DESC, l.id DESC
     LIMIT 1
 ) last ON true
@@ -559,7 +559,8 @@ LEFT JOIN LATERAL (
 LEFT JOIN LATERAL (
     SELECT count(*) AS count
     FROM {table} f
-    WHERE f.code = jobs.code AND f.status = 'FAIL' AND f.reason IS DISTINCT FROM 'waiting'
+    WHERE f.code = jobs.code AND f.status = 'FAIL'
+      AND coalesce(f.reason, '') NOT IN ('waiting', 'backfill')
       AND f.acquired_at > coalesce(
           (SELECT max(s.acquired_at) FROM {table} s
            WHERE s.code = jobs.code AND s.status = 'SUCCESS'),
@@ -797,7 +798,7 @@ LEFT JOIN LATERAL (
 ) ok ON true
 LEFT JOIN LATERAL (
     SELECT b.run_key, b.finished_at FROM {table} b
-    WHERE b.code = jobs.code AND b.status = 'FAIL' AND b.reason NOT IN ('released', 'waiting')
+    WHERE b.code = jobs.code AND b.status = 'FAIL' AND b.reason NOT IN ('released', 'waiting', 'backfill')
     ORDER BY b.acquired_at DESC, b.id DESC LIMIT 1
 ) bad ON true
 ORDER BY jobs.ord
@@ -863,7 +864,7 @@ LEFT JOIN LATERAL (
         ORDER BY t.acquired_at DESC
         LIMIT %(scan)s
     ) recent
-    WHERE recent.status = 'FAIL' AND recent.reason IS DISTINCT FROM 'waiting'
+    WHERE recent.status = 'FAIL' AND coalesce(recent.reason, '') NOT IN ('waiting', 'backfill')
     ORDER BY recent.acquired_at DESC
     LIMIT 1
 ) bad ON true
@@ -1053,7 +1054,7 @@ CROSS JOIN LATERAL (
     SELECT t.status
     FROM {table} t
     WHERE t.code = j.code AND t.status IN ('SUCCESS', 'FAIL')
-      AND t.reason IS DISTINCT FROM 'waiting'
+      AND coalesce(t.reason, '') NOT IN ('waiting', 'backfill')
     ORDER BY t.acquired_at DESC
     LIMIT 1
 ) last
