@@ -218,15 +218,16 @@ def test_the_jobs_md_example_leaves_the_record_the_page_shows(
     assert 1 == ran.returncode, ran.stderr
     shown = pgcrond(path, pg_dsn, "logs", "export")
     assert 0 == shown.returncode, shown.stderr
-    command, header, started, *body = docs_example("leaves-behind-logs").splitlines()
+    command, header, why, started, *body = docs_example("leaves-behind-logs").splitlines()
     assert "$ pgcrond logs export" == command
     lines = shown.stdout.splitlines()
-    # The header names a replica, the next line times: the same words around them.
+    # The header names a replica, the next lines why it ran and its times.
     assert lines[0].startswith(header.split(" on ")[0] + " on ")
     outcome = ": FAIL: exit status 3"
     assert header.endswith(outcome) and lines[0].endswith(outcome)
-    assert lines[1].startswith("started ") and started.startswith("started ")
-    assert body == lines[2:]
+    assert "trigger manual" == why == lines[1]
+    assert lines[2].startswith("started ") and started.startswith("started ")
+    assert body == lines[3:]
 
 
 def test_logs_follow_says_it_cannot_stream_waits_for_the_attempt_and_prints_its_output(

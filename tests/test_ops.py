@@ -380,18 +380,18 @@ def test_history_lists_runs_newest_first_with_durations_and_first_error_lines(
     code, out, _ = run(capsys, "history", "-c", config, "--database-url", pg_dsn)
     assert 0 == code
     assert [
-        "JOB      RUN KEY               STATUS   REASON    ATTEMPT  OWNER      ACQUIRED"
-        "              TOOK   ERROR",
-        "nightly  2026-01-10T03:00:00Z  RUNNING  takeover  2        web-2:200  2026-01-10T03:00:00Z"
-        "  -      -",
-        "seed     (initial)             SUCCESS  -         1        web-1:100  2026-01-10T02:00:00Z"
-        "  1.0s   -",
-        "hourly   2026-01-10T02:00:00Z  SUCCESS  -         1        web-1:100  2026-01-10T02:00:00Z"
-        "  4m5s   -",
-        "nightly  2026-01-09T03:00:00Z  FAIL     error     1        web-1:100  2026-01-09T03:00:00Z"
-        "  850ms  Traceback (most recent call last):",
-        "nightly  2026-01-08T03:00:00Z  SUCCESS  -         1        web-1:100  2026-01-08T03:00:00Z"
-        "  12.0s  -",
+        "JOB      RUN KEY               STATUS   REASON    ATTEMPT  TRIGGER  "
+        "OWNER      ACQUIRED              TOOK   ERROR",
+        "nightly  2026-01-10T03:00:00Z  RUNNING  takeover  2        -        "
+        "web-2:200  2026-01-10T03:00:00Z  -      -",
+        "seed     (initial)             SUCCESS  -         1        -        "
+        "web-1:100  2026-01-10T02:00:00Z  1.0s   -",
+        "hourly   2026-01-10T02:00:00Z  SUCCESS  -         1        -        "
+        "web-1:100  2026-01-10T02:00:00Z  4m5s   -",
+        "nightly  2026-01-09T03:00:00Z  FAIL     error     1        -        "
+        "web-1:100  2026-01-09T03:00:00Z  850ms  Traceback (most recent call last):",
+        "nightly  2026-01-08T03:00:00Z  SUCCESS  -         1        -        "
+        "web-1:100  2026-01-08T03:00:00Z  12.0s  -",
     ] == out.splitlines()
 
 
@@ -431,6 +431,7 @@ def test_history_filters_by_job_status_since_and_limit_and_json_keeps_the_full_e
         "error": TRACEBACK,
         # Written straight into the table, so without attempt records.
         "attempts": [],
+        "params": {},
     } == {key: value for key, value in failed.items() if key not in ("id", "fencing_token")}
 
 

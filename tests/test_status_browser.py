@@ -284,8 +284,13 @@ def test_a_signed_in_operator_pauses_resumes_and_runs_a_job_in_chromium(
             "[...document.querySelectorAll('table.requests tbody tr')]"
             ".map(r => [...r.cells].map(c => c.innerText.trim()))"
         )
-        run_key, by, _, taken_by, outcome = row
-        assert (requested["run_key"], OPERATOR, "success") == (run_key, by, outcome)
+        run_key, trigger, by, _, taken_by, outcome = row
+        assert (requested["run_key"], "manual", OPERATOR, "success") == (
+            run_key,
+            trigger,
+            by,
+            outcome,
+        )
         assert served.replica.wait_event("daemon_ready")["replica"] == taken_by
         last = cli_status(served, pg_dsn)[job]["last_run"]
         assert (requested["run_key"], "SUCCESS") == (last["run_key"], last["status"])
