@@ -194,6 +194,22 @@ async def test_a_claim_won_ahead_counts_its_lease_from_the_fire_time(
     assert lease.remaining is not None and lease.remaining > TWO_S.lease
 
 
+async def test_a_heartbeat_before_the_fire_time_never_shortens_a_lease_won_ahead(
+    ahead: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    fire_time, identity = a_tick_ahead("beaten", pg_dsn)
+    lease = await ahead.claim(identity, TWO_S, fire_time=fire_time)
+    assert isinstance(lease, Acquired)
+    left = await ahead.heartbeat(lease)
+    assert database_now(pg_dsn) < fire_time  # the heartbeat was before the tick indeed
+    assert left is not None and left > TWO_S.lease
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        [(expires_at,)] = conn.execute(
+            f'SELECT expires_at FROM "{schema}".leases WHERE code = %s', ("beaten",)
+        ).fetchall()
+    assert fire_time + TWO_S.lease <= expires_at
+
+
 async def test_a_short_lease_claimed_ahead_is_run_with_its_whole_lease_from_the_tick(
     ahead: LeaseStore, pg_dsn: str
 ) -> None:

@@ -362,6 +362,9 @@ WHERE lock_key = ANY(%(lock_keys)b::text[])
 -- waited for, so it stalls no other lease of the batch: it is answered live
 -- and not renewed, with the expiry it has, which holds (no claim takes a
 -- locked row, and the sql: job's statement timeout ends inside its lease).
+-- A lease won ahead of its tick is extended from its fire time (acquired_at)
+-- while that is still to come: a heartbeat never shortens a lease the claim
+-- counted from the fire time.
 -- A lease that a newer tick replaced (concurrency: replace) is not renewed
 -- either: it is answered replaced, and its owner stops the run and records
 -- the stop (finalize, SKIPPED/replaced), which frees the job's slot.
@@ -374,7 +377,8 @@ WITH beat AS (
 ), renewed AS (
     UPDATE {table} AS l
     SET heartbeat_at = clock_timestamp(),
-        expires_at = clock_timestamp() + l.lease_ms * interval '1 millisecond'
+        expires_at = greatest(clock_timestamp(), l.acquired_at)
+                     + l.lease_ms * interval '1 millisecond'
     FROM mine
     WHERE l.id = mine.id AND l.status = 'RUNNING'
       AND l.reason IS DISTINCT FROM 'replaced'
