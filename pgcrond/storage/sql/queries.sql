@@ -352,22 +352,17 @@ FROM {table}
 WHERE lock_key = ANY(%(lock_keys)b::text[])
 
 -- name: heartbeat
--- Extend held leases by the lease each was granted (co-running leases share the
--- statement); only each row's current owner can, and only while it is live: a
--- late heartbeat must not revive a lease whose owner stopped its run; revive:
--- the owner's wake check after a stall (storage/keepalive.py) may, if unclaimed.
--- Rows are locked in lock-key order, the order the
--- claim inserts in, so a batch never waits on another in a cycle. A row another
--- transaction holds (an sql: job's own, while its statements run) is not
--- waited for, so it stalls no other lease of the batch: it is answered live
--- and not renewed, with the expiry it has, which holds (no claim takes a
--- locked row, and the sql: job's statement timeout ends inside its lease).
--- A lease won ahead of its tick is extended from its fire time (acquired_at)
--- while that is still to come: a heartbeat never shortens a lease the claim
--- counted from the fire time.
--- A lease that a newer tick replaced (concurrency: replace) is not renewed
--- either: it is answered replaced, and its owner stops the run and records
--- the stop (finalize, SKIPPED/replaced), which frees the job's slot.
+-- Extend held leases by the lease each was granted, from the later of now and
+-- acquired_at (a lease won ahead counts from its fire time: a beat before the
+-- tick never shortens it). Only each row's current owner can, only while it is
+-- live (a late beat must not revive a stopped run's lease); revive: the
+-- owner's wake check after a stall (storage/keepalive.py) may, if unclaimed.
+-- Rows lock in lock-key order, the claim's, so batches never wait in a cycle.
+-- A row another transaction holds (an sql: job's own) is not waited for: it
+-- is answered live, not renewed, with the expiry it has, which holds (no claim
+-- takes a locked row; the sql: job's statement timeout ends inside its lease).
+-- A lease a newer tick replaced (concurrency: replace) is not renewed: it is
+-- answered replaced; its owner stops the run and records SKIPPED/replaced.
 WITH beat AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(owner_tokens)b::uuid[]) AS h (id, owner_token)
 ), mine AS MATERIALIZED (
