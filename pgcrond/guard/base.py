@@ -68,41 +68,10 @@ from pgcrond.core.overlap import ALLOW, Overlap
 from pgcrond.core.timing import MAX_STOP_GRACE, LeaseTiming
 from pgcrond.core.trigger import TriggerKind
 from pgcrond.errors import Unsupported
-from pgcrond.storage.claims import Standing
+from pgcrond.storage.claims import NotAcquiredReason, Standing
 
-RefusalReason = Literal[
-    # Another replica holds a live claim (wait: until it could lapse).
-    "held",
-    # The identity is finished (SUCCESS or SKIPPED), or failed for good.
-    "done",
-    "failed",
-    # A failure with a retry time (wait: until then).
-    "retry_pending",
-    # The job's overlap policy bounds its running ticks and the bound is
-    # reached: a new tick is recorded SKIPPED/overlap (status SKIPPED); a
-    # started tick's retry or takeover is blocked (status FAIL or RUNNING).
-    "overlap",
-    # A tick its overlap policy keeps waiting for the running one to end
-    # (buffer_one; replace, while the replaced run stops): FAIL/waiting, due
-    # whenever the job's slot is free, which any replica following it claims.
-    "waiting",
-    # The tick is not due yet by the database clock (wait: until it is).
-    "not_due",
-    # The claim arrived, or would start, later than the tick's misfire window
-    # (a guard that keeps history records the tick MISSED/late).
-    "late",
-    # A first claim answered once the job's next tick had come (late_ticks:
-    # coalesce): only the newest of late ticks runs (a guard that keeps
-    # history records this one MISSED/coalesced).
-    "coalesced",
-    # The job is paused (`pgcrond pause`) or suspended (YAML): a guard that
-    # keeps history records the tick SKIPPED; detail says who, when, why.
-    "paused",
-    # The fire carried a reason not to run the tick (``skip_reason``: a
-    # calendar's day): a guard that keeps history records it SKIPPED with
-    # that reason (cause says it), once for the cluster.
-    "skipped",
-]
+# Why a claim was refused: the store's answer, named once (storage/claims.py).
+RefusalReason = NotAcquiredReason
 # What recording an outcome came to.
 Recorded = Literal["done", "retry", "fenced"]
 # How a run ended, as the guard records it. "released": given back at
