@@ -20,6 +20,7 @@ from pgcrond.core.overlap import FORBID
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.guard.base import ClaimRequest, Held, Refused, Verdict
 from pgcrond.guard.lease import LeaseGuard
+from pgcrond.storage.claim_answers import PendingClaim
 from pgcrond.storage.claims import Acquired, NotAcquired, Renewal
 from pgcrond.storage.db import Database
 from pgcrond.storage.keepalive import holding
@@ -53,12 +54,11 @@ def tick_identity(code: str, seconds: int) -> tuple[datetime, Identity]:
 async def test_two_ticks_of_a_forbid_job_in_one_batch_are_decided_in_order(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
-    """Claimed in one loop turn (a stall hands over missed fires at once): one runs, one skips."""
+    """Claimed in one call (a stall hands over missed fires at once): one runs, one skips."""
     _, first = tick_identity("forbid", 1)
     _, second = tick_identity("forbid", 2)
-    answers = await asyncio.gather(
-        store.claim(first, TWO_S, overlap=FORBID),
-        store.claim(second, TWO_S, overlap=FORBID),
+    answers = await store.claim_many(
+        [PendingClaim(tick, TWO_S, uuid.uuid4(), FORBID) for tick in (first, second)]
     )
     assert isinstance(answers[0], Acquired)
     assert isinstance(answers[1], NotAcquired) and "overlap" == answers[1].reason
