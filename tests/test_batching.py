@@ -141,3 +141,37 @@ async def test_a_turn_of_more_requests_than_a_batch_holds_goes_as_several_bounde
     answers = await asyncio.gather(*(batch.submit(n) for n in range(1200)))
     assert list(range(1200)) == answers
     assert [500, 500, 200] == sizes
+
+
+async def test_a_look_due_while_runs_end_shares_their_outcomes_transaction(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """A tick's look and its runs' outcomes are one round trip and one transaction, not two."""
+    first, second, still_running = await claim_three(store)
+    unrecorded = Identity.schedule("job-9", "2026-01-01T00:00:00Z")
+    sent: list[str] = []
+    for name in ("fetchall", "fetchall_each"):
+        original = getattr(store.db, name)
+
+        async def counting(
+            *args: object, _original: object = original, _name: str = name, **kwargs: object
+        ) -> object:
+            sent.append(_name)
+            return await _original(*args, **kwargs)  # type: ignore[operator]
+
+        setattr(store.db, name, counting)
+    done_first, standings, done_second = await asyncio.gather(
+        store.complete(first),
+        store.standings([still_running.identity, first.identity, unrecorded]),
+        store.complete(second),
+    )
+    assert (True, True) == (done_first, done_second)
+    assert ["fetchall_each"] == sent
+    # The look reads after the outcomes in its transaction: first is SUCCESS already.
+    assert {still_running.identity, first.identity} == set(standings)
+    recorded = standings[first.identity]
+    assert ("SUCCESS", True) == (recorded.status, recorded.settled)
+    running = standings[still_running.identity]
+    assert ("RUNNING", False) == (running.status, running.settled)
+    assert running.wait is not None and timedelta(seconds=25) < running.wait <= TIMING.lease
+    assert {"job-0": "SUCCESS", "job-1": "SUCCESS", "job-2": "RUNNING"} == statuses(pg_dsn, schema)
