@@ -88,9 +88,11 @@ class Deferral:
             # The hold-back counts from the tick itself (fired ahead of it, a
             # tick's preferred replica starts its run at the tick).
             ahead = max((fire.tick - datetime.now(UTC)).total_seconds(), 0.0)
-            wheel().call_later(
-                ahead + self._delay().total_seconds(), functools.partial(self._held, fire.tick)
-            )
+            held = ahead + self._delay().total_seconds()
+            wheel().call_later(held, functools.partial(self._held, fire.tick))
+            # The look is due as this replica's own runs of the tick end: told
+            # of it, the guard sends their outcomes with it.
+            guard.look_due(asyncio.get_running_loop().time() + wheel().on_grid(held))
         waiting.append(_Deferred(fire, guard))
         return True
 

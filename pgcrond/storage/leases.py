@@ -100,8 +100,10 @@ class LeaseStore:
             self._record_batch,
             keys=_lease_id,
             linger=FINALIZE_LINGER_S,
-            expected=lambda: len(self._unfinalized),
+            expected=self._records_expected,
         )
+        # When the next look is due (the loop's clock), as told by look_due.
+        self._look_at: float | None = None
         self._beats: TurnBatch[Renewal | None] = TurnBatch(
             functools.partial(self._heartbeat_batch, revive=False), keys=_lease_id
         )
@@ -256,9 +258,30 @@ class LeaseStore:
         while this replica's runs end waits for their outcomes as a finalize
         does (``FINALIZE_LINGER_S`` at most), and shares their round trip.
         """
+        now = asyncio.get_running_loop().time()
+        if self._look_at is not None and self._look_at <= now + FINALIZE_LINGER_S:
+            self._look_at = None  # the look told of: no longer waited for
         return cast(
             "dict[Identity, Standing]", await self._records.submit(_Look(tuple(identities)))
         )
+
+    def look_due(self, at: float) -> None:
+        """A look (:meth:`standings`) is due at the loop's time ``at``.
+
+        Outcomes recorded within ``FINALIZE_LINGER_S`` of it wait for it, as
+        for the outcome of a run still open: a tick's look is due as its runs
+        end, and one transaction carries both.
+        """
+        now = asyncio.get_running_loop().time()
+        if self._look_at is None or self._look_at < now - FINALIZE_LINGER_S or at < self._look_at:
+            self._look_at = at
+
+    def _records_expected(self) -> int:
+        """Requests the record batch waits for: the runs still open, and a look due now."""
+        look = self._look_at
+        now = asyncio.get_running_loop().time()
+        due = look is not None and now - FINALIZE_LINGER_S < look <= now + FINALIZE_LINGER_S
+        return len(self._unfinalized) + due
 
     async def heartbeat(self, lease: Acquired, *, revive: bool = False) -> timedelta | None:
         """Extend a live lease; how long it now has left, or None when fenced or lapsed.
