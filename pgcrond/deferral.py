@@ -4,7 +4,8 @@ Every replica fires every tick, and spread names one live replica as each
 tick's preferred one. Where this replica is not it (``Guard.defers``), a fire
 costs it one entry in a list. Once the tick's hold-back is over (the spread's
 ``delay`` after the tick, on the replica's wheel: the time the preferred
-replicas have to claim), one read of the tick's entries (``Guard.standings``)
+replicas have to claim), one read of the tick's entries (``Guard.standings``,
+in the transaction of this replica's outcomes of the tick: ``Guard.look_due``)
 says where each stands:
 
 * **settled** (SUCCESS, MISSED, SKIPPED, FAIL for good): nothing more to do
