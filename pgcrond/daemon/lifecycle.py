@@ -219,7 +219,7 @@ class Daemon:
             firing=self._firing,
             metrics=self.metrics,
             spawn=self._spawn,
-            fire_now=self._spawn_fire,
+            fire_now=self._fire_tick,
             replica=self.replica,
         )
         self._firing.events = FanOut(
