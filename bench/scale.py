@@ -141,6 +141,11 @@ def write_config(
     path.write_text("\n".join(lines) + "\n")
 
 
+def at_second(second: int) -> Callable[[int], str]:
+    """Every job's schedule: each minute at this second."""
+    return lambda _: f"{second} * * * * *"
+
+
 def fresh_database(server: LocalServer, db: str) -> str:
     """An empty database of the throwaway server: its DSN."""
     sql(server.dsn, f'DROP DATABASE IF EXISTS "{db}"')
@@ -269,7 +274,7 @@ def one(
     guess = time.time() + 14 + (1 + jobs / 1500) * max(1.0, replicas / 2) * 1.5
     tick = math.ceil(guess)
     config = workdir / f"scale-{jobs}-{replicas}.yaml"
-    write_config(config, jobs, lambda _: f"{tick % 60} * * * * *", extra, action)
+    write_config(config, jobs, at_second(tick % 60), extra, action)
     progress(f"scale: {jobs} jobs x {replicas} replicas, tick at second {tick % 60}")
     started, ports, reader = start_replicas(dsn, config, env, replicas, f"scale-{jobs}-{replicas}")
     try:
