@@ -97,6 +97,16 @@ class Deferral:
         waiting.append(_Deferred(fire, guard))
         return True
 
+    def follow(self, fires: list[Fire]) -> None:
+        """Follow started ticks (other replicas' open ticks, found at start) by looks.
+
+        Looked at now, all in one read, then as any look's ticks: claimed
+        once a claim could take them (a lapsed lease, a retry due), looked at
+        again while held, left once settled: a claim each only where one
+        could win.
+        """
+        self._look_soon([_Deferred(fire, self._firing.guards(fire.job)) for fire in fires])
+
     def _held(self, tick: datetime) -> None:
         self._look_soon(self._ticks.pop(tick, []))
 
