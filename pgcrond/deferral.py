@@ -43,7 +43,7 @@ from typing import Any
 import structlog
 
 from pgcrond.core.keys import Identity
-from pgcrond.core.wheel import GRID_S, wheel
+from pgcrond.core.wheel import GRID_S, PER_TURN, wheel
 from pgcrond.decide import FOLLOW_MARGIN
 from pgcrond.errors import PgcrondError
 from pgcrond.fire import Fire, Firing
@@ -98,11 +98,14 @@ class Deferral:
         self._look_soon(self._ticks.pop(tick, []))
 
     def _look_soon(self, deferred: Sequence[_Deferred]) -> None:
-        if deferred and not self._firing.stopping.is_set():
-            self._spawn(self._look(deferred))
+        """Look at ``deferred`` a chunk of :data:`~pgcrond.core.wheel.PER_TURN` ticks a look."""
+        if not self._firing.stopping.is_set():
+            for start in range(0, len(deferred), PER_TURN):
+                self._spawn(self._look(deferred[start : start + PER_TURN]))
 
     async def _look(self, deferred: Sequence[_Deferred]) -> None:
-        """Read where each tick stands, a statement per guard, then act on each."""
+        """Read where each tick stands, a statement per guard, then act on each in a turn
+        with room for them."""
         # By identity: a guard need not be hashable (a dataclass is not).
         by_guard: dict[int, tuple[Guard, list[_Deferred]]] = {}
         for entry in deferred:
@@ -122,6 +125,7 @@ class Deferral:
                     error=f"{type(exc).__name__}: {exc}",
                 )
                 standings = None
+            await wheel().turn(len(entries))
             if self._firing.stopping.is_set():
                 return  # the replica stops: no fire starts from a look any more
             self._act(entries, standings)

@@ -40,7 +40,7 @@ from pgcrond.core.outcome import RunResult
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.trigger import TriggerKind, attempt_trigger
-from pgcrond.core.wheel import wake, wheel
+from pgcrond.core.wheel import PER_TURN, wake, wheel
 from pgcrond.decide import Answer, FireOutcome, Ran, State, Step, decide
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.events import FireEvents
@@ -104,9 +104,6 @@ class Fire:
         )
 
 
-# First claims of a tick's fires sent together, at most: a statement and its
-# answers stay bounded at 10,000 co-firing jobs (several chunks go side by side).
-CHUNK = 500
 # How often a forbid job's claim looks again whether an abandoned run of it
 # ended (a thread gives no signal when it ends).
 LEFTOVER_POLL_S = 0.05
@@ -194,24 +191,47 @@ class Firing:
         self._enter(fire)
         return await self._carry(fire)
 
-    async def fire_tick(self, fires: Sequence[Fire]) -> None:
+    async def fire_tick(
+        self, fires: Sequence[Fire], defer: Callable[[Fire], bool] | None = None
+    ) -> None:
         """Claim a tick's fires together; a task only for a fire that runs or follows.
 
-        The first claims of one guard's fires go a chunk (:data:`CHUNK`) a
-        call (``Guard.claim_many``: the lease guard sends one statement and
-        waits once for the fire time). Each answer is decided at once: one
-        that ends the fire (lost, missed, skipped) costs no task; a won claim
-        starts its run on the wheel, a share a loop turn; one to follow goes
-        on as a fire of its own. A fire whose tick started already, a
+        The tick goes a chunk of :data:`~pgcrond.core.wheel.PER_TURN` fires a
+        turn of the wheel: each chunk is handed on and its first claims sent,
+        a call per guard (``Guard.claim_many``: the lease guard sends one
+        statement, and judges the answers in a turn of their own once the
+        fire time came). Each answer is decided at once: one that ends the
+        fire (lost, missed, skipped) costs no task; a won claim starts its
+        run, one to follow goes on as a fire of its own. ``defer`` takes a
+        scheduled fire that another live replica is preferred for
+        (:mod:`pgcrond.deferral`). A fire whose tick started already, a
         run-once job's, and one this replica fires already (it is left to
         that fire) are not claimed here.
         """
+        claims: list[asyncio.Future[None]] = []
+        for start in range(0, len(fires), PER_TURN):
+            chunk = fires[start : start + PER_TURN]
+            if start:
+                await wheel().turn(len(chunk))
+            claims.extend(
+                asyncio.ensure_future(self._claim_chunk(guard, group))
+                for guard, group in self._first_claims(chunk, defer)
+            )
+        await asyncio.gather(*claims)
+
+    def _first_claims(
+        self, fires: Sequence[Fire], defer: Callable[[Fire], bool] | None
+    ) -> list[tuple[Guard, list[Fire]]]:
+        """The fires of a chunk to claim together, by guard; the rest deferred or ended here."""
         groups: dict[int, tuple[Guard, list[Fire]]] = {}
         for fire in fires:
             if fire.identity in self._in_flight or self.stopping.is_set():
                 continue
+            scheduled = fire.identity.type == "SCHEDULE"
+            if scheduled and defer is not None and defer(fire):
+                continue
             self._enter(fire)
-            if fire.started or fire.identity.type != "SCHEDULE":
+            if fire.started or not scheduled:
                 self._spawn_fire(fire, self._carry(fire))
                 continue
             self.events.fired(fire.job)
@@ -222,13 +242,7 @@ class Firing:
             guard = self.guards(fire.job)
             self._first_start(guard, fire)
             groups.setdefault(id(guard), (guard, []))[1].append(fire)
-        await asyncio.gather(
-            *(
-                self._claim_chunk(guard, group[start : start + CHUNK])
-                for guard, group in groups.values()
-                for start in range(0, len(group), CHUNK)
-            )
-        )
+        return list(groups.values())
 
     async def _claim_chunk(self, guard: Guard, fires: list[Fire]) -> None:
         """First claims of a chunk of a tick's fires, in one call; each answer handed on."""
@@ -287,14 +301,9 @@ class Firing:
         )
         step = decide(answer, state)
         if step.kind in ("run", "release", "follow", "resume"):
-            carry = functools.partial(
-                self._carry, fire, counted=True, first=answer, resumes=resumes
-            )
-            if step.kind in ("run", "release"):
-                # Started a share a loop turn: thousands at once would hold the loop.
-                wheel().call_soon(lambda: self._spawn_fire(fire, carry()))
-            else:
-                self._spawn_fire(fire, carry())
+            # A chunk's answers are judged in a turn of their own (PER_TURN):
+            # its runs start in the next.
+            self._spawn_fire(fire, self._carry(fire, counted=True, first=answer, resumes=resumes))
             return
         outcome = self._end(fire, fire.job, _bound(fire), answer, step)
         await guard.forget(fire.identity)
