@@ -46,7 +46,7 @@ GRID_S = 0.01
 # start. A run's start costs 0.1-0.15 ms of the loop and a fire's share of
 # a chunk 0.02-0.04 ms, so a turn stays within about 20 ms of CPU (bench.scale
 # --steps), half the stall allowed, with room for a loaded machine's waits.
-PER_TURN = 250
+PER_TURN = 100
 
 
 class Wheel:
