@@ -98,14 +98,12 @@ class Deferral:
         self._look_soon(self._ticks.pop(tick, []))
 
     def _look_soon(self, deferred: Sequence[_Deferred]) -> None:
-        """Look at ``deferred`` a chunk of :data:`~pgcrond.core.wheel.PER_TURN` ticks a look."""
-        if not self._firing.stopping.is_set():
-            for start in range(0, len(deferred), PER_TURN):
-                self._spawn(self._look(deferred[start : start + PER_TURN]))
+        if deferred and not self._firing.stopping.is_set():
+            self._spawn(self._look(deferred))
 
     async def _look(self, deferred: Sequence[_Deferred]) -> None:
-        """Read where each tick stands, a statement per guard, then act on each in a turn
-        with room for them."""
+        """Read where each tick stands, a statement per guard, then act on each, a chunk
+        of :data:`~pgcrond.core.wheel.PER_TURN` ticks a turn of the wheel."""
         # By identity: a guard need not be hashable (a dataclass is not).
         by_guard: dict[int, tuple[Guard, list[_Deferred]]] = {}
         for entry in deferred:
@@ -125,10 +123,12 @@ class Deferral:
                     error=f"{type(exc).__name__}: {exc}",
                 )
                 standings = None
-            await wheel().turn(len(entries))
-            if self._firing.stopping.is_set():
-                return  # the replica stops: no fire starts from a look any more
-            self._act(entries, standings)
+            for start in range(0, len(entries), PER_TURN):
+                chunk = entries[start : start + PER_TURN]
+                await wheel().turn(len(chunk))
+                if self._firing.stopping.is_set():
+                    return  # the replica stops: no fire starts from a look any more
+                self._act(chunk, standings)
 
     def _act(self, entries: list[_Deferred], standings: dict[Identity, Standing] | None) -> None:
         """Claim, follow or leave each tick of one look."""

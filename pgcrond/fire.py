@@ -667,7 +667,8 @@ class Firing:
         self, job: JobConfig, guard: Guard, held: Held, result: RunResult
     ) -> tuple[FireOutcome, bool]:
         """Record the outcome as the current holder; retried through an outage."""
-        bound = log.bind(job=job.code, run_key=held.identity.run_key, attempt=held.attempt)
+        # Bound only where a line is said: most records say none.
+        bound = functools.partial(_held_bound, job, held)
         if result.outcome == "cancelled" and held.cancellation.reason in _LOST_REASONS:
             # Another replica may own the tick now: nothing is recorded, and
             # nothing must be, by a fenced owner.
@@ -703,7 +704,7 @@ class Firing:
                 None,
             )
         except asyncio.CancelledError:
-            bound.error(
+            bound().error(
                 "outcome_not_recorded",
                 outcome=result.outcome,
                 detail="the replica stopped before the database came back",
@@ -713,7 +714,7 @@ class Firing:
             # The guard kept failing (a bug, not an outage): the row stays
             # RUNNING until its lease lapses, and this replica follows the tick
             # like a lost lease, so that it is taken over, not left open.
-            bound.exception(
+            bound().exception(
                 "outcome_not_recorded",
                 outcome=result.outcome,
                 error=_describe(exc),
@@ -722,7 +723,7 @@ class Firing:
             self.events.unrecorded(job, held, "not_recorded")
             return "lease_lost", False
         if recorded == "fenced":
-            bound.warning(
+            bound().warning(
                 "outcome_fenced",
                 outcome=result.outcome,
                 detail="another replica took this tick over meanwhile",
@@ -740,7 +741,7 @@ class Firing:
             try:
                 self.events.failed_for_good(job, held, result)
             except Exception as exc:
-                bound.exception("failure_hook_crashed", error=_describe(exc))
+                bound().exception("failure_hook_crashed", error=_describe(exc))
         return result.outcome, retry
 
     async def _with_outage_retry(
@@ -837,14 +838,16 @@ class Firing:
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation
         fencing_token, claimed_from = held.fencing_token, held.claimed_from
         run_key = identity.run_key or ""
-        bound = log.bind(
-            job=job.code,
-            run_key=identity.run_key,
-            idempotency_key=identity.idempotency_key,
-            attempt=attempt,
-            replica=self.replica,
-            trigger=kind,
-        )
+        # The run's two lines name it alike; passed to each, not bound (a
+        # logger made per run for two lines).
+        said = {
+            "job": job.code,
+            "run_key": identity.run_key,
+            "idempotency_key": identity.idempotency_key,
+            "attempt": attempt,
+            "replica": self.replica,
+            "trigger": kind,
+        }
         begun = False
 
         def on_start() -> None:
@@ -853,8 +856,9 @@ class Firing:
             begun = True
             lateness = (self.clock() - tick).total_seconds()
             self.events.run_started(job, lateness)
-            bound.info(
+            log.info(
                 "run_started",
+                **said,
                 guard=job.guard,
                 tick=tick.isoformat(),
                 lateness_ms=round(lateness * 1000, 1),
@@ -897,9 +901,10 @@ class Firing:
         if outcome == "cancelled" and cancellation.reason in _LOST_REASONS:
             outcome = "lease_lost"
         self.events.run_finished(job, outcome, result.duration_s)
-        level = bound.info if outcome == "success" else bound.warning
+        level = log.info if outcome == "success" else log.warning
         level(
             "run_finished",
+            **said,
             outcome=outcome,
             duration_ms=round(result.duration_s * 1000, 1),
             error=result.error,
@@ -911,6 +916,13 @@ class Firing:
 def _bound(fire: Fire) -> structlog.typing.FilteringBoundLogger:
     bound: structlog.typing.FilteringBoundLogger = log.bind(
         job=fire.job.code, run_key=fire.identity.run_key
+    )
+    return bound
+
+
+def _held_bound(job: JobConfig, held: Held) -> structlog.typing.FilteringBoundLogger:
+    bound: structlog.typing.FilteringBoundLogger = log.bind(
+        job=job.code, run_key=held.identity.run_key, attempt=held.attempt
     )
     return bound
 

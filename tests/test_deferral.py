@@ -20,10 +20,10 @@ from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
 from pgcrond.core.timing import LeaseTiming
+from pgcrond.core.wheel import PER_TURN
 from pgcrond.deferral import Deferral
 from pgcrond.errors import DatabaseUnavailable
 from pgcrond.events import FireEvents
-from pgcrond.core.wheel import PER_TURN
 from pgcrond.fire import Fire, Firing
 from pgcrond.guard.lease import LeaseGuard
 from pgcrond.guard.memory import MemoryGuard

@@ -21,9 +21,9 @@ from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
+from pgcrond.core.wheel import PER_TURN
 from pgcrond.decide import FireOutcome
 from pgcrond.events import FireEvents
-from pgcrond.core.wheel import PER_TURN
 from pgcrond.fire import Fire, Firing
 from pgcrond.guard.base import ClaimRequest, Held, Refused
 from pgcrond.guard.memory import MemoryGuard, Row
