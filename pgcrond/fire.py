@@ -40,7 +40,7 @@ from pgcrond.core.outcome import RunResult
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.trigger import TriggerKind, attempt_trigger
-from pgcrond.core.wheel import PER_TURN, wake, wheel
+from pgcrond.core.wheel import GRID_S, PER_TURN, wake, wheel
 from pgcrond.decide import Answer, FireOutcome, Ran, State, Step, decide
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.events import FireEvents
@@ -104,9 +104,6 @@ class Fire:
         )
 
 
-# How often a forbid job's claim looks again whether an abandoned run of it
-# ended (a thread gives no signal when it ends).
-LEFTOVER_POLL_S = 0.05
 # Outage retries: fast enough to claim within about a second of the database
 # answering again, slow enough not to hammer a struggling server.
 _BACKOFF_FIRST = 0.2
@@ -633,7 +630,9 @@ class Firing:
         while leftovers.still_running(job.code) and not self.stopping.is_set():
             if deadline is not None and self.clock() >= deadline:
                 return
-            await asyncio.sleep(LEFTOVER_POLL_S)
+            # Looked at again each grid slot of the wheel: a thread gives no
+            # signal when it ends.
+            await wheel().sleep(GRID_S)
 
     async def _run(
         self, job: JobConfig, guard: Guard, fire: Fire, held: Held, kind: TriggerKind

@@ -24,9 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -363,20 +364,13 @@ class LeaseGuard(Guard):
                 error=str(exc),
             )
 
-    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
-        return self._hold(held)
-
-    @contextlib.asynccontextmanager
-    async def _hold(self, held: Held) -> AsyncIterator[Held]:
-        lease = self._open[held.identity].lease
-        callback = self._on_heartbeat_failure
-
-        def failed(_: Exception) -> None:
-            if callback is not None:
-                callback(held.identity)
-
-        async with holding(lease, self.store.heartbeat, failed):
-            yield held
+    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[object]:
+        # The store's keep-alive itself, no context manager of its own around
+        # it: one per run.
+        on_failure = None
+        if self._on_heartbeat_failure is not None:
+            on_failure = functools.partial(_told, self._on_heartbeat_failure, held.identity)
+        return holding(self._open[held.identity].lease, self.store.heartbeat, on_failure)
 
     async def record(self, held: Held, verdict: Verdict) -> Recorded:
         outcome, error, retry_after = verdict.outcome, verdict.error, verdict.retry_after
@@ -454,6 +448,11 @@ class LeaseGuard(Guard):
     async def forget(self, identity: Identity) -> None:
         self._open.pop(identity, None)
         self._tokens.pop(identity, None)
+
+
+def _told(callback: Callable[[Identity], None], identity: Identity, _: Exception) -> None:
+    """A heartbeat of ``identity``'s lease failed: ``callback`` counts it."""
+    callback(identity)
 
 
 async def _bounded(call: Awaitable[T], seconds: float, operation: str) -> T:
