@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.docs import header, load_note, write_docs
-from bench.scale import ASYNC_NOOP, counts, write_config
+from bench.scale import ASYNC_NOOP, at_second, counts, write_config
 from bench.side_by_side import (
     BIN,
     base_env,
@@ -55,7 +55,7 @@ def one(server: LocalServer, workdir: Path, jobs: int) -> list[dict[str, str]]:
     env = base_env(PGCROND_DATABASE_URL=with_db(server.dsn, db))
     config = workdir / f"reload-{jobs}.yaml"
     # Second 30 of each minute: no tick fires during the reloads' seconds.
-    write_config(config, jobs, 30, [], ASYNC_NOOP)
+    write_config(config, jobs, at_second(30), [], ASYNC_NOOP)
     subprocess.run([str(BIN / "pgcrond"), "migrate", "-c", str(config)], env=env, check=True)
     argv = [str(BIN / "pgcrond"), "run", "-c", str(config), "--log-format", "json"]
     replica = spawn(argv, env, workdir / f"reload-{jobs}.log")
@@ -64,7 +64,7 @@ def one(server: LocalServer, workdir: Path, jobs: int) -> list[dict[str, str]]:
         wait_ready([replica], '"daemon_ready"', timeout=300)
         ready = replica.ready - replica.spawned
         for name, second in (("nothing changed", 30), ("every schedule changed", 31)):
-            write_config(config, jobs, second, [], ASYNC_NOOP)
+            write_config(config, jobs, at_second(second), [], ASYNC_NOOP)
             seen = len(reloaded_lines(replica.log))
             sent = time.monotonic()
             replica.process.send_signal(signal.SIGHUP)

@@ -1,6 +1,7 @@
 """Co-firing jobs at scale: one tick of N per-minute jobs on R replicas, judged by the database.
 
     .venv/bin/python -m bench.scale [--jobs 1000,10000] [--replicas 1,3] [--write-docs]
+    .venv/bin/python -m bench.scale --hourly 100000 --replicas 3 [--ticks 2]
 
 Every job is an in-process async entrypoint that returns at once
 (``bench.jobs:async_noop``, ``concurrency: allow``), so what is measured is
@@ -17,6 +18,14 @@ a second after its last run was recorded, max RSS at exit), a
 before the tick and half a second into it, and each
 replica's own loop-stall probe (``loop_stall_max_s`` of ``daemon_stopped``).
 Duplicates are ``run_started`` lines beyond one per job.
+
+``--hourly N`` measures the other shape of scale: N per-hour jobs spread
+over the hour (job n fires at minute n mod 60), so each minute's tick is N/60
+of them while the rest wait. For each replica count: each replica's time from
+start to ready, its RSS at rest (4 s before a measured tick, with the
+previous minute's tick long over) and its CPU at rest (over the 40 s before
+that), then ``--ticks`` consecutive minute ticks, each one's finished p50 /
+p99, misses and duplicates by the database clock, and the replicas' CPU for it.
 
 ``--steps`` times every step of the replicas' event loops
 (``bench/loop_steps``) and adds the longest step and the longest loop turn
@@ -37,6 +46,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -115,7 +125,10 @@ ASYNC_NOOP = "entrypoint: 'bench.jobs:async_noop'"
 TRUE = "command: ['true']"
 
 
-def write_config(path: Path, jobs: int, second: int, extra: list[str], action: str) -> None:
+def write_config(
+    path: Path, jobs: int, cron: Callable[[int], str], extra: list[str], action: str
+) -> None:
+    """N jobs, job ``n`` on the schedule ``cron(n)``."""
     lines = [
         "database: {url: '${PGCROND_DATABASE_URL}'}",
         *extra,
@@ -124,8 +137,56 @@ def write_config(path: Path, jobs: int, second: int, extra: list[str], action: s
         "  late_ticks: all",
         "jobs:",
     ]
-    lines += [f"  job-{n:05d}: {{cron: '{second} * * * * *', {action}}}" for n in range(jobs)]
+    lines += [f"  job-{n:05d}: {{cron: '{cron(n)}', {action}}}" for n in range(jobs)]
     path.write_text("\n".join(lines) + "\n")
+
+
+def at_second(second: int) -> Callable[[int], str]:
+    """Every job's schedule: each minute at this second."""
+    return lambda _: f"{second} * * * * *"
+
+
+def fresh_database(server: LocalServer, db: str) -> str:
+    """An empty database of the throwaway server: its DSN."""
+    sql(server.dsn, f'DROP DATABASE IF EXISTS "{db}"')
+    sql(server.dsn, f'CREATE DATABASE "{db}"')
+    return with_db(server.dsn, db)
+
+
+def start_replicas(
+    dsn: str, config: Path, env: dict[str, str], replicas: int, logs: str
+) -> tuple[list[Replica], list[int], str]:
+    """Migrated, then R replicas spawned: them, their HTTP ports, the bench's reader DSN."""
+    migrate = [str(BIN / "pgcrond"), "migrate", "-c", str(config)]
+    subprocess.run(migrate, env=env, check=True, stdout=subprocess.DEVNULL)
+    enable(dsn)
+    sql(dsn, f"GRANT USAGE ON SCHEMA pgcrond TO {READER}")
+    sql(dsn, f"GRANT SELECT ON pgcrond.leases TO {READER}")
+    ports = [free_port() for _ in range(replicas)]
+    argv = [str(BIN / "pgcrond"), "run", "-c", str(config), "--log-format", "json", "--http"]
+    started = [
+        spawn([*argv, f"127.0.0.1:{port}"], env, config.parent / f"{logs}-{n}.log")
+        for n, port in enumerate(ports)
+    ]
+    return started, ports, as_reader(dsn)
+
+
+def over(reader: str, run_key: str) -> int:
+    """Runs of the tick ``run_key`` that are over (whatever their outcome)."""
+    return int(
+        sql(
+            reader,
+            "SELECT count(*) FROM pgcrond.leases "
+            "WHERE status <> 'RUNNING' AND code LIKE 'job-%%' AND run_key = %s",
+            (run_key,),
+        )[0][0]
+    )
+
+
+def pair(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{percentile(values, 0.5):,.0f} / {percentile(values, 0.99):,.0f} ms"
 
 
 def scrape(port: int, at: float, into: dict[str, float]) -> None:
@@ -203,9 +264,7 @@ def one(
     steps: bool = False,
 ) -> Figures:
     db = f"scale_{jobs}_{replicas}"
-    sql(server.dsn, f'DROP DATABASE IF EXISTS "{db}"')
-    sql(server.dsn, f'CREATE DATABASE "{db}"')
-    dsn = with_db(server.dsn, db)
+    dsn = fresh_database(server, db)
     env = base_env(PGCROND_DATABASE_URL=dsn)
     steps_dir = workdir / f"steps-{jobs}-{replicas}"
     if steps:
@@ -215,20 +274,9 @@ def one(
     guess = time.time() + 14 + (1 + jobs / 1500) * max(1.0, replicas / 2) * 1.5
     tick = math.ceil(guess)
     config = workdir / f"scale-{jobs}-{replicas}.yaml"
-    write_config(config, jobs, tick % 60, extra, action)
-    migrate = [str(BIN / "pgcrond"), "migrate", "-c", str(config)]
-    subprocess.run(migrate, env=env, check=True, stdout=subprocess.DEVNULL)
-    enable(dsn)
-    sql(dsn, f"GRANT USAGE ON SCHEMA pgcrond TO {READER}")
-    sql(dsn, f"GRANT SELECT ON pgcrond.leases TO {READER}")
-    reader = as_reader(dsn)
-    ports = [free_port() for _ in range(replicas)]
-    argv = [str(BIN / "pgcrond"), "run", "-c", str(config), "--log-format", "json", "--http"]
+    write_config(config, jobs, at_second(tick % 60), extra, action)
     progress(f"scale: {jobs} jobs x {replicas} replicas, tick at second {tick % 60}")
-    started = [
-        spawn([*argv, f"127.0.0.1:{port}"], env, workdir / f"scale-{jobs}-{replicas}-{n}.log")
-        for n, port in enumerate(ports)
-    ]
+    started, ports, reader = start_replicas(dsn, config, env, replicas, f"scale-{jobs}-{replicas}")
     try:
         wait_ready(started, '"daemon_ready"', timeout=300)
         ready = max(r.ready - r.spawned for r in started)
@@ -253,12 +301,7 @@ def one(
         run_key = run_key_for(datetime.fromtimestamp(tick, UTC))
         done = 0
         while time.time() < deadline:
-            done = sql(
-                reader,
-                "SELECT count(*) FROM pgcrond.leases "
-                "WHERE status <> 'RUNNING' AND code LIKE 'job-%%' AND run_key = %s",
-                (run_key,),
-            )[0][0]
+            done = over(reader, run_key)
             if time.time() > tick and done >= jobs:
                 break
             time.sleep(0.25)
@@ -292,11 +335,6 @@ def one(
 
         cpu = [b - a for a, b in zip(cpu_before, cpu_after, strict=True)]
         stalls = [stall(r) for r in started]
-
-        def pair(values: list[float]) -> str:
-            if not values:
-                return "-"
-            return f"{percentile(values, 0.5):,.0f} / {percentile(values, 0.99):,.0f} ms"
 
         row = {
             "jobs": f"{jobs:,}",
@@ -338,6 +376,88 @@ def one(
     return Figures(jobs, replicas, row)
 
 
+HOURLY_COLUMNS = (
+    "jobs",
+    "replicas",
+    "start to ready",
+    "RSS at rest",
+    "CPU at rest (40 s)",
+    "jobs per tick",
+    "finished p50 / p99",
+    "misses / duplicates",
+    "CPU for the tick",
+    "max RSS",
+)
+# The at-rest window: the 40 s before a measured tick's last 4 s (the previous
+# minute's tick 16 s over when it begins).
+REST_S = 40.0
+
+
+def hourly(
+    server: LocalServer, workdir: Path, jobs: int, replicas: int, ticks: int, extra: list[str]
+) -> Figures:
+    """N per-hour jobs, job n at minute n mod 60, on R replicas: start-up, rest, minute ticks."""
+    dsn = fresh_database(server, f"hourly_{jobs}_{replicas}")
+    env = base_env(PGCROND_DATABASE_URL=dsn)
+    config = workdir / f"hourly-{jobs}-{replicas}.yaml"
+    write_config(config, jobs, lambda n: f"{n % 60} * * * *", extra, ASYNC_NOOP)
+    progress(f"hourly: {jobs} jobs x {replicas} replicas")
+    started, _, reader = start_replicas(dsn, config, env, replicas, f"hourly-{jobs}-{replicas}")
+    try:
+        wait_ready(started, '"daemon_ready"', timeout=600)
+        ready = [r.ready - r.spawned for r in started]
+        # The first measured tick: the registry settled before its at-rest window.
+        rest_from = max(r.ready for r in started) + SETTLE_S
+        first = 60 * math.ceil((rest_from + REST_S + 4) / 60)
+        progress(f"hourly: ready in {max(ready):.1f}s; first tick in {first - time.time():.0f}s")
+        time.sleep(max(0.0, first - 4 - REST_S - time.time()))
+        cpu_rest = [cpu_seconds(r.pid) for r in started]
+        time.sleep(max(0.0, first - 4 - time.time()))
+        cpu_rest = [cpu_seconds(r.pid) - c for r, c in zip(started, cpu_rest, strict=True)]
+        at_rest = [rss_mib(r.pid) for r in started]
+        per_tick: list[tuple[int, list[float], int, float]] = []
+        for tick in range(first, first + 60 * ticks, 60):
+            minute = tick // 60 % 60
+            due = len(range(minute, jobs, 60))
+            run_key = run_key_for(datetime.fromtimestamp(tick, UTC))
+            time.sleep(max(0.0, tick - 2 - time.time()))
+            cpu_before = sum(cpu_seconds(r.pid) for r in started)
+            while time.time() < tick + 55 and (time.time() < tick or over(reader, run_key) < due):
+                time.sleep(0.25)
+            time.sleep(1.0)  # room for a late duplicate to show
+            cpu = sum(cpu_seconds(r.pid) for r in started) - cpu_before
+            rows = sql(
+                reader,
+                "SELECT extract(epoch FROM finished_at) - %s FROM pgcrond.leases "
+                "WHERE code LIKE 'job-%%' AND run_key = %s AND status = 'SUCCESS'",
+                (tick, run_key),
+            )
+            starts = sum(run_started(r, run_key) for r in started)
+            per_tick.append((due, [float(r[0]) * 1000 for r in rows], starts, cpu))
+        stop(started)
+    finally:
+        for replica in started:
+            if replica.process.poll() is None:
+                replica.process.kill()
+    row = {
+        "jobs": f"{jobs:,}",
+        "replicas": str(replicas),
+        "start to ready": " / ".join(f"{s:.1f}" for s in ready) + " s",
+        "RSS at rest": " / ".join(f"{m:.0f}" for m in at_rest) + " MiB",
+        "CPU at rest (40 s)": " / ".join(f"{c:.2f}" for c in cpu_rest) + " s",
+        "jobs per tick": " / ".join(f"{due:,}" for due, *_ in per_tick),
+        "finished p50 / p99": "; ".join(pair(done) for _, done, _, _ in per_tick),
+        "misses / duplicates": "; ".join(
+            f"{due - len(done)} / {max(0, starts - due)}" for due, done, starts, _ in per_tick
+        ),
+        "CPU for the tick": " / ".join(f"{cpu:.1f}" for *_, cpu in per_tick) + " s",
+        "max RSS": " / ".join(f"{r.max_rss_mib:.0f}" for r in started) + " MiB",
+    }
+    progress(f"hourly: {row}")
+    sql(server.dsn, f'DROP DATABASE IF EXISTS "hourly_{jobs}_{replicas}" WITH (FORCE)')
+    return Figures(jobs, replicas, row)
+
+
 def counts(text: str) -> list[int]:
     return [int(part) for part in text.split(",")]
 
@@ -360,6 +480,10 @@ def main() -> int:
     parser.add_argument(
         "--set", action="append", default=[], help="a top-level config line, e.g. 'spread: 0'"
     )
+    parser.add_argument(
+        "--hourly", type=int, help="N per-hour jobs spread over the hour instead of one tick"
+    )
+    parser.add_argument("--ticks", type=int, default=2, help="minute ticks measured (--hourly)")
     args = parser.parse_args()
     if args.profile is not None and not (BIN / "py-spy").exists():
         parser.error("--profile records with py-spy: .venv/bin/pip install py-spy, then run again")
@@ -371,20 +495,28 @@ def main() -> int:
         count_statements(server)
         workdir = args.keep or Path(server.data_dir).parent / "bench-scale"
         workdir.mkdir(parents=True, exist_ok=True)
-        for jobs in args.jobs:
+        if args.hourly is not None:
             for replicas in args.replicas:
-                action = TRUE if args.commands else ASYNC_NOOP
                 rows.append(
-                    one(
-                        server, workdir, jobs, replicas, args.set, args.profile, action, args.steps
-                    ).row
+                    hourly(server, workdir, args.hourly, replicas, args.ticks, args.set).row
                 )
-        columns = (*COLUMNS, STEP_COLUMN) if args.steps else COLUMNS
+        else:
+            for jobs in args.jobs:
+                for replicas in args.replicas:
+                    action = TRUE if args.commands else ASYNC_NOOP
+                    figures = one(
+                        server, workdir, jobs, replicas, args.set, args.profile, action, args.steps
+                    )
+                    rows.append(figures.row)
+        columns: tuple[str, ...] = (*COLUMNS, STEP_COLUMN) if args.steps else COLUMNS
+        if args.hourly is not None:
+            columns = HOURLY_COLUMNS
         emit(rows, columns)
         if args.write_docs:
             command = "bench.scale " + " ".join(sys.argv[1:])
             body = header(server.dsn, f".venv/bin/python -m {command}", load)
             section = "scale-commands" if args.commands else "scale-tick"
+            section = "scale-hourly" if args.hourly is not None else section
             write_docs(section, body + "\n" + markdown_table(rows, columns, columns))
     return 0
 

@@ -55,7 +55,7 @@ Definition = dict[str, Any]
 
 def definition(job: JobConfig) -> Definition:
     """The job as JSON-ready data: every field that changes what a replica does."""
-    fields = (f.name for f in dataclasses.fields(job) if f.name not in _LEFT_OUT)
+    fields = (f.name for f in dataclasses.fields(job) if f.init and f.name not in _LEFT_OUT)
     found = {
         name: _plain(name, value)
         for name in fields

@@ -36,6 +36,8 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.errors import ValidationError
 
 _TIMING_FIELDS = ("lease", "heartbeat")
+# The environment of most jobs: one object for all of them.
+NO_ENV: MappingProxyType[str, str] = MappingProxyType({})
 
 
 def read_job(reading: Reading, code: str, key: Located, definition: Located) -> JobConfig | None:
@@ -136,10 +138,10 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
     return JobConfig(
         code=code,
         schedule=schedule,
-        action=action,
+        action=reading.shared(action),
         guard=guard,
         timezone=zone or DEFAULT_TIMEZONE,
-        timing=timing,
+        timing=reading.shared(timing),
         timeout=cast(timedelta | None, merged.get("timeout", JOB["timeout"].default)),
         retries=cast(int, merged.get("retries", JOB["retries"].default)),
         on_start=cast(Hook | None, merged.get("on_start")),
@@ -156,10 +158,10 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
         misfire_grace=cast(timedelta, misfire_grace),
         concurrency=concurrency,
         max_concurrent=cast(int | None, merged.get("max_concurrent")),
-        env=MappingProxyType(env),
+        env=reading.shared(MappingProxyType(env)) if env else NO_ENV,
         cwd=cast(Path | None, merged.get("cwd", JOB["cwd"].default)),
         params=params,
-        box=box,
+        box=reading.shared(box),
         env_file=cast(tuple[Path, ...], merged.get("env_file", ())),
         key_hash=cast(KeyHash, key_hash or JOB["key_hash"].default),
         lock_key=code if lock_key is None else lock_key,

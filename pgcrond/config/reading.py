@@ -9,7 +9,7 @@ that set it: the job, or ``defaults:``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from pgcrond.config.converters import Converter, Problems
 from pgcrond.config.envfiles import Read
@@ -50,6 +50,15 @@ class Reading:
         self.lease_url: str | None = None
         # The calendars: section, read before the jobs (their skip_on: names them).
         self.calendars: Mapping[str, Calendar] = {}
+        self._shared: dict[object, object] = {}
+
+    def shared(self, value: T) -> T:
+        """The first equal value this load saw: equal parts of jobs (an action, a box,
+        a lease timing, an environment) are one object, not one per job."""
+        try:
+            return cast(T, self._shared.setdefault(value, value))
+        except TypeError:  # unhashable: a mapping inside
+            return value
 
     def issue(
         self, file: str, line: int | None, job: str | None, name: str | None, message: str

@@ -22,6 +22,7 @@ buffer_one 1                     waits (FAIL/``waiting``, any replica starts it
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal, cast, get_args
 
@@ -47,8 +48,12 @@ ALLOW = Overlap("allow", None)
 FORBID = Overlap("forbid", 1)
 
 
+@functools.cache
 def overlap_of(concurrency: Concurrency, max_concurrent: int | None) -> Overlap:
-    """The policy a job's ``concurrency`` and ``max_concurrent`` fields say."""
+    """The policy a job's ``concurrency`` and ``max_concurrent`` fields say.
+
+    One object per policy, not one per job (a replica holds every job's).
+    """
     if concurrency == "allow":
         return Overlap("allow", max_concurrent)
     return Overlap(concurrency, 1)

@@ -36,7 +36,7 @@ _SEED_RETRY_FIRST_S = 0.5
 _SEED_RETRY_MAX_S = 10.0
 
 
-@dataclass
+@dataclass(slots=True)
 class JobTruth:
     """What this replica knows of one job's outcomes (Unix seconds; None: none known)."""
 
@@ -67,7 +67,8 @@ class JobAlerts:
 
     def set_jobs(self, alert_after: Mapping[str, timedelta | None]) -> None:
         """Exactly these jobs (code -> its alert_after); a removed job's series go."""
-        self._alert_after = dict(alert_after)
+        # The jobs with an alert_after only: most have none.
+        self._alert_after = {c: after for c, after in alert_after.items() if after is not None}
         self._jobs = {code: self._jobs.get(code, JobTruth()) for code in sorted(alert_after)}
 
     def seed(self, rows: Iterable[Mapping[str, Any]]) -> None:

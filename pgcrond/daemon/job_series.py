@@ -13,11 +13,17 @@ The API is the part of prometheus_client's that pgcrond uses (``labels(...)``
 then ``inc``/``dec``/``set``, ``remove``), so call sites read the same. Only
 the loop writes; a render on a worker thread reads a snapshot of the series
 (taken in one C call, under the GIL) and values that are single floats.
+
+A series that exists at 0 from the start (a job's fires, its runs by outcome)
+is no object until its first event: the family holds the jobs' codes (one
+mapping shared by every family) and the label values after the code, and a
+render writes 0 for each pair without a series of its own. At 100,000 jobs
+the 13 series each were 170 bytes a series, 220 MiB of a replica at rest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Literal, Protocol
 
 Kind = Literal["counter", "gauge"]
@@ -89,6 +95,12 @@ class JobFamily:
         pairs = ",".join(f'{n}="%s"' for n in self.labelnames)
         self._line = f"{self._sample}{{{pairs}}} "
         self._series: dict[tuple[str, ...], Series] = {}
+        # The series present at 0 before their first event: each job (code ->
+        # its escaped code) with each of these label values after the code,
+        # escaped. Replaced whole, never changed in place: a render reads them
+        # on a worker thread.
+        self._jobs: Mapping[str, str] = {}
+        self._rests: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
 
     def labels(self, *values: str, **by_name: str) -> Series:
         """The series for these label values (positional, or by name), made on first use."""
@@ -102,26 +114,26 @@ class JobFamily:
             series = self._series[key] = Series(key if escaped == key else escaped)
         return series
 
-    def ensure(self, codes: Iterable[tuple[str, str]], *rest: str) -> None:
-        """Make the series of each ``(code, escaped code)`` with the labels ``rest`` after it.
+    def present(self, jobs: Mapping[str, str], *rests: tuple[str, ...]) -> None:
+        """Each job (code -> its escaped code) has a series with each ``rests``, at 0 until set.
 
-        A config's jobs at start and at each reload, a dozen series each: at
-        10,000 jobs one :meth:`labels` call per series was most of
-        ``Metrics.set_jobs`` (0.2 s before ready).
+        A config's jobs at start and at each reload. No series is made: a
+        render writes the zeros (one object per series was most of a replica's
+        memory at rest), and :meth:`labels` makes a series on its first event.
         """
-        if len(rest) + 1 != len(self.labelnames):
-            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {rest} after")
-        tail = tuple(escape_label(v) for v in rest)
-        series = self._series
-        for code, escaped in codes:
-            key = (code, *rest)
-            if key not in series:
-                series[key] = Series(key if escaped == code and tail == rest else (escaped, *tail))
+        for rest in rests:
+            if len(rest) + 1 != len(self.labelnames):
+                raise ValueError(
+                    f"{self.name}: expected labels {self.labelnames}, got {rest} after"
+                )
+        self._rests = tuple((rest, tuple(escape_label(v) for v in rest)) for rest in rests)
+        self._jobs = jobs
 
     def remove(self, *values: str) -> None:
         self._series.pop(tuple(values), None)
 
     def label_sets(self) -> list[tuple[str, ...]]:
+        """The label values of the series made so far (not those at 0 from :meth:`present`)."""
         return list(self._series)
 
     def render(self, openmetrics: bool) -> str:
@@ -129,6 +141,17 @@ class JobFamily:
         # OpenMetrics names a counter family without its _total suffix.
         family = self.name if openmetrics or self.kind == "gauge" else self._sample
         head = f"# HELP {family} {_escape_help(self.documentation)}\n# TYPE {family} {self.kind}\n"
-        series = list(self._series.values())  # one C call: a snapshot, whatever the loop does
+        # One C call each: a snapshot, whatever the loop does.
+        made = dict(self._series)
+        jobs, rests = self._jobs, self._rests
         line = self._line
-        return head + "".join([f"{line % s.labels}{s.value!r}\n" for s in series])
+        lines = []
+        for rest, escaped in rests:
+            for code, label in jobs.items():
+                series = made.pop((code, *rest), None)
+                if series is None:
+                    lines.append(f"{line % (label, *escaped)}0.0\n")
+                else:
+                    lines.append(f"{line % series.labels}{series.value!r}\n")
+        lines += [f"{line % s.labels}{s.value!r}\n" for s in made.values()]
+        return head + "".join(lines)

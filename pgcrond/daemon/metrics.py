@@ -288,16 +288,13 @@ class Metrics:
             for labels in metric.label_sets():
                 if labels[0] not in kept:  # a set: 10,000 jobs' series, each looked up
                     metric.remove(*labels)
-        # Each code escaped once for its dozen series.
-        escaped = [(code, escape_label(code)) for code in wanted]
+        # Each code escaped once for its dozen series, in one mapping they share.
+        escaped = {code: escape_label(code) for code in wanted}
         for metric in by_job:
-            metric.ensure(escaped)
-        for outcome in RUN_OUTCOMES:
-            self.runs.ensure(escaped, outcome)
-        for cause in MISSED_CAUSES:
-            self.missed.ensure(escaped, cause)
-        for reason in MISSED_REASONS:
-            self.missed_recorded.ensure(escaped, reason)
+            metric.present(escaped, ())
+        self.runs.present(escaped, *((outcome,) for outcome in RUN_OUTCOMES))
+        self.missed.present(escaped, *((cause,) for cause in MISSED_CAUSES))
+        self.missed_recorded.present(escaped, *((reason,) for reason in MISSED_REASONS))
         self.events.forget(kept)
 
 
