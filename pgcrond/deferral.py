@@ -44,7 +44,7 @@ from typing import Any
 import structlog
 
 from pgcrond.core.keys import Identity
-from pgcrond.core.wheel import GRID_S, wheel
+from pgcrond.core.wheel import GRID_S, PER_TURN, wheel
 from pgcrond.decide import FOLLOW_MARGIN
 from pgcrond.errors import PgcrondError
 from pgcrond.fire import Fire, Firing
@@ -115,7 +115,8 @@ class Deferral:
             self._spawn(self._look(deferred))
 
     async def _look(self, deferred: Sequence[_Deferred]) -> None:
-        """Read where each tick stands, a statement per guard, then act on each."""
+        """Read where each tick stands, a statement per guard, then act on each, a chunk
+        of :data:`~pgcrond.core.wheel.PER_TURN` ticks a turn of the wheel."""
         # By identity: a guard need not be hashable (a dataclass is not).
         by_guard: dict[int, tuple[Guard, list[_Deferred]]] = {}
         for entry in deferred:
@@ -135,9 +136,12 @@ class Deferral:
                     error=f"{type(exc).__name__}: {exc}",
                 )
                 standings = None
-            if self._firing.stopping.is_set():
-                return  # the replica stops: no fire starts from a look any more
-            self._act(entries, standings)
+            for start in range(0, len(entries), PER_TURN):
+                chunk = entries[start : start + PER_TURN]
+                await wheel().turn(len(chunk))
+                if self._firing.stopping.is_set():
+                    return  # the replica stops: no fire starts from a look any more
+                self._act(chunk, standings)
 
     def _act(self, entries: list[_Deferred], standings: dict[Identity, Standing] | None) -> None:
         """Claim, follow or leave each tick of one look."""

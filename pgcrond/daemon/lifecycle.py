@@ -338,15 +338,11 @@ class Daemon:
     def _fire_tick(self, fires: list[Fire]) -> None:
         """A wave of a tick: deferred where another live replica is preferred, else claimed."""
         assert self._firing is not None and self._deferral is not None
-        firing, deferral = self._firing, self._deferral
         self._big_ticks.tick(len(fires))
-        claimed = [
-            fire
-            for fire in fires
-            if not firing.in_flight(fire.identity)
-            and (fire.identity.type != "SCHEDULE" or not deferral.offer(fire))
-        ]
-        self._claim_tick(claimed)
+        if fires:
+            self._track(
+                asyncio.create_task(self._firing.fire_tick(fires, defer=self._deferral.offer))
+            )
 
     def _claim_tick(self, fires: list[Fire]) -> None:
         """Fires of a tick claimed together: one task, whose runs are tasks of their own."""

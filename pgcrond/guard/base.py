@@ -179,7 +179,7 @@ class Guard(abc.ABC):
         return [await self.claim(request) for request in requests]
 
     @abc.abstractmethod
-    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
+    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[object]:
         """Keep ``held`` alive while the block runs; set its cancellation when going."""
 
     @abc.abstractmethod
