@@ -18,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -112,25 +113,28 @@ def canonical_texts(config: Config) -> dict[str, str]:
 
 def jobs_text(texts: Mapping[str, str]) -> str:
     """The canonical text of ``{code: definition}`` from each job's canonical text."""
-    return "{" + ",".join(f"{canonical_text(code)}:{texts[code]}" for code in sorted(texts)) + "}"
+    # A code as canonical_text() writes it (json.dumps of a str, non-ASCII
+    # kept), without making an encoder per code.
+    key = encode_basestring
+    return "{" + ",".join(f"{key(code)}:{texts[code]}" for code in sorted(texts)) + "}"
 
 
-def config_hash(config: Config, texts: Mapping[str, str] | None = None) -> str:
+def config_hash(config: Config, jobs: str | None = None) -> str:
     """The digest of every job's definition (and the cluster-wide settings jobs obey).
 
-    ``texts``: each job's :func:`canonical_texts`, when the caller made them
-    already. The digest is of the canonical text of ``{"catch_up_window",
+    ``jobs``: the :func:`jobs_text` of the config's :func:`canonical_texts`,
+    when the caller made it already. The digest is of the canonical text of ``{"catch_up_window",
     "history_retention", "jobs", "spread"}``, put together from the jobs'
     texts in the order ``sort_keys`` gives (the same bytes, and so the same
     hash, as that whole document encoded at once: replicas of different
     versions agree).
     """
-    if texts is None:
-        texts = canonical_texts(config)
+    if jobs is None:
+        jobs = jobs_text(canonical_texts(config))
     whole = (
         f'{{"catch_up_window":{canonical_text(config.catch_up_window.total_seconds())},'
         f'"history_retention":{canonical_text(config.history_retention.total_seconds())},'
-        f'"jobs":{jobs_text(texts)},'
+        f'"jobs":{jobs},'
         f'"spread":{canonical_text(config.spread.total_seconds())}}}'
     )
     return _sha256(whole)[:32]
