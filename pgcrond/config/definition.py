@@ -31,7 +31,7 @@ from pgcrond.core.schedule import SCHEDULE_FORMS
 # Of a sha256 hex digest: enough to tell definitions apart in a registry row
 # of 10,000 jobs, short enough to keep that row small.
 JOB_HASH_LENGTH = 12
-_LEFT_OUT = frozenset({"code", "source", "description"})
+_LEFT_OUT = frozenset({"code", "source_file", "source_line", "description"})
 # Fields that are left out while unset (None), so that adding them changed no
 # existing job's hash: replicas of two versions running one config show no drift.
 _LEFT_OUT_UNSET = frozenset(
