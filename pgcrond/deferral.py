@@ -4,7 +4,8 @@ Every replica fires every tick, and spread names one live replica as each
 tick's preferred one. Where this replica is not it (``Guard.defers``), a fire
 costs it one entry in a list. Once the tick's hold-back is over (the spread's
 ``delay`` after the tick, on the replica's wheel: the time the preferred
-replicas have to claim), one read of the tick's entries (``Guard.standings``)
+replicas have to claim), one read of the tick's entries (``Guard.standings``,
+in the transaction of this replica's outcomes of the tick: ``Guard.look_due``)
 says where each stands:
 
 * **settled** (SUCCESS, MISSED, SKIPPED, FAIL for good): nothing more to do
@@ -43,7 +44,7 @@ from typing import Any
 import structlog
 
 from pgcrond.core.keys import Identity
-from pgcrond.core.wheel import GRID_S, wheel
+from pgcrond.core.wheel import GRID_S, PER_TURN, wheel
 from pgcrond.decide import FOLLOW_MARGIN
 from pgcrond.errors import PgcrondError
 from pgcrond.fire import Fire, Firing
@@ -88,11 +89,23 @@ class Deferral:
             # The hold-back counts from the tick itself (fired ahead of it, a
             # tick's preferred replica starts its run at the tick).
             ahead = max((fire.tick - datetime.now(UTC)).total_seconds(), 0.0)
-            wheel().call_later(
-                ahead + self._delay().total_seconds(), functools.partial(self._held, fire.tick)
-            )
+            held = ahead + self._delay().total_seconds()
+            wheel().call_later(held, functools.partial(self._held, fire.tick))
+            # The look is due as this replica's own runs of the tick end: told
+            # of it, the guard sends their outcomes with it.
+            guard.look_due(asyncio.get_running_loop().time() + wheel().on_grid(held))
         waiting.append(_Deferred(fire, guard))
         return True
+
+    def follow(self, fires: list[Fire]) -> None:
+        """Follow started ticks (other replicas' open ticks, found at start) by looks.
+
+        Looked at now, all in one read, then as any look's ticks: claimed
+        once a claim could take them (a lapsed lease, a retry due), looked at
+        again while held, left once settled: a claim each only where one
+        could win.
+        """
+        self._look_soon([_Deferred(fire, self._firing.guards(fire.job)) for fire in fires])
 
     def _held(self, tick: datetime) -> None:
         self._look_soon(self._ticks.pop(tick, []))
@@ -102,7 +115,8 @@ class Deferral:
             self._spawn(self._look(deferred))
 
     async def _look(self, deferred: Sequence[_Deferred]) -> None:
-        """Read where each tick stands, a statement per guard, then act on each."""
+        """Read where each tick stands, a statement per guard, then act on each, a chunk
+        of :data:`~pgcrond.core.wheel.PER_TURN` ticks a turn of the wheel."""
         # By identity: a guard need not be hashable (a dataclass is not).
         by_guard: dict[int, tuple[Guard, list[_Deferred]]] = {}
         for entry in deferred:
@@ -122,9 +136,12 @@ class Deferral:
                     error=f"{type(exc).__name__}: {exc}",
                 )
                 standings = None
-            if self._firing.stopping.is_set():
-                return  # the replica stops: no fire starts from a look any more
-            self._act(entries, standings)
+            for start in range(0, len(entries), PER_TURN):
+                chunk = entries[start : start + PER_TURN]
+                await wheel().turn(len(chunk))
+                if self._firing.stopping.is_set():
+                    return  # the replica stops: no fire starts from a look any more
+                self._act(chunk, standings)
 
     def _act(self, entries: list[_Deferred], standings: dict[Identity, Standing] | None) -> None:
         """Claim, follow or leave each tick of one look."""

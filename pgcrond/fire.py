@@ -40,7 +40,7 @@ from pgcrond.core.outcome import RunResult
 from pgcrond.core.retry import retry_delay
 from pgcrond.core.schedule import tick_of
 from pgcrond.core.trigger import TriggerKind, attempt_trigger
-from pgcrond.core.wheel import wake, wheel
+from pgcrond.core.wheel import GRID_S, PER_TURN, wake, wheel
 from pgcrond.decide import Answer, FireOutcome, Ran, State, Step, decide
 from pgcrond.errors import DatabaseUnavailable, PgcrondError
 from pgcrond.events import FireEvents
@@ -104,12 +104,6 @@ class Fire:
         )
 
 
-# First claims of a tick's fires sent together, at most: a statement and its
-# answers stay bounded at 10,000 co-firing jobs (several chunks go side by side).
-CHUNK = 500
-# How often a forbid job's claim looks again whether an abandoned run of it
-# ended (a thread gives no signal when it ends).
-LEFTOVER_POLL_S = 0.05
 # Outage retries: fast enough to claim within about a second of the database
 # answering again, slow enough not to hammer a struggling server.
 _BACKOFF_FIRST = 0.2
@@ -194,24 +188,47 @@ class Firing:
         self._enter(fire)
         return await self._carry(fire)
 
-    async def fire_tick(self, fires: Sequence[Fire]) -> None:
+    async def fire_tick(
+        self, fires: Sequence[Fire], defer: Callable[[Fire], bool] | None = None
+    ) -> None:
         """Claim a tick's fires together; a task only for a fire that runs or follows.
 
-        The first claims of one guard's fires go a chunk (:data:`CHUNK`) a
-        call (``Guard.claim_many``: the lease guard sends one statement and
-        waits once for the fire time). Each answer is decided at once: one
-        that ends the fire (lost, missed, skipped) costs no task; a won claim
-        starts its run on the wheel, a share a loop turn; one to follow goes
-        on as a fire of its own. A fire whose tick started already, a
+        The tick goes a chunk of :data:`~pgcrond.core.wheel.PER_TURN` fires a
+        turn of the wheel: each chunk is handed on and its first claims sent,
+        a call per guard (``Guard.claim_many``: the lease guard sends one
+        statement, and judges the answers in a turn of their own once the
+        fire time came). Each answer is decided at once: one that ends the
+        fire (lost, missed, skipped) costs no task; a won claim starts its
+        run, one to follow goes on as a fire of its own. ``defer`` takes a
+        scheduled fire that another live replica is preferred for
+        (:mod:`pgcrond.deferral`). A fire whose tick started already, a
         run-once job's, and one this replica fires already (it is left to
         that fire) are not claimed here.
         """
+        claims: list[asyncio.Future[None]] = []
+        for start in range(0, len(fires), PER_TURN):
+            chunk = fires[start : start + PER_TURN]
+            if start:
+                await wheel().turn(len(chunk))
+            claims.extend(
+                asyncio.ensure_future(self._claim_chunk(guard, group))
+                for guard, group in self._first_claims(chunk, defer)
+            )
+        await asyncio.gather(*claims)
+
+    def _first_claims(
+        self, fires: Sequence[Fire], defer: Callable[[Fire], bool] | None
+    ) -> list[tuple[Guard, list[Fire]]]:
+        """The fires of a chunk to claim together, by guard; the rest deferred or ended here."""
         groups: dict[int, tuple[Guard, list[Fire]]] = {}
         for fire in fires:
             if fire.identity in self._in_flight or self.stopping.is_set():
                 continue
+            scheduled = fire.identity.type == "SCHEDULE"
+            if scheduled and defer is not None and defer(fire):
+                continue
             self._enter(fire)
-            if fire.started or fire.identity.type != "SCHEDULE":
+            if fire.started or not scheduled:
                 self._spawn_fire(fire, self._carry(fire))
                 continue
             self.events.fired(fire.job)
@@ -222,13 +239,7 @@ class Firing:
             guard = self.guards(fire.job)
             self._first_start(guard, fire)
             groups.setdefault(id(guard), (guard, []))[1].append(fire)
-        await asyncio.gather(
-            *(
-                self._claim_chunk(guard, group[start : start + CHUNK])
-                for guard, group in groups.values()
-                for start in range(0, len(group), CHUNK)
-            )
-        )
+        return list(groups.values())
 
     async def _claim_chunk(self, guard: Guard, fires: list[Fire]) -> None:
         """First claims of a chunk of a tick's fires, in one call; each answer handed on."""
@@ -287,14 +298,9 @@ class Firing:
         )
         step = decide(answer, state)
         if step.kind in ("run", "release", "follow", "resume"):
-            carry = functools.partial(
-                self._carry, fire, counted=True, first=answer, resumes=resumes
-            )
-            if step.kind in ("run", "release"):
-                # Started a share a loop turn: thousands at once would hold the loop.
-                wheel().call_soon(lambda: self._spawn_fire(fire, carry()))
-            else:
-                self._spawn_fire(fire, carry())
+            # A chunk's answers are judged in a turn of their own (PER_TURN):
+            # its runs start in the next.
+            self._spawn_fire(fire, self._carry(fire, counted=True, first=answer, resumes=resumes))
             return
         outcome = self._end(fire, fire.job, _bound(fire), answer, step)
         await guard.forget(fire.identity)
@@ -624,7 +630,9 @@ class Firing:
         while leftovers.still_running(job.code) and not self.stopping.is_set():
             if deadline is not None and self.clock() >= deadline:
                 return
-            await asyncio.sleep(LEFTOVER_POLL_S)
+            # Looked at again each grid slot of the wheel: a thread gives no
+            # signal when it ends.
+            await wheel().sleep(GRID_S)
 
     async def _run(
         self, job: JobConfig, guard: Guard, fire: Fire, held: Held, kind: TriggerKind
@@ -658,7 +666,8 @@ class Firing:
         self, job: JobConfig, guard: Guard, held: Held, result: RunResult
     ) -> tuple[FireOutcome, bool]:
         """Record the outcome as the current holder; retried through an outage."""
-        bound = log.bind(job=job.code, run_key=held.identity.run_key, attempt=held.attempt)
+        # Bound only where a line is said: most records say none.
+        bound = functools.partial(_held_bound, job, held)
         if result.outcome == "cancelled" and held.cancellation.reason in _LOST_REASONS:
             # Another replica may own the tick now: nothing is recorded, and
             # nothing must be, by a fenced owner.
@@ -694,7 +703,7 @@ class Firing:
                 None,
             )
         except asyncio.CancelledError:
-            bound.error(
+            bound().error(
                 "outcome_not_recorded",
                 outcome=result.outcome,
                 detail="the replica stopped before the database came back",
@@ -704,7 +713,7 @@ class Firing:
             # The guard kept failing (a bug, not an outage): the row stays
             # RUNNING until its lease lapses, and this replica follows the tick
             # like a lost lease, so that it is taken over, not left open.
-            bound.exception(
+            bound().exception(
                 "outcome_not_recorded",
                 outcome=result.outcome,
                 error=_describe(exc),
@@ -713,7 +722,7 @@ class Firing:
             self.events.unrecorded(job, held, "not_recorded")
             return "lease_lost", False
         if recorded == "fenced":
-            bound.warning(
+            bound().warning(
                 "outcome_fenced",
                 outcome=result.outcome,
                 detail="another replica took this tick over meanwhile",
@@ -731,7 +740,7 @@ class Firing:
             try:
                 self.events.failed_for_good(job, held, result)
             except Exception as exc:
-                bound.exception("failure_hook_crashed", error=_describe(exc))
+                bound().exception("failure_hook_crashed", error=_describe(exc))
         return result.outcome, retry
 
     async def _with_outage_retry(
@@ -828,14 +837,16 @@ class Firing:
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation
         fencing_token, claimed_from = held.fencing_token, held.claimed_from
         run_key = identity.run_key or ""
-        bound = log.bind(
-            job=job.code,
-            run_key=identity.run_key,
-            idempotency_key=identity.idempotency_key,
-            attempt=attempt,
-            replica=self.replica,
-            trigger=kind,
-        )
+        # The run's two lines name it alike; passed to each, not bound (a
+        # logger made per run for two lines).
+        said = {
+            "job": job.code,
+            "run_key": identity.run_key,
+            "idempotency_key": identity.idempotency_key,
+            "attempt": attempt,
+            "replica": self.replica,
+            "trigger": kind,
+        }
         begun = False
 
         def on_start() -> None:
@@ -844,8 +855,9 @@ class Firing:
             begun = True
             lateness = (self.clock() - tick).total_seconds()
             self.events.run_started(job, lateness)
-            bound.info(
+            log.info(
                 "run_started",
+                **said,
                 guard=job.guard,
                 tick=tick.isoformat(),
                 lateness_ms=round(lateness * 1000, 1),
@@ -888,9 +900,10 @@ class Firing:
         if outcome == "cancelled" and cancellation.reason in _LOST_REASONS:
             outcome = "lease_lost"
         self.events.run_finished(job, outcome, result.duration_s)
-        level = bound.info if outcome == "success" else bound.warning
+        level = log.info if outcome == "success" else log.warning
         level(
             "run_finished",
+            **said,
             outcome=outcome,
             duration_ms=round(result.duration_s * 1000, 1),
             error=result.error,
@@ -902,6 +915,13 @@ class Firing:
 def _bound(fire: Fire) -> structlog.typing.FilteringBoundLogger:
     bound: structlog.typing.FilteringBoundLogger = log.bind(
         job=fire.job.code, run_key=fire.identity.run_key
+    )
+    return bound
+
+
+def _held_bound(job: JobConfig, held: Held) -> structlog.typing.FilteringBoundLogger:
+    bound: structlog.typing.FilteringBoundLogger = log.bind(
+        job=job.code, run_key=held.identity.run_key, attempt=held.attempt
     )
     return bound
 

@@ -21,9 +21,10 @@ from pgcrond.config.loader import load_config
 from pgcrond.config.models import JobConfig
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import run_key_for
+from pgcrond.core.wheel import PER_TURN
 from pgcrond.decide import FireOutcome
 from pgcrond.events import FireEvents
-from pgcrond.fire import CHUNK, Fire, Firing
+from pgcrond.fire import Fire, Firing
 from pgcrond.guard.base import ClaimRequest, Held, Refused
 from pgcrond.guard.memory import MemoryGuard, Row
 
@@ -107,9 +108,9 @@ async def test_a_tick_is_claimed_a_chunk_a_call_and_each_won_claim_runs(tmp_path
     guard = Chunked()
     made, runs = firing(guard)
     tick = datetime.now(UTC)
-    fires = tick_of(jobs(tmp_path, CHUNK + 3), tick)
+    fires = tick_of(jobs(tmp_path, PER_TURN + 3), tick)
     await made.fire_tick(fires)
-    assert [CHUNK, 3] == guard.chunks
+    assert [PER_TURN, 3] == guard.chunks
     assert {"success"} == set(await runs.outcomes(len(fires)))
     assert {"SUCCESS"} == {row.status for row in guard.rows.values()}
     assert not any(made.in_flight(fire.identity) for fire in fires)

@@ -19,7 +19,7 @@ import psycopg
 from pgcrond.core.keys import Identity
 from pgcrond.core.overlap import FORBID
 from pgcrond.core.timing import LeaseTiming
-from pgcrond.fire import CHUNK
+from pgcrond.core.wheel import PER_TURN
 from pgcrond.storage.claim_answers import PendingClaim
 from pgcrond.storage.claims import Acquired, NotAcquired
 from pgcrond.storage.embedded import LocalServer
@@ -28,7 +28,7 @@ from tests.helpers.store import open_store
 
 TIMING = LeaseTiming.build(timedelta(seconds=60), timedelta(0))
 TICK = "2026-01-01T00:00:00Z"
-# 24 statements holding 500 locks each: 12,000, against 6,400 slots and the
+# 48 statements holding 250 locks each: 12,000, against 6,400 slots and the
 # few hundred more its spare shared memory makes room for.
 REPLICAS, POOL, JOBS = 4, 6, 3000
 
@@ -49,13 +49,13 @@ async def waiting_on_locks(dsn: str, count: int, claims: list[asyncio.Task[objec
 
 
 async def claim_all(store: LeaseStore, replica: int) -> list[Acquired | NotAcquired]:
-    """A replica's tick of ``JOBS`` forbid jobs, claimed a chunk (``CHUNK``) a statement."""
+    """A replica's tick of ``JOBS`` forbid jobs, claimed a chunk (``PER_TURN``) a statement."""
     claims = [
         PendingClaim(Identity.schedule(f"r{replica}-{n}", TICK), TIMING, uuid.uuid4(), FORBID)
         for n in range(JOBS)
     ]
     chunks = await asyncio.gather(
-        *(store.claim_many(claims[at : at + CHUNK]) for at in range(0, JOBS, CHUNK))
+        *(store.claim_many(claims[at : at + PER_TURN]) for at in range(0, JOBS, PER_TURN))
     )
     return [answer for chunk in chunks for answer in chunk]
 

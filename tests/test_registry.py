@@ -79,6 +79,19 @@ def test_drift_names_the_configs_the_differing_jobs_and_when_the_second_config_w
     } == found.jobs
 
 
+def test_drift_reads_oldest_config_first_whatever_order_the_rows_come_in() -> None:
+    replicas = [
+        live("z-old", "h1", NOW, steady="s"),
+        live("b-new", "h2", NOW + timedelta(minutes=5), steady="s", extra="e"),
+        live("a-new", "h2", NOW + timedelta(minutes=6), steady="s", extra="e"),
+    ]
+    for order in (replicas, replicas[::-1], replicas[1:] + replicas[:1]):
+        found = drift(order)
+        assert found is not None
+        assert [("h1", ["z-old"]), ("h2", ["a-new", "b-new"])] == list(found.configs.items())
+        assert [(ABSENT, ["z-old"]), ("e", ["a-new", "b-new"])] == list(found.jobs["extra"].items())
+
+
 def test_the_definition_ignores_layout_and_hides_environment_values(tmp_path: Path) -> None:
     first = load(
         tmp_path,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -42,6 +43,28 @@ async def test_the_waiters_of_one_slot_wake_a_share_a_turn_turn_after_turn() -> 
     per_turn = [turns.count(t) for t in sorted(set(turns))]
     assert [PER_TURN, PER_TURN, 50] == per_turn
     assert sorted(set(turns)) == list(range(turns[0], turns[0] + 3))
+    assert 0 == len(wheel())
+
+
+async def test_a_wake_up_weighs_the_fires_it_carries_on_and_a_turn_holds_per_turn_of_them() -> None:
+    """A tick's chunk (PER_TURN fires) takes a turn of its own; one heavier still, one alone."""
+    loop = asyncio.get_running_loop()
+    turn = 0
+
+    def count_turns() -> None:
+        nonlocal turn
+        turn += 1
+        loop.call_soon(count_turns)
+
+    at = loop.time() + 0.05
+    called: list[tuple[int, int]] = []
+    for weight in (PER_TURN, 1, PER_TURN - 1, 2, 2 * PER_TURN):
+        wheel().call_at(at, functools.partial(lambda w: called.append((turn, w)), weight), weight)
+    count_turns()
+    await asyncio.sleep(0.2)
+    first = called[0][0]
+    by_turn = [[w for t, w in called if t == first + n] for n in range(4)]
+    assert [[PER_TURN], [1, PER_TURN - 1], [2], [2 * PER_TURN]] == by_turn
     assert 0 == len(wheel())
 
 

@@ -12,11 +12,14 @@ Two rules make co-firing work cheap, and they are the wheel's two constants:
   the same few milliseconds (the co-firing jobs of a tick, whose leases all
   count from its fire time) wake in one loop turn and their claims, looks or
   heartbeats share one statement;
-* at most :data:`PER_TURN` wake-ups are called a loop turn, the rest in the
-  turns after: a woken waiter is a run starting or a claim going out, and
-  thousands at once would hold the loop for half a second, with no answer,
-  heartbeat or stop seen meanwhile. What is due now (a statement's answers,
-  :meth:`call_soon`) takes its turn with what came due on time.
+* at most :data:`PER_TURN` fires' worth of wake-ups are called a loop turn,
+  the rest in the turns after. A wake-up weighs the fires it carries on:
+  one for a run's or a claim's waiter, a chunk's size for a tick's chunk
+  (handed on, claimed or judged together, a chunk being at most
+  :data:`PER_TURN` fires), so a big tick goes a chunk a turn and thousands
+  of fires never hold one turn, with no answer, heartbeat or stop seen
+  meanwhile. What is due now (a statement's answers, :meth:`call_soon`)
+  takes its turn with what came due on time.
 
 One wheel per event loop (:func:`wheel`): every module reaches the same one
 without being handed it, and a test's loop gets a wheel of its own.
@@ -38,11 +41,12 @@ from collections.abc import Callable
 # also the most the rounding delays a wake-up, so a run held for its tick by
 # the database clock starts at most this much later for it.
 GRID_S = 0.01
-# Waiters woken a loop turn: each starts a run or sends a claim (0.1-0.4 ms
-# of a loaded loop). At 10,000 x 3 on two cores 100 a turn kept the longest
-# turn at 64-85 ms and the tick's p99 at 1.2-1.3 s; 500, 194-224 ms and
-# 1.05-1.15 s; all at once, half a second (bench.scale).
-PER_TURN = 250
+# Fires carried on a loop turn, at most: a tick's chunk (its fires handed on
+# and claimed in one statement, or its answers judged) or the runs they
+# start. A run's start costs 0.1-0.15 ms of the loop and a fire's share of
+# a chunk 0.02-0.04 ms, so a turn stays within about 20 ms of CPU (bench.scale
+# --steps), half the stall allowed, with room for a loaded machine's waits.
+PER_TURN = 100
 
 
 class Wheel:
@@ -51,12 +55,13 @@ class Wheel:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         # Slot number -> what wakes then; the heap holds each slot number once.
-        self._slots: dict[int, deque[Callable[[], object]]] = {}
+        self._slots: dict[int, deque[tuple[Callable[[], object], int]]] = {}
         self._heap: list[int] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_slot: int | None = None
-        # What is due, called PER_TURN a loop turn; and whether a turn is asked for.
-        self._ready: deque[Callable[[], object]] = deque()
+        # What is due, with its weight, PER_TURN fires' worth called a loop
+        # turn; and whether a turn is asked for.
+        self._ready: deque[tuple[Callable[[], object], int]] = deque()
         self._draining = False
         # Wake-ups run in a context of their own, empty: one asked for inside
         # a run (its log context, its trace span) must not hand that run's
@@ -67,12 +72,15 @@ class Wheel:
         """Wake-ups waiting now."""
         return sum(map(len, self._slots.values())) + len(self._ready)
 
-    def call_soon(self, action: Callable[[], object]) -> None:
-        """Call ``action`` in a coming loop turn, in turn with everything else due."""
-        self._ready.append(action)
+    def call_soon(self, action: Callable[[], object], weight: int = 1) -> None:
+        """Call ``action`` in a coming loop turn, in turn with everything else due.
+
+        ``weight``: the fires it carries on (at most :data:`PER_TURN` count).
+        """
+        self._ready.append((action, weight))
         self._drain_soon()
 
-    def call_at(self, when: float, action: Callable[[], object]) -> None:
+    def call_at(self, when: float, action: Callable[[], object], weight: int = 1) -> None:
         """Call ``action`` at the loop's time ``when``, or up to a grid slot later."""
         slot = math.ceil(when / GRID_S)
         actions = self._slots.get(slot)
@@ -81,10 +89,10 @@ class Wheel:
             heapq.heappush(self._heap, slot)
             if self._timer_slot is None or slot < self._timer_slot:
                 self._arm(slot)
-        actions.append(action)
+        actions.append((action, weight))
 
-    def call_later(self, seconds: float, action: Callable[[], object]) -> None:
-        self.call_at(self._loop.time() + seconds, action)
+    def call_later(self, seconds: float, action: Callable[[], object], weight: int = 1) -> None:
+        self.call_at(self._loop.time() + seconds, action, weight)
 
     def on_grid(self, seconds: float) -> float:
         """Seconds from now to the grid slot a wake-up ``seconds`` from now wakes in.
@@ -95,16 +103,25 @@ class Wheel:
         now = self._loop.time()
         return max(math.ceil((now + seconds) / GRID_S) * GRID_S - now, 0.0)
 
-    async def until(self, when: float) -> None:
-        """Return at the loop's time ``when``, or up to a grid slot later; at once if it came."""
+    async def until(self, when: float, weight: int = 1) -> None:
+        """Return at the loop's time ``when``, or up to a grid slot later; at once if it came.
+
+        ``weight``: the fires the waiter carries on once woken (see :meth:`call_soon`).
+        """
         if when <= self._loop.time():
             return
         woken: asyncio.Future[None] = self._loop.create_future()
-        self.call_at(when, functools.partial(wake, woken))
+        self.call_at(when, functools.partial(wake, woken), weight)
         await woken
 
     async def sleep(self, seconds: float) -> None:
         await self.until(self._loop.time() + seconds)
+
+    async def turn(self, weight: int) -> None:
+        """Return in a coming loop turn, with room in it for ``weight`` fires' worth of work."""
+        woken: asyncio.Future[None] = self._loop.create_future()
+        self.call_soon(functools.partial(wake, woken), weight)
+        await woken
 
     def _arm(self, slot: int) -> None:
         if self._timer is not None:
@@ -130,11 +147,14 @@ class Wheel:
             self._loop.call_soon(self._drain, context=self._context)
 
     def _drain(self) -> None:
-        """Call :data:`PER_TURN` of what is ready; the rest in the turns after."""
+        """Call :data:`PER_TURN` fires' worth of what is ready (one at least); the rest later."""
         self._draining = False
         ready = self._ready
-        for _ in range(min(PER_TURN, len(ready))):
-            ready.popleft()()
+        room = PER_TURN
+        while ready and (room == PER_TURN or ready[0][1] <= room):
+            action, weight = ready.popleft()
+            room -= weight
+            action()
         self._drain_soon()
 
 

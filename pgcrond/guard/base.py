@@ -179,7 +179,7 @@ class Guard(abc.ABC):
         return [await self.claim(request) for request in requests]
 
     @abc.abstractmethod
-    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
+    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[object]:
         """Keep ``held`` alive while the block runs; set its cancellation when going."""
 
     @abc.abstractmethod
@@ -193,6 +193,9 @@ class Guard(abc.ABC):
     async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
         """Where each of ``identities`` stands; one with no record is left out."""
         raise Unsupported(f"{type(self).__name__} defers no fire")
+
+    def look_due(self, at: float) -> None:  # noqa: B027 - optional hook
+        """A look (``standings``) is due at the loop's time ``at``: writes then may wait for it."""
 
     async def forget(self, identity: Identity) -> None:  # noqa: B027 - optional hook
         """The fire of ``identity`` is over on this replica."""

@@ -24,9 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -98,9 +99,11 @@ class LeaseGuard(Guard):
         """One claim statement for ``requests`` (the store's :meth:`~LeaseStore.claim_many`).
 
         The won claims wait once, together, until the database's clock has
-        surely reached the latest of their fire times; each is then judged on
-        arrival: most answers decide with no statement; the few that need one
-        (a re-check of a slow answer, a give-back) go together.
+        surely reached the latest of their fire times, and for a loop turn
+        with room for them (a tick's chunks are judged a chunk a turn,
+        :mod:`~pgcrond.core.wheel`); each is then judged on arrival: most
+        answers decide with no statement; the few that need one (a re-check
+        of a slow answer, a give-back) go together.
         """
         pendings = [self._pending(request) for request in requests]
         bound = min(self._bound(request) for request in requests)
@@ -112,7 +115,7 @@ class LeaseGuard(Guard):
         won = [r.tick for r, a in zip(requests, answers, strict=True) if isinstance(a, Acquired)]
         scheduled = [r.tick for r in requests if r.identity.type == "SCHEDULE"]
         if won and scheduled:
-            await self._reached(max(scheduled))
+            await self._reached(max(scheduled), len(requests))
         results: list[Held | Refused | None] = []
         later: list[tuple[int, ClaimRequest, Acquired]] = []
         for request, answer in zip(requests, answers, strict=True):
@@ -195,17 +198,20 @@ class LeaseGuard(Guard):
             answer = fresh
         return await self._on_arrival(request, answer, precise=precise)
 
-    async def _reached(self, fire_time: datetime) -> None:
-        """Until the database's clock has surely reached ``fire_time``.
+    async def _reached(self, fire_time: datetime, claims: int) -> None:
+        """Until the database's clock has surely reached ``fire_time``, in a loop turn
+        with room for judging ``claims`` answers.
 
-        At once when it has, or when no recent answer bounds it (the claim
+        The time has come when no recent answer bounds the clock (the claim
         that won the tick has just fed the floor, so that is one whose answer
         took longer than the floor keeps any). A tighter floor from a later
         answer lets the waits that begin after it go sooner.
         """
         at = self.store.clock_floor.reaches(fire_time)
-        if at is not None:
-            await wheel().until(at)
+        if at is None:
+            await wheel().turn(claims)
+        else:
+            await wheel().until(at, claims)
 
     def _clear(self, request: ClaimRequest, lease: Acquired) -> bool:
         """Whether a slow answer's safe bounds decide already: live for a while, inside its window.
@@ -358,20 +364,13 @@ class LeaseGuard(Guard):
                 error=str(exc),
             )
 
-    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[Held]:
-        return self._hold(held)
-
-    @contextlib.asynccontextmanager
-    async def _hold(self, held: Held) -> AsyncIterator[Held]:
-        lease = self._open[held.identity].lease
-        callback = self._on_heartbeat_failure
-
-        def failed(_: Exception) -> None:
-            if callback is not None:
-                callback(held.identity)
-
-        async with holding(lease, self.store.heartbeat, failed):
-            yield held
+    def hold(self, held: Held) -> contextlib.AbstractAsyncContextManager[object]:
+        # The store's keep-alive itself, no context manager of its own around
+        # it: one per run.
+        on_failure = None
+        if self._on_heartbeat_failure is not None:
+            on_failure = functools.partial(_told, self._on_heartbeat_failure, held.identity)
+        return holding(self._open[held.identity].lease, self.store.heartbeat, on_failure)
 
     async def record(self, held: Held, verdict: Verdict) -> Recorded:
         outcome, error, retry_after = verdict.outcome, verdict.error, verdict.retry_after
@@ -446,9 +445,17 @@ class LeaseGuard(Guard):
     async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
         return await _bounded(self.store.standings(identities), STATEMENT_TIMEOUT_S, "standings")
 
+    def look_due(self, at: float) -> None:
+        self.store.look_due(at)
+
     async def forget(self, identity: Identity) -> None:
         self._open.pop(identity, None)
         self._tokens.pop(identity, None)
+
+
+def _told(callback: Callable[[Identity], None], identity: Identity, _: Exception) -> None:
+    """A heartbeat of ``identity``'s lease failed: ``callback`` counts it."""
+    callback(identity)
 
 
 async def _bounded(call: Awaitable[T], seconds: float, operation: str) -> T:

@@ -196,15 +196,18 @@ def drift(replicas: list[LiveReplica]) -> Drift | None:
         return None
     started = {key: min(r.config_at for r in group) for key, group in groups.items()}
     order = sorted(groups, key=lambda key: started[key])
+    # Oldest config first, then by name: a job's variants read in the same
+    # order on every call, whatever order the rows came in.
+    ranked = [r for key in order for r in sorted(groups[key], key=lambda r: r.name)]
     jobs: dict[str, dict[str, list[str]]] = {}
     for code in sorted({code for r in replicas for code in r.job_hashes}):
         seen: dict[str, list[str]] = {}
-        for replica in replicas:
+        for replica in ranked:
             seen.setdefault(replica.job_hashes.get(code, ABSENT), []).append(replica.name)
         if len(seen) > 1:
             jobs[code] = seen
     return Drift(
         since=started[order[1]],
-        configs={key: [r.name for r in groups[key]] for key in order},
+        configs={key: [r.name for r in ranked if r.config_hash == key] for key in order},
         jobs=jobs,
     )
