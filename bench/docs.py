@@ -75,7 +75,6 @@ TABLES = (
     ),
     Table("scale-tick", "bench.scale", ("--jobs", "100,1000,10000", "--replicas", "1,3,6")),
     Table("scale-commands", "bench.scale", ("--jobs", "1000", "--replicas", "3", "--commands")),
-    Table("scale-hourly", "bench.scale", ("--hourly", "100000", "--replicas", "3")),
     Table("reload", "bench.reload", ("--jobs", "1000,10000")),
     Table("storage", "bench.storage", ()),
 )
