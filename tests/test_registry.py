@@ -18,6 +18,7 @@ import pytest
 from pgcrond.config.definition import (
     Definition,
     canonical_text,
+    canonical_texts,
     config_hash,
     definition,
     text_hash,
@@ -136,6 +137,19 @@ def test_the_hashes_are_those_every_earlier_version_made(tmp_path: Path) -> None
     assert {"zeta": "c18e71036fb1", "alpha": "0a8fcfbb8eaf", "Mid-Job": "349e57efa05c"} == {
         code: job_hash(definition(job)) for code, job in config.jobs.items()
     }
+
+
+def test_each_jobs_canonical_text_is_its_whole_definition_encoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Put together field by field, with the values jobs share encoded once: the same bytes.
+
+    config/example.yaml sets every field; its jobs share defaults and differ in the rest.
+    """
+    monkeypatch.setenv("PGCROND_DATABASE_URL", "postgresql://app:pw@db/app")
+    config = load_config([Path(__file__).parents[1] / "config" / "example.yaml"])
+    expected = {code: canonical_text(definition(job)) for code, job in config.jobs.items()}
+    assert expected == canonical_texts(config)
 
 
 @pytest.mark.parametrize(

@@ -174,7 +174,8 @@ def read_job(reading: Reading, code: str, key: Located, definition: Located) -> 
         jitter=cast(timedelta, jitter),
         renamed_from=renamed_from,
         history_retention=cast(timedelta | None, merged.get("history_retention")),
-        source=f"{key.file}:{key.line}",
+        source_file=key.file,
+        source_line=key.line,
     )
 
 

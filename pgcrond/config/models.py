@@ -142,8 +142,11 @@ class JobConfig:
     jitter: timedelta = default(JOB, "jitter")
     # Old codes whose rows this job takes over at start (storage/renames.py).
     renamed_from: tuple[str, ...] = default(JOB, "renamed_from")
-    # Where it is written (file:line) is not part of the job: moving it is no change.
-    source: str = field(default="<code>", compare=False)
+    # Where it is written is not part of the job: moving it is no change. The
+    # file's name is one string for all of its jobs (a "file:line" kept per
+    # job was 80 bytes of each).
+    source_file: str = field(default="<code>", compare=False)
+    source_line: int | None = field(default=None, compare=False)
     # Worked out from the fields above, once per job (not part of its definition):
     # something besides the metrics watches its runs (a hook, a ping, a report,
     # a pause rule), asked on every event of every fire (daemon/observers.py);
@@ -168,6 +171,12 @@ class JobConfig:
         )
         object.__setattr__(self, "observed", any(value is not None for value in observers))
         object.__setattr__(self, "overlap", overlap_of(self.concurrency, self.max_concurrent))
+
+    @property
+    def source(self) -> str:
+        """Where the job is written: ``file:line``."""
+        line = self.source_line
+        return self.source_file if line is None else f"{self.source_file}:{line}"
 
     @property
     def is_once(self) -> bool:

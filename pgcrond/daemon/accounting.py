@@ -285,9 +285,13 @@ class Accounting(FireEvents):
         except PgcrondError as exc:
             log.warning("pauses_not_read", error=str(exc))
             pauses = {}
+        # Every job's gauge is 0 until set: a series is made for a held job,
+        # or set back to 0 where one was made already (by a claim's answer).
+        made = {code for code, *_ in self.metrics.paused.label_sets()}
         for job in config.jobs.values():
             held = job.suspended or pause_of(pauses, job.code) is not None
-            self.metrics.paused.labels(job.code).set(1 if held else 0)
+            if held or job.code in made:
+                self.metrics.paused.labels(job.code).set(1 if held else 0)
         await self.scan(before=self._began, started=self._started)
 
     # -- the scan ----------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import sys
 
@@ -24,6 +25,10 @@ def run_command(args: argparse.Namespace) -> int:
     configure(args.log_format, args.log_level, args.color)
     interpreter.tune()
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # A load makes millions of objects and no cycle worth chasing: the
+    # collector would walk the growing YAML tree again and again (a quarter of
+    # a 100,000-job load). What it left is collected once the daemon settles.
+    gc.disable()
     try:
         config = load_config(args.config, database_url=args.database_url, listen=args.http)
     except ConfigError as exc:
@@ -32,6 +37,8 @@ def run_command(args: argparse.Namespace) -> int:
             "pgcrond did not start: fix these and run `pgcrond check` to verify.", file=sys.stderr
         )
         return ExitCode.ERROR
+    finally:
+        gc.enable()
     try:
         # Inside: a PGCROND_REPLICA that cannot name a replica is refused here.
         daemon = Daemon(

@@ -35,13 +35,14 @@ SETTLE_S = 10.0
 def entry_of(name: str, instance: uuid.UUID, config: Config) -> registry.Entry:
     """The registry row that says ``name`` runs ``config``."""
     texts = canonical_texts(config)
+    jobs = jobs_text(texts)
     return registry.Entry(
         name=name,
         instance=instance,
         version=__version__,
-        config_hash=config_hash(config, texts),
+        config_hash=config_hash(config, jobs),
         job_hashes=registry.packed({code: text_hash(text) for code, text in texts.items()}),
-        definitions=registry.packed_text(jobs_text(texts)),
+        definitions=registry.packed_text(jobs),
     )
 
 
