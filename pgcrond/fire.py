@@ -139,8 +139,10 @@ class Firing:
     _asleep: set[asyncio.Future[None]] = field(default_factory=set, repr=False)
     # The one place that knows which identities this replica fires now: a
     # second fire of one (a request, catch-up, a resumed open tick) joins the
-    # first's outcome instead of claiming with the same owner token.
-    _in_flight: dict[Identity, asyncio.Future[FireOutcome]] = field(
+    # first's outcome instead of claiming with the same owner token. The
+    # outcome's future is made when a second fire joins (None until then):
+    # nearly none does, and every fire of a tick is entered here.
+    _in_flight: dict[Identity, asyncio.Future[FireOutcome] | None] = field(
         default_factory=dict, repr=False
     )
     # Rung by resumed(): fires of started ticks waiting out a pause. The
@@ -181,9 +183,12 @@ class Firing:
         An identity this replica fires already is not fired twice: the call
         returns what that fire comes to.
         """
-        current = self._in_flight.get(fire.identity)
-        if current is not None:
+        if fire.identity in self._in_flight:
             log.info("fire_joined", job=fire.job.code, run_key=fire.identity.run_key)
+            current = self._in_flight[fire.identity]
+            if current is None:
+                current = asyncio.get_running_loop().create_future()
+                self._in_flight[fire.identity] = current
             return await asyncio.shield(current)
         self._enter(fire)
         return await self._carry(fire)
@@ -308,15 +313,16 @@ class Firing:
 
     def _enter(self, fire: Fire) -> None:
         """``fire`` is this replica's fire of its identity until :meth:`_leave`."""
-        self._in_flight[fire.identity] = asyncio.get_running_loop().create_future()
+        self._in_flight[fire.identity] = None
 
     def _leave(self, fire: Fire, outcome: FireOutcome | None) -> None:
         """The fire is over (``outcome``; None: cancelled): a second fire of it joins no more."""
-        done = self._in_flight.pop(fire.identity)
-        if outcome is None:
-            done.cancel()
-        else:
-            done.set_result(outcome)
+        joined = self._in_flight.pop(fire.identity)
+        if joined is not None:  # another fire waits for this one's outcome
+            if outcome is None:
+                joined.cancel()
+            else:
+                joined.set_result(outcome)
         self.events.fire_done(fire.job, fire.identity, outcome or "cancelled")
 
     def _spawn_fire(self, fire: Fire, carry: Coroutine[Any, Any, FireOutcome]) -> None:
