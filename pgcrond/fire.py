@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -448,15 +448,16 @@ class Firing:
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
         started = fire.identity.type == "INITIAL" or fire.started
-        state = State(job, follow=fire.follow, skip_reason=fire.skip_reason)
+        # What this replica did with the tick so far; None: nothing yet.
+        outcome: FireOutcome | None = None
         answer: Answer = None
         while True:
             if self.stopping.is_set() and first == "claim":
-                return state.outcome or "lose"
+                return outcome or "lose"
             if first == "claim":
                 resumes = self._resumes
                 answer = await self._claim(
-                    fire, guard, bound, started=started, first=state.outcome is None
+                    fire, guard, bound, started=started, first=outcome is None
                 )
                 if isinstance(answer, Refused) and answer.reason == "paused":
                     self.events.paused(job, True)
@@ -465,18 +466,21 @@ class Firing:
                 answer, first = first, "claim"
                 resumes = self._resumes if resumes is None else resumes
             in_force = self._in_force(job) if isinstance(answer, Held) else job
-            state = replace(
-                state,
+            state = State(
+                fire.job,
+                outcome=outcome,
+                follow=fire.follow,
                 stopping=self.stopping.is_set(),
                 halted=self._halted,
                 in_force=in_force is not None,
+                skip_reason=fire.skip_reason,
             )
             step = decide(answer, state)
             if isinstance(answer, Held) and step.kind == "run" and in_force is not None:
                 job = in_force
-                answer = await self._run_won(fire, job, guard, answer, first=state.outcome is None)
+                answer = await self._run_won(fire, job, guard, answer, first=outcome is None)
                 step = decide(answer, state)
-            state = replace(state, outcome=step.outcome)
+            outcome = step.outcome
             started = started or step.started
             if step.kind == "follow":
                 if step.lost:
