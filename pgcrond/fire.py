@@ -847,16 +847,14 @@ class Firing:
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation
         fencing_token, claimed_from = held.fencing_token, held.claimed_from
         run_key = identity.run_key or ""
-        # The run's two lines name it alike; passed to each, not bound (a
-        # logger made per run for two lines).
-        said = {
-            "job": job.code,
-            "run_key": identity.run_key,
-            "idempotency_key": identity.idempotency_key,
-            "attempt": attempt,
-            "replica": self.replica,
-            "trigger": kind,
-        }
+        bound = log.bind(
+            job=job.code,
+            run_key=identity.run_key,
+            idempotency_key=identity.idempotency_key,
+            attempt=attempt,
+            replica=self.replica,
+            trigger=kind,
+        )
         begun = False
 
         def on_start() -> None:
@@ -865,9 +863,8 @@ class Firing:
             begun = True
             lateness = (self.clock() - tick).total_seconds()
             self.events.run_started(job, lateness)
-            log.info(
+            bound.info(
                 "run_started",
-                **said,
                 guard=job.guard,
                 tick=tick.isoformat(),
                 lateness_ms=round(lateness * 1000, 1),
@@ -910,10 +907,9 @@ class Firing:
         if outcome == "cancelled" and cancellation.reason in _LOST_REASONS:
             outcome = "lease_lost"
         self.events.run_finished(job, outcome, result.duration_s)
-        level = log.info if outcome == "success" else log.warning
+        level = bound.info if outcome == "success" else bound.warning
         level(
             "run_finished",
-            **said,
             outcome=outcome,
             duration_ms=round(result.duration_s * 1000, 1),
             error=result.error,
