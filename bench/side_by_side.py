@@ -557,8 +557,10 @@ def run_one(scheduler: Scheduler, server: LocalServer, profile: Path | None = No
     sql(ledger, "TRUNCATE bench_ledger")
     scheduler.prepare()
     result = Result(scheduler.name)
+    # Read before the transactions are: the reads are not among them.
+    reader = statements.as_reader(scheduler.dsn)
+    named, named_rows = statements.statements(reader), statements.statements(reader, "rows")
     counts, cpu = transactions(server), server_cpu(server)
-    named = statements.statements(statements.as_reader(scheduler.dsn))
     progress(f"{scheduler.name}: starting {scenario.replicas} replicas x {scenario.jobs} jobs")
     replicas = scheduler.start("busy", idle=False)
     wait_ready(replicas, scheduler.ready_marker)
@@ -595,14 +597,13 @@ def run_one(scheduler: Scheduler, server: LocalServer, profile: Path | None = No
         spy.wait(60)
     stop(replicas)
     after = transactions(server)
-    result.statements = statements.made(
-        named, statements.statements(statements.as_reader(scheduler.dsn))
+    result.statements = statements.made(named, statements.statements(reader))
+    rows_made = statements.made(named_rows, statements.statements(reader, "rows"))
+    made = sorted(((calls, name) for name, calls in result.statements.items()), reverse=True)
+    progress(
+        f"{scheduler.name}: statements made (rows): "
+        + ", ".join(f"{name} {calls} ({rows_made.get(name, 0)})" for calls, name in made if calls)
     )
-    others = sorted(
-        ((calls, name) for name, calls in result.statements.items() if name not in statements.TICK),
-        reverse=True,
-    )
-    progress(f"{scheduler.name}: most made of the other statements: {others[:6]}")
     result.server_cpu_s = server_cpu(server) - cpu
     result.transactions = after[scheduler.db] - counts[scheduler.db]
     result.cpu_by_replica = [r.cpu_s for r in replicas]

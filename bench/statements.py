@@ -8,6 +8,8 @@ bench reads as a role of its own, so its reads are not among the counts.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import psycopg
 
 from pgcrond.storage.sql import named_queries
@@ -39,8 +41,11 @@ def as_reader(dsn: str) -> str:
     return psycopg.conninfo.make_conninfo(dsn, user=READER)
 
 
-def statements(dsn: str) -> dict[str, int]:
+def statements(dsn: str, column: Literal["calls", "rows"] = "calls") -> dict[str, int]:
     """The replicas' statements so far in this database, by query name.
+
+    ``column``: ``"calls"`` (how many were made) or ``"rows"`` (how many rows
+    they returned or touched: a claim's or a look's ticks).
 
     An unnamed statement (a transaction's ``BEGIN`` and ``COMMIT``, a
     session's ``SET``) is named by its own first line, normalized.
@@ -50,7 +55,7 @@ def statements(dsn: str) -> dict[str, int]:
     firsts = {body.splitlines()[0]: name for name, body in named_queries().items()}
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT s.query, s.calls FROM pg_stat_statements s "
+            f"SELECT s.query, s.{column} FROM pg_stat_statements s "
             "JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles r ON r.oid = s.userid "
             "WHERE d.datname = current_database() AND r.rolname <> %s",
             (READER,),

@@ -4,7 +4,8 @@ Every replica fires every tick, and spread names one live replica as each
 tick's preferred one. Where this replica is not it (``Guard.defers``), a fire
 costs it one entry in a list. Once the tick's hold-back is over (the spread's
 ``delay`` after the tick, on the replica's wheel: the time the preferred
-replicas have to claim), one read of the tick's entries (``Guard.standings``)
+replicas have to claim), one read of the tick's entries (``Guard.standings``,
+in the transaction of this replica's outcomes of the tick: ``Guard.look_due``)
 says where each stands:
 
 * **settled** (SUCCESS, MISSED, SKIPPED, FAIL for good): nothing more to do
@@ -88,11 +89,23 @@ class Deferral:
             # The hold-back counts from the tick itself (fired ahead of it, a
             # tick's preferred replica starts its run at the tick).
             ahead = max((fire.tick - datetime.now(UTC)).total_seconds(), 0.0)
-            wheel().call_later(
-                ahead + self._delay().total_seconds(), functools.partial(self._held, fire.tick)
-            )
+            held = ahead + self._delay().total_seconds()
+            wheel().call_later(held, functools.partial(self._held, fire.tick))
+            # The look is due as this replica's own runs of the tick end: told
+            # of it, the guard sends their outcomes with it.
+            guard.look_due(asyncio.get_running_loop().time() + wheel().on_grid(held))
         waiting.append(_Deferred(fire, guard))
         return True
+
+    def follow(self, fires: list[Fire]) -> None:
+        """Follow started ticks (other replicas' open ticks, found at start) by looks.
+
+        Looked at now, all in one read, then as any look's ticks: claimed
+        once a claim could take them (a lapsed lease, a retry due), looked at
+        again while held, left once settled: a claim each only where one
+        could win.
+        """
+        self._look_soon([_Deferred(fire, self._firing.guards(fire.job)) for fire in fires])
 
     def _held(self, tick: datetime) -> None:
         self._look_soon(self._ticks.pop(tick, []))

@@ -15,7 +15,7 @@ import psycopg
 from pgcrond.core.keys import Identity
 from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.batch import TurnBatch
-from pgcrond.storage.claims import Acquired
+from pgcrond.storage.claims import Acquired, Standing
 from pgcrond.storage.leases import FINALIZE_LINGER_S, LeaseStore
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
@@ -141,3 +141,74 @@ async def test_a_turn_of_more_requests_than_a_batch_holds_goes_as_several_bounde
     answers = await asyncio.gather(*(batch.submit(n) for n in range(1200)))
     assert list(range(1200)) == answers
     assert [500, 500, 200] == sizes
+
+
+def count_sends_by_kind(store: LeaseStore, sent: list[str]) -> None:
+    """Note each send: one statement (``fetchall``) or one transaction of several."""
+    for name in ("fetchall", "fetchall_each"):
+        original = getattr(store.db, name)
+
+        async def counting(
+            *args: object, _original: object = original, _name: str = name, **kwargs: object
+        ) -> object:
+            sent.append(_name)
+            return await _original(*args, **kwargs)  # type: ignore[operator]
+
+        setattr(store.db, name, counting)
+
+
+async def test_a_look_due_while_runs_end_shares_their_outcomes_transaction(
+    store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
+    """A tick's look and its runs' outcomes are one round trip and one transaction, not two."""
+    first, second, still_running = await claim_three(store)
+    unrecorded = Identity.schedule("job-9", "2026-01-01T00:00:00Z")
+    sent: list[str] = []
+    count_sends_by_kind(store, sent)
+    done_first, standings, done_second = await asyncio.gather(
+        store.complete(first),
+        store.standings([still_running.identity, first.identity, unrecorded]),
+        store.complete(second),
+    )
+    assert (True, True) == (done_first, done_second)
+    assert ["fetchall_each"] == sent
+    # The look reads after the outcomes in its transaction: first is SUCCESS already.
+    assert {still_running.identity, first.identity} == set(standings)
+    recorded = standings[first.identity]
+    assert ("SUCCESS", True) == (recorded.status, recorded.settled)
+    running = standings[still_running.identity]
+    assert ("RUNNING", False) == (running.status, running.settled)
+    assert running.wait is not None and timedelta(seconds=25) < running.wait <= TIMING.lease
+    assert {"job-0": "SUCCESS", "job-1": "SUCCESS", "job-2": "RUNNING"} == statuses(pg_dsn, schema)
+
+
+async def test_outcomes_recorded_just_before_a_look_told_of_wait_for_it(
+    store: LeaseStore,
+) -> None:
+    """The last run of a tick ends a few ms before the tick's look: one transaction for both."""
+    leases = await claim_three(store)
+    sent: list[str] = []
+    count_sends_by_kind(store, sent)
+    soon = FINALIZE_LINGER_S / 4
+    store.look_due(asyncio.get_running_loop().time() + soon)
+
+    async def look() -> dict[Identity, Standing]:
+        await asyncio.sleep(soon)
+        return await store.standings([leases[0].identity])
+
+    recorded, standings = await asyncio.gather(asyncio.gather(*map(store.complete, leases)), look())
+    assert [True, True, True] == recorded
+    assert ["fetchall_each"] == sent
+    assert "SUCCESS" == standings[leases[0].identity].status
+
+
+async def test_a_look_told_of_beyond_the_linger_holds_no_outcome(store: LeaseStore) -> None:
+    """Outcomes wait for a look only if it is due within the linger: never longer."""
+    leases = await claim_three(store)
+    sent: list[str] = []
+    count_sends_by_kind(store, sent)
+    look_at = asyncio.get_running_loop().time() + 50 * FINALIZE_LINGER_S
+    store.look_due(look_at)
+    assert all(await asyncio.gather(*map(store.complete, leases)))
+    assert ["fetchall"] == sent
+    assert asyncio.get_running_loop().time() < look_at  # recorded before the look was due

@@ -189,7 +189,7 @@ async def test_a_due_tick_found_at_start_fires_at_its_jittered_fire_time(
         config,
         firing,
         tasks,
-        fire_now=lambda fire: fired.append((fire.tick, fire.identity)),
+        fire_now=lambda fires: fired.extend((fire.tick, fire.identity) for fire in fires),
     )
     await scan.scan()
     await asyncio.gather(*tasks)

@@ -151,8 +151,8 @@ async def run_catch_up(
     return done
 
 
-# Fires a tick like the scheduler would (the daemon tracks it for the drain).
-FireNow = Callable[[Fire], None]
+# Fires ticks like the scheduler's wave would (the daemon tracks them for the drain).
+FireNow = Callable[[list[Fire]], None]
 
 
 @dataclass
@@ -373,12 +373,13 @@ class Accounting(FireEvents):
                     beyond_window=job_plan.dropped,
                 )
         jobs = dict(config.jobs)
+        due: list[Fire] = []
         async for job_plan in _paced(plans):
             job = jobs[job_plan.code]
             for item in job_plan.ticks:
                 if item.action == "due":
                     # Several due ticks of a job coalesce like the scheduler's late fires.
-                    self.fire_now(
+                    due.append(
                         Fire(
                             job,
                             # Its jittered fire time, as the scheduler's fire: the
@@ -392,6 +393,10 @@ class Accounting(FireEvents):
             catch_up = [p for p in job_plan.ticks if p.action == "run"]
             if catch_up:
                 self.spawn(run_catch_up(self.firing, jobs, catch_up))
+        if due:
+            # Together, as the scheduler hands a tick on: claimed in one call
+            # where this replica is preferred, deferred where another is.
+            self.fire_now(due)
 
 
 def _process_age() -> float:

@@ -19,14 +19,14 @@ import contextlib
 import signal
 import time
 from collections.abc import Coroutine, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import structlog
 
 from pgcrond.config.listen import parse_listen
 from pgcrond.config.loader import load_config
-from pgcrond.config.models import Config, JobConfig, changed_fields
+from pgcrond.config.models import Config, changed_fields
 from pgcrond.core.keys import Identity
 from pgcrond.core.redaction import redact
 from pgcrond.core.replica import this_process
@@ -219,7 +219,7 @@ class Daemon:
             firing=self._firing,
             metrics=self.metrics,
             spawn=self._spawn,
-            fire_now=self._spawn_fire,
+            fire_now=self._fire_tick,
             replica=self.replica,
         )
         self._firing.events = FanOut(
@@ -254,7 +254,8 @@ class Daemon:
         self._spawn(requests.run(log_pooling(store.db)))
         await accounting.begin()
         self._start_scheduler(store)
-        self._spawn(resume_open_ticks(store, lambda: self.config, self._follow_started))
+        # Looked at together, claimed where a claim could take them (deferral.py).
+        self._spawn(resume_open_ticks(store, lambda: self.config, self._deferral.follow))
         # Ticks nobody ran while no replica was up: recorded, or caught up (once).
         self._spawn(accounting.start())
         # The alert gauges start from the table's truth (one query), not from zero.
@@ -334,16 +335,6 @@ class Daemon:
         scheduling.start()
         self.metrics.next_fires.follow(scheduling.next_ticks)
 
-    def _spawn_fire(self, fire: Fire) -> None:
-        """One fire (catch-up, an open tick at start), claimed on its own."""
-        assert self._firing is not None
-        if self._firing.in_flight(fire.identity):
-            # This replica already follows the tick (say, the scheduler's fire
-            # still retrying through an outage when start-up or catch-up finds
-            # the same tick): Firing would join it; no task is needed for that.
-            return
-        self._spawn_run(fire, self._firing.fire(fire))
-
     def _fire_tick(self, fires: list[Fire]) -> None:
         """A wave of a tick: deferred where another live replica is preferred, else claimed."""
         assert self._firing is not None and self._deferral is not None
@@ -376,10 +367,6 @@ class Daemon:
             # What its fires freed goes back to the system (RSS after a
             # 10,000-job tick: see interpreter.trim), off the loop.
             self._spawn(asyncio.to_thread(interpreter.trim))
-
-    def _follow_started(self, job: JobConfig, tick: datetime, identity: Identity) -> None:
-        """A tick another replica started and nobody finished (resumed at start)."""
-        self._spawn_fire(Fire(job, tick, identity, started=True))
 
     async def _fire(self, fire: Fire, carry: Coroutine[Any, Any, FireOutcome]) -> None:
         assert self._pruning is not None

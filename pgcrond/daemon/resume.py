@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import structlog
 
 from pgcrond.catchup import covered
-from pgcrond.config.models import Config, JobConfig
+from pgcrond.config.models import Config
 from pgcrond.core.jitter import fire_time
 from pgcrond.core.keys import Identity
 from pgcrond.core.schedule import tick_of
 from pgcrond.errors import PgcrondError
+from pgcrond.fire import Fire
 from pgcrond.storage.history import open_ticks
 from pgcrond.storage.leases import LeaseStore
 
@@ -26,14 +27,14 @@ RESUME_WITHIN = timedelta(hours=24)
 async def resume_open_ticks(
     store: LeaseStore,
     config: Callable[[], Config],
-    follow: Callable[[JobConfig, datetime, Identity], None],
+    follow: Callable[[list[Fire]], None],
 ) -> None:
     """Follow the ticks other replicas started and nobody finished (one query, at start).
 
     A started tick is followed until it is done: a retry whose scheduler
     died, or a takeover of an owner that died with it, is then taken by
-    this replica if nobody else does. ``follow``: fires a started tick (the
-    daemon tracks it for the drain).
+    this replica if nobody else does. ``follow``: follows the started
+    ticks, together.
     """
     jobs = {code: job for code, job in config().jobs.items() if covered(job)}
     if not jobs:
@@ -43,6 +44,7 @@ async def resume_open_ticks(
     except PgcrondError as exc:
         log.warning("resume_failed", error=str(exc))
         return
+    started: list[Fire] = []
     for open_tick in ticks:
         job, tick = jobs[open_tick.code], tick_of(open_tick.run_key)
         if tick is not None:
@@ -50,4 +52,7 @@ async def resume_open_ticks(
         if tick is None:
             continue  # a manual run: its caller follows it
         log.info("tick_resumed", job=job.code, run_key=open_tick.run_key, status=open_tick.status)
-        follow(job, tick, Identity.schedule(job.code, open_tick.run_key, open_tick.key_code))
+        identity = Identity.schedule(job.code, open_tick.run_key, open_tick.key_code)
+        started.append(Fire(job, tick, identity, started=True))
+    if started:
+        follow(started)

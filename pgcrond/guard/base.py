@@ -194,6 +194,9 @@ class Guard(abc.ABC):
         """Where each of ``identities`` stands; one with no record is left out."""
         raise Unsupported(f"{type(self).__name__} defers no fire")
 
+    def look_due(self, at: float) -> None:  # noqa: B027 - optional hook
+        """A look (``standings``) is due at the loop's time ``at``: writes then may wait for it."""
+
     async def forget(self, identity: Identity) -> None:  # noqa: B027 - optional hook
         """The fire of ``identity`` is over on this replica."""
 

@@ -445,6 +445,9 @@ class LeaseGuard(Guard):
     async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
         return await _bounded(self.store.standings(identities), STATEMENT_TIMEOUT_S, "standings")
 
+    def look_due(self, at: float) -> None:
+        self.store.look_due(at)
+
     async def forget(self, identity: Identity) -> None:
         self._open.pop(identity, None)
         self._tokens.pop(identity, None)

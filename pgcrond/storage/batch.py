@@ -1,8 +1,9 @@
 """Requests made in one turn of the event loop, sent as one statement.
 
-Co-finishing runs finalize in the same turn, co-running leases heartbeat on
-the same grid instant: each group shares one round trip and one transaction
-instead of paying one each. (A tick's claims need no gathering: they are
+Co-finishing runs finalize in the same turn (with the tick's look at the
+ticks other replicas run, :meth:`LeaseStore.standings`), co-running leases
+heartbeat on the same grid instant: each group shares one round trip and one
+transaction instead of paying one each. (A tick's claims need no gathering: they are
 claimed together, a chunk a statement, :meth:`LeaseStore.claim_many`.) A request
 whose key is already in the batch (one row at most once per statement: ``ON
 CONFLICT`` and ``UPDATE … FROM`` cannot touch a row twice) waits for the next

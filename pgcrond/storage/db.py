@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -122,7 +122,7 @@ def translate(exc: Exception) -> PgcrondError:
     return DatabaseError(redact(f"{type(exc).__name__}: {exc}".strip()))
 
 
-# fetchall_after's transaction (see there).
+# fetchall_each's transaction (see there).
 _BEGIN = sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED")
 _COMMIT = sql.SQL("COMMIT")
 # A connection back from an sql: job: everything its session may still hold
@@ -246,24 +246,40 @@ class Database:
     ) -> list[DictRow]:
         """``first`` and ``then`` in one round trip and one transaction; ``then``'s rows.
 
-        Pipelined (BEGIN, ``first``, ``then``, COMMIT, one Sync) and bound
+        As :meth:`fetchall_each`: a lock ``first`` takes holds while ``then``
+        runs, and ``then`` sees everything committed before it was granted.
+        """
+        return (await self.fetchall_each([(first, params), (then, params)], on_send=on_send))[1]
+
+    async def fetchall_each(
+        self,
+        statements: Sequence[tuple[Query, Params]],
+        *,
+        on_send: Callable[[], None] | None = None,
+    ) -> list[list[DictRow]]:
+        """``statements`` in one round trip and one transaction, in order; each one's rows.
+
+        Pipelined (BEGIN, the statements, COMMIT, one Sync) and bound
         server-side. READ COMMITTED whatever the server's default, so each
-        statement takes a fresh snapshot: a lock ``first`` takes holds while
-        ``then`` runs, and ``then`` sees everything committed before the lock
-        was granted. Nothing prepared, nothing session-scoped: PgBouncer in
-        transaction pooling sees one transaction.
+        statement takes a fresh snapshot, after every lock an earlier one
+        took. Nothing prepared, nothing session-scoped: PgBouncer in
+        transaction pooling sees one transaction. A statement that returns
+        no rows (a bare ``INSERT``) answers an empty list.
         """
         async with self.connection() as conn:
             if on_send is not None:
                 on_send()
-            cursor = conn.cursor()
+            cursors = [conn.cursor() for _ in statements]
             try:
                 async with conn.pipeline():
                     await conn.execute(_BEGIN)
-                    await conn.execute(first, params)
-                    await cursor.execute(then, params)
+                    for cursor, (query, params) in zip(cursors, statements, strict=True):
+                        await cursor.execute(query, params)
                     await conn.execute(_COMMIT)
-                return await cursor.fetchall()
+                return [
+                    [] if cursor.description is None else await cursor.fetchall()
+                    for cursor in cursors
+                ]
             except psycopg.Error as exc:
                 # A failed statement left the transaction aborted: end it here,
                 # so the pool gets the connection back idle.
@@ -271,7 +287,8 @@ class Database:
                     await conn.rollback()
                 raise translate(exc) from exc
             finally:
-                await cursor.close()
+                for cursor in cursors:
+                    await cursor.close()
 
     async def execute(self, query: Query, params: Params = None) -> int:
         """Run a statement; returns the number of rows it touched."""

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import structlog
 
@@ -33,7 +33,7 @@ from pgcrond.storage.attempt_end import AttemptEnd, columns, finalize_columns
 from pgcrond.storage.batch import TurnBatch
 from pgcrond.storage.claim_answers import PendingClaim, claim_keys
 from pgcrond.storage.claims import Acquired, NotAcquired, Renewal, Standing
-from pgcrond.storage.db import Database
+from pgcrond.storage.db import Database, Params, Query
 from pgcrond.storage.dbclock import ClockFloor
 from pgcrond.storage.keepalive import holding
 from pgcrond.storage.sql import Queries
@@ -42,10 +42,11 @@ T = TypeVar("T")
 log = structlog.get_logger("pgcrond.storage.leases")
 
 MAX_ERROR_LENGTH = 4000
-# How long a finalize waits for the outcomes of other runs still open on this
-# replica (co-fired runs end close together, rarely in one loop turn), so they
-# share one statement; sent at once when no other run is open. It delays only
-# the record, never a run, and is small beside any lease.
+# How long a finalize (or a look, ``standings``) waits for the outcomes of
+# other runs still open on this replica (co-fired runs end close together,
+# rarely in one loop turn, and a tick's look is due as they end), so they
+# share one transaction; sent at once when no other run is open. It delays
+# only the record and the look, never a run, and is small beside any lease.
 FINALIZE_LINGER_S = 0.02
 
 
@@ -94,12 +95,15 @@ class LeaseStore:
         # Leases won and not yet finalized: a hint only (a fenced lease is never
         # finalized, and leaves when it is dropped), so held weakly.
         self._unfinalized: weakref.WeakSet[Acquired] = weakref.WeakSet()
-        self._finalizes: TurnBatch[bool] = TurnBatch(
-            self._finalize_batch,
+        # Outcomes and looks: what a replica writes and reads after a tick's runs.
+        self._records: TurnBatch[bool | dict[Identity, Standing]] = TurnBatch(
+            self._record_batch,
             keys=_lease_id,
             linger=FINALIZE_LINGER_S,
-            expected=lambda: len(self._unfinalized),
+            expected=self._records_expected,
         )
+        # When the next look is due (the loop's clock), as told by look_due.
+        self._look_at: float | None = None
         self._beats: TurnBatch[Renewal | None] = TurnBatch(
             functools.partial(self._heartbeat_batch, revive=False), keys=_lease_id
         )
@@ -248,20 +252,36 @@ class LeaseStore:
             self.clock_floor.saw(max(row["db_now"] for row in rows), received_at)
 
     async def standings(self, identities: Sequence[Identity]) -> dict[Identity, Standing]:
-        """Where each tick stands now, in one statement; a tick with no row is left out."""
-        rows = await self.db.fetchall(
-            self.queries.get("standings"),
-            {"lock_keys": [identity.idempotency_key for identity in identities]},
+        """Where each tick stands now, in one statement; a tick with no row is left out.
+
+        Read in the transaction of the finalizes sent with it: a look due
+        while this replica's runs end waits for their outcomes as a finalize
+        does (``FINALIZE_LINGER_S`` at most), and shares their round trip.
+        """
+        now = asyncio.get_running_loop().time()
+        if self._look_at is not None and self._look_at <= now + FINALIZE_LINGER_S:
+            self._look_at = None  # the look told of: no longer waited for
+        return cast(
+            "dict[Identity, Standing]", await self._records.submit(_Look(tuple(identities)))
         )
-        by_key = {identity.idempotency_key: identity for identity in identities}
-        return {
-            by_key[row["lock_key"]]: Standing(
-                status=row["status"],
-                settled=row["settled"],
-                wait=None if row["wait_s"] is None else timedelta(seconds=float(row["wait_s"])),
-            )
-            for row in rows
-        }
+
+    def look_due(self, at: float) -> None:
+        """A look (:meth:`standings`) is due at the loop's time ``at``.
+
+        Outcomes recorded within ``FINALIZE_LINGER_S`` of it wait for it, as
+        for the outcome of a run still open: a tick's look is due as its runs
+        end, and one transaction carries both.
+        """
+        now = asyncio.get_running_loop().time()
+        if self._look_at is None or self._look_at < now - FINALIZE_LINGER_S or at < self._look_at:
+            self._look_at = at
+
+    def _records_expected(self) -> int:
+        """Requests the record batch waits for: the runs still open, and a look due now."""
+        look = self._look_at
+        now = asyncio.get_running_loop().time()
+        due = look is not None and now - FINALIZE_LINGER_S < look <= now + FINALIZE_LINGER_S
+        return len(self._unfinalized) + due
 
     async def heartbeat(self, lease: Acquired, *, revive: bool = False) -> timedelta | None:
         """Extend a live lease; how long it now has left, or None when fenced or lapsed.
@@ -383,36 +403,44 @@ class LeaseStore:
     ) -> asyncio.Future[bool]:
         """Record an outcome; co-finishing runs share one statement (see FINALIZE_LINGER_S)."""
         self._unfinalized.discard(lease)
-        return self._finalizes.submit(
-            _Outcome(
-                lease,
-                status,
-                reason,
-                None if error is None else storable(error),
-                None if retry_after is None else to_ms(retry_after),
-                end,
-            )
+        outcome = _Outcome(
+            lease,
+            status,
+            reason,
+            None if error is None else storable(error),
+            None if retry_after is None else to_ms(retry_after),
+            end,
         )
+        # Only an outcome's answer is a bool (_record_batch).
+        return cast("asyncio.Future[bool]", self._records.submit(outcome))
 
-    async def _finalize_batch(self, outcomes: list[_Outcome]) -> Callable[[_Outcome], bool]:
-        rows = await self.db.fetchall(
-            self.queries.get("finalize"),
-            {
-                "ids": [o.lease.id for o in outcomes],
-                "owner_tokens": [o.lease.owner_token for o in outcomes],
-                "statuses": [o.status for o in outcomes],
-                "reasons": [o.reason for o in outcomes],
-                "errors": [o.error for o in outcomes],
-                "retry_ms": [o.retry_ms for o in outcomes],
-                "fencing_tokens": [o.lease.fencing_token for o in outcomes],
-                **finalize_columns([o.end for o in outcomes]),
-            },
-        )
-        recorded = {row["id"] for row in rows}
-        # A finalize given up on was sent all the same (or, given up before
-        # the send, is not): its caller retries it, and a repeated finalize
-        # that did land is recorded again (see the finalize query).
-        return lambda outcome: outcome.lease.id in recorded
+    async def _record_batch(
+        self, requests: list[_Outcome | _Look]
+    ) -> Callable[[_Outcome | _Look], bool | dict[Identity, Standing]]:
+        """The batch's finalizes and looks: one statement each, both in one transaction."""
+        outcomes = [r for r in requests if isinstance(r, _Outcome)]
+        looks = {i.idempotency_key: i for r in requests if isinstance(r, _Look) for i in r.ticks}
+        statements: list[tuple[Query, Params]] = []
+        if outcomes:
+            statements.append((self.queries.get("finalize"), _finalize_params(outcomes)))
+        if looks:
+            statements.append((self.queries.get("standings"), {"lock_keys": list(looks)}))
+        if len(statements) == 1:
+            answers = [await self.db.fetchall(*statements[0])]
+        else:
+            answers = await self.db.fetchall_each(statements)
+        recorded = {row["id"] for row in answers[0]} if outcomes else set()
+        standings = {looks[row["lock_key"]]: _standing(row) for row in answers[-1]} if looks else {}
+
+        def answer(request: _Outcome | _Look) -> bool | dict[Identity, Standing]:
+            if isinstance(request, _Look):
+                return {i: standings[i] for i in request.ticks if i in standings}
+            # A finalize given up on was sent all the same (or, given up before
+            # the send, is not): its caller retries it, and a repeated finalize
+            # that did land is recorded again (see the finalize query).
+            return request.lease.id in recorded
+
+        return answer
 
     async def run_exclusive(
         self,
@@ -455,9 +483,29 @@ class LeaseStore:
         return value
 
 
-def _lease_id(request: Acquired | _Outcome) -> list[int]:
+def _lease_id(request: Acquired | _Outcome | _Look) -> list[int]:
+    if isinstance(request, _Look):
+        return []  # a look only reads: any number share a statement
     lease = request.lease if isinstance(request, _Outcome) else request
     return [lease.id]
+
+
+def _finalize_params(outcomes: list[_Outcome]) -> dict[str, Any]:
+    return {
+        "ids": [o.lease.id for o in outcomes],
+        "owner_tokens": [o.lease.owner_token for o in outcomes],
+        "statuses": [o.status for o in outcomes],
+        "reasons": [o.reason for o in outcomes],
+        "errors": [o.error for o in outcomes],
+        "retry_ms": [o.retry_ms for o in outcomes],
+        "fencing_tokens": [o.lease.fencing_token for o in outcomes],
+        **finalize_columns([o.end for o in outcomes]),
+    }
+
+
+def _standing(row: dict[str, Any]) -> Standing:
+    wait = None if row["wait_s"] is None else timedelta(seconds=float(row["wait_s"]))
+    return Standing(status=row["status"], settled=row["settled"], wait=wait)
 
 
 @dataclass(frozen=True)
@@ -468,3 +516,10 @@ class _Outcome:
     error: str | None
     retry_ms: int | None
     end: AttemptEnd | None = None
+
+
+@dataclass(frozen=True)
+class _Look:
+    """A look at where ticks stand (``standings``), sent with the outcomes of its turn."""
+
+    ticks: tuple[Identity, ...]
