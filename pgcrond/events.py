@@ -106,7 +106,7 @@ class FanOut(FireEvents):
     """
 
     def __init__(self, subscribers: Sequence[FireEvents]) -> None:
-        for name in _EVENTS:
+        for name in [name for name in vars(FireEvents) if not name.startswith("_")]:
             told = [
                 getattr(subscriber, name)
                 for subscriber in subscribers
@@ -125,6 +125,3 @@ def _fanned(told: tuple[Callable[..., None], ...]) -> Callable[..., None]:
             event(*args, **kwargs)
 
     return fan
-
-
-_EVENTS = [name for name in vars(FireEvents) if not name.startswith("_")]

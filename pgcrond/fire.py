@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -139,8 +139,10 @@ class Firing:
     _asleep: set[asyncio.Future[None]] = field(default_factory=set, repr=False)
     # The one place that knows which identities this replica fires now: a
     # second fire of one (a request, catch-up, a resumed open tick) joins the
-    # first's outcome instead of claiming with the same owner token.
-    _in_flight: dict[Identity, asyncio.Future[FireOutcome]] = field(
+    # first's outcome instead of claiming with the same owner token. The
+    # outcome's future is made when a second fire joins (None until then):
+    # nearly none does, and every fire of a tick is entered here.
+    _in_flight: dict[Identity, asyncio.Future[FireOutcome] | None] = field(
         default_factory=dict, repr=False
     )
     # Rung by resumed(): fires of started ticks waiting out a pause. The
@@ -181,9 +183,12 @@ class Firing:
         An identity this replica fires already is not fired twice: the call
         returns what that fire comes to.
         """
-        current = self._in_flight.get(fire.identity)
-        if current is not None:
+        if fire.identity in self._in_flight:
             log.info("fire_joined", job=fire.job.code, run_key=fire.identity.run_key)
+            current = self._in_flight[fire.identity]
+            if current is None:
+                current = asyncio.get_running_loop().create_future()
+                self._in_flight[fire.identity] = current
             return await asyncio.shield(current)
         self._enter(fire)
         return await self._carry(fire)
@@ -308,15 +313,16 @@ class Firing:
 
     def _enter(self, fire: Fire) -> None:
         """``fire`` is this replica's fire of its identity until :meth:`_leave`."""
-        self._in_flight[fire.identity] = asyncio.get_running_loop().create_future()
+        self._in_flight[fire.identity] = None
 
     def _leave(self, fire: Fire, outcome: FireOutcome | None) -> None:
         """The fire is over (``outcome``; None: cancelled): a second fire of it joins no more."""
-        done = self._in_flight.pop(fire.identity)
-        if outcome is None:
-            done.cancel()
-        else:
-            done.set_result(outcome)
+        joined = self._in_flight.pop(fire.identity)
+        if joined is not None:  # another fire waits for this one's outcome
+            if outcome is None:
+                joined.cancel()
+            else:
+                joined.set_result(outcome)
         self.events.fire_done(fire.job, fire.identity, outcome or "cancelled")
 
     def _spawn_fire(self, fire: Fire, carry: Coroutine[Any, Any, FireOutcome]) -> None:
@@ -442,15 +448,16 @@ class Firing:
         # A run-once job must eventually run while one replica lives: it is
         # followed without the misfire bound of a tick; so is a started tick.
         started = fire.identity.type == "INITIAL" or fire.started
-        state = State(job, follow=fire.follow, skip_reason=fire.skip_reason)
+        # What this replica did with the tick so far; None: nothing yet.
+        outcome: FireOutcome | None = None
         answer: Answer = None
         while True:
             if self.stopping.is_set() and first == "claim":
-                return state.outcome or "lose"
+                return outcome or "lose"
             if first == "claim":
                 resumes = self._resumes
                 answer = await self._claim(
-                    fire, guard, bound, started=started, first=state.outcome is None
+                    fire, guard, bound, started=started, first=outcome is None
                 )
                 if isinstance(answer, Refused) and answer.reason == "paused":
                     self.events.paused(job, True)
@@ -459,18 +466,21 @@ class Firing:
                 answer, first = first, "claim"
                 resumes = self._resumes if resumes is None else resumes
             in_force = self._in_force(job) if isinstance(answer, Held) else job
-            state = replace(
-                state,
+            state = State(
+                fire.job,
+                outcome=outcome,
+                follow=fire.follow,
                 stopping=self.stopping.is_set(),
                 halted=self._halted,
                 in_force=in_force is not None,
+                skip_reason=fire.skip_reason,
             )
             step = decide(answer, state)
             if isinstance(answer, Held) and step.kind == "run" and in_force is not None:
                 job = in_force
-                answer = await self._run_won(fire, job, guard, answer, first=state.outcome is None)
+                answer = await self._run_won(fire, job, guard, answer, first=outcome is None)
                 step = decide(answer, state)
-            state = replace(state, outcome=step.outcome)
+            outcome = step.outcome
             started = started or step.started
             if step.kind == "follow":
                 if step.lost:
@@ -837,16 +847,14 @@ class Firing:
         identity, attempt, cancellation = held.identity, held.attempt, held.cancellation
         fencing_token, claimed_from = held.fencing_token, held.claimed_from
         run_key = identity.run_key or ""
-        # The run's two lines name it alike; passed to each, not bound (a
-        # logger made per run for two lines).
-        said = {
-            "job": job.code,
-            "run_key": identity.run_key,
-            "idempotency_key": identity.idempotency_key,
-            "attempt": attempt,
-            "replica": self.replica,
-            "trigger": kind,
-        }
+        bound = log.bind(
+            job=job.code,
+            run_key=identity.run_key,
+            idempotency_key=identity.idempotency_key,
+            attempt=attempt,
+            replica=self.replica,
+            trigger=kind,
+        )
         begun = False
 
         def on_start() -> None:
@@ -855,9 +863,8 @@ class Firing:
             begun = True
             lateness = (self.clock() - tick).total_seconds()
             self.events.run_started(job, lateness)
-            log.info(
+            bound.info(
                 "run_started",
-                **said,
                 guard=job.guard,
                 tick=tick.isoformat(),
                 lateness_ms=round(lateness * 1000, 1),
@@ -900,10 +907,9 @@ class Firing:
         if outcome == "cancelled" and cancellation.reason in _LOST_REASONS:
             outcome = "lease_lost"
         self.events.run_finished(job, outcome, result.duration_s)
-        level = log.info if outcome == "success" else log.warning
+        level = bound.info if outcome == "success" else bound.warning
         level(
             "run_finished",
-            **said,
             outcome=outcome,
             duration_ms=round(result.duration_s * 1000, 1),
             error=result.error,

@@ -43,9 +43,9 @@ from collections.abc import Callable
 GRID_S = 0.01
 # Fires carried on a loop turn, at most: a tick's chunk (its fires handed on
 # and claimed in one statement, or its answers judged) or the runs they
-# start. A run's start costs 0.1-0.15 ms of the loop and a fire's share of
-# a chunk 0.02-0.04 ms, so a turn stays within about 20 ms of CPU (bench.scale
-# --steps), half the stall allowed, with room for a loaded machine's waits.
+# start. A run's steps cost 0.15-0.25 ms of the loop and a fire's share of a
+# chunk 0.02-0.04 ms, so a turn holds 15-25 ms of CPU (bench.scale --steps:
+# at 10,000 x 1 the longest turn is 24-32 ms; 250 a turn, 35-55 ms).
 PER_TURN = 100
 
 
