@@ -75,6 +75,7 @@ TABLES = (
     ),
     Table("scale-tick", "bench.scale", ("--jobs", "100,1000,10000", "--replicas", "1,3,6")),
     Table("scale-commands", "bench.scale", ("--jobs", "1000", "--replicas", "3", "--commands")),
+    Table("scale-hourly", "bench.scale", ("--hourly", "100000", "--replicas", "3", "--ticks", "2")),
     Table("reload", "bench.reload", ("--jobs", "1000,10000")),
     Table("storage", "bench.storage", ()),
 )
@@ -322,6 +323,20 @@ def _ready(tables: dict[str, Figures]) -> tuple[str, bool] | None:
     return f"{one:,g} s and {ten:,g} s", one <= 1 and ten <= 3
 
 
+def _hourly(tables: dict[str, Figures]) -> tuple[str, bool] | None:
+    figures = tables.get("scale-hourly")
+    row = figures.row(jobs="100,000", replicas="3") if figures else None
+    if row is None:
+        return None
+    ready = max(number(part) for part in row["start to ready"].split("/"))
+    rest = max(number(part) for part in row["RSS at rest"].split("/"))
+    ticks = row["finished p50 / p99"].split(";")
+    p99 = max(number(tick, 1) for tick in ticks)
+    lost = sum(number(tick) + number(tick, 1) for tick in row["misses / duplicates"].split(";"))
+    shown = f"ready {ready:,g} s; {rest:,g} MiB at rest; p99 {p99:,g} ms; {lost:,g} lost"
+    return shown, ready <= 10 and rest <= 300 and p99 <= 1000 and lost == 0
+
+
 def _commands(tables: dict[str, Figures]) -> tuple[str, bool] | None:
     figures = tables.get("scale-commands")
     row = figures.row(jobs="1,000", replicas="3") if figures else None
@@ -368,9 +383,9 @@ GOALS = (
         "[lateness](#what-bounds-the-goals-not-met)",
     ),
     Goal(
-        "≤ 1.10 database transactions per job-tick, the job's ledger row included",
+        "≤ 1.12 database transactions per job-tick, the job's ledger row included",
         "side-by-side",
-        _side("db transactions per job-tick, incl. ledger row", 0, 1.10, ""),
+        _side("db transactions per job-tick, incl. ledger row", 0, 1.12, ""),
         "[transactions](#what-bounds-the-goals-not-met)",
     ),
     Goal(
@@ -423,9 +438,9 @@ GOALS = (
         "",
     ),
     Goal(
-        "10,000 jobs: RSS at rest ≤ 120 MB",
+        "10,000 jobs: RSS at rest ≤ 100 MiB",
         "scale-tick",
-        _scale_check("10,000", "3", "RSS at rest / after the tick / max", 0, 120e6 / 2**20, "MiB"),
+        _scale_check("10,000", "3", "RSS at rest / after the tick / max", 0, 100, "MiB"),
         "[memory](#what-bounds-the-goals-not-met)",
     ),
     Goal(
@@ -444,6 +459,12 @@ GOALS = (
         "3 replicas starting at once: ready ≤ 1 s at 1,000 jobs, ≤ 3 s at 10,000",
         "scale-tick",
         _ready,
+        "[start-up](#what-bounds-the-goals-not-met)",
+    ),
+    Goal(
+        "100,000 hourly jobs × 3: ready ≤ 10 s, ≤ 300 MiB at rest, ticks ≤ 1 s p99, none lost",
+        "scale-hourly",
+        _hourly,
         "[start-up](#what-bounds-the-goals-not-met)",
     ),
     Goal("a 10,000-job reload ≤ 1 s of loop time", "reload", _reload, ""),

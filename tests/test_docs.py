@@ -138,6 +138,13 @@ def test_no_doc_code_or_test_cites_an_issue_number() -> None:
     assert [] == cited, "say what is tested or decided; history belongs in CHANGELOG.md and git"
 
 
-@pytest.mark.parametrize(("path", "most"), [("docs/performance.md", 300), ("docs/testing.md", 80)])
+@pytest.mark.parametrize(("path", "most"), [("docs/performance.md", 180), ("docs/testing.md", 80)])
 def test_a_doc_that_must_stay_short_does(path: str, most: int) -> None:
-    assert len((ROOT / path).read_text().splitlines()) <= most
+    """Its prose does: a benchmark's table (between figures markers) is a figure, not prose."""
+    text = re.sub(
+        r"<!-- figures:begin (\S+) -->.*?<!-- figures:end \1 -->",
+        "",
+        (ROOT / path).read_text(),
+        flags=re.DOTALL,
+    )
+    assert len(text.splitlines()) <= most
