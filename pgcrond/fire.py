@@ -198,8 +198,8 @@ class Firing:
     ) -> None:
         """Claim a tick's fires together; a task only for a fire that runs or follows.
 
-        The tick goes a chunk of :data:`~pgcrond.core.wheel.PER_TURN` fires a
-        turn of the wheel: each chunk is handed on and its first claims sent,
+        The tick is handed on :data:`~pgcrond.core.wheel.PER_TURN` fires a
+        turn of the wheel, and the fires this replica claims go ``PER_TURN``
         a call per guard (``Guard.claim_many``: the lease guard sends one
         statement, and judges the answers in a turn of their own once the
         fire time came). Each answer is decided at once: one that ends the
@@ -211,13 +211,28 @@ class Firing:
         that fire) are not claimed here.
         """
         claims: list[asyncio.Future[None]] = []
-        for start in range(0, len(fires), PER_TURN):
-            chunk = fires[start : start + PER_TURN]
-            if start:
-                await wheel().turn(len(chunk))
+        # Each guard's fires to claim, gathered over turns: a replica that
+        # defers most of a tick still sends full chunks, not one per turn.
+        pending: dict[int, tuple[Guard, list[Fire]]] = {}
+        try:
+            for start in range(0, len(fires), PER_TURN):
+                chunk = fires[start : start + PER_TURN]
+                if start:
+                    await wheel().turn(len(chunk))
+                for guard, group in self._first_claims(chunk, defer):
+                    gathered = pending.setdefault(id(guard), (guard, []))[1]
+                    gathered.extend(group)
+                    if len(gathered) >= PER_TURN:
+                        claims.append(
+                            asyncio.ensure_future(self._claim_chunk(guard, gathered[:PER_TURN]))
+                        )
+                        del gathered[:PER_TURN]
+        finally:
+            # Fires handed on are claimed (and so end) even if this task is cancelled.
             claims.extend(
-                asyncio.ensure_future(self._claim_chunk(guard, group))
-                for guard, group in self._first_claims(chunk, defer)
+                asyncio.ensure_future(self._claim_chunk(guard, gathered))
+                for guard, gathered in pending.values()
+                if gathered
             )
         await asyncio.gather(*claims)
 

@@ -116,6 +116,19 @@ async def test_a_tick_is_claimed_a_chunk_a_call_and_each_won_claim_runs(tmp_path
     assert not any(made.in_flight(fire.identity) for fire in fires)
 
 
+async def test_a_replica_that_defers_most_of_a_tick_still_claims_full_chunks(
+    tmp_path: Path,
+) -> None:
+    """Chunks are made of the fires it claims, after the deferral, not of every fire."""
+    guard = Chunked()
+    made, runs = firing(guard)
+    fires = tick_of(jobs(tmp_path, 3 * PER_TURN + 3), datetime.now(UTC))
+    deferred = [fire for n, fire in enumerate(fires) if n % 3]
+    await made.fire_tick(fires, defer=lambda fire: fire in deferred)
+    assert [PER_TURN, 1] == guard.chunks
+    assert {"success"} == set(await runs.outcomes(PER_TURN + 1))
+
+
 async def test_a_lost_answer_ends_the_fire_with_no_task_of_its_own(tmp_path: Path) -> None:
     guard = Chunked()
     told = Told()
