@@ -17,6 +17,7 @@ from pgcrond.core.timing import LeaseTiming
 from pgcrond.storage.batch import TurnBatch
 from pgcrond.storage.claims import Acquired, Standing
 from pgcrond.storage.leases import FINALIZE_LINGER_S, LeaseStore
+from tests.helpers.store import note_sends
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
 
@@ -71,29 +72,10 @@ async def test_co_finishing_runs_share_one_statement(
 ) -> None:
     """Three outcomes in one loop turn are one round trip, not three."""
     leases = await claim_three(store)
-    sent: list[int] = []
-    original = store.db.fetchall
-
-    async def counting(*args: object, **kwargs: object) -> object:
-        sent.append(1)
-        return await original(*args, **kwargs)  # type: ignore[arg-type]
-
-    store.db.fetchall = counting  # type: ignore[method-assign,assignment]
-    try:
-        assert all(await asyncio.gather(*(store.complete(lease) for lease in leases)))
-    finally:
-        store.db.fetchall = original  # type: ignore[method-assign]
-    assert [1] == sent
-
-
-def count_sends(store: LeaseStore, sent: list[int]) -> None:
-    original = store.db.fetchall
-
-    async def counting(*args: object, **kwargs: object) -> object:
-        sent.append(1)
-        return await original(*args, **kwargs)  # type: ignore[arg-type]
-
-    store.db.fetchall = counting  # type: ignore[method-assign,assignment]
+    sent: list[str] = []
+    note_sends(store, sent, "fetchall")
+    assert all(await asyncio.gather(*(store.complete(lease) for lease in leases)))
+    assert ["fetchall"] == sent
 
 
 async def test_runs_finishing_a_few_ms_apart_still_share_one_statement(
@@ -101,8 +83,8 @@ async def test_runs_finishing_a_few_ms_apart_still_share_one_statement(
 ) -> None:
     """Co-fired runs end close together, not in one turn: the finalize waits for the rest."""
     leases = await claim_three(store)
-    sent: list[int] = []
-    count_sends(store, sent)
+    sent: list[str] = []
+    note_sends(store, sent, "fetchall")
 
     async def finish(lease: Acquired, after: float) -> bool:
         await asyncio.sleep(after)
@@ -111,7 +93,7 @@ async def test_runs_finishing_a_few_ms_apart_still_share_one_statement(
     spacing = FINALIZE_LINGER_S / 4
     recorded = await asyncio.gather(*(finish(lease, n * spacing) for n, lease in enumerate(leases)))
     assert [True, True, True] == recorded
-    assert [1] == sent
+    assert ["fetchall"] == sent
     assert {"job-0": "SUCCESS", "job-1": "SUCCESS", "job-2": "SUCCESS"} == statuses(pg_dsn, schema)
 
 
@@ -120,12 +102,12 @@ async def test_a_finalize_is_sent_after_the_linger_while_another_run_is_still_go
 ) -> None:
     """A long run still open does not hold the others' records back past the linger."""
     first, second, long_running = await claim_three(store)
-    sent: list[int] = []
-    count_sends(store, sent)
+    sent: list[str] = []
+    note_sends(store, sent, "fetchall")
     assert all(await asyncio.gather(store.complete(first), store.complete(second)))
-    assert [1] == sent  # sent by the linger's timer: the third is still running
+    assert ["fetchall"] == sent  # sent by the linger's timer: the third is still running
     assert await store.complete(long_running)
-    assert [1, 1] == sent
+    assert ["fetchall"] * 2 == sent
 
 
 async def test_a_turn_of_more_requests_than_a_batch_holds_goes_as_several_bounded_statements() -> (
@@ -143,20 +125,6 @@ async def test_a_turn_of_more_requests_than_a_batch_holds_goes_as_several_bounde
     assert [500, 500, 200] == sizes
 
 
-def count_sends_by_kind(store: LeaseStore, sent: list[str]) -> None:
-    """Note each send: one statement (``fetchall``) or one transaction of several."""
-    for name in ("fetchall", "fetchall_each"):
-        original = getattr(store.db, name)
-
-        async def counting(
-            *args: object, _original: object = original, _name: str = name, **kwargs: object
-        ) -> object:
-            sent.append(_name)
-            return await _original(*args, **kwargs)  # type: ignore[operator]
-
-        setattr(store.db, name, counting)
-
-
 async def test_a_look_due_while_runs_end_shares_their_outcomes_transaction(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
@@ -164,7 +132,7 @@ async def test_a_look_due_while_runs_end_shares_their_outcomes_transaction(
     first, second, still_running = await claim_three(store)
     unrecorded = Identity.schedule("job-9", "2026-01-01T00:00:00Z")
     sent: list[str] = []
-    count_sends_by_kind(store, sent)
+    note_sends(store, sent, "fetchall", "fetchall_each")
     done_first, standings, done_second = await asyncio.gather(
         store.complete(first),
         store.standings([still_running.identity, first.identity, unrecorded]),
@@ -188,7 +156,7 @@ async def test_outcomes_recorded_just_before_a_look_told_of_wait_for_it(
     """The last run of a tick ends a few ms before the tick's look: one transaction for both."""
     leases = await claim_three(store)
     sent: list[str] = []
-    count_sends_by_kind(store, sent)
+    note_sends(store, sent, "fetchall", "fetchall_each")
     soon = FINALIZE_LINGER_S / 4
     store.look_due(asyncio.get_running_loop().time() + soon)
 
@@ -206,7 +174,7 @@ async def test_a_look_told_of_beyond_the_linger_holds_no_outcome(store: LeaseSto
     """Outcomes wait for a look only if it is due within the linger: never longer."""
     leases = await claim_three(store)
     sent: list[str] = []
-    count_sends_by_kind(store, sent)
+    note_sends(store, sent, "fetchall", "fetchall_each")
     look_at = asyncio.get_running_loop().time() + 50 * FINALIZE_LINGER_S
     store.look_due(look_at)
     assert all(await asyncio.gather(*map(store.complete, leases)))

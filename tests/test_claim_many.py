@@ -21,6 +21,7 @@ from pgcrond.guard.lease import LeaseGuard
 from pgcrond.guard.memory import MemoryGuard, Row
 from pgcrond.storage.db import Database
 from pgcrond.storage.leases import LeaseStore
+from tests.helpers.store import note_sends
 
 TIMING = LeaseTiming.build(timedelta(seconds=30), timedelta(0))
 
@@ -38,20 +39,6 @@ def requests(tick: datetime, codes: list[str], *, forbid: bool = False) -> list[
     ]
 
 
-def count_sends(store: LeaseStore, sent: list[str]) -> None:
-    """Note each statement the store sends (one claim, or a forbid lock and its claim)."""
-    for name in ("fetchall", "fetchall_after"):
-        original = getattr(store.db, name)
-
-        async def counting(
-            *args: object, _original: object = original, _name: str = name, **kwargs: object
-        ) -> object:
-            sent.append(_name)
-            return await _original(*args, **kwargs)  # type: ignore[operator]
-
-        setattr(store.db, name, counting)
-
-
 async def test_the_lease_guard_claims_a_chunk_in_one_statement_and_answers_in_order(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
@@ -61,7 +48,7 @@ async def test_the_lease_guard_claims_a_chunk_in_one_statement_and_answers_in_or
     taken = requests(tick, ["job-1"])[0]
     assert isinstance(await LeaseGuard(store).claim(taken), Held)
     sent: list[str] = []
-    count_sends(store, sent)
+    note_sends(store, sent, "fetchall", "fetchall_after")
     answers = await guard.claim_many(requests(tick, ["job-0", "job-1", "job-2"]))
     assert 1 == len(sent)
     assert [Held, Refused, Held] == [type(answer) for answer in answers]
@@ -81,7 +68,7 @@ async def test_two_ticks_of_one_forbid_job_in_a_chunk_are_decided_one_after_the_
     earlier, later = now - timedelta(seconds=1), now
     chunk = requests(earlier, ["f"], forbid=True) + requests(later, ["f"], forbid=True)
     sent: list[str] = []
-    count_sends(store, sent)
+    note_sends(store, sent, "fetchall", "fetchall_after")
     answers = await LeaseGuard(store).claim_many(chunk)
     assert isinstance(answers[0], Held)
     assert isinstance(answers[1], Refused) and "overlap" == answers[1].reason

@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import functools
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from pgcrond.core.wheel import GRID_S, PER_TURN, wheel
@@ -25,20 +26,27 @@ async def until(at: float) -> float:
     return asyncio.get_running_loop().time()
 
 
-async def test_the_waiters_of_one_slot_wake_a_share_a_turn_turn_after_turn() -> None:
+def counting_turns() -> Callable[[], int]:
+    """Count the loop's turns from now on; the count so far."""
     loop = asyncio.get_running_loop()
     turn = 0
 
-    def count_turns() -> None:
+    def count() -> None:
         nonlocal turn
         turn += 1
-        loop.call_soon(count_turns)
+        loop.call_soon(count)
 
+    count()
+    return lambda: turn
+
+
+async def test_the_waiters_of_one_slot_wake_a_share_a_turn_turn_after_turn() -> None:
+    loop = asyncio.get_running_loop()
     at = loop.time() + 0.05
     turns: list[int] = []
+    turn = counting_turns()
     for _ in range(2 * PER_TURN + 50):
-        wheel().call_at(at, lambda: turns.append(turn))
-    count_turns()
+        wheel().call_at(at, lambda: turns.append(turn()))
     await asyncio.sleep(0.2)
     per_turn = [turns.count(t) for t in sorted(set(turns))]
     assert [PER_TURN, PER_TURN, 50] == per_turn
@@ -49,18 +57,11 @@ async def test_the_waiters_of_one_slot_wake_a_share_a_turn_turn_after_turn() -> 
 async def test_a_wake_up_weighs_the_fires_it_carries_on_and_a_turn_holds_per_turn_of_them() -> None:
     """A tick's chunk (PER_TURN fires) takes a turn of its own; one heavier still, one alone."""
     loop = asyncio.get_running_loop()
-    turn = 0
-
-    def count_turns() -> None:
-        nonlocal turn
-        turn += 1
-        loop.call_soon(count_turns)
-
     at = loop.time() + 0.05
     called: list[tuple[int, int]] = []
+    turn = counting_turns()
     for weight in (PER_TURN, 1, PER_TURN - 1, 2, 2 * PER_TURN):
-        wheel().call_at(at, functools.partial(lambda w: called.append((turn, w)), weight), weight)
-    count_turns()
+        wheel().call_at(at, functools.partial(lambda w: called.append((turn(), w)), weight), weight)
     await asyncio.sleep(0.2)
     first = called[0][0]
     by_turn = [[w for t, w in called if t == first + n] for n in range(4)]

@@ -107,3 +107,17 @@ def rows(dsn: str, schema: str, code: str) -> list[dict[str, object]]:
 
 def tick_ago(seconds: float) -> datetime:
     return (datetime.now(UTC) - timedelta(seconds=seconds)).replace(microsecond=0)
+
+
+def note_sends(store: LeaseStore, sent: list[str], *names: str) -> None:
+    """Note each call of the store's database methods ``names``, by name, as it is made."""
+    for name in names:
+        original = getattr(store.db, name)
+
+        async def counting(
+            *args: object, _original: object = original, _name: str = name, **kwargs: object
+        ) -> object:
+            sent.append(_name)
+            return await _original(*args, **kwargs)  # type: ignore[operator]
+
+        setattr(store.db, name, counting)
