@@ -85,12 +85,18 @@ def a_tick_ahead(code: str, pg_dsn: str) -> tuple[datetime, Identity]:
     return fire_time, Identity.schedule(code, run_key_for(fire_time))
 
 
+async def won_ahead(store: LeaseStore, code: str, pg_dsn: str) -> tuple[datetime, Acquired]:
+    """A tick ``EARLY`` ahead, claimed now with a 2 s lease: its fire time and the lease won."""
+    fire_time, identity = a_tick_ahead(code, pg_dsn)
+    lease = await store.claim(identity, TWO_S, fire_time=fire_time)
+    assert isinstance(lease, Acquired)
+    return fire_time, lease
+
+
 async def test_a_claim_inside_claim_ahead_is_won_as_at_its_fire_time(
     ahead: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
-    fire_time, identity = a_tick_ahead("ahead", pg_dsn)
-    lease = await ahead.claim(identity, TWO_S, fire_time=fire_time)
-    assert isinstance(lease, Acquired)
+    fire_time, lease = await won_ahead(ahead, "ahead", pg_dsn)
     assert lease.db_now is not None and lease.db_now < fire_time  # it was early indeed
     [row] = rows(pg_dsn, schema, "ahead")
     assert ("RUNNING", fire_time, fire_time) == (
@@ -187,9 +193,7 @@ async def test_a_slow_answer_does_not_hold_its_run_past_the_tick_by_its_lag(
 async def test_a_claim_won_ahead_counts_its_lease_from_the_fire_time(
     ahead: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
-    fire_time, identity = a_tick_ahead("counted", pg_dsn)
-    lease = await ahead.claim(identity, TWO_S, fire_time=fire_time)
-    assert isinstance(lease, Acquired)
+    fire_time, lease = await won_ahead(ahead, "counted", pg_dsn)
     assert fire_time + TWO_S.lease == lease.expires_at
     assert lease.remaining is not None and lease.remaining > TWO_S.lease
 
@@ -197,9 +201,7 @@ async def test_a_claim_won_ahead_counts_its_lease_from_the_fire_time(
 async def test_a_heartbeat_before_the_fire_time_never_shortens_a_lease_won_ahead(
     ahead: LeaseStore, pg_dsn: str, schema: str
 ) -> None:
-    fire_time, identity = a_tick_ahead("beaten", pg_dsn)
-    lease = await ahead.claim(identity, TWO_S, fire_time=fire_time)
-    assert isinstance(lease, Acquired)
+    fire_time, lease = await won_ahead(ahead, "beaten", pg_dsn)
     left = await ahead.heartbeat(lease)
     assert database_now(pg_dsn) < fire_time  # the heartbeat was before the tick indeed
     assert left is not None and left > TWO_S.lease
